@@ -1,0 +1,222 @@
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+
+#include "retryloop/amqp/buffer.hpp"
+#include "retryloop/amqp/error.hpp"
+#include "retryloop/amqp/methods.hpp"
+
+namespace retryloop::amqp {
+
+enum class FrameType : uint8_t { method = 1, header = 2, body = 3, heartbeat = 8 };
+
+inline constexpr uint8_t kFrameEnd = 0xCE;
+/// Type (1) + channel (2) + size (4) before the payload, frame-end (1) after it.
+inline constexpr uint32_t kFrameHeaderSize = 7;
+inline constexpr uint32_t kFrameOverhead = 8;
+/// The smallest frame_max a peer may negotiate, and the limit before tuning.
+inline constexpr uint32_t kFrameMinSize = 4096;
+/// The 8 bytes a client sends first: "AMQP" 0 0 9 1.
+inline constexpr std::string_view kProtocolHeader{"AMQP\x00\x00\x09\x01", 8};
+
+/// One frame as the parser yields it. `payload` points into the parser's input or its own
+/// buffer and is valid only during the callback that receives it.
+struct FrameView {
+  FrameType type;
+  uint16_t channel;
+  std::string_view payload;
+};
+
+/// A sans-I/O frame parser: feed it bytes in chunks split anywhere and it yields whole frames.
+/// It copies only the bytes of frames that span chunk boundaries. After the first error it stays
+/// failed and yields nothing more.
+class FrameParser {
+ public:
+  /// `max_frame_size` is frame_max: the largest frame accepted, overhead included (0 = no
+  /// limit beyond 2^32-1).
+  explicit FrameParser(uint32_t max_frame_size = 131072) : max_frame_size_(max_frame_size) {}
+
+  void set_max_frame_size(uint32_t max_frame_size) { max_frame_size_ = max_frame_size; }
+  uint32_t max_frame_size() const { return max_frame_size_; }
+
+  /// Parses `chunk`, calling `on_frame(const FrameView&)` for each complete frame, in order.
+  /// `on_frame` returns void, or bool where false stops parsing (the rest of the chunk is then
+  /// dropped; used when the receiver tears the connection down). Returns the first protocol
+  /// error: a bad frame end, an oversize frame, an unknown frame type or a protocol header.
+  template <class OnFrame>
+  std::error_code feed(std::string_view chunk, OnFrame&& on_frame);
+
+  /// Called at end of stream: CodecError::truncated if a frame was left incomplete.
+  std::error_code finish() const {
+    if (error_) return error_;
+    return pending_.empty() ? std::error_code{} : make_error_code(CodecError::truncated);
+  }
+
+  bool failed() const { return static_cast<bool>(error_); }
+  std::error_code error() const { return error_; }
+
+ private:
+  /// Checks the 7-byte header at `p`; returns the payload size or sets error_.
+  bool check_header(const unsigned char* p, uint32_t& payload_size);
+  template <class OnFrame>
+  bool deliver(const unsigned char* frame, uint32_t payload_size, OnFrame& on_frame);
+
+  uint32_t max_frame_size_;
+  std::string pending_;
+  std::error_code error_;
+};
+
+/// Appends a complete method frame for `method` (any generated method struct).
+template <class Method>
+std::error_code append_method_frame(std::string& out, uint16_t channel, const Method& method) {
+  size_t start = out.size();
+  Writer w(out);
+  w.u8(static_cast<uint8_t>(FrameType::method));
+  w.u16(channel);
+  w.u32(0);
+  w.u16(Method::class_id);
+  w.u16(Method::method_id);
+  method.encode(w);
+  if (w.error()) {
+    out.resize(start);
+    return w.error();
+  }
+  w.patch_u32(start + 3, static_cast<uint32_t>(out.size() - start - kFrameHeaderSize));
+  w.u8(kFrameEnd);
+  return {};
+}
+
+/// Appends a content header frame (class basic) for a body of `body_size` bytes.
+std::error_code append_header_frame(std::string& out, uint16_t channel, uint64_t body_size,
+                                    const BasicProperties& properties);
+
+/// Appends the body frames for `body`, each at most `frame_max` bytes including overhead.
+void append_body_frames(std::string& out, uint16_t channel, std::string_view body,
+                        uint32_t frame_max);
+
+/// Appends a heartbeat frame (type 8, channel 0, empty payload).
+void append_heartbeat_frame(std::string& out);
+
+/// The class and method ids at the start of a method frame payload.
+struct MethodId {
+  uint16_t class_id = 0;
+  uint16_t method_id = 0;
+  constexpr uint32_t key() const { return (uint32_t{class_id} << 16) | method_id; }
+};
+
+/// Reads the ids of a method frame payload; CodecError::truncated if it is under 4 bytes.
+std::error_code peek_method_id(std::string_view payload, MethodId& out);
+
+/// Decodes the arguments of a method frame payload (ids included) into `out`. The ids must
+/// match `Method`; trailing bytes are an error.
+template <class Method>
+std::error_code decode_method_frame(std::string_view payload, Method& out) {
+  Reader r(payload);
+  if (r.u16() != Method::class_id || r.u16() != Method::method_id) {
+    return r.ok() ? make_error_code(CodecError::unexpected_frame) : r.error();
+  }
+  out.decode(r);
+  if (!r.ok()) return r.error();
+  if (!r.at_end()) return make_error_code(CodecError::trailing_bytes);
+  return {};
+}
+
+/// The parsed fixed part of a content header frame payload.
+struct ContentHeader {
+  uint16_t class_id = 0;
+  uint64_t body_size = 0;
+  BasicProperties properties;
+};
+
+/// Decodes a content header frame payload. Only class basic (60) is accepted.
+std::error_code decode_header_frame(std::string_view payload, ContentHeader& out);
+
+// ---- template implementation ----
+
+inline bool FrameParser::check_header(const unsigned char* p, uint32_t& payload_size) {
+  uint8_t type = p[0];
+  if (type == 'A' && p[1] == 'M' && p[2] == 'Q' && p[3] == 'P') {
+    error_ = make_error_code(CodecError::protocol_header);
+    return false;
+  }
+  if (type != 1 && type != 2 && type != 3 && type != 8) {
+    error_ = make_error_code(CodecError::unknown_frame_type);
+    return false;
+  }
+  payload_size = (uint32_t{p[3]} << 24) | (uint32_t{p[4]} << 16) | (uint32_t{p[5]} << 8) | p[6];
+  if (max_frame_size_ != 0 &&
+      (payload_size > max_frame_size_ || payload_size + kFrameOverhead > max_frame_size_)) {
+    error_ = make_error_code(CodecError::frame_too_large);
+    return false;
+  }
+  return true;
+}
+
+template <class OnFrame>
+bool FrameParser::deliver(const unsigned char* frame, uint32_t payload_size, OnFrame& on_frame) {
+  if (frame[kFrameHeaderSize + payload_size] != kFrameEnd) {
+    error_ = make_error_code(CodecError::bad_frame_end);
+    return false;
+  }
+  FrameView view{static_cast<FrameType>(frame[0]),
+                 static_cast<uint16_t>((frame[1] << 8) | frame[2]),
+                 std::string_view(reinterpret_cast<const char*>(frame) + kFrameHeaderSize,
+                                  payload_size)};
+  if constexpr (std::is_same_v<decltype(on_frame(view)), bool>) {
+    return on_frame(view);
+  } else {
+    on_frame(view);
+    return true;
+  }
+}
+
+template <class OnFrame>
+std::error_code FrameParser::feed(std::string_view chunk, OnFrame&& on_frame) {
+  if (error_) return error_;
+  auto data = reinterpret_cast<const unsigned char*>(chunk.data());
+  size_t len = chunk.size();
+  size_t pos = 0;
+  uint32_t payload_size = 0;
+
+  // Complete a frame begun in an earlier chunk.
+  if (!pending_.empty()) {
+    if (pending_.size() < kFrameHeaderSize) {
+      size_t take = std::min(len, size_t{kFrameHeaderSize} - pending_.size());
+      pending_.append(chunk.data(), take);
+      pos = take;
+      if (pending_.size() < kFrameHeaderSize) return {};
+    }
+    auto head = reinterpret_cast<const unsigned char*>(pending_.data());
+    if (!check_header(head, payload_size)) return error_;
+    size_t frame_size = size_t{payload_size} + kFrameOverhead;
+    size_t take = std::min(len - pos, frame_size - pending_.size());
+    pending_.append(chunk.data() + pos, take);
+    pos += take;
+    if (pending_.size() < frame_size) return {};
+    bool go_on = deliver(reinterpret_cast<const unsigned char*>(pending_.data()), payload_size,
+                         on_frame);
+    pending_.clear();
+    if (error_) return error_;
+    if (!go_on) return {};
+  }
+
+  // Whole frames straight from the chunk, without copying.
+  while (len - pos >= kFrameHeaderSize) {
+    if (!check_header(data + pos, payload_size)) return error_;
+    size_t frame_size = size_t{payload_size} + kFrameOverhead;
+    if (len - pos < frame_size) break;
+    bool go_on = deliver(data + pos, payload_size, on_frame);
+    if (error_) return error_;
+    pos += frame_size;
+    if (!go_on) return {};
+  }
+  pending_.assign(chunk.data() + pos, len - pos);
+  return {};
+}
+
+}  // namespace retryloop::amqp

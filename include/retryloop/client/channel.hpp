@@ -1,0 +1,244 @@
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "retryloop/amqp/field_table.hpp"
+#include "retryloop/amqp/frame.hpp"
+#include "retryloop/amqp/methods.hpp"
+#include "retryloop/client/error.hpp"
+#include "retryloop/client/message.hpp"
+
+namespace retryloop::client {
+
+class Connection;
+
+using CompletionCallback = std::function<void(const Error&)>;
+
+/// What queue.declare-ok reports.
+struct QueueInfo {
+  std::string name;
+  uint32_t message_count = 0;
+  uint32_t consumer_count = 0;
+};
+using QueueDeclareCallback = std::function<void(const Error&, const QueueInfo&)>;
+/// Receives a message count (queue.purge-ok, queue.delete-ok).
+using CountCallback = std::function<void(const Error&, uint32_t message_count)>;
+using ConsumeCallback = std::function<void(const Error&, const std::string& consumer_tag)>;
+/// Receives each delivery of a consumer; the handler owns the delivery it is given.
+using DeliveryHandler = std::function<void(Delivery&&)>;
+/// Told when the broker cancels a consumer (its queue was deleted, or it failed over).
+using CancelHandler = std::function<void(const std::string& consumer_tag)>;
+/// Receives the fetched message, or nullopt when the queue was empty (basic.get-empty).
+using GetCallback = std::function<void(const Error&, std::optional<GetResult>&&)>;
+/// Receives mandatory messages the broker returned, on a channel that is not in confirm mode or
+/// in addition to the publish callback.
+using ReturnHandler = std::function<void(const ReturnedMessage&)>;
+/// Told once when the channel ends: broker close (with reply code), connection loss, or close().
+using ChannelCloseHandler = std::function<void(const Error&)>;
+
+struct ExchangeOptions {
+  bool passive = false;
+  bool durable = true;
+  bool auto_delete = false;
+  bool internal = false;
+  amqp::FieldTable arguments;
+};
+
+struct QueueOptions {
+  bool passive = false;
+  bool durable = true;
+  bool exclusive = false;
+  bool auto_delete = false;
+  amqp::FieldTable arguments;
+};
+
+struct ConsumeOptions {
+  /// Empty: the broker assigns one.
+  std::string consumer_tag;
+  bool no_ack = false;
+  bool exclusive = false;
+  amqp::FieldTable arguments;
+  CancelHandler on_cancel;
+};
+
+/// How a publish on a confirm-mode channel ended.
+enum class PublishStatus {
+  acked,     ///< the broker took responsibility (routed, or unroutable without mandatory)
+  returned,  ///< mandatory and unroutable: returned, then acked; the message is NOT stored
+  nacked,    ///< the broker refused it (for example a queue at max length with reject-publish)
+  failed,    ///< the channel or connection ended before the broker answered: outcome unknown
+};
+
+struct PublishOutcome {
+  PublishStatus status = PublishStatus::failed;
+  uint64_t sequence = 0;
+  /// For `returned`: the broker's reply (312 NO_ROUTE). For `failed`: why the channel ended.
+  Error error;
+  /// True only for `acked`: confirmed, and not returned.
+  bool ok() const { return status == PublishStatus::acked; }
+};
+using PublishCallback = std::function<void(const PublishOutcome&)>;
+
+enum class Mandatory : bool { no = false, yes = true };
+
+/// An AMQP channel. Created by Connection::open_channel; all calls and callbacks happen on the
+/// connection's loop thread.
+///
+/// Calls that take a callback return an Error: when it is set the call failed at once and the
+/// callback is never invoked; otherwise the callback is invoked exactly once, later. Synchronous
+/// methods are sent one at a time, in call order. When the channel ends, every pending callback
+/// fails with the channel's error (for a broker close: its reply code, text and method).
+class Channel : public std::enable_shared_from_this<Channel> {
+ public:
+  Channel(Connection* connection, uint16_t id);
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+  ~Channel();
+
+  uint16_t id() const { return id_; }
+  bool is_open() const { return state_ == State::open; }
+  /// Why the channel ended; empty while it is open.
+  const Error& close_reason() const { return close_reason_; }
+
+  Error exchange_declare(std::string_view name, std::string_view type,
+                         const ExchangeOptions& options, CompletionCallback callback);
+  Error exchange_delete(std::string_view name, bool if_unused, CompletionCallback callback);
+  Error exchange_bind(std::string_view destination, std::string_view source,
+                      std::string_view routing_key, const amqp::FieldTable& arguments,
+                      CompletionCallback callback);
+  Error exchange_unbind(std::string_view destination, std::string_view source,
+                        std::string_view routing_key, const amqp::FieldTable& arguments,
+                        CompletionCallback callback);
+
+  Error queue_declare(std::string_view name, const QueueOptions& options,
+                      QueueDeclareCallback callback);
+  Error queue_bind(std::string_view queue, std::string_view exchange, std::string_view routing_key,
+                   const amqp::FieldTable& arguments, CompletionCallback callback);
+  Error queue_unbind(std::string_view queue, std::string_view exchange,
+                     std::string_view routing_key, const amqp::FieldTable& arguments,
+                     CompletionCallback callback);
+  Error queue_purge(std::string_view queue, CountCallback callback);
+  Error queue_delete(std::string_view queue, bool if_unused, bool if_empty, CountCallback callback);
+
+  /// basic.qos: at most `prefetch_count` unacked deliveries (0 = no limit), per consumer.
+  Error qos(uint16_t prefetch_count, CompletionCallback callback);
+
+  /// Starts a consumer. `on_delivery` may be called as soon as the callback reports success.
+  Error consume(std::string_view queue, ConsumeOptions options, DeliveryHandler on_delivery,
+                ConsumeCallback callback);
+  Error cancel(std::string_view consumer_tag, CompletionCallback callback);
+  Error get(std::string_view queue, bool no_ack, GetCallback callback);
+
+  /// Settles deliveries of this channel. A tag from another (or an earlier) channel must never be
+  /// passed: the broker would close the channel with 406. On a closed channel these do nothing
+  /// and return not_open, so a tag can never reach a channel it did not come from.
+  Error ack(uint64_t delivery_tag, bool multiple = false);
+  Error nack(uint64_t delivery_tag, bool multiple, bool requeue);
+  Error reject(uint64_t delivery_tag, bool requeue);
+
+  /// Puts the channel in confirm mode. Publishes made after this call are confirmed.
+  Error confirm_select(CompletionCallback callback);
+  bool in_confirm_mode() const { return confirm_mode_; }
+
+  /// Publishes a message, splitting the body at frame_max. In confirm mode `on_confirm` fires
+  /// exactly once with the outcome; with Mandatory::yes an unroutable message is reported as
+  /// `returned`, never as `acked`. Without confirm mode `on_confirm` must be empty.
+  Error publish(std::string_view exchange, std::string_view routing_key,
+                const amqp::BasicProperties& properties, std::string_view body,
+                Mandatory mandatory = Mandatory::no, PublishCallback on_confirm = {});
+  /// Sequence number the next publish will get in confirm mode.
+  uint64_t next_publish_sequence() const { return next_sequence_; }
+  /// Publishes sent and not yet confirmed.
+  size_t unconfirmed_count() const { return unconfirmed_; }
+
+  void set_return_handler(ReturnHandler handler) { on_return_ = std::move(handler); }
+  void set_close_handler(ChannelCloseHandler handler) { on_close_ = std::move(handler); }
+
+  /// Closes the channel (channel.close, then close-ok). Pending operations fail with
+  /// closed_by_client.
+  Error close(CompletionCallback callback = {});
+
+  // ---- used by Connection ----
+
+  /// Sends channel.open; `callback` fires when open-ok arrives.
+  void open(CompletionCallback callback);
+  /// Handles one frame for this channel; returns a protocol error to tear the connection down.
+  Error handle_frame(const amqp::FrameView& frame);
+  /// Fails everything pending with `reason`; the channel is dead afterwards.
+  void terminate(const Error& reason);
+
+ private:
+  enum class State { opening, open, closing, closed };
+  enum class ContentKind { none, deliver, get, returned };
+
+  using ReplyHandler = std::function<void(const Error&, std::string_view payload)>;
+  struct Rpc {
+    std::string frame;
+    uint32_t reply_key = 0;
+    ReplyHandler on_reply;
+    GetCallback on_get;  ///< set instead of on_reply for basic.get
+  };
+  struct PendingPublish {
+    PublishCallback callback;
+    size_t fingerprint = 0;
+    bool mandatory = false;
+    bool returned = false;
+    bool settled = false;
+    Error return_error;
+  };
+
+  template <class Method>
+  Error call(const Method& method, uint32_t reply_key, ReplyHandler on_reply,
+             GetCallback on_get = {});
+  template <class Method>
+  Error call_simple(const Method& method, uint32_t reply_key, CompletionCallback callback);
+  template <class Method>
+  Error send_async(const Method& method);
+  void send_next_rpc();
+  Rpc pop_rpc();
+  Error handle_method(std::string_view payload);
+  Error handle_content_header(std::string_view payload);
+  Error handle_content_body(std::string_view payload);
+  void dispatch_content();
+  void handle_confirm(uint64_t tag, bool multiple, bool ack);
+  void settle(PendingPublish& pending, uint64_t sequence, PublishStatus status);
+  void handle_return(ReturnedMessage&& returned);
+  void reply_to_close(const amqp::ChannelClose& close);
+  Error check_open() const;
+
+  Connection* connection_;
+  uint16_t id_;
+  State state_ = State::opening;
+  Error close_reason_;
+  std::deque<Rpc> rpcs_;
+  bool rpc_in_flight_ = false;
+
+  std::unordered_map<std::string, std::pair<DeliveryHandler, CancelHandler>> consumers_;
+
+  ContentKind content_kind_ = ContentKind::none;
+  bool awaiting_header_ = false;
+  uint64_t body_remaining_ = 0;
+  Delivery delivery_;
+  GetResult get_result_;
+  ReturnedMessage returned_;
+  amqp::ContentHeader header_;
+
+  bool confirm_mode_ = false;
+  uint64_t next_sequence_ = 1;
+  uint64_t first_pending_sequence_ = 1;
+  size_t unconfirmed_ = 0;
+  std::deque<PendingPublish> pending_;
+
+  ReturnHandler on_return_;
+  ChannelCloseHandler on_close_;
+  CompletionCallback on_closed_by_client_;
+};
+
+}  // namespace retryloop::client

@@ -1,0 +1,177 @@
+#pragma once
+
+#include <uv.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "retryloop/amqp/field_table.hpp"
+#include "retryloop/amqp/frame.hpp"
+#include "retryloop/amqp/rabbit_extensions.hpp"
+#include "retryloop/client/channel.hpp"
+#include "retryloop/client/error.hpp"
+#include "retryloop/client/uri.hpp"
+
+namespace spdlog {
+class logger;
+}
+
+namespace retryloop::client {
+
+struct ConnectionOptions {
+  Uri uri;
+  /// Heartbeat to ask for, in seconds; 0 turns heartbeats off. Unset: the URI's `heartbeat`, or
+  /// else whatever the broker proposes (RabbitMQ: 60).
+  std::optional<uint16_t> heartbeat_seconds;
+  /// Largest frame to ask for (the broker may lower it); 0: the URI's value or 131072.
+  uint32_t frame_max = 0;
+  /// Most channels to ask for; 0: the URI's value or 2047.
+  uint16_t channel_max = 0;
+  /// Limit for resolving, connecting and the AMQP handshake together.
+  std::chrono::milliseconds connect_timeout{30000};
+  /// Largest message body accepted from the broker; larger ones end the connection with
+  /// message_too_large instead of allocating without bound.
+  uint64_t max_body_size = 512ull * 1024 * 1024;
+  /// Shown in the broker's connection list.
+  std::string connection_name;
+  /// Where the library logs; nullptr: nowhere.
+  std::shared_ptr<spdlog::logger> logger;
+};
+
+/// What the handshake agreed on.
+struct Tuning {
+  uint16_t channel_max = 0;
+  uint32_t frame_max = 0;
+  uint16_t heartbeat_seconds = 0;
+};
+
+using ConnectCallback = std::function<void(const Error&)>;
+using ChannelCallback = std::function<void(const Error&, std::shared_ptr<Channel>)>;
+/// Told once when an open connection ends for any reason other than close(): broker close
+/// (reply code and text), heartbeat timeout, socket error or protocol error.
+using ConnectionLostHandler = std::function<void(const Error&)>;
+/// Told when the broker blocks (`blocked` true, with its reason) or unblocks publishers.
+using BlockedHandler = std::function<void(bool blocked, const std::string& reason)>;
+
+/// An AMQP 0-9-1 connection over libuv. Create it with `create`, then `connect`.
+///
+/// Threading: every call and every callback happens on the loop's thread.
+/// Lifetime: the connection keeps itself alive while its libuv handles are open, so dropping
+/// the last shared_ptr before close() completes is safe; the loop does not end until the
+/// connection is closed (by close(), the broker or a failure). Callbacks may destroy channels
+/// or call close() from inside.
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  static std::shared_ptr<Connection> create(uv_loop_t* loop, ConnectionOptions options);
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  /// Resolves, connects, authenticates with PLAIN and opens the vhost. `callback` fires once:
+  /// empty Error when the connection is open, otherwise why it failed (authentication_failed,
+  /// vhost_refused, connect_failed, connect_timeout, ...).
+  Error connect(ConnectCallback callback);
+
+  /// Opens a channel on the lowest free channel number.
+  Error open_channel(ChannelCallback callback);
+
+  /// Closes gracefully: connection.close, wait for close-ok (bounded), close the socket. Every
+  /// channel's pending operations fail with closed_by_client. `callback` fires when the socket
+  /// is closed. Safe to call in any state and more than once.
+  void close(CompletionCallback callback = {});
+
+  void set_lost_handler(ConnectionLostHandler handler) { on_lost_ = std::move(handler); }
+  void set_blocked_handler(BlockedHandler handler) { on_blocked_ = std::move(handler); }
+
+  bool is_open() const { return state_ == State::open; }
+  bool is_blocked() const { return blocked_; }
+  const Tuning& tuning() const { return tuning_; }
+  const amqp::FieldTable& server_properties() const { return server_properties_; }
+  const Uri& uri() const { return options_.uri; }
+  uv_loop_t* loop() const { return loop_; }
+  spdlog::logger* logger() const { return options_.logger.get(); }
+  /// Bytes waiting to be written to the socket (grows while the broker blocks us).
+  size_t buffered_bytes() const { return out_.size() + writing_.size(); }
+
+  // ---- used by Channel ----
+
+  /// The buffer that frames are appended to; call `flush` after appending.
+  std::string& output() { return out_; }
+  /// Writes the output buffer now, or after the write in flight (or the read being handled).
+  void flush();
+  /// Called by a channel once it is closed and must leave the channel table.
+  void release_channel(uint16_t id);
+  /// Tears the connection down because of a protocol violation on a channel.
+  void fail_protocol(const Error& error);
+  /// Largest body the connection accepts from the broker.
+  uint64_t max_body_size() const { return options_.max_body_size; }
+
+ private:
+  enum class State { idle, resolving, connecting, handshaking, open, closing, closed };
+
+  Connection(uv_loop_t* loop, ConnectionOptions options);
+
+  void start_resolve();
+  void try_next_address();
+  void on_connected(int status);
+  void start_reading();
+  void on_read(ssize_t nread, const uv_buf_t* buf);
+  void handle_bytes(std::string_view bytes);
+  void write_socket(std::string_view bytes);
+  void start_write();
+  bool handle_frame(const amqp::FrameView& frame);
+  Error handle_connection_method(std::string_view payload);
+  Error on_start(std::string_view payload);
+  Error on_tune(std::string_view payload);
+  void on_heartbeat_tick();
+  void finish(const Error& error);
+  void close_handles();
+  void close_handle(uv_handle_t* handle);
+  void on_handle_closed();
+  template <class Method>
+  void send_connection_method(const Method& method);
+
+  uv_loop_t* loop_;
+  ConnectionOptions options_;
+  State state_ = State::idle;
+  Tuning tuning_;
+  amqp::FieldTable server_properties_;
+  bool blocked_ = false;
+
+  uv_getaddrinfo_t resolve_req_{};
+  addrinfo* addresses_ = nullptr;
+  addrinfo* next_address_ = nullptr;
+  uv_tcp_t tcp_{};
+  bool tcp_initialized_ = false;
+  uv_connect_t connect_req_{};
+  uv_timer_t connect_timer_{};
+  uv_timer_t heartbeat_timer_{};
+  uv_write_t write_req_{};
+  int open_handles_ = 0;
+  std::shared_ptr<Connection> self_;
+
+  amqp::FrameParser parser_;
+  std::vector<char> read_buffer_;
+  std::string out_;
+  std::string writing_;
+  bool write_in_flight_ = false;
+  bool handling_read_ = false;
+  uint64_t last_read_ms_ = 0;
+  uint64_t last_write_ms_ = 0;
+  std::string last_connect_error_;
+
+  std::vector<std::shared_ptr<Channel>> channels_;
+
+  ConnectCallback on_connect_;
+  ConnectionLostHandler on_lost_;
+  BlockedHandler on_blocked_;
+  std::vector<CompletionCallback> on_closed_;
+  Error close_error_;
+};
+
+}  // namespace retryloop::client

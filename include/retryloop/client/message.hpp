@@ -1,0 +1,46 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "retryloop/amqp/methods.hpp"
+
+namespace retryloop::client {
+
+/// Properties and body of a message, as published or as received. The properties are decoded
+/// faithfully (type letters and header order kept), so re-publishing them gives the same bytes.
+struct Message {
+  amqp::BasicProperties properties;
+  std::string body;
+};
+
+/// A message pushed to a consumer (basic.deliver).
+struct Delivery {
+  std::string consumer_tag;
+  uint64_t delivery_tag = 0;
+  bool redelivered = false;
+  std::string exchange;
+  std::string routing_key;
+  Message message;
+};
+
+/// A message fetched with basic.get.
+struct GetResult {
+  uint64_t delivery_tag = 0;
+  bool redelivered = false;
+  std::string exchange;
+  std::string routing_key;
+  uint32_t message_count = 0;  ///< messages left in the queue after this one
+  Message message;
+};
+
+/// A mandatory message the broker could not route (basic.return).
+struct ReturnedMessage {
+  uint16_t reply_code = 0;
+  std::string reply_text;
+  std::string exchange;
+  std::string routing_key;
+  Message message;
+};
+
+}  // namespace retryloop::client

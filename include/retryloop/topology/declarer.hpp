@@ -1,0 +1,116 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "retryloop/client/connection.hpp"
+#include "retryloop/client/error.hpp"
+#include "retryloop/topology/plan.hpp"
+
+namespace retryloop::topology {
+
+/// What became of one action.
+enum class Outcome {
+  created,       ///< apply: it did not exist and was declared
+  existed,       ///< apply: it existed with the file's arguments (nothing changed)
+  bound,         ///< apply: binding declared (idempotent; AMQP cannot tell whether it was new)
+  matches,       ///< verify: it exists with the file's arguments
+  not_checked,   ///< verify: a binding; AMQP 0-9-1 cannot check one without creating it
+  missing,       ///< verify: it does not exist; apply: a "declare": false exchange is missing
+  drifted,       ///< it exists with other arguments (406 PRECONDITION_FAILED); see `drift`
+  failed,        ///< the broker refused it for another reason (403, 404, 405, ...); see `error`
+  not_run,       ///< the connection failed before this action ran
+  deleted,       ///< delete: removed
+  absent,        ///< delete: it was not there
+  would_delete,  ///< delete without `execute`: it exists and would be removed
+  not_empty,     ///< delete: refused, the queue holds messages (and `force` was not given)
+  in_use,        ///< delete: refused, the queue has consumers (and `force` was not given)
+  kept,          ///< delete: not removed because the run refused or stopped earlier
+};
+
+/// The outcome's name as in the enum ("created", "not_checked", ...), used in JSON reports.
+const char* to_string(Outcome outcome);
+
+/// An argument the broker holds with another value than the file wants.
+struct Drift {
+  /// As RabbitMQ names it: `x-message-ttl`, `alternate-exchange`, `durable`, `type`, ...
+  std::string argument;
+  /// What the file wants; "(not set)" when the file does not set it.
+  std::string wanted;
+  /// What the broker has; "(not set)" when the broker's object lacks it.
+  std::string actual;
+};
+
+/// Parses RabbitMQ's 406 text, "PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' for queue
+/// 'q' in vhost '/': received '5000' but current is '3000'" (and the "none" / "the value 'v' of
+/// type 't'" forms). nullopt for any other text.
+std::optional<Drift> parse_inequivalent_arg(std::string_view reply_text);
+
+struct ActionResult {
+  Action action;
+  Outcome outcome = Outcome::not_run;
+  /// For `drifted`.
+  std::optional<Drift> drift;
+  /// For drifted, missing, failed, not_empty: the broker's answer.
+  client::Error error;
+  /// Queues, when the broker reported them (declare-ok): messages ready and consumers.
+  std::optional<uint32_t> messages;
+  std::optional<uint32_t> consumers;
+};
+
+struct Report {
+  /// One per action, in plan order.
+  std::vector<ActionResult> results;
+  /// Set when the connection (not a channel) failed; the actions after it are `not_run`.
+  client::Error connection_error;
+
+  /// True when nothing is missing, drifted, failed, refused or left unrun.
+  bool ok() const;
+  size_t count(Outcome outcome) const;
+};
+
+/// Told once, on the loop thread, when the whole plan has been gone through.
+using ReportCallback = std::function<void(const Report&)>;
+
+// The three runners below share these rules. `connection` must be open; it stays owned by the
+// caller and is not closed. Each runner opens its own channel and, when the broker closes it
+// (404, 406, ...), opens another and goes on with the next action, so that one failure does not
+// hide the later ones. Nothing is ever deleted or redeclared differently to "fix" a difference.
+// Returns an error (and never calls `callback`) when it cannot start: the connection is not
+// open. Otherwise `callback` is called exactly once, from a client callback on the loop thread.
+
+/// Declares every action of a declare plan. Each exchange and queue is first looked up with a
+/// passive declare (so the report can say `created` or `existed`), then declared with the plan's
+/// arguments; a difference is `drifted`, with the argument named.
+client::Error apply(const std::shared_ptr<client::Connection>& connection, const Plan& plan,
+                    ReportCallback callback);
+
+/// Checks a declare plan against the broker without creating anything: a passive declare tells
+/// whether an object exists; for an existing one, a declare with the plan's arguments (a no-op
+/// when they are equal) detects drift. Bindings are `not_checked`. (An object deleted by someone
+/// else between the two declares would be recreated; the window is one round trip.)
+client::Error verify(const std::shared_ptr<client::Connection>& connection, const Plan& plan,
+                     ReportCallback callback);
+
+struct DeleteOptions {
+  /// false: delete nothing, report what would be deleted (`would_delete`, `absent`, `not_empty`).
+  bool execute = false;
+  /// Delete queues that hold messages, losing the messages.
+  bool force = false;
+};
+
+/// Runs a delete plan (make_delete_plan). First every object is looked up; if a queue holds
+/// messages or has consumers and `force` is not set, nothing is deleted (that queue is
+/// `not_empty` or `in_use`, the rest `kept`). Otherwise objects are deleted in plan order, classic
+/// queues with if-empty and if-unused unless `force` (so a message that arrives meanwhile is not
+/// lost; RabbitMQ does not offer these for quorum queues, which rely on the lookup alone); the
+/// first failure stops the run and leaves the rest `kept`.
+client::Error remove(const std::shared_ptr<client::Connection>& connection, const Plan& plan,
+                     DeleteOptions options, ReportCallback callback);
+
+}  // namespace retryloop::topology

@@ -1,0 +1,87 @@
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <string>
+#include <vector>
+
+#include "retryloop/amqp/field_table.hpp"
+#include "retryloop/topology/topology.hpp"
+
+namespace retryloop::topology {
+
+enum class ActionKind {
+  declare_exchange,  ///< exchange.declare (type, durable, arguments)
+  check_exchange,    ///< an input exchange with "declare": false: must exist, never declared
+  declare_queue,     ///< queue.declare (durable, arguments)
+  bind_queue,        ///< queue.bind `name` to `exchange` with `routing_key` and `arguments`
+  delete_queue,      ///< queue.delete (used by delete plans only)
+  delete_exchange,   ///< exchange.delete (used by delete plans only)
+};
+
+/// What an object is for in its service's loop.
+enum class Role {
+  input_exchange,
+  input_queue,
+  wait_exchange,
+  wait_queue,
+  parking_exchange,
+  parking_queue,
+};
+
+/// One broker operation with everything it sends. Integer arguments are AMQP `l` (int64), the
+/// type `rabbitmqctl import_definitions` gives them, so that applied and imported objects are
+/// the same (docs/topology.md, "Argument types").
+struct Action {
+  ActionKind kind = ActionKind::declare_queue;
+  Role role = Role::input_queue;
+  /// The services the object belongs to (several for a shared input exchange).
+  std::vector<std::string> services;
+  /// The exchange (declare/check/delete exchange) or the queue (declare/bind/delete queue).
+  std::string name;
+  /// direct, topic, fanout or headers: of the exchange (declare/check), or of the source exchange
+  /// (bind_queue).
+  std::string exchange_type;
+  /// bind_queue: the source exchange.
+  std::string exchange;
+  /// bind_queue.
+  std::string routing_key;
+  bool durable = true;
+  /// declare_exchange, declare_queue, bind_queue; for delete_queue, the arguments the queue is
+  /// declared with (its `x-queue-type` decides how it can be deleted).
+  amqp::FieldTable arguments;
+};
+
+/// Ordered so that every object an action refers to is declared by an earlier action: per
+/// service, the parking exchange, queue and binding, then the wait exchange (its alternate
+/// exchange is the parking exchange), the wait queues and their bindings, then the input
+/// exchange, the input queue (dead-lettering to the wait exchange) and its bindings. An input
+/// exchange shared by several services appears once.
+struct Plan {
+  std::vector<Action> actions;
+};
+
+/// The declare plan of a valid topology (validate() finds nothing). Pure: no broker.
+Plan make_plan(const Topology& topology);
+
+/// What `topology delete` removes, in the order it removes it: per service, the input queue, the
+/// wait queues, the wait exchange, the parking queue and the parking exchange. Input exchanges are
+/// never deleted (publishers and other services may use them).
+Plan make_delete_plan(const Topology& topology);
+
+const char* to_string(ActionKind kind);
+const char* to_string(Role role);
+
+/// "exchange orders.in", "queue orders.wait.30s", "binding orders.in -> orders (order.*)".
+std::string describe(const Action& action);
+
+/// An argument value as text: numbers and strings as they are, "" for the empty string.
+std::string format_value(const amqp::FieldValue& value);
+
+/// The plan as JSON (`topology plan --json`): {"actions": [{"action": "declare_queue", ...}]}.
+/// Arguments become JSON numbers, strings and booleans.
+nlohmann::json to_json(const Plan& plan);
+/// A field table of numbers, strings and booleans as a JSON object (other types as strings).
+nlohmann::json to_json(const amqp::FieldTable& table);
+
+}  // namespace retryloop::topology

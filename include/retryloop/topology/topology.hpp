@@ -1,0 +1,138 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace retryloop::topology {
+
+// The model of a topology file: plain values, no JSON and no AMQP types. A file is read into it
+// by parse_topology (topology_json.hpp); make_plan (plan.hpp) turns it into broker actions.
+
+enum class QueueType { classic, quorum };
+enum class ExchangeType { direct, topic, fanout, headers };
+enum class RetryMode {
+  /// The consumer rejects (requeue=false); the broker dead-letters the message through the wait
+  /// queue and back. Exactly one delay.
+  reject,
+  /// The consumer publishes a copy to the wait exchange with the delay's routing key, waits for
+  /// the confirm, then acks. One or more delays; the last one repeats.
+  republish,
+};
+/// `x-match` of a headers binding.
+enum class HeadersMatch { all, any };
+
+/// A value a headers binding matches; integers are sent as AMQP `l` (int64).
+using HeaderValue = std::variant<std::string, int64_t, bool>;
+
+/// How the service queue is bound to its input exchange. Direct and topic exchanges use
+/// `routing_key`; headers exchanges use `match` and `headers` (the routing key is ignored).
+struct Binding {
+  std::string routing_key;
+  HeadersMatch match = HeadersMatch::all;
+  std::vector<std::pair<std::string, HeaderValue>> headers;
+
+  friend bool operator==(const Binding& a, const Binding& b) {
+    return a.routing_key == b.routing_key && a.match == b.match && a.headers == b.headers;
+  }
+};
+
+/// The exchange publishers send the service's messages to.
+struct Input {
+  std::string exchange;
+  ExchangeType type = ExchangeType::direct;
+  /// false: the exchange belongs to someone else; it is only checked for, never declared.
+  bool declare = true;
+  /// A fanout binding takes no routing key, so fanout inputs have none here (one binding is made).
+  std::vector<Binding> bindings;
+};
+
+struct Retry {
+  RetryMode mode = RetryMode::reject;
+  /// reject: exactly one. republish: the delay before retry k is delays[min(k-1, last)].
+  std::vector<std::chrono::milliseconds> delays;
+  /// Handler attempts before the message is parked (the first delivery counts as one).
+  int max_attempts = 1;
+};
+
+struct Parking {
+  /// `x-max-length` with `x-overflow=reject-publish`: a full parking queue refuses new messages
+  /// (the consumer then keeps them) and never drops the oldest.
+  std::optional<int64_t> max_length;
+  /// `x-message-ttl` of the parking queue: parked messages are dropped after this long.
+  std::optional<std::chrono::milliseconds> ttl;
+};
+
+/// One service: an input queue and its retry loop. Every other name is derived from `name`.
+struct Service {
+  std::string name;
+  /// The input queue; parse_topology sets it to `name` when the file leaves it out. Empty here
+  /// also means `name` (see input_queue_name).
+  std::string queue;
+  QueueType queue_type = QueueType::classic;
+  Input input;
+  Retry retry;
+  Parking parking;
+};
+
+struct Topology {
+  std::vector<Service> services;
+};
+
+/// One problem found in a topology file or model.
+struct TopologyError {
+  /// The service it concerns, when known.
+  std::string service;
+  /// Where: `services[1].retry.delays[0]`; empty for the file as a whole.
+  std::string path;
+  std::string message;
+  /// 1-based position, for malformed JSON only (0 otherwise).
+  size_t line = 0;
+  size_t column = 0;
+};
+
+/// "services[1].retry.delays[0] (service "audit"): ..." — the source name goes in front when
+/// given ("topology/x.json: ..."; malformed JSON as "topology/x.json:3:17: ...").
+std::string to_string(const TopologyError& error, std::string_view source = {});
+
+/// Checks everything about a model that does not depend on how it was written: names RabbitMQ
+/// refuses or reserves, lengths (derived names too), delays and TTLs, modes, bindings, and names
+/// that clash between services. Returns every problem found, in file order; empty when valid.
+std::vector<TopologyError> validate(const Topology& topology);
+
+/// The services named in `names`, in file order; throws std::invalid_argument naming an unknown
+/// one. An empty `names` selects every service.
+Topology select_services(const Topology& topology, const std::vector<std::string>& names);
+
+// ---- Derived names. Every module (declarer, consumer, parking tool) finds objects by these. ----
+
+const char* to_string(QueueType type);
+const char* to_string(ExchangeType type);
+const char* to_string(RetryMode mode);
+const char* to_string(HeadersMatch match);
+
+/// The input queue: `service.queue`, or the service name when that is empty.
+const std::string& input_queue_name(const Service& service);
+/// `N.wait`: direct, its alternate exchange is the parking exchange.
+std::string wait_exchange_name(std::string_view service_name);
+/// `N.wait.<label>`, for example `orders.wait.30s` (label: duration_label).
+std::string wait_queue_name(std::string_view service_name, std::chrono::milliseconds delay);
+/// `N.parking`, the parking exchange (fanout).
+std::string parking_exchange_name(std::string_view service_name);
+/// `N.parking`, the parking queue (same name as its exchange).
+std::string parking_queue_name(std::string_view service_name);
+
+/// The distinct delays of a service in first-use order: one wait queue each.
+std::vector<std::chrono::milliseconds> wait_delays(const Service& service);
+/// The delay after failed attempt `attempt` (1 = the first delivery failed): reject mode: the
+/// single delay; republish: delays[min(attempt-1, last)]. Attempts below 1 count as 1.
+std::chrono::milliseconds delay_after_attempt(const Service& service, int attempt);
+/// The routing key on the wait exchange for that delay: its label, e.g. `30s`.
+std::string wait_routing_key(const Service& service, int attempt);
+
+}  // namespace retryloop::topology

@@ -1,0 +1,97 @@
+#pragma once
+
+// What every command group of the retryloop binary shares: exit codes, the connection URL
+// (--url / RETRYLOOP_URL), connecting on a private loop, loading a topology file, and aligned
+// tables for readable output.
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "retryloop/client/connection.hpp"
+#include "retryloop/client/uri.hpp"
+#include "retryloop/topology/topology.hpp"
+
+namespace retryloop::cli {
+
+/// The process exit codes, documented in --help and docs/topology.md.
+enum ExitCode : int {
+  exit_ok = 0,
+  exit_usage = 1,           ///< bad command line (unknown flag, missing argument, bad URL)
+  exit_invalid_file = 2,    ///< the topology file is unreadable or invalid
+  exit_broker_refused = 3,  ///< the broker refused, or differs from the file, or holds messages
+  exit_connection = 4,      ///< could not connect, or the connection failed midway
+};
+
+/// The exit-code table for --help footers.
+extern const char* const exit_codes_help;
+
+/// A failure a command reports with a message on stderr and an exit code. Thrown from command
+/// code, caught in main.
+class Failure : public std::runtime_error {
+ public:
+  Failure(int code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  int code() const { return code_; }
+
+ private:
+  int code_;
+};
+
+/// The broker URL of a command: --url, else RETRYLOOP_URL, else the default.
+struct ConnectionArgs {
+  std::string url = "amqp://guest:guest@localhost:5672/%2F";
+};
+
+/// Adds --url (with RETRYLOOP_URL) to a command.
+void add_connection_option(CLI::App& command, ConnectionArgs& args);
+
+/// Parses the URL; throws Failure(exit_usage) naming the problem (never the password).
+client::Uri parse_url(const ConnectionArgs& args);
+
+/// Called once connected; must call `done(exit_code)` exactly once, on the loop thread.
+using ConnectedWork = std::function<void(const std::shared_ptr<client::Connection>& connection,
+                                         std::function<void(int exit_code)> done)>;
+
+/// Connects to `uri` on a private libuv loop, runs `work`, closes the connection and returns the
+/// exit code `work` gave. When the connection cannot be made, prints why (with the redacted URL)
+/// and returns exit_connection.
+int with_connection(const client::Uri& uri, const ConnectedWork& work);
+
+/// Loads and validates a topology file and selects `services` (all when empty). Prints every
+/// problem to stderr and throws Failure(exit_invalid_file) when the file is invalid, or
+/// Failure(exit_usage) for an unknown service name.
+topology::Topology load_topology_or_fail(const std::string& path,
+                                         const std::vector<std::string>& services);
+
+/// Rows of text printed with aligned columns (the last column is not padded).
+class Table {
+ public:
+  void add(std::vector<std::string> row) { rows_.push_back({false, std::move(row)}); }
+  /// A line printed as it is (a heading), not aligned with the rows.
+  void add_line(std::string text) { rows_.push_back({true, {std::move(text)}}); }
+  bool empty() const { return rows_.empty(); }
+  void print(std::ostream& out, const std::string& indent = "  ") const;
+
+ private:
+  struct Row {
+    bool verbatim;
+    std::vector<std::string> cells;
+  };
+  std::vector<Row> rows_;
+};
+
+/// "1 queue" / "3 queues".
+std::string plural(size_t count, const std::string& singular, const std::string& plural_form = {});
+
+/// `text` broken into lines of at most `width` columns at spaces (for --help paragraphs).
+std::string wrap(const std::string& text, size_t width = 96);
+
+/// The exit-code footer and common look for a command's --help.
+void describe_command(CLI::App& command);
+
+}  // namespace retryloop::cli

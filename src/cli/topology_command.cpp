@@ -1,0 +1,558 @@
+// retryloop topology plan|apply|verify|export|delete: output and exit codes only; the work is
+// done by retryloop::topology.
+
+#include "topology_command.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+#include "retryloop/topology/declarer.hpp"
+#include "retryloop/topology/definitions.hpp"
+#include "retryloop/topology/duration.hpp"
+#include "retryloop/topology/plan.hpp"
+#include "retryloop/topology/topology.hpp"
+
+namespace retryloop::cli {
+
+namespace {
+
+using topology::Action;
+using topology::ActionKind;
+using topology::ActionResult;
+using topology::Outcome;
+using topology::Report;
+
+struct TopologyArgs {
+  std::string file;
+  std::vector<std::string> services;
+  bool json = false;
+  ConnectionArgs connection;
+  std::string vhost;
+  bool yes = false;
+  bool force = false;
+};
+
+std::string join(const std::vector<std::string>& items, const std::string& separator = ", ") {
+  std::string out;
+  for (const auto& item : items)
+    out += (out.empty() ? "" : separator) + item;
+  return out;
+}
+
+std::string service_names(const topology::Topology& t) {
+  std::vector<std::string> names;
+  for (const auto& s : t.services)
+    names.push_back(s.name);
+  return plural(names.size(), "service") + " (" + join(names) + ")";
+}
+
+// ---- describing actions ----
+
+struct Columns {
+  std::string kind;
+  std::string object;
+  std::string detail;
+};
+
+std::string binding_detail(const Action& a) {
+  if (a.exchange_type == "fanout") return "";
+  if (a.exchange_type == "headers") {
+    std::string match;
+    std::vector<std::string> headers;
+    for (const auto& entry : a.arguments) {
+      if (entry.name == "x-match") {
+        match = topology::format_value(entry.value);
+      } else {
+        headers.push_back(entry.name + "=" + topology::format_value(entry.value));
+      }
+    }
+    return "match " + match + ": " + join(headers);
+  }
+  return "key " + (a.routing_key.empty() ? std::string("\"\"") : a.routing_key);
+}
+
+Columns columns(const Action& a) {
+  switch (a.kind) {
+    case ActionKind::declare_exchange:
+    case ActionKind::check_exchange:
+    case ActionKind::delete_exchange:
+      return {"exchange", a.name, ""};
+    case ActionKind::declare_queue:
+    case ActionKind::delete_queue:
+      return {"queue", a.name, ""};
+    case ActionKind::bind_queue:
+      return {"binding", a.exchange + " -> " + a.name, binding_detail(a)};
+  }
+  return {"", a.name, ""};
+}
+
+std::string argument_text(const amqp::FieldEntry& entry) {
+  std::string value = topology::format_value(entry.value);
+  if (entry.name == "x-message-ttl") {
+    if (auto ms = entry.value.as_int64()) {
+      value += " (" + topology::duration_label(std::chrono::milliseconds(*ms)) + ")";
+    }
+  } else if (entry.name == "x-dead-letter-exchange" && value == "\"\"") {
+    value += " (the default exchange)";
+  }
+  return entry.name + " = " + value;
+}
+
+std::string shared_note(const Action& a) {
+  if (a.services.size() < 2) return "";
+  return "shared by " + join(a.services);
+}
+
+// ---- plan ----
+
+std::string service_summary(const topology::Service& s) {
+  std::vector<std::string> delays;
+  for (auto d : s.retry.delays)
+    delays.push_back(topology::duration_label(d));
+  std::string text = s.name + ": queue " + topology::input_queue_name(s) + " (" +
+                     topology::to_string(s.queue_type) + "), " + topology::to_string(s.retry.mode) +
+                     " mode, " + (delays.size() == 1 ? "delay " : "delays ") + join(delays) +
+                     (delays.size() > 1 ? " (the last repeats)" : "") + ", at most " +
+                     plural(static_cast<size_t>(s.retry.max_attempts), "attempt");
+  return text;
+}
+
+void print_plan(const std::string& file, const topology::Topology& t, const topology::Plan& plan) {
+  std::cout << file << ": " << service_names(t) << ", " << plural(plan.actions.size(), "step")
+            << ". Nothing is sent to a broker.\n";
+  std::string current;
+  Table table;
+  size_t step = 0;
+  for (const auto& a : plan.actions) {
+    ++step;
+    const std::string& owner = a.services.front();
+    if (owner != current) {
+      current = owner;
+      for (const auto& s : t.services) {
+        if (s.name == owner) {
+          table.add_line("");
+          table.add_line(service_summary(s));
+        }
+      }
+    }
+    Columns c = columns(a);
+    std::string detail;
+    switch (a.kind) {
+      case ActionKind::declare_exchange:
+        detail = a.exchange_type + ", durable";
+        break;
+      case ActionKind::check_exchange:
+        detail = a.exchange_type + ", not declared: must exist already (\"declare\": false)";
+        break;
+      case ActionKind::declare_queue:
+        detail = std::string(a.arguments.find("x-queue-type") ? "quorum" : "classic") + ", durable";
+        break;
+      case ActionKind::bind_queue:
+        detail = c.detail;
+        break;
+      default:
+        break;
+    }
+    std::string note = shared_note(a);
+    if (!note.empty()) detail += "; " + note;
+    table.add({std::to_string(step), c.kind, c.object, detail});
+    if (a.kind != ActionKind::bind_queue) {
+      for (const auto& entry : a.arguments)
+        table.add({"", "", "", argument_text(entry)});
+    }
+  }
+  table.print(std::cout, "  ");
+}
+
+int run_plan(const TopologyArgs& args) {
+  auto t = load_topology_or_fail(args.file, args.services);
+  auto plan = topology::make_plan(t);
+  if (args.json) {
+    nlohmann::json out = topology::to_json(plan);
+    out["file"] = args.file;
+    std::vector<std::string> names;
+    for (const auto& s : t.services)
+      names.push_back(s.name);
+    out["services"] = names;
+    std::cout << out.dump(2) << "\n";
+  } else {
+    print_plan(args.file, t, plan);
+  }
+  return exit_ok;
+}
+
+// ---- reports (apply, verify, delete) ----
+
+std::string outcome_word(Outcome o) {
+  switch (o) {
+    case Outcome::matches:
+      return "ok";
+    case Outcome::not_checked:
+      return "unchecked";
+    case Outcome::not_run:
+      return "not run";
+    case Outcome::would_delete:
+      return "would delete";
+    case Outcome::not_empty:
+      return "not empty";
+    case Outcome::in_use:
+      return "in use";
+    default:
+      return topology::to_string(o);
+  }
+}
+
+std::string queue_counts(const ActionResult& r, bool with_consumers) {
+  if (!r.messages) return "";
+  std::string text = plural(*r.messages, "message");
+  if (with_consumers && r.consumers) text += ", " + plural(*r.consumers, "consumer");
+  return text;
+}
+
+std::string result_note(const ActionResult& r, bool counts) {
+  switch (r.outcome) {
+    case Outcome::drifted:
+      if (r.drift) {
+        return r.drift->argument + ": the file wants " + r.drift->wanted + ", the broker has " +
+               r.drift->actual;
+      }
+      return r.error.reply_text;
+    case Outcome::failed:
+      return r.error.reply_code != 0 ? r.error.reply_text : r.error.message();
+    case Outcome::missing:
+      if (r.action.kind == ActionKind::check_exchange) {
+        return "not found; \"declare\": false means its owner must declare it";
+      }
+      return "not found";
+    case Outcome::not_empty:
+    case Outcome::in_use:
+    case Outcome::would_delete:
+      return queue_counts(r, true);
+    case Outcome::deleted:
+      if (r.messages.value_or(0) == 0) return "";
+      return plural(*r.messages, "message") + " deleted with it";
+    default:
+      break;
+  }
+  std::string note = counts ? queue_counts(r, false) : "";
+  std::string shared = shared_note(r.action);
+  if (!shared.empty()) note += (note.empty() ? "" : "; ") + shared;
+  return note;
+}
+
+void print_results(const Report& report, bool counts) {
+  Table table;
+  for (const auto& r : report.results) {
+    if (r.outcome == Outcome::absent && r.action.kind == ActionKind::bind_queue) continue;
+    Columns c = columns(r.action);
+    std::string note = result_note(r, counts);
+    if (r.action.kind == ActionKind::bind_queue && !c.detail.empty()) {
+      note = c.detail + (note.empty() ? "" : "; " + note);
+    }
+    table.add({outcome_word(r.outcome), c.kind, c.object, note});
+  }
+  table.print(std::cout, "  ");
+}
+
+nlohmann::json report_json(const std::string& command, const std::string& file,
+                           const client::Uri& uri, const Report& report) {
+  nlohmann::json results = nlohmann::json::array();
+  for (const auto& r : report.results) {
+    nlohmann::json j = topology::to_json(topology::Plan{{r.action}})["actions"][0];
+    j["outcome"] = topology::to_string(r.outcome);
+    if (r.drift) {
+      j["drift"] = {{"argument", r.drift->argument},
+                    {"wanted", r.drift->wanted},
+                    {"actual", r.drift->actual}};
+    }
+    if (r.error) {
+      j["error"] = r.error.reply_code != 0 ? r.error.reply_text : r.error.message();
+      if (r.error.reply_code != 0) j["reply_code"] = r.error.reply_code;
+    }
+    if (r.messages) j["messages"] = *r.messages;
+    if (r.consumers) j["consumers"] = *r.consumers;
+    results.push_back(std::move(j));
+  }
+  nlohmann::json out = {{"command", command},
+                        {"file", file},
+                        {"broker", uri.redacted()},
+                        {"ok", report.ok()},
+                        {"results", std::move(results)}};
+  if (report.connection_error) out["connection_error"] = report.connection_error.message();
+  return out;
+}
+
+/// The exit code of a finished report; prints the connection failure, if any.
+int report_exit_code(const Report& report, const client::Uri& uri) {
+  if (report.connection_error) {
+    std::cerr << "retryloop: the connection to " << uri.redacted()
+              << " failed midway: " << report.connection_error.message() << "\n";
+    return exit_connection;
+  }
+  return report.ok() ? exit_ok : exit_broker_refused;
+}
+
+std::string counted(const Report& report, Outcome o, const std::string& text) {
+  size_t n = report.count(o);
+  return n == 0 ? std::string() : std::to_string(n) + " " + text;
+}
+
+std::string summary(const Report& report,
+                    const std::vector<std::pair<Outcome, std::string>>& parts) {
+  std::vector<std::string> items;
+  for (const auto& [o, text] : parts) {
+    std::string item = counted(report, o, text);
+    if (!item.empty()) items.push_back(item);
+  }
+  return join(items);
+}
+
+constexpr const char* drift_hint =
+    "retryloop: RabbitMQ cannot change the arguments of an existing queue or exchange; to make it "
+    "match, move its messages away, delete it and apply again (docs/topology.md, \"Drift\")\n";
+
+using Runner = client::Error (*)(const std::shared_ptr<client::Connection>&, const topology::Plan&,
+                                 topology::ReportCallback);
+
+int run_report(const TopologyArgs& args, const std::string& command) {
+  auto t = load_topology_or_fail(args.file, args.services);
+  auto uri = parse_url(args.connection);
+  auto plan = topology::make_plan(t);
+  Runner runner = command == "apply" ? &topology::apply : &topology::verify;
+  if (!args.json) {
+    std::cout << (command == "apply" ? "Applying " : "Verifying ") << args.file
+              << (command == "apply" ? " to " : " against ") << uri.redacted() << ": "
+              << service_names(t) << "\n\n";
+  }
+  Report result;
+  int code = with_connection(uri, [&](const auto& connection, auto done) {
+    client::Error immediate = runner(connection, plan, [&result, done](const Report& report) {
+      result = report;
+      done(exit_ok);
+    });
+    if (immediate) {
+      result.connection_error = immediate;
+      done(exit_connection);
+    }
+  });
+  if (code != exit_ok) return code;
+  if (args.json) {
+    std::cout << report_json(command, args.file, uri, result).dump(2) << "\n";
+    return report_exit_code(result, uri);
+  }
+  print_results(result, command == "verify");
+  std::cout << "\n";
+  if (command == "apply") {
+    std::string text = summary(result, {{Outcome::created, "created"},
+                                        {Outcome::existed, "already existed"},
+                                        {Outcome::bound, "bindings in place"},
+                                        {Outcome::drifted, "drifted"},
+                                        {Outcome::missing, "missing"},
+                                        {Outcome::failed, "refused"},
+                                        {Outcome::not_run, "not run"}});
+    std::cout << "Done: " << text << ".\n";
+    if (!result.ok() && !result.connection_error) {
+      std::cerr << "retryloop: the broker does not match " << args.file
+                << " (see above); nothing was deleted or changed to fix it\n";
+      if (result.count(Outcome::drifted) > 0) std::cerr << drift_hint;
+    }
+  } else {
+    std::string text = summary(result, {{Outcome::matches, "match"},
+                                        {Outcome::drifted, "drifted"},
+                                        {Outcome::missing, "missing"},
+                                        {Outcome::failed, "failed"},
+                                        {Outcome::not_run, "not run"}});
+    std::cout << "Result: " << text << ".\n";
+    size_t unchecked = result.count(Outcome::not_checked);
+    if (unchecked > 0) {
+      std::cout << plural(unchecked, "binding was", "bindings were")
+                << " not checked: AMQP 0-9-1 cannot check a binding without creating it.\n"
+                << "Run `retryloop topology apply` to make sure they exist (it is idempotent).\n";
+    }
+    if (!result.ok() && !result.connection_error) {
+      std::cerr << "retryloop: the broker does not match " << args.file << " (see above)\n";
+      if (result.count(Outcome::drifted) > 0) std::cerr << drift_hint;
+    }
+  }
+  return report_exit_code(result, uri);
+}
+
+// ---- export ----
+
+int run_export(const TopologyArgs& args) {
+  auto t = load_topology_or_fail(args.file, args.services);
+  std::string vhost = args.vhost;
+  if (vhost.empty()) vhost = parse_url(args.connection).vhost;
+  auto definitions = topology::export_definitions(topology::make_plan(t), vhost);
+  std::cout << definitions.dump(2) << "\n";
+  return exit_ok;
+}
+
+// ---- delete ----
+
+int run_delete(const TopologyArgs& args) {
+  auto t = load_topology_or_fail(args.file, args.services);
+  auto uri = parse_url(args.connection);
+  auto plan = topology::make_delete_plan(t);
+  topology::DeleteOptions options;
+  options.execute = args.yes;
+  options.force = args.force;
+  Report result;
+  int code = with_connection(uri, [&](const auto& connection, auto done) {
+    client::Error immediate =
+        topology::remove(connection, plan, options, [&result, done](const Report& report) {
+          result = report;
+          done(exit_ok);
+        });
+    if (immediate) {
+      result.connection_error = immediate;
+      done(exit_connection);
+    }
+  });
+  if (code != exit_ok) return code;
+  if (args.json) {
+    std::cout << report_json("delete", args.file, uri, result).dump(2) << "\n";
+    return report_exit_code(result, uri);
+  }
+  std::cout << (args.yes ? "Deleting " : "Checking what deleting ") << service_names(t)
+            << (args.yes ? " from " : " would remove from ") << uri.redacted() << "\n\n";
+  print_results(result, true);
+  std::cout << "\n";
+  std::vector<std::string> inputs;
+  for (const auto& s : t.services) {
+    if (std::find(inputs.begin(), inputs.end(), s.input.exchange) == inputs.end()) {
+      inputs.push_back(s.input.exchange);
+    }
+  }
+  std::string kept_note = "Input exchanges are never deleted (" + join(inputs) +
+                          "): publishers and other services may use them.\n";
+  size_t refused = result.count(Outcome::not_empty) + result.count(Outcome::in_use);
+  if (result.connection_error) return report_exit_code(result, uri);
+  if (refused > 0) {
+    std::vector<std::string> reasons;
+    for (const auto& r : result.results) {
+      if (r.outcome == Outcome::not_empty) {
+        reasons.push_back(r.action.name + " holds " + plural(r.messages.value_or(0), "message"));
+      } else if (r.outcome == Outcome::in_use) {
+        reasons.push_back(r.action.name + " has " + plural(r.consumers.value_or(0), "consumer"));
+      }
+    }
+    std::cout << (result.count(Outcome::deleted) > 0 ? "Stopped" : "Nothing was deleted") << ": "
+              << join(reasons, "; ") << ".\n";
+    std::cerr << "retryloop: refusing to delete queues that hold messages or have consumers; "
+                 "move or replay the messages first, stop the consumers, or add --force to "
+                 "delete them anyway (the messages are lost)\n";
+    return exit_broker_refused;
+  }
+  if (!result.ok()) {
+    std::cout << "Stopped: "
+              << summary(result, {{Outcome::deleted, "deleted"},
+                                  {Outcome::failed, "refused"},
+                                  {Outcome::kept, "kept"}})
+              << ".\n";
+    return report_exit_code(result, uri);
+  }
+  if (!args.yes) {
+    size_t n = result.count(Outcome::would_delete);
+    if (n == 0) {
+      std::cout << "Nothing to delete: none of these objects exist.\n";
+    } else {
+      std::cout << "Nothing was deleted. Run again with --yes to delete these "
+                << plural(n, "object") << ".\n";
+    }
+  } else {
+    std::cout << "Done: "
+              << summary(result,
+                         {{Outcome::deleted, "deleted"}, {Outcome::absent, "were already absent"}})
+              << ".\n";
+  }
+  std::cout << kept_note;
+  return exit_ok;
+}
+
+// ---- command line ----
+
+/// Adds a subcommand with its own arguments (CLI11 reads RETRYLOOP_URL for every subcommand, so
+/// they must not share the variable the URL goes to).
+std::pair<CLI::App*, std::shared_ptr<TopologyArgs>> add_command(CLI::App& group,
+                                                                const std::string& name,
+                                                                const std::string& summary,
+                                                                const std::string& details) {
+  auto args = std::make_shared<TopologyArgs>();
+  CLI::App* command = group.add_subcommand(name, summary);
+  command->footer(wrap(details) + "\n\n" + exit_codes_help);
+  command->add_option("FILE", args->file, "Topology file (JSON; see docs/topology.md)")
+      ->required()
+      ->type_name("");
+  command
+      ->add_option("--service", args->services,
+                   "Only this service (repeat for several); default: every service in FILE")
+      ->type_name("NAME")
+      ->allow_extra_args(false);
+  add_connection_option(*command, args->connection);
+  return {command, args};
+}
+
+}  // namespace
+
+void add_topology_commands(CLI::App& app, int& exit_code) {
+  CLI::App* group = app.add_subcommand(
+      "topology", "Set up and check each service's queues and exchanges from a topology file");
+  describe_command(*group);
+  group->require_subcommand(1);
+
+  auto [plan, plan_args] = add_command(
+      *group, "plan", "Print what apply would declare, with every argument (no broker needed)",
+      "Prints the ordered list of exchanges, queues and bindings apply declares, with their "
+      "arguments. Sends nothing to a broker (--url is accepted and ignored).");
+  plan->add_flag("--json", plan_args->json, "Print the plan as JSON");
+  plan->callback([args = plan_args, &exit_code] { exit_code = run_plan(*args); });
+
+  auto [apply, apply_args] = add_command(
+      *group, "apply", "Declare everything in FILE (idempotent) and report what existed",
+      "Declares every exchange, queue and binding of FILE and reports which were created and which "
+      "already existed. An object that exists with other arguments is reported (with the "
+      "argument, the value the file wants and the value the broker has) and left alone: apply "
+      "never deletes or redeclares anything. It then goes on with the rest and exits 3.");
+  apply->add_flag("--json", apply_args->json, "Print the report as JSON");
+  apply->callback([args = apply_args, &exit_code] { exit_code = run_report(*args, "apply"); });
+
+  auto [verify, verify_args] = add_command(
+      *group, "verify", "Check the broker against FILE without creating anything",
+      "Reports missing objects and arguments that differ from FILE, and exits 0 only when "
+      "everything matches. Bindings cannot be checked over AMQP 0-9-1 without creating them, so "
+      "they are listed as unchecked.");
+  verify->add_flag("--json", verify_args->json, "Print the report as JSON");
+  verify->callback([args = verify_args, &exit_code] { exit_code = run_report(*args, "verify"); });
+
+  auto [exp, exp_args] = add_command(
+      *group, "export", "Print RabbitMQ definitions for rabbitmqctl import_definitions",
+      "Prints definitions JSON that `rabbitmqctl import_definitions FILE` accepts and that give "
+      "the same objects as apply. The virtual host must exist before the import. No broker is "
+      "needed; --url only supplies the default --vhost.");
+  exp->add_option("--vhost", exp_args->vhost,
+                  "Virtual host the definitions are for; default: the vhost of --url")
+      ->type_name("VHOST");
+  exp->callback([args = exp_args, &exit_code] { exit_code = run_export(*args); });
+
+  auto [del, del_args] = add_command(
+      *group, "delete", "Delete the services' queues and their wait and parking exchanges",
+      "Deletes each service's input queue, wait queues, wait exchange, parking queue and parking "
+      "exchange; never an input exchange, which publishers and other services may share. Without "
+      "--yes it deletes nothing and lists what it would delete. It refuses (exit 3, nothing "
+      "deleted) while any of the queues holds messages or has consumers, unless --force.");
+  del->add_flag("--yes", del_args->yes, "Really delete");
+  del->add_flag("--force", del_args->force,
+                "Also delete queues that hold messages or have consumers (the messages are lost)");
+  del->add_flag("--json", del_args->json, "Print the report as JSON");
+  del->callback([args = del_args, &exit_code] { exit_code = run_delete(*args); });
+}
+
+}  // namespace retryloop::cli

@@ -1,0 +1,689 @@
+#include "retryloop/client/channel.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <functional>
+
+#include "retryloop/client/connection.hpp"
+
+namespace retryloop::client {
+namespace {
+
+using amqp::FrameType;
+
+template <class Method>
+constexpr uint32_t key_of() {
+  return (uint32_t{Method::class_id} << 16) | Method::method_id;
+}
+
+constexpr size_t kMaxBodyReserve = 64 * 1024 * 1024;
+
+size_t fingerprint(std::string_view exchange, std::string_view routing_key, std::string_view body) {
+  std::hash<std::string_view> hash;
+  size_t h = hash(exchange);
+  h ^= hash(routing_key) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  h ^= hash(body) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  return h;
+}
+
+Error protocol_error(std::string text) {
+  return Error(ClientError::protocol_error, std::move(text));
+}
+
+}  // namespace
+
+Channel::Channel(Connection* connection, uint16_t id) : connection_(connection), id_(id) {}
+
+Channel::~Channel() = default;
+
+Error Channel::check_open() const {
+  if (state_ != State::open || connection_ == nullptr) {
+    return close_reason_ ? close_reason_ : Error(ClientError::not_open);
+  }
+  return {};
+}
+
+template <class Method>
+Error Channel::call(const Method& method, uint32_t reply_key, ReplyHandler on_reply,
+                    GetCallback on_get) {
+  if (auto error = check_open()) return error;
+  Rpc rpc;
+  if (auto ec = amqp::append_method_frame(rpc.frame, id_, method)) {
+    return Error(ClientError::invalid_argument, std::string(Method::name) + ": " + ec.message());
+  }
+  rpc.reply_key = reply_key;
+  rpc.on_reply = std::move(on_reply);
+  rpc.on_get = std::move(on_get);
+  rpcs_.push_back(std::move(rpc));
+  send_next_rpc();
+  return {};
+}
+
+template <class Method>
+Error Channel::call_simple(const Method& method, uint32_t reply_key, CompletionCallback callback) {
+  return call(method, reply_key,
+              [callback = std::move(callback)](const Error& error, std::string_view) {
+                if (callback) callback(error);
+              });
+}
+
+template <class Method>
+Error Channel::send_async(const Method& method) {
+  if (auto error = check_open()) return error;
+  if (auto ec = amqp::append_method_frame(connection_->output(), id_, method)) {
+    return Error(ClientError::invalid_argument, std::string(Method::name) + ": " + ec.message());
+  }
+  connection_->flush();
+  return {};
+}
+
+void Channel::send_next_rpc() {
+  if (rpc_in_flight_ || rpcs_.empty() || connection_ == nullptr) return;
+  rpc_in_flight_ = true;
+  std::string frame = std::move(rpcs_.front().frame);
+  connection_->output().append(frame);
+  connection_->flush();
+}
+
+Channel::Rpc Channel::pop_rpc() {
+  Rpc rpc = std::move(rpcs_.front());
+  rpcs_.pop_front();
+  rpc_in_flight_ = false;
+  send_next_rpc();
+  return rpc;
+}
+
+void Channel::open(CompletionCallback callback) {
+  Rpc rpc;
+  amqp::append_method_frame(rpc.frame, id_, amqp::ChannelOpen{});
+  rpc.reply_key = key_of<amqp::ChannelOpenOk>();
+  rpc.on_reply = [this, callback = std::move(callback)](const Error& error, std::string_view) {
+    if (!error) state_ = State::open;
+    if (callback) callback(error);
+  };
+  rpcs_.push_back(std::move(rpc));
+  send_next_rpc();
+}
+
+Error Channel::exchange_declare(std::string_view name, std::string_view type,
+                                const ExchangeOptions& options, CompletionCallback callback) {
+  amqp::ExchangeDeclare m;
+  m.exchange = name;
+  m.type = type;
+  m.passive = options.passive;
+  m.durable = options.durable;
+  m.auto_delete = options.auto_delete;
+  m.internal = options.internal;
+  m.arguments = options.arguments;
+  return call_simple(m, key_of<amqp::ExchangeDeclareOk>(), std::move(callback));
+}
+
+Error Channel::exchange_delete(std::string_view name, bool if_unused,
+                               CompletionCallback callback) {
+  amqp::ExchangeDelete m;
+  m.exchange = name;
+  m.if_unused = if_unused;
+  return call_simple(m, key_of<amqp::ExchangeDeleteOk>(), std::move(callback));
+}
+
+Error Channel::exchange_bind(std::string_view destination, std::string_view source,
+                             std::string_view routing_key, const amqp::FieldTable& arguments,
+                             CompletionCallback callback) {
+  amqp::ExchangeBind m;
+  m.destination = destination;
+  m.source = source;
+  m.routing_key = routing_key;
+  m.arguments = arguments;
+  return call_simple(m, key_of<amqp::ExchangeBindOk>(), std::move(callback));
+}
+
+Error Channel::exchange_unbind(std::string_view destination, std::string_view source,
+                               std::string_view routing_key, const amqp::FieldTable& arguments,
+                               CompletionCallback callback) {
+  amqp::ExchangeUnbind m;
+  m.destination = destination;
+  m.source = source;
+  m.routing_key = routing_key;
+  m.arguments = arguments;
+  return call_simple(m, key_of<amqp::ExchangeUnbindOk>(), std::move(callback));
+}
+
+Error Channel::queue_declare(std::string_view name, const QueueOptions& options,
+                             QueueDeclareCallback callback) {
+  amqp::QueueDeclare m;
+  m.queue = name;
+  m.passive = options.passive;
+  m.durable = options.durable;
+  m.exclusive = options.exclusive;
+  m.auto_delete = options.auto_delete;
+  m.arguments = options.arguments;
+  return call(m, key_of<amqp::QueueDeclareOk>(),
+              [callback = std::move(callback)](const Error& error, std::string_view payload) {
+                QueueInfo info;
+                if (error) {
+                  if (callback) callback(error, info);
+                  return;
+                }
+                amqp::QueueDeclareOk ok;
+                if (auto ec = amqp::decode_method_frame(payload, ok)) {
+                  if (callback) callback(Error(ec), info);
+                  return;
+                }
+                info.name = std::move(ok.queue);
+                info.message_count = ok.message_count;
+                info.consumer_count = ok.consumer_count;
+                if (callback) callback(Error{}, info);
+              });
+}
+
+Error Channel::queue_bind(std::string_view queue, std::string_view exchange,
+                          std::string_view routing_key, const amqp::FieldTable& arguments,
+                          CompletionCallback callback) {
+  amqp::QueueBind m;
+  m.queue = queue;
+  m.exchange = exchange;
+  m.routing_key = routing_key;
+  m.arguments = arguments;
+  return call_simple(m, key_of<amqp::QueueBindOk>(), std::move(callback));
+}
+
+Error Channel::queue_unbind(std::string_view queue, std::string_view exchange,
+                            std::string_view routing_key, const amqp::FieldTable& arguments,
+                            CompletionCallback callback) {
+  amqp::QueueUnbind m;
+  m.queue = queue;
+  m.exchange = exchange;
+  m.routing_key = routing_key;
+  m.arguments = arguments;
+  return call_simple(m, key_of<amqp::QueueUnbindOk>(), std::move(callback));
+}
+
+namespace {
+template <class OkMethod>
+auto count_reply(CountCallback callback) {
+  return [callback = std::move(callback)](const Error& error, std::string_view payload) {
+    if (error) {
+      if (callback) callback(error, 0);
+      return;
+    }
+    OkMethod ok;
+    auto ec = amqp::decode_method_frame(payload, ok);
+    if (callback) callback(ec ? Error(ec) : Error{}, ok.message_count);
+  };
+}
+}  // namespace
+
+Error Channel::queue_purge(std::string_view queue, CountCallback callback) {
+  amqp::QueuePurge m;
+  m.queue = queue;
+  return call(m, key_of<amqp::QueuePurgeOk>(),
+              count_reply<amqp::QueuePurgeOk>(std::move(callback)));
+}
+
+Error Channel::queue_delete(std::string_view queue, bool if_unused, bool if_empty,
+                            CountCallback callback) {
+  amqp::QueueDelete m;
+  m.queue = queue;
+  m.if_unused = if_unused;
+  m.if_empty = if_empty;
+  return call(m, key_of<amqp::QueueDeleteOk>(),
+              count_reply<amqp::QueueDeleteOk>(std::move(callback)));
+}
+
+Error Channel::qos(uint16_t prefetch_count, CompletionCallback callback) {
+  amqp::BasicQos m;
+  m.prefetch_count = prefetch_count;
+  return call_simple(m, key_of<amqp::BasicQosOk>(), std::move(callback));
+}
+
+Error Channel::consume(std::string_view queue, ConsumeOptions options,
+                       DeliveryHandler on_delivery, ConsumeCallback callback) {
+  amqp::BasicConsume m;
+  m.queue = queue;
+  m.consumer_tag = options.consumer_tag;
+  m.no_ack = options.no_ack;
+  m.exclusive = options.exclusive;
+  m.arguments = std::move(options.arguments);
+  return call(m, key_of<amqp::BasicConsumeOk>(),
+              [this, on_delivery = std::move(on_delivery), on_cancel = std::move(options.on_cancel),
+               callback = std::move(callback)](const Error& error, std::string_view payload) {
+                if (error) {
+                  if (callback) callback(error, std::string());
+                  return;
+                }
+                amqp::BasicConsumeOk ok;
+                if (auto ec = amqp::decode_method_frame(payload, ok)) {
+                  if (callback) callback(Error(ec), std::string());
+                  return;
+                }
+                consumers_[ok.consumer_tag] = {on_delivery, on_cancel};
+                if (callback) callback(Error{}, ok.consumer_tag);
+              });
+}
+
+Error Channel::cancel(std::string_view consumer_tag, CompletionCallback callback) {
+  amqp::BasicCancel m;
+  m.consumer_tag = consumer_tag;
+  return call(m, key_of<amqp::BasicCancelOk>(),
+              [this, tag = std::string(consumer_tag), callback = std::move(callback)](
+                  const Error& error, std::string_view) {
+                if (!error) consumers_.erase(tag);
+                if (callback) callback(error);
+              });
+}
+
+Error Channel::get(std::string_view queue, bool no_ack, GetCallback callback) {
+  amqp::BasicGet m;
+  m.queue = queue;
+  m.no_ack = no_ack;
+  return call(m, key_of<amqp::BasicGetOk>(), {}, std::move(callback));
+}
+
+Error Channel::ack(uint64_t delivery_tag, bool multiple) {
+  amqp::BasicAck m;
+  m.delivery_tag = delivery_tag;
+  m.multiple = multiple;
+  return send_async(m);
+}
+
+Error Channel::nack(uint64_t delivery_tag, bool multiple, bool requeue) {
+  amqp::BasicNack m;
+  m.delivery_tag = delivery_tag;
+  m.multiple = multiple;
+  m.requeue = requeue;
+  return send_async(m);
+}
+
+Error Channel::reject(uint64_t delivery_tag, bool requeue) {
+  amqp::BasicReject m;
+  m.delivery_tag = delivery_tag;
+  m.requeue = requeue;
+  return send_async(m);
+}
+
+Error Channel::confirm_select(CompletionCallback callback) {
+  if (confirm_mode_) return Error(ClientError::invalid_argument, "already in confirm mode");
+  Error error = call_simple(amqp::ConfirmSelect{}, key_of<amqp::ConfirmSelectOk>(),
+                            std::move(callback));
+  // The broker numbers publishes from the moment it handles confirm.select, which is before any
+  // publish sent after this call.
+  if (!error) confirm_mode_ = true;
+  return error;
+}
+
+Error Channel::publish(std::string_view exchange, std::string_view routing_key,
+                       const amqp::BasicProperties& properties, std::string_view body,
+                       Mandatory mandatory, PublishCallback on_confirm) {
+  if (auto error = check_open()) return error;
+  if (on_confirm && !confirm_mode_) return Error(ClientError::not_in_confirm_mode);
+  std::string& out = connection_->output();
+  size_t rollback = out.size();
+  amqp::BasicPublish m;
+  m.exchange = exchange;
+  m.routing_key = routing_key;
+  m.mandatory = mandatory == Mandatory::yes;
+  std::error_code ec = amqp::append_method_frame(out, id_, m);
+  if (!ec) ec = amqp::append_header_frame(out, id_, body.size(), properties);
+  if (ec) {
+    out.resize(rollback);
+    return Error(ClientError::invalid_argument, std::string("basic.publish: ") + ec.message());
+  }
+  amqp::append_body_frames(out, id_, body, connection_->tuning().frame_max);
+  if (confirm_mode_) {
+    PendingPublish pending;
+    pending.callback = std::move(on_confirm);
+    pending.mandatory = m.mandatory;
+    if (pending.mandatory) pending.fingerprint = fingerprint(exchange, routing_key, body);
+    pending_.push_back(std::move(pending));
+    ++next_sequence_;
+    ++unconfirmed_;
+  }
+  connection_->flush();
+  return {};
+}
+
+Error Channel::close(CompletionCallback callback) {
+  if (state_ == State::closing || state_ == State::closed || connection_ == nullptr) {
+    return close_reason_ ? close_reason_ : Error(ClientError::not_open);
+  }
+  amqp::ChannelClose m;
+  m.reply_code = 200;
+  m.reply_text = "Goodbye";
+  if (auto ec = amqp::append_method_frame(connection_->output(), id_, m)) return Error(ec);
+  state_ = State::closing;
+  content_kind_ = ContentKind::none;  // the rest of a message being received is discarded
+  on_closed_by_client_ = std::move(callback);
+  connection_->flush();
+  return {};
+}
+
+Error Channel::handle_frame(const amqp::FrameView& frame) {
+  auto self = shared_from_this();
+  if (state_ == State::closing && frame.type != FrameType::method) return {};
+  switch (frame.type) {
+    case FrameType::method:
+      if (content_kind_ != ContentKind::none) {
+        return protocol_error("method frame arrived while a message's content was expected");
+      }
+      return handle_method(frame.payload);
+    case FrameType::header:
+      if (content_kind_ == ContentKind::none || !awaiting_header_) {
+        return protocol_error("content header frame without a content method");
+      }
+      return handle_content_header(frame.payload);
+    case FrameType::body:
+      if (content_kind_ == ContentKind::none || awaiting_header_) {
+        return protocol_error("content body frame without a content header");
+      }
+      return handle_content_body(frame.payload);
+    case FrameType::heartbeat:
+      return protocol_error("heartbeat frame on a channel other than 0");
+  }
+  return protocol_error("unknown frame type");
+}
+
+Error Channel::handle_method(std::string_view payload) {
+  amqp::MethodId id;
+  if (auto ec = amqp::peek_method_id(payload, id)) return Error(ec);
+  const uint32_t key = id.key();
+
+  if (state_ == State::closing && key != key_of<amqp::ChannelClose>() &&
+      key != key_of<amqp::ChannelCloseOk>()) {
+    return {};  // after channel.close, everything but close and close-ok is discarded
+  }
+
+  switch (key) {
+    case key_of<amqp::BasicDeliver>(): {
+      amqp::BasicDeliver m;
+      if (auto ec = amqp::decode_method_frame(payload, m)) return Error(ec);
+      delivery_.consumer_tag = std::move(m.consumer_tag);
+      delivery_.delivery_tag = m.delivery_tag;
+      delivery_.redelivered = m.redelivered;
+      delivery_.exchange = std::move(m.exchange);
+      delivery_.routing_key = std::move(m.routing_key);
+      content_kind_ = ContentKind::deliver;
+      awaiting_header_ = true;
+      return {};
+    }
+    case key_of<amqp::BasicAck>(): {
+      amqp::BasicAck m;
+      if (auto ec = amqp::decode_method_frame(payload, m)) return Error(ec);
+      handle_confirm(m.delivery_tag, m.multiple, true);
+      return {};
+    }
+    case key_of<amqp::BasicNack>(): {
+      amqp::BasicNack m;
+      if (auto ec = amqp::decode_method_frame(payload, m)) return Error(ec);
+      handle_confirm(m.delivery_tag, m.multiple, false);
+      return {};
+    }
+    case key_of<amqp::BasicReturn>(): {
+      amqp::BasicReturn m;
+      if (auto ec = amqp::decode_method_frame(payload, m)) return Error(ec);
+      returned_ = ReturnedMessage{};
+      returned_.reply_code = m.reply_code;
+      returned_.reply_text = std::move(m.reply_text);
+      returned_.exchange = std::move(m.exchange);
+      returned_.routing_key = std::move(m.routing_key);
+      content_kind_ = ContentKind::returned;
+      awaiting_header_ = true;
+      return {};
+    }
+    case key_of<amqp::BasicGetOk>(): {
+      if (!rpc_in_flight_ || rpcs_.front().reply_key != key_of<amqp::BasicGetOk>()) {
+        return protocol_error("basic.get-ok without a basic.get");
+      }
+      amqp::BasicGetOk m;
+      if (auto ec = amqp::decode_method_frame(payload, m)) return Error(ec);
+      get_result_ = GetResult{};
+      get_result_.delivery_tag = m.delivery_tag;
+      get_result_.redelivered = m.redelivered;
+      get_result_.exchange = std::move(m.exchange);
+      get_result_.routing_key = std::move(m.routing_key);
+      get_result_.message_count = m.message_count;
+      content_kind_ = ContentKind::get;
+      awaiting_header_ = true;
+      return {};
+    }
+    case key_of<amqp::BasicGetEmpty>(): {
+      if (!rpc_in_flight_ || rpcs_.front().reply_key != key_of<amqp::BasicGetOk>()) {
+        return protocol_error("basic.get-empty without a basic.get");
+      }
+      Rpc rpc = pop_rpc();
+      if (rpc.on_get) rpc.on_get(Error{}, std::nullopt);
+      return {};
+    }
+    case key_of<amqp::BasicCancel>(): {
+      amqp::BasicCancel m;
+      if (auto ec = amqp::decode_method_frame(payload, m)) return Error(ec);
+      if (!m.no_wait) {
+        amqp::BasicCancelOk ok;
+        ok.consumer_tag = m.consumer_tag;
+        amqp::append_method_frame(connection_->output(), id_, ok);
+        connection_->flush();
+      }
+      auto it = consumers_.find(m.consumer_tag);
+      if (it == consumers_.end()) return {};
+      CancelHandler on_cancel = std::move(it->second.second);
+      consumers_.erase(it);
+      if (auto* log = connection_->logger()) {
+        log->warn("broker cancelled consumer {} on channel {}", m.consumer_tag, id_);
+      }
+      if (on_cancel) on_cancel(m.consumer_tag);
+      return {};
+    }
+    case key_of<amqp::ChannelClose>(): {
+      amqp::ChannelClose m;
+      if (auto ec = amqp::decode_method_frame(payload, m)) return Error(ec);
+      reply_to_close(m);
+      return {};
+    }
+    case key_of<amqp::ChannelCloseOk>(): {
+      if (state_ != State::closing) return protocol_error("channel.close-ok without channel.close");
+      CompletionCallback callback = std::move(on_closed_by_client_);
+      Connection* connection = connection_;
+      terminate(Error(ClientError::closed_by_client));
+      connection->release_channel(id_);
+      if (callback) callback(Error{});
+      return {};
+    }
+    case key_of<amqp::ChannelFlow>(): {
+      amqp::ChannelFlow m;
+      if (auto ec = amqp::decode_method_frame(payload, m)) return Error(ec);
+      amqp::ChannelFlowOk ok;
+      ok.active = m.active;
+      amqp::append_method_frame(connection_->output(), id_, ok);
+      connection_->flush();
+      return {};
+    }
+    default:
+      break;
+  }
+
+  if (rpc_in_flight_ && rpcs_.front().reply_key == key) {
+    Rpc rpc = pop_rpc();
+    if (rpc.on_reply) rpc.on_reply(Error{}, payload);
+    return {};
+  }
+  const char* name = amqp::method_name(id.class_id, id.method_id);
+  return protocol_error(std::string("unexpected ") + (name ? name : "unknown method") +
+                        " on channel " + std::to_string(id_));
+}
+
+void Channel::reply_to_close(const amqp::ChannelClose& close) {
+  amqp::append_method_frame(connection_->output(), id_, amqp::ChannelCloseOk{});
+  connection_->flush();
+  Error reason(ClientError::channel_closed, close.reply_text);
+  reason.reply_code = close.reply_code;
+  reason.class_id = close.failing_class_id;
+  reason.method_id = close.failing_method_id;
+  if (auto* log = connection_->logger()) {
+    log->warn("broker closed channel {}: {}", id_, reason.message());
+  }
+  Connection* connection = connection_;
+  terminate(reason);
+  connection->release_channel(id_);
+}
+
+Error Channel::handle_content_header(std::string_view payload) {
+  if (auto ec = amqp::decode_header_frame(payload, header_)) return Error(ec);
+  if (header_.body_size > connection_->max_body_size()) {
+    return Error(ClientError::message_too_large,
+                 "broker sent a body of " + std::to_string(header_.body_size) + " bytes");
+  }
+  Message* target = content_kind_ == ContentKind::deliver ? &delivery_.message
+                    : content_kind_ == ContentKind::get   ? &get_result_.message
+                                                          : &returned_.message;
+  target->properties = std::move(header_.properties);
+  target->body.clear();
+  target->body.reserve(std::min<uint64_t>(header_.body_size, kMaxBodyReserve));
+  body_remaining_ = header_.body_size;
+  awaiting_header_ = false;
+  if (body_remaining_ == 0) dispatch_content();
+  return {};
+}
+
+Error Channel::handle_content_body(std::string_view payload) {
+  if (payload.size() > body_remaining_) {
+    return protocol_error("content body frames are longer than the header's body size");
+  }
+  Message* target = content_kind_ == ContentKind::deliver ? &delivery_.message
+                    : content_kind_ == ContentKind::get   ? &get_result_.message
+                                                          : &returned_.message;
+  target->body.append(payload.data(), payload.size());
+  body_remaining_ -= payload.size();
+  if (body_remaining_ == 0) dispatch_content();
+  return {};
+}
+
+void Channel::dispatch_content() {
+  ContentKind kind = content_kind_;
+  content_kind_ = ContentKind::none;
+  switch (kind) {
+    case ContentKind::deliver: {
+      auto it = consumers_.find(delivery_.consumer_tag);
+      if (it == consumers_.end() || !it->second.first) {
+        // A delivery for a consumer we do not know: hand it back rather than hold it forever.
+        if (auto* log = connection_->logger()) {
+          log->warn("delivery for unknown consumer {} on channel {} requeued",
+                    delivery_.consumer_tag, id_);
+        }
+        nack(delivery_.delivery_tag, false, true);
+        delivery_ = Delivery{};
+        return;
+      }
+      Delivery delivery = std::move(delivery_);
+      delivery_ = Delivery{};
+      it->second.first(std::move(delivery));
+      return;
+    }
+    case ContentKind::get: {
+      Rpc rpc = pop_rpc();
+      GetResult result = std::move(get_result_);
+      get_result_ = GetResult{};
+      if (rpc.on_get) rpc.on_get(Error{}, std::move(result));
+      return;
+    }
+    case ContentKind::returned: {
+      ReturnedMessage returned = std::move(returned_);
+      returned_ = ReturnedMessage{};
+      handle_return(std::move(returned));
+      return;
+    }
+    case ContentKind::none:
+      return;
+  }
+}
+
+void Channel::handle_return(ReturnedMessage&& returned) {
+  if (confirm_mode_) {
+    // A return carries no sequence number. Returns come in publish order and before the
+    // matching ack, so the earliest unconfirmed mandatory publish with the same exchange,
+    // routing key and body is the one returned.
+    size_t print = fingerprint(returned.exchange, returned.routing_key, returned.message.body);
+    for (auto& pending : pending_) {
+      if (!pending.settled && pending.mandatory && !pending.returned &&
+          pending.fingerprint == print) {
+        pending.returned = true;
+        pending.return_error = Error(ClientError::unroutable, returned.reply_text);
+        pending.return_error.reply_code = returned.reply_code;
+        break;
+      }
+    }
+  }
+  if (on_return_) on_return_(returned);
+}
+
+void Channel::handle_confirm(uint64_t tag, bool multiple, bool ack) {
+  if (!confirm_mode_ || tag < first_pending_sequence_ || tag >= next_sequence_) {
+    if (auto* log = connection_->logger()) {
+      log->warn("ignoring confirm for unknown publish {} on channel {}", tag, id_);
+    }
+    return;
+  }
+  std::vector<std::pair<PublishCallback, PublishOutcome>> ready;
+  uint64_t from = multiple ? first_pending_sequence_ : tag;
+  for (uint64_t seq = from; seq <= tag; ++seq) {
+    PendingPublish& pending = pending_[seq - first_pending_sequence_];
+    if (pending.settled) continue;
+    pending.settled = true;
+    --unconfirmed_;
+    PublishOutcome outcome;
+    outcome.sequence = seq;
+    if (!ack) {
+      outcome.status = PublishStatus::nacked;
+    } else if (pending.returned) {
+      outcome.status = PublishStatus::returned;
+      outcome.error = std::move(pending.return_error);
+    } else {
+      outcome.status = PublishStatus::acked;
+    }
+    if (pending.callback) ready.emplace_back(std::move(pending.callback), std::move(outcome));
+  }
+  while (!pending_.empty() && pending_.front().settled) {
+    pending_.pop_front();
+    ++first_pending_sequence_;
+  }
+  auto self = shared_from_this();
+  for (auto& [callback, outcome] : ready) callback(outcome);
+}
+
+void Channel::terminate(const Error& reason) {
+  if (state_ == State::closed) return;
+  auto self = shared_from_this();
+  state_ = State::closed;
+  close_reason_ = reason;
+  connection_ = nullptr;
+  content_kind_ = ContentKind::none;
+  consumers_.clear();
+
+  std::deque<Rpc> rpcs = std::move(rpcs_);
+  rpcs_.clear();
+  rpc_in_flight_ = false;
+  std::deque<PendingPublish> pending = std::move(pending_);
+  pending_.clear();
+  uint64_t sequence = first_pending_sequence_;
+  first_pending_sequence_ = next_sequence_;
+  unconfirmed_ = 0;
+
+  for (auto& rpc : rpcs) {
+    if (rpc.on_get) {
+      rpc.on_get(reason, std::nullopt);
+    } else if (rpc.on_reply) {
+      rpc.on_reply(reason, {});
+    }
+  }
+  for (auto& publish : pending) {
+    uint64_t seq = sequence++;
+    if (publish.settled || !publish.callback) continue;
+    PublishOutcome outcome;
+    outcome.status = PublishStatus::failed;
+    outcome.sequence = seq;
+    outcome.error = reason;
+    publish.callback(outcome);
+  }
+  ChannelCloseHandler on_close = std::move(on_close_);
+  if (on_close) on_close(reason);
+}
+
+}  // namespace retryloop::client

@@ -1,0 +1,579 @@
+#include "retryloop/client/connection.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+namespace retryloop::client {
+namespace {
+
+using amqp::FrameType;
+
+template <class Method>
+constexpr uint32_t key_of() {
+  return (uint32_t{Method::class_id} << 16) | Method::method_id;
+}
+
+constexpr size_t kReadBufferSize = 64 * 1024;
+constexpr uint32_t kDefaultFrameMax = 131072;
+constexpr uint16_t kDefaultChannelMax = 2047;
+constexpr uint64_t kCloseTimeoutMs = 5000;
+
+/// Negotiates a limit where 0 means "no limit": the smaller of the two non-zero values.
+template <class T>
+T negotiate_limit(T client, T server) {
+  if (client == 0) return server;
+  if (server == 0) return client;
+  return std::min(client, server);
+}
+
+bool has_mechanism(std::string_view mechanisms, std::string_view wanted) {
+  while (!mechanisms.empty()) {
+    size_t space = mechanisms.find(' ');
+    if (mechanisms.substr(0, space) == wanted) return true;
+    if (space == std::string_view::npos) break;
+    mechanisms.remove_prefix(space + 1);
+  }
+  return false;
+}
+
+amqp::FieldTable client_properties(const std::string& connection_name) {
+  amqp::FieldTable capabilities;
+  capabilities.append("publisher_confirms", true);
+  capabilities.append("consumer_cancel_notify", true);
+  capabilities.append("connection.blocked", true);
+  capabilities.append("basic.nack", true);
+  capabilities.append("authentication_failure_close", true);
+  capabilities.append("exchange_exchange_bindings", true);
+  capabilities.append("per_consumer_qos", true);
+  amqp::FieldTable properties;
+  properties.append("product", "retryloop");
+  properties.append("version", "0.1.0");
+  properties.append("platform", "C++17/libuv");
+  properties.append("information", "delayed retries on RabbitMQ");
+  properties.append("capabilities", std::move(capabilities));
+  if (!connection_name.empty()) properties.append("connection_name", connection_name);
+  return properties;
+}
+
+}  // namespace
+
+std::shared_ptr<Connection> Connection::create(uv_loop_t* loop, ConnectionOptions options) {
+  return std::shared_ptr<Connection>(new Connection(loop, std::move(options)));
+}
+
+Connection::Connection(uv_loop_t* loop, ConnectionOptions options)
+    : loop_(loop), options_(std::move(options)), parser_(kDefaultFrameMax) {
+  read_buffer_.resize(kReadBufferSize);
+}
+
+Connection::~Connection() {
+  if (addresses_ != nullptr) uv_freeaddrinfo(addresses_);
+}
+
+Error Connection::connect(ConnectCallback callback) {
+  if (state_ != State::idle) return Error(ClientError::invalid_argument, "connect called twice");
+  if (options_.uri.tls) {
+    return Error(ClientError::tls_failed, "amqps:// is not supported by this build");
+  }
+  on_connect_ = std::move(callback);
+  self_ = shared_from_this();
+
+  uv_timer_init(loop_, &connect_timer_);
+  connect_timer_.data = this;
+  ++open_handles_;
+  uv_timer_init(loop_, &heartbeat_timer_);
+  heartbeat_timer_.data = this;
+  ++open_handles_;
+
+  uint64_t timeout_ms = static_cast<uint64_t>(
+      (options_.uri.connect_timeout ? *options_.uri.connect_timeout : options_.connect_timeout)
+          .count());
+  uv_timer_start(
+      &connect_timer_,
+      [](uv_timer_t* timer) {
+        auto* self = static_cast<Connection*>(timer->data);
+        self->finish(Error(ClientError::connect_timeout, self->last_connect_error_));
+      },
+      timeout_ms, 0);
+  start_resolve();
+  return {};
+}
+
+void Connection::start_resolve() {
+  state_ = State::resolving;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_protocol = IPPROTO_TCP;
+  resolve_req_.data = this;
+  std::string port = std::to_string(options_.uri.port);
+  ++open_handles_;  // the request keeps the connection alive like a handle
+  int rc = uv_getaddrinfo(
+      loop_, &resolve_req_,
+      [](uv_getaddrinfo_t* req, int status, addrinfo* result) {
+        auto* self = static_cast<Connection*>(req->data);
+        if (self->state_ != State::resolving) {
+          if (result != nullptr) uv_freeaddrinfo(result);
+        } else if (status < 0) {
+          self->finish(Error(ClientError::resolve_failed,
+                             self->options_.uri.host + ": " + uv_strerror(status)));
+        } else {
+          self->addresses_ = result;
+          self->next_address_ = result;
+          self->state_ = State::connecting;
+          self->try_next_address();
+        }
+        req->data = nullptr;
+        self->on_handle_closed();
+      },
+      options_.uri.host.c_str(), port.c_str(), &hints);
+  if (rc < 0) {
+    resolve_req_.data = nullptr;
+    --open_handles_;
+    finish(Error(ClientError::resolve_failed, options_.uri.host + ": " + uv_strerror(rc)));
+  }
+}
+
+void Connection::try_next_address() {
+  if (state_ != State::connecting) return;
+  if (next_address_ == nullptr) {
+    finish(Error(ClientError::connect_failed, options_.uri.host + ":" +
+                                                  std::to_string(options_.uri.port) + ": " +
+                                                  last_connect_error_));
+    return;
+  }
+  const addrinfo* address = next_address_;
+  next_address_ = next_address_->ai_next;
+  uv_tcp_init(loop_, &tcp_);
+  tcp_.data = this;
+  tcp_initialized_ = true;
+  ++open_handles_;
+  uv_tcp_nodelay(&tcp_, 1);
+  connect_req_.data = this;
+  int rc = uv_tcp_connect(&connect_req_, &tcp_, address->ai_addr, [](uv_connect_t* req, int status) {
+    static_cast<Connection*>(req->data)->on_connected(status);
+  });
+  if (rc < 0) on_connected(rc);
+}
+
+void Connection::on_connected(int status) {
+  if (state_ != State::connecting) return;  // torn down meanwhile; the handle is closing
+  if (status < 0) {
+    last_connect_error_ = uv_strerror(status);
+    tcp_initialized_ = false;
+    uv_close(reinterpret_cast<uv_handle_t*>(&tcp_), [](uv_handle_t* handle) {
+      auto* self = static_cast<Connection*>(handle->data);
+      self->try_next_address();
+      self->on_handle_closed();
+    });
+    return;
+  }
+  state_ = State::handshaking;
+  last_read_ms_ = uv_now(loop_);
+  start_reading();
+  out_.append(amqp::kProtocolHeader.data(), amqp::kProtocolHeader.size());
+  flush();
+}
+
+void Connection::start_reading() {
+  uv_read_start(
+      reinterpret_cast<uv_stream_t*>(&tcp_),
+      [](uv_handle_t* handle, size_t, uv_buf_t* buf) {
+        auto* self = static_cast<Connection*>(handle->data);
+        *buf = uv_buf_init(self->read_buffer_.data(),
+                           static_cast<unsigned int>(self->read_buffer_.size()));
+      },
+      [](uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
+        static_cast<Connection*>(stream->data)->on_read(nread, buf);
+      });
+}
+
+void Connection::on_read(ssize_t nread, const uv_buf_t* buf) {
+  if (nread == 0) return;
+  if (nread < 0) {
+    if (state_ == State::closed) return;
+    std::string why = nread == UV_EOF ? "broker closed the socket" : uv_strerror(static_cast<int>(nread));
+    if (state_ == State::closing) {
+      finish(Error(ClientError::closed_by_client));
+    } else if (state_ == State::handshaking) {
+      finish(Error(ClientError::connection_lost, why + " during the handshake"));
+    } else {
+      finish(Error(ClientError::connection_lost, why));
+    }
+    return;
+  }
+  handle_bytes(std::string_view(buf->base, static_cast<size_t>(nread)));
+}
+
+void Connection::handle_bytes(std::string_view bytes) {
+  auto keep_alive = shared_from_this();
+  last_read_ms_ = uv_now(loop_);
+  handling_read_ = true;
+  std::error_code ec =
+      parser_.feed(bytes, [this](const amqp::FrameView& frame) { return handle_frame(frame); });
+  handling_read_ = false;
+  if (state_ == State::closed) return;
+  if (ec) {
+    fail_protocol(Error(ClientError::protocol_error, ec.message()));
+    return;
+  }
+  flush();
+}
+
+bool Connection::handle_frame(const amqp::FrameView& frame) {
+  if (frame.channel == 0) {
+    if (frame.type == FrameType::heartbeat) return true;
+    if (frame.type != FrameType::method) {
+      fail_protocol(Error(ClientError::protocol_error, "content frame on channel 0"));
+      return false;
+    }
+    if (Error error = handle_connection_method(frame.payload)) {
+      fail_protocol(error);
+      return false;
+    }
+    return state_ != State::closed;
+  }
+  if (state_ == State::closing) return true;  // discarded until close-ok
+  if (state_ != State::open) {
+    fail_protocol(Error(ClientError::protocol_error, "channel frame before the connection opened"));
+    return false;
+  }
+  std::shared_ptr<Channel> channel =
+      frame.channel < channels_.size() ? channels_[frame.channel] : nullptr;
+  if (!channel) {
+    if (auto* log = logger()) log->warn("dropping a frame for unknown channel {}", frame.channel);
+    return true;
+  }
+  if (Error error = channel->handle_frame(frame)) {
+    fail_protocol(error);
+    return false;
+  }
+  return state_ != State::closed;
+}
+
+template <class Method>
+void Connection::send_connection_method(const Method& method) {
+  amqp::append_method_frame(out_, 0, method);
+  flush();
+}
+
+Error Connection::handle_connection_method(std::string_view payload) {
+  amqp::MethodId id;
+  if (auto ec = amqp::peek_method_id(payload, id)) return Error(ec);
+  switch (id.key()) {
+    case key_of<amqp::ConnectionStart>():
+      if (state_ != State::handshaking) break;
+      return on_start(payload);
+    case key_of<amqp::ConnectionTune>():
+      if (state_ != State::handshaking) break;
+      return on_tune(payload);
+    case key_of<amqp::ConnectionOpenOk>(): {
+      if (state_ != State::handshaking) break;
+      state_ = State::open;
+      uv_timer_stop(&connect_timer_);
+      if (tuning_.heartbeat_seconds > 0) {
+        uint64_t interval = tuning_.heartbeat_seconds * 500ull;
+        uv_timer_start(
+            &heartbeat_timer_,
+            [](uv_timer_t* timer) { static_cast<Connection*>(timer->data)->on_heartbeat_tick(); },
+            interval, interval);
+      }
+      if (auto* log = logger()) {
+        log->info("connected to {} (heartbeat {}s, frame_max {})", options_.uri.redacted(),
+                  tuning_.heartbeat_seconds, tuning_.frame_max);
+      }
+      ConnectCallback callback = std::move(on_connect_);
+      if (callback) callback(Error{});
+      return {};
+    }
+    case key_of<amqp::ConnectionClose>(): {
+      amqp::ConnectionClose m;
+      if (auto ec = amqp::decode_method_frame(payload, m)) return Error(ec);
+      send_connection_method(amqp::ConnectionCloseOk{});
+      ClientError code = ClientError::connection_closed;
+      if (state_ == State::handshaking) {
+        if (m.reply_code == 403) code = ClientError::authentication_failed;
+        if (m.reply_code == 530) code = ClientError::vhost_refused;
+      }
+      Error error(code, m.reply_text);
+      error.reply_code = m.reply_code;
+      error.class_id = m.failing_class_id;
+      error.method_id = m.failing_method_id;
+      finish(error);
+      return {};
+    }
+    case key_of<amqp::ConnectionCloseOk>():
+      if (state_ != State::closing) break;
+      finish(Error(ClientError::closed_by_client));
+      return {};
+    case key_of<amqp::ConnectionBlocked>(): {
+      amqp::ConnectionBlocked m;
+      if (auto ec = amqp::decode_method_frame(payload, m)) return Error(ec);
+      blocked_ = true;
+      if (auto* log = logger()) log->warn("broker blocked publishing: {}", m.reason);
+      if (on_blocked_) on_blocked_(true, m.reason);
+      return {};
+    }
+    case key_of<amqp::ConnectionUnblocked>():
+      blocked_ = false;
+      if (auto* log = logger()) log->info("broker unblocked publishing");
+      if (on_blocked_) on_blocked_(false, std::string());
+      return {};
+    default:
+      break;
+  }
+  const char* name = amqp::method_name(id.class_id, id.method_id);
+  return Error(ClientError::protocol_error,
+               std::string("unexpected ") + (name ? name : "unknown method") + " on channel 0");
+}
+
+Error Connection::on_start(std::string_view payload) {
+  amqp::ConnectionStart start;
+  if (auto ec = amqp::decode_method_frame(payload, start)) return Error(ec);
+  if (start.version_major != 0 || start.version_minor != 9) {
+    return Error(ClientError::protocol_error, "broker speaks AMQP " +
+                                                  std::to_string(start.version_major) + "-" +
+                                                  std::to_string(start.version_minor));
+  }
+  if (!has_mechanism(start.mechanisms, "PLAIN")) {
+    return Error(ClientError::authentication_failed,
+                 "broker does not offer PLAIN authentication (offers: " + start.mechanisms + ")");
+  }
+  server_properties_ = std::move(start.server_properties);
+  amqp::ConnectionStartOk ok;
+  ok.client_properties = client_properties(options_.connection_name);
+  ok.mechanism = "PLAIN";
+  ok.response.reserve(options_.uri.user.size() + options_.uri.password.size() + 2);
+  ok.response.push_back('\0');
+  ok.response += options_.uri.user;
+  ok.response.push_back('\0');
+  ok.response += options_.uri.password;
+  ok.locale = "en_US";
+  if (auto ec = amqp::append_method_frame(out_, 0, ok)) {
+    return Error(ClientError::invalid_argument, "connection.start-ok: " + ec.message());
+  }
+  flush();
+  return {};
+}
+
+Error Connection::on_tune(std::string_view payload) {
+  amqp::ConnectionTune tune;
+  if (auto ec = amqp::decode_method_frame(payload, tune)) return Error(ec);
+  const Uri& uri = options_.uri;
+  uint16_t channel_max = options_.channel_max != 0 ? options_.channel_max
+                                                   : uri.channel_max.value_or(kDefaultChannelMax);
+  uint32_t frame_max =
+      options_.frame_max != 0 ? options_.frame_max : uri.frame_max.value_or(kDefaultFrameMax);
+  tuning_.channel_max = negotiate_limit<uint16_t>(channel_max, tune.channel_max);
+  if (tuning_.channel_max == 0) tuning_.channel_max = 65535;
+  tuning_.frame_max = negotiate_limit<uint32_t>(frame_max, tune.frame_max);
+  if (tuning_.frame_max == 0) tuning_.frame_max = 0xFFFFFFFFu;
+  if (tuning_.frame_max < amqp::kFrameMinSize) tuning_.frame_max = amqp::kFrameMinSize;
+  std::optional<uint16_t> heartbeat =
+      options_.heartbeat_seconds ? options_.heartbeat_seconds : uri.heartbeat_seconds;
+  if (!heartbeat) {
+    tuning_.heartbeat_seconds = tune.heartbeat;
+  } else if (*heartbeat == 0) {
+    tuning_.heartbeat_seconds = 0;  // the application turned heartbeats off
+  } else {
+    tuning_.heartbeat_seconds = negotiate_limit<uint16_t>(*heartbeat, tune.heartbeat);
+  }
+
+  amqp::ConnectionTuneOk ok;
+  ok.channel_max = tuning_.channel_max;
+  ok.frame_max = tuning_.frame_max;
+  ok.heartbeat = tuning_.heartbeat_seconds;
+  amqp::append_method_frame(out_, 0, ok);
+  parser_.set_max_frame_size(tuning_.frame_max);
+  channels_.assign(size_t{tuning_.channel_max} + 1, nullptr);
+
+  amqp::ConnectionOpen open;
+  open.virtual_host = uri.vhost;
+  if (auto ec = amqp::append_method_frame(out_, 0, open)) {
+    return Error(ClientError::invalid_argument, "vhost name: " + ec.message());
+  }
+  flush();
+  return {};
+}
+
+void Connection::on_heartbeat_tick() {
+  if (state_ != State::open && state_ != State::closing) return;
+  uint64_t now = uv_now(loop_);
+  uint64_t interval_ms = tuning_.heartbeat_seconds * 1000ull;
+  if (now - last_read_ms_ >= 2 * interval_ms) {
+    finish(Error(ClientError::heartbeat_timeout,
+                 "nothing received for " + std::to_string((now - last_read_ms_) / 1000) + " s"));
+    return;
+  }
+  if (now - last_write_ms_ >= interval_ms / 2 && out_.empty() && !write_in_flight_) {
+    amqp::append_heartbeat_frame(out_);
+    flush();
+  }
+}
+
+Error Connection::open_channel(ChannelCallback callback) {
+  if (state_ != State::open) return close_error_ ? close_error_ : Error(ClientError::not_open);
+  uint16_t id = 0;
+  for (size_t i = 1; i < channels_.size(); ++i) {
+    if (!channels_[i]) {
+      id = static_cast<uint16_t>(i);
+      break;
+    }
+  }
+  if (id == 0) return Error(ClientError::channel_limit);
+  auto channel = std::make_shared<Channel>(this, id);
+  channels_[id] = channel;
+  channel->open([channel, callback = std::move(callback)](const Error& error) {
+    if (callback) callback(error, error ? nullptr : channel);
+  });
+  return {};
+}
+
+void Connection::release_channel(uint16_t id) {
+  if (id < channels_.size()) channels_[id].reset();
+}
+
+void Connection::fail_protocol(const Error& error) {
+  if (state_ == State::closed) return;
+  if (auto* log = logger()) log->error("protocol error: {}", error.message());
+  if (state_ == State::open || state_ == State::handshaking) {
+    amqp::ConnectionClose close;
+    close.reply_code = error.code == make_error_code(amqp::CodecError::bad_frame_end) ? 501 : 505;
+    close.reply_text = error.message().substr(0, 255);
+    amqp::append_method_frame(out_, 0, close);
+  }
+  finish(error);
+}
+
+void Connection::close(CompletionCallback callback) {
+  switch (state_) {
+    case State::idle:
+      state_ = State::closed;
+      [[fallthrough]];
+    case State::closed:
+      if (callback) callback(Error{});
+      return;
+    case State::closing:
+      if (callback) on_closed_.push_back(std::move(callback));
+      return;
+    case State::resolving:
+    case State::connecting:
+    case State::handshaking:
+      if (callback) on_closed_.push_back(std::move(callback));
+      finish(Error(ClientError::closed_by_client));
+      return;
+    case State::open: {
+      if (callback) on_closed_.push_back(std::move(callback));
+      amqp::ConnectionClose close;
+      close.reply_code = 200;
+      close.reply_text = "Goodbye";
+      amqp::append_method_frame(out_, 0, close);
+      state_ = State::closing;
+      flush();
+      uv_timer_start(
+          &connect_timer_,
+          [](uv_timer_t* timer) {
+            static_cast<Connection*>(timer->data)->finish(Error(ClientError::closed_by_client));
+          },
+          kCloseTimeoutMs, 0);
+      return;
+    }
+  }
+}
+
+void Connection::flush() {
+  if (handling_read_) return;  // written once the whole read is handled
+  start_write();
+}
+
+void Connection::start_write() {
+  if (write_in_flight_ || out_.empty() || !tcp_initialized_) return;
+  if (state_ == State::closed || state_ == State::resolving || state_ == State::connecting) return;
+  writing_.swap(out_);
+  out_.clear();
+  write_in_flight_ = true;
+  last_write_ms_ = uv_now(loop_);
+  write_req_.data = this;
+  uv_buf_t buf = uv_buf_init(writing_.data(), static_cast<unsigned int>(writing_.size()));
+  int rc = uv_write(&write_req_, reinterpret_cast<uv_stream_t*>(&tcp_), &buf, 1,
+                    [](uv_write_t* req, int status) {
+                      auto* self = static_cast<Connection*>(req->data);
+                      self->write_in_flight_ = false;
+                      self->writing_.clear();
+                      if (status < 0) {
+                        if (self->state_ != State::closed) {
+                          self->finish(Error(ClientError::connection_lost,
+                                             std::string("write failed: ") + uv_strerror(status)));
+                        }
+                        return;
+                      }
+                      self->flush();
+                    });
+  if (rc < 0) {
+    write_in_flight_ = false;
+    finish(Error(ClientError::connection_lost, std::string("write failed: ") + uv_strerror(rc)));
+  }
+}
+
+void Connection::finish(const Error& error) {
+  if (state_ == State::closed) return;
+  auto keep_alive = shared_from_this();
+  State previous = state_;
+  state_ = State::closed;
+  close_error_ = error;
+  if (error.code != make_error_code(ClientError::closed_by_client)) {
+    if (auto* log = logger()) log->warn("connection to {} ended: {}", options_.uri.redacted(), error.message());
+  }
+  // Best effort: get a pending close or close-ok out before the socket goes.
+  if (tcp_initialized_ && !write_in_flight_ && !out_.empty()) {
+    uv_buf_t buf = uv_buf_init(out_.data(), static_cast<unsigned int>(out_.size()));
+    uv_try_write(reinterpret_cast<uv_stream_t*>(&tcp_), &buf, 1);
+  }
+  out_.clear();
+  close_handles();
+
+  std::vector<std::shared_ptr<Channel>> channels;
+  for (auto& channel : channels_) {
+    if (channel) channels.push_back(std::move(channel));
+  }
+  channels_.clear();
+  for (auto& channel : channels) channel->terminate(error);
+
+  if (previous == State::resolving || previous == State::connecting ||
+      previous == State::handshaking) {
+    ConnectCallback callback = std::move(on_connect_);
+    if (callback) callback(error);
+  } else if (previous == State::open) {
+    ConnectionLostHandler handler = std::move(on_lost_);
+    if (handler) handler(error);
+  }
+  std::vector<CompletionCallback> closed = std::move(on_closed_);
+  for (auto& callback : closed) callback(Error{});
+}
+
+void Connection::close_handle(uv_handle_t* handle) {
+  if (uv_is_closing(handle)) return;
+  uv_close(handle, [](uv_handle_t* h) { static_cast<Connection*>(h->data)->on_handle_closed(); });
+}
+
+void Connection::close_handles() {
+  if (resolve_req_.data != nullptr) {
+    uv_cancel(reinterpret_cast<uv_req_t*>(&resolve_req_));
+  }
+  close_handle(reinterpret_cast<uv_handle_t*>(&connect_timer_));
+  close_handle(reinterpret_cast<uv_handle_t*>(&heartbeat_timer_));
+  if (tcp_initialized_) {
+    tcp_initialized_ = false;
+    close_handle(reinterpret_cast<uv_handle_t*>(&tcp_));
+  }
+}
+
+void Connection::on_handle_closed() {
+  if (--open_handles_ == 0) {
+    // The last handle is closed: drop the self-reference (this may destroy the connection).
+    std::shared_ptr<Connection> self = std::move(self_);
+  }
+}
+
+}  // namespace retryloop::client

@@ -1,0 +1,501 @@
+#include "retryloop/topology/declarer.hpp"
+
+#include <algorithm>
+
+namespace retryloop::topology {
+
+namespace {
+
+using client::Channel;
+using client::Connection;
+using client::Error;
+using client::QueueInfo;
+
+constexpr uint16_t not_found = 404;
+constexpr uint16_t precondition_failed = 406;
+constexpr const char* not_set = "(not set)";
+
+enum class Mode { apply, verify, remove };
+
+/// "'v'", "none" or "the value 'v' of type 't'" -> the value, or "(not set)".
+std::string broker_value(std::string_view text) {
+  if (text == "none") return not_set;
+  constexpr std::string_view the_value = "the value '";
+  if (text.rfind(the_value, 0) == 0) {
+    size_t end = text.rfind("' of type '");
+    if (end != std::string_view::npos && end >= the_value.size()) {
+      return std::string(text.substr(the_value.size(), end - the_value.size()));
+    }
+  }
+  if (text.size() >= 2 && text.front() == '\'' && text.back() == '\'') {
+    return std::string(text.substr(1, text.size() - 2));
+  }
+  return std::string(text);
+}
+
+class Runner : public std::enable_shared_from_this<Runner> {
+ public:
+  Runner(std::shared_ptr<Connection> connection, const Plan& plan, Mode mode, DeleteOptions options,
+         ReportCallback callback)
+      : connection_(std::move(connection)),
+        mode_(mode),
+        options_(options),
+        callback_(std::move(callback)) {
+    for (const auto& action : plan.actions) {
+      ActionResult result;
+      result.action = action;
+      report_.results.push_back(std::move(result));
+    }
+    exists_.assign(plan.actions.size(), false);
+  }
+
+  void start() { next(); }
+
+ private:
+  ActionResult& current() { return report_.results[index_]; }
+
+  void next() {
+    while (index_ < report_.results.size()) {
+      ActionResult& r = current();
+      if (phase_ == 1 && !exists_[index_]) {
+        ++index_;
+        continue;
+      }
+      if (r.action.kind == ActionKind::bind_queue && mode_ == Mode::verify) {
+        r.outcome = Outcome::not_checked;
+        ++index_;
+        continue;
+      }
+      break;
+    }
+    if (index_ >= report_.results.size()) {
+      if (mode_ == Mode::remove && phase_ == 0) {
+        decide_deletion();
+      } else {
+        finish();
+      }
+      return;
+    }
+    with_channel([self = shared_from_this()] { self->run_current(); });
+  }
+
+  void advance() {
+    ++index_;
+    next();
+  }
+
+  void run_current() {
+    const Action& a = current().action;
+    if (phase_ == 1) {
+      delete_current();
+      return;
+    }
+    switch (a.kind) {
+      case ActionKind::bind_queue:
+        bind_current();
+        return;
+      case ActionKind::check_exchange:
+      case ActionKind::declare_exchange:
+      case ActionKind::declare_queue:
+      case ActionKind::delete_queue:
+      case ActionKind::delete_exchange:
+        lookup_current();
+        return;
+    }
+  }
+
+  /// Opens a channel when there is none (at the start, or after the broker closed one).
+  void with_channel(std::function<void()> then) {
+    if (channel_ && channel_->is_open()) {
+      then();
+      return;
+    }
+    channel_.reset();
+    auto self = shared_from_this();
+    Error immediate = connection_->open_channel(
+        [self, then](const Error& error, std::shared_ptr<Channel> channel) {
+          if (error) {
+            self->fail_connection(error);
+            return;
+          }
+          self->channel_ = std::move(channel);
+          then();
+        });
+    if (immediate) fail_connection(immediate);
+  }
+
+  /// Called with the result of every broker call; returns false (after dealing with it) when the
+  /// run cannot go on with this action.
+  bool survived(const Error& error) {
+    if (!error) return true;
+    if (!connection_->is_open()) {
+      fail_connection(error);
+      return false;
+    }
+    if (channel_ && !channel_->is_open()) channel_.reset();
+    return true;
+  }
+
+  void record_failure(const Error& error) {
+    ActionResult& r = current();
+    r.error = error;
+    if (error.reply_code == precondition_failed) {
+      if (auto drift = parse_inequivalent_arg(error.reply_text)) {
+        if (const amqp::FieldValue* wanted = r.action.arguments.find(drift->argument)) {
+          drift->wanted = format_value(*wanted);
+        }
+        if (drift->wanted == drift->actual) drift->actual += " (stored with another type)";
+        r.drift = std::move(drift);
+        r.outcome = Outcome::drifted;
+        return;
+      }
+    }
+    r.outcome = Outcome::failed;
+  }
+
+  void note_queue(const QueueInfo& info) {
+    current().messages = info.message_count;
+    current().consumers = info.consumer_count;
+  }
+
+  /// Passive declare; then what the mode does with an object that exists or not.
+  void lookup_current() {
+    const Action& a = current().action;
+    auto self = shared_from_this();
+    auto on_result = [self](const Error& error, const QueueInfo* info) {
+      if (!self->survived(error)) return;
+      ActionResult& r = self->current();
+      if (!error) {
+        if (info != nullptr) self->note_queue(*info);
+        self->found(true);
+      } else if (error.reply_code == not_found) {
+        r.error = error;
+        self->found(false);
+      } else {
+        self->record_failure(error);
+        self->advance();
+      }
+    };
+    Error immediate;
+    if (a.kind == ActionKind::declare_queue || a.kind == ActionKind::delete_queue) {
+      client::QueueOptions options;
+      options.passive = true;
+      immediate = channel_->queue_declare(
+          a.name, options,
+          [on_result](const Error& error, const QueueInfo& info) { on_result(error, &info); });
+    } else {
+      client::ExchangeOptions options;
+      options.passive = true;
+      immediate = channel_->exchange_declare(
+          a.name, a.exchange_type.empty() ? "direct" : a.exchange_type, options,
+          [on_result](const Error& error) { on_result(error, nullptr); });
+    }
+    if (immediate) on_result(immediate, nullptr);
+  }
+
+  void found(bool exists) {
+    ActionResult& r = current();
+    exists_[index_] = exists;
+    switch (r.action.kind) {
+      case ActionKind::check_exchange:
+        if (exists) {
+          r.error = {};
+          r.outcome = mode_ == Mode::apply ? Outcome::existed : Outcome::matches;
+        } else {
+          r.outcome = Outcome::missing;
+        }
+        advance();
+        return;
+      case ActionKind::delete_queue:
+      case ActionKind::delete_exchange:
+        r.error = {};
+        r.outcome = exists ? Outcome::would_delete : Outcome::absent;
+        advance();
+        return;
+      case ActionKind::declare_exchange:
+      case ActionKind::declare_queue:
+        if (!exists && mode_ == Mode::verify) {
+          r.outcome = Outcome::missing;
+          advance();
+          return;
+        }
+        r.error = {};
+        // The 404 closed the channel: declare on a fresh one.
+        with_channel([self = shared_from_this(), exists] { self->declare_current(exists); });
+        return;
+      case ActionKind::bind_queue:
+        return;
+    }
+  }
+
+  void declare_current(bool existed) {
+    const Action& a = current().action;
+    auto self = shared_from_this();
+    auto on_result = [self, existed](const Error& error, const QueueInfo* info) {
+      if (!self->survived(error)) return;
+      ActionResult& r = self->current();
+      if (error) {
+        self->record_failure(error);
+      } else {
+        if (info != nullptr) self->note_queue(*info);
+        if (self->mode_ == Mode::verify) {
+          r.outcome = Outcome::matches;
+        } else {
+          r.outcome = existed ? Outcome::existed : Outcome::created;
+        }
+      }
+      self->advance();
+    };
+    Error immediate;
+    if (a.kind == ActionKind::declare_queue) {
+      client::QueueOptions options;
+      options.durable = a.durable;
+      options.arguments = a.arguments;
+      immediate = channel_->queue_declare(
+          a.name, options,
+          [on_result](const Error& error, const QueueInfo& info) { on_result(error, &info); });
+    } else {
+      client::ExchangeOptions options;
+      options.durable = a.durable;
+      options.arguments = a.arguments;
+      immediate = channel_->exchange_declare(
+          a.name, a.exchange_type, options,
+          [on_result](const Error& error) { on_result(error, nullptr); });
+    }
+    if (immediate) on_result(immediate, nullptr);
+  }
+
+  void bind_current() {
+    const Action& a = current().action;
+    auto self = shared_from_this();
+    auto on_result = [self](const Error& error) {
+      if (!self->survived(error)) return;
+      if (error) {
+        self->record_failure(error);
+      } else {
+        self->current().outcome = Outcome::bound;
+      }
+      self->advance();
+    };
+    Error immediate =
+        channel_->queue_bind(a.name, a.exchange, a.routing_key, a.arguments, on_result);
+    if (immediate) on_result(immediate);
+  }
+
+  /// After every object was looked up: refuse, report, or go on to delete.
+  void decide_deletion() {
+    auto& results = report_.results;
+    bool refuse = false;
+    for (auto& r : results) {
+      if (r.outcome == Outcome::failed) refuse = true;
+      if (options_.force || r.outcome != Outcome::would_delete) continue;
+      if (r.messages.value_or(0) > 0) {
+        r.outcome = Outcome::not_empty;
+        refuse = true;
+      } else if (r.consumers.value_or(0) > 0) {
+        r.outcome = Outcome::in_use;
+        refuse = true;
+      }
+    }
+    if (refuse) {
+      for (auto& r : results) {
+        if (r.outcome == Outcome::would_delete) r.outcome = Outcome::kept;
+      }
+      finish();
+      return;
+    }
+    if (!options_.execute) {
+      finish();
+      return;
+    }
+    phase_ = 1;
+    index_ = 0;
+    next();
+  }
+
+  void delete_current() {
+    const Action& a = current().action;
+    auto self = shared_from_this();
+    auto on_result = [self](const Error& error, const uint32_t* count) {
+      if (!self->survived(error)) return;
+      ActionResult& r = self->current();
+      if (!error) {
+        r.outcome = Outcome::deleted;
+        if (count != nullptr) r.messages = *count;
+        self->advance();
+        return;
+      }
+      r.error = error;
+      if (error.reply_code == precondition_failed) {
+        // if-empty / if-unused refused: something arrived since the lookup.
+        bool empty_text = error.reply_text.find("not empty") != std::string::npos;
+        r.outcome = empty_text ? Outcome::not_empty : Outcome::in_use;
+      } else if (error.reply_code == not_found) {
+        r.outcome = Outcome::absent;
+        r.error = {};
+        self->advance();
+        return;
+      } else {
+        r.outcome = Outcome::failed;
+      }
+      for (size_t i = self->index_ + 1; i < self->report_.results.size(); ++i) {
+        if (self->exists_[i]) self->report_.results[i].outcome = Outcome::kept;
+      }
+      self->finish();
+    };
+    Error immediate;
+    // RabbitMQ refuses if-empty and if-unused for quorum queues (540, closing the connection):
+    // those rely on the lookup made just before.
+    const amqp::FieldValue* type = a.arguments.find("x-queue-type");
+    bool quorum = type != nullptr && type->as_string() == std::string_view("quorum");
+    bool careful = !options_.force && !quorum;
+    if (a.kind == ActionKind::delete_queue) {
+      immediate = channel_->queue_delete(
+          a.name, careful, careful,
+          [on_result](const Error& error, uint32_t count) { on_result(error, &count); });
+    } else {
+      immediate = channel_->exchange_delete(
+          a.name, false, [on_result](const Error& error) { on_result(error, nullptr); });
+    }
+    if (immediate) on_result(immediate, nullptr);
+  }
+
+  void fail_connection(const Error& error) {
+    report_.connection_error = error;
+    for (size_t i = index_; i < report_.results.size(); ++i) {
+      ActionResult& r = report_.results[i];
+      if (phase_ == 1 && !exists_[i]) continue;
+      r.outcome = Outcome::not_run;
+    }
+    finish();
+  }
+
+  void finish() {
+    if (finished_) return;
+    finished_ = true;
+    if (channel_ && channel_->is_open()) channel_->close();
+    channel_.reset();
+    ReportCallback callback = std::move(callback_);
+    callback(report_);
+  }
+
+  std::shared_ptr<Connection> connection_;
+  std::shared_ptr<Channel> channel_;
+  Mode mode_;
+  DeleteOptions options_;
+  ReportCallback callback_;
+  Report report_;
+  std::vector<bool> exists_;
+  size_t index_ = 0;
+  int phase_ = 0;
+  bool finished_ = false;
+};
+
+Error run(const std::shared_ptr<Connection>& connection, const Plan& plan, Mode mode,
+          DeleteOptions options, ReportCallback callback) {
+  if (!connection || !connection->is_open()) {
+    return Error(client::ClientError::not_open, "the connection is not open");
+  }
+  auto runner = std::make_shared<Runner>(connection, plan, mode, options, std::move(callback));
+  runner->start();
+  return {};
+}
+
+}  // namespace
+
+const char* to_string(Outcome outcome) {
+  switch (outcome) {
+    case Outcome::created:
+      return "created";
+    case Outcome::existed:
+      return "existed";
+    case Outcome::bound:
+      return "bound";
+    case Outcome::matches:
+      return "matches";
+    case Outcome::not_checked:
+      return "not_checked";
+    case Outcome::missing:
+      return "missing";
+    case Outcome::drifted:
+      return "drifted";
+    case Outcome::failed:
+      return "failed";
+    case Outcome::not_run:
+      return "not_run";
+    case Outcome::deleted:
+      return "deleted";
+    case Outcome::absent:
+      return "absent";
+    case Outcome::would_delete:
+      return "would_delete";
+    case Outcome::not_empty:
+      return "not_empty";
+    case Outcome::in_use:
+      return "in_use";
+    case Outcome::kept:
+      return "kept";
+  }
+  return "?";
+}
+
+std::optional<Drift> parse_inequivalent_arg(std::string_view text) {
+  constexpr std::string_view marker = "inequivalent arg '";
+  size_t start = text.find(marker);
+  if (start == std::string_view::npos) return std::nullopt;
+  start += marker.size();
+  size_t end = text.find("' for ", start);
+  if (end == std::string_view::npos) return std::nullopt;
+  Drift drift;
+  drift.argument = std::string(text.substr(start, end - start));
+  constexpr std::string_view received = "': received ";
+  size_t r = text.find(received, end);
+  if (r == std::string_view::npos) return std::nullopt;
+  std::string_view rest = text.substr(r + received.size());
+  constexpr std::string_view current = " but current is ";
+  size_t c = rest.rfind(current);
+  if (c == std::string_view::npos) return std::nullopt;
+  drift.wanted = broker_value(rest.substr(0, c));
+  drift.actual = broker_value(rest.substr(c + current.size()));
+  return drift;
+}
+
+bool Report::ok() const {
+  if (connection_error) return false;
+  return std::none_of(results.begin(), results.end(), [](const ActionResult& r) {
+    switch (r.outcome) {
+      case Outcome::missing:
+      case Outcome::drifted:
+      case Outcome::failed:
+      case Outcome::not_run:
+      case Outcome::not_empty:
+      case Outcome::in_use:
+      case Outcome::kept:
+        return true;
+      default:
+        return false;
+    }
+  });
+}
+
+size_t Report::count(Outcome outcome) const {
+  return static_cast<size_t>(std::count_if(
+      results.begin(), results.end(), [&](const ActionResult& r) { return r.outcome == outcome; }));
+}
+
+client::Error apply(const std::shared_ptr<client::Connection>& connection, const Plan& plan,
+                    ReportCallback callback) {
+  return run(connection, plan, Mode::apply, {}, std::move(callback));
+}
+
+client::Error verify(const std::shared_ptr<client::Connection>& connection, const Plan& plan,
+                     ReportCallback callback) {
+  return run(connection, plan, Mode::verify, {}, std::move(callback));
+}
+
+client::Error remove(const std::shared_ptr<client::Connection>& connection, const Plan& plan,
+                     DeleteOptions options, ReportCallback callback) {
+  return run(connection, plan, Mode::remove, options, std::move(callback));
+}
+
+}  // namespace retryloop::topology

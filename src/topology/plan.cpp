@@ -1,0 +1,334 @@
+#include "retryloop/topology/plan.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <map>
+
+#include "retryloop/topology/duration.hpp"
+
+namespace retryloop::topology {
+
+namespace {
+
+// Integers go out as int64 ('l'): what import_definitions stores, and wide enough for every TTL.
+amqp::FieldValue integer(int64_t value) {
+  return amqp::FieldValue(value);
+}
+
+void add_quorum_type(const Service& service, amqp::FieldTable& arguments) {
+  if (service.queue_type == QueueType::quorum) arguments.append("x-queue-type", "quorum");
+}
+
+/// Quorum queues dead-letter at-least-once only with reject-publish overflow; classic queues
+/// cannot (their dead-lettering is at-most-once, which the wait exchange's alternate exchange
+/// makes up for).
+void add_safe_dead_lettering(const Service& service, amqp::FieldTable& arguments) {
+  if (service.queue_type != QueueType::quorum) return;
+  arguments.append("x-dead-letter-strategy", "at-least-once");
+  arguments.append("x-overflow", "reject-publish");
+}
+
+Action exchange_action(const Service& service, Role role, std::string name, std::string type) {
+  Action a;
+  a.kind = ActionKind::declare_exchange;
+  a.role = role;
+  a.services = {service.name};
+  a.name = std::move(name);
+  a.exchange_type = std::move(type);
+  return a;
+}
+
+Action queue_action(const Service& service, Role role, std::string name) {
+  Action a;
+  a.kind = ActionKind::declare_queue;
+  a.role = role;
+  a.services = {service.name};
+  a.name = std::move(name);
+  return a;
+}
+
+Action binding_action(const Service& service, Role role, std::string queue_name,
+                      std::string exchange_name, std::string exchange_type, std::string routing_key,
+                      amqp::FieldTable arguments = {}) {
+  Action a;
+  a.exchange_type = std::move(exchange_type);
+  a.kind = ActionKind::bind_queue;
+  a.role = role;
+  a.services = {service.name};
+  a.name = std::move(queue_name);
+  a.exchange = std::move(exchange_name);
+  a.routing_key = std::move(routing_key);
+  a.arguments = std::move(arguments);
+  return a;
+}
+
+amqp::FieldTable headers_arguments(const Binding& binding) {
+  amqp::FieldTable arguments;
+  arguments.append("x-match", to_string(binding.match));
+  for (const auto& [name, value] : binding.headers) {
+    std::visit([&, &name = name](const auto& v) { arguments.append(name, amqp::FieldValue(v)); },
+               value);
+  }
+  return arguments;
+}
+
+}  // namespace
+
+Plan make_plan(const Topology& topology) {
+  Plan plan;
+  // Input exchanges, shared or not: which services use each, and whether any declares it.
+  std::map<std::string, std::vector<std::string>> users;
+  std::map<std::string, bool> declared_by_any;
+  for (const auto& s : topology.services) {
+    users[s.input.exchange].push_back(s.name);
+    declared_by_any[s.input.exchange] = declared_by_any[s.input.exchange] || s.input.declare;
+  }
+  std::map<std::string, bool> input_done;
+
+  for (const auto& s : topology.services) {
+    const std::string& q = input_queue_name(s);
+    const std::string parking = parking_exchange_name(s.name);
+    const std::string wait = wait_exchange_name(s.name);
+    const auto delays = wait_delays(s);
+
+    // Parking: the end of the line, so it exists before anything can route to it.
+    plan.actions.push_back(exchange_action(s, Role::parking_exchange, parking, "fanout"));
+    Action parking_queue = queue_action(s, Role::parking_queue, parking_queue_name(s.name));
+    add_quorum_type(s, parking_queue.arguments);
+    if (s.parking.max_length) {
+      parking_queue.arguments.append("x-max-length", integer(*s.parking.max_length));
+      parking_queue.arguments.append("x-overflow", "reject-publish");
+    }
+    if (s.parking.ttl) {
+      parking_queue.arguments.append("x-message-ttl", integer(s.parking.ttl->count()));
+    }
+    plan.actions.push_back(std::move(parking_queue));
+    plan.actions.push_back(binding_action(s, Role::parking_queue, parking_queue_name(s.name),
+                                          parking, "fanout", std::string()));
+
+    // Wait: a retry that finds no wait queue goes to parking through the alternate exchange.
+    Action wait_exchange = exchange_action(s, Role::wait_exchange, wait, "direct");
+    wait_exchange.arguments.append("alternate-exchange", parking);
+    plan.actions.push_back(std::move(wait_exchange));
+    for (auto delay : delays) {
+      const std::string name = wait_queue_name(s.name, delay);
+      Action wait_queue = queue_action(s, Role::wait_queue, name);
+      add_quorum_type(s, wait_queue.arguments);
+      wait_queue.arguments.append("x-message-ttl", integer(delay.count()));
+      // Through the default exchange straight back to Q: no other queue sees the retry.
+      wait_queue.arguments.append("x-dead-letter-exchange", "");
+      wait_queue.arguments.append("x-dead-letter-routing-key", q);
+      add_safe_dead_lettering(s, wait_queue.arguments);
+      plan.actions.push_back(std::move(wait_queue));
+      plan.actions.push_back(
+          binding_action(s, Role::wait_queue, name, wait, "direct", duration_label(delay)));
+    }
+
+    // Input.
+    if (!input_done[s.input.exchange]) {
+      input_done[s.input.exchange] = true;
+      Action input =
+          exchange_action(s, Role::input_exchange, s.input.exchange, to_string(s.input.type));
+      if (!declared_by_any[s.input.exchange]) input.kind = ActionKind::check_exchange;
+      input.services = users[s.input.exchange];
+      plan.actions.push_back(std::move(input));
+    }
+    Action input_queue = queue_action(s, Role::input_queue, q);
+    add_quorum_type(s, input_queue.arguments);
+    input_queue.arguments.append("x-dead-letter-exchange", wait);
+    if (!s.retry.delays.empty()) {
+      input_queue.arguments.append("x-dead-letter-routing-key",
+                                   duration_label(s.retry.delays.front()));
+    }
+    add_safe_dead_lettering(s, input_queue.arguments);
+    plan.actions.push_back(std::move(input_queue));
+    const std::string type = to_string(s.input.type);
+    if (s.input.type == ExchangeType::fanout) {
+      plan.actions.push_back(
+          binding_action(s, Role::input_queue, q, s.input.exchange, type, std::string()));
+    }
+    for (const auto& binding : s.input.bindings) {
+      if (s.input.type == ExchangeType::headers) {
+        plan.actions.push_back(binding_action(s, Role::input_queue, q, s.input.exchange, type,
+                                              std::string(), headers_arguments(binding)));
+      } else {
+        plan.actions.push_back(
+            binding_action(s, Role::input_queue, q, s.input.exchange, type, binding.routing_key));
+      }
+    }
+  }
+  return plan;
+}
+
+Plan make_delete_plan(const Topology& topology) {
+  // Each object keeps the arguments it is declared with (a quorum queue must be deleted without
+  // if-empty / if-unused, which RabbitMQ refuses for quorum queues with a connection error).
+  std::map<std::string, amqp::FieldTable> queue_arguments;
+  for (const auto& a : make_plan(topology).actions) {
+    if (a.kind == ActionKind::declare_queue) queue_arguments[a.name] = a.arguments;
+  }
+  Plan plan;
+  for (const auto& s : topology.services) {
+    auto remove = [&](ActionKind kind, Role role, std::string name) {
+      Action a;
+      a.kind = kind;
+      a.role = role;
+      a.services = {s.name};
+      if (kind == ActionKind::delete_queue) a.arguments = queue_arguments[name];
+      a.name = std::move(name);
+      plan.actions.push_back(std::move(a));
+    };
+    // Q first: once it is gone nothing new enters the loop; parking, the most precious, last.
+    remove(ActionKind::delete_queue, Role::input_queue, input_queue_name(s));
+    for (auto delay : wait_delays(s)) {
+      remove(ActionKind::delete_queue, Role::wait_queue, wait_queue_name(s.name, delay));
+    }
+    remove(ActionKind::delete_exchange, Role::wait_exchange, wait_exchange_name(s.name));
+    remove(ActionKind::delete_queue, Role::parking_queue, parking_queue_name(s.name));
+    remove(ActionKind::delete_exchange, Role::parking_exchange, parking_exchange_name(s.name));
+  }
+  return plan;
+}
+
+const char* to_string(ActionKind kind) {
+  switch (kind) {
+    case ActionKind::declare_exchange:
+      return "declare_exchange";
+    case ActionKind::check_exchange:
+      return "check_exchange";
+    case ActionKind::declare_queue:
+      return "declare_queue";
+    case ActionKind::bind_queue:
+      return "bind_queue";
+    case ActionKind::delete_queue:
+      return "delete_queue";
+    case ActionKind::delete_exchange:
+      return "delete_exchange";
+  }
+  return "?";
+}
+
+const char* to_string(Role role) {
+  switch (role) {
+    case Role::input_exchange:
+      return "input exchange";
+    case Role::input_queue:
+      return "input queue";
+    case Role::wait_exchange:
+      return "wait exchange";
+    case Role::wait_queue:
+      return "wait queue";
+    case Role::parking_exchange:
+      return "parking exchange";
+    case Role::parking_queue:
+      return "parking queue";
+  }
+  return "?";
+}
+
+std::string format_value(const amqp::FieldValue& value) {
+  if (auto text = value.as_string()) {
+    return text->empty() ? std::string("\"\"") : std::string(*text);
+  }
+  if (auto number = value.as_int64()) return std::to_string(*number);
+  if (const bool* b = value.get_if<bool>()) return *b ? "true" : "false";
+  return to_json(amqp::FieldTable{{"v", value}})["v"].dump();
+}
+
+std::string describe(const Action& action) {
+  switch (action.kind) {
+    case ActionKind::declare_exchange:
+    case ActionKind::check_exchange:
+    case ActionKind::delete_exchange:
+      return "exchange " + action.name;
+    case ActionKind::declare_queue:
+    case ActionKind::delete_queue:
+      return "queue " + action.name;
+    case ActionKind::bind_queue: {
+      std::string out = "binding " + action.exchange + " -> " + action.name;
+      if (action.exchange_type == "fanout") return out;
+      if (action.exchange_type == "headers") {
+        std::string match;
+        std::string headers;
+        for (const auto& entry : action.arguments) {
+          if (entry.name == "x-match") {
+            match = format_value(entry.value);
+          } else {
+            headers += (headers.empty() ? "" : ", ") + entry.name + "=" + format_value(entry.value);
+          }
+        }
+        return out + " (" + match + ": " + headers + ")";
+      }
+      return out + " (" + (action.routing_key.empty() ? "\"\"" : action.routing_key) + ")";
+    }
+  }
+  return action.name;
+}
+
+nlohmann::json to_json(const amqp::FieldTable& table) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& entry : table) {
+    const amqp::FieldValue& v = entry.value;
+    if (auto text = v.as_string()) {
+      out[entry.name] = std::string(*text);
+    } else if (auto number = v.as_int64()) {
+      out[entry.name] = *number;
+    } else if (const bool* b = v.get_if<bool>()) {
+      out[entry.name] = *b;
+    } else if (const double* d = v.get_if<double>()) {
+      out[entry.name] = *d;
+    } else if (const float* f = v.get_if<float>()) {
+      out[entry.name] = *f;
+    } else if (const auto* nested = v.get_if<amqp::FieldTable>()) {
+      out[entry.name] = to_json(*nested);
+    } else {
+      out[entry.name] = std::string("(type ") + v.type_letter() + ")";
+    }
+  }
+  return out;
+}
+
+nlohmann::json to_json(const Plan& plan) {
+  nlohmann::json actions = nlohmann::json::array();
+  for (const auto& a : plan.actions) {
+    nlohmann::json j;
+    j["action"] = to_string(a.kind);
+    j["role"] = to_string(a.role);
+    j["services"] = a.services;
+    switch (a.kind) {
+      case ActionKind::declare_exchange:
+        j["exchange"] = a.name;
+        j["type"] = a.exchange_type;
+        j["durable"] = a.durable;
+        j["arguments"] = to_json(a.arguments);
+        break;
+      case ActionKind::check_exchange:
+        j["exchange"] = a.name;
+        j["type"] = a.exchange_type;
+        break;
+      case ActionKind::declare_queue:
+        j["queue"] = a.name;
+        j["durable"] = a.durable;
+        j["arguments"] = to_json(a.arguments);
+        break;
+      case ActionKind::bind_queue:
+        j["queue"] = a.name;
+        j["exchange"] = a.exchange;
+        j["exchange_type"] = a.exchange_type;
+        j["routing_key"] = a.routing_key;
+        j["arguments"] = to_json(a.arguments);
+        break;
+      case ActionKind::delete_queue:
+        j["queue"] = a.name;
+        break;
+      case ActionKind::delete_exchange:
+        j["exchange"] = a.name;
+        break;
+    }
+    actions.push_back(std::move(j));
+  }
+  return nlohmann::json{{"actions", std::move(actions)}};
+}
+
+}  // namespace retryloop::topology

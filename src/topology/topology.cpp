@@ -1,0 +1,510 @@
+#include "retryloop/topology/topology.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <stdexcept>
+
+#include "retryloop/topology/duration.hpp"
+
+namespace retryloop::topology {
+
+namespace {
+
+constexpr size_t max_name_bytes = 255;
+
+std::string service_path(size_t index) {
+  return "services[" + std::to_string(index) + "]";
+}
+
+bool valid_utf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    auto c = static_cast<unsigned char>(s[i]);
+    size_t n;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      n = 1;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + n >= s.size()) return false;
+    for (size_t k = 1; k <= n; ++k) {
+      auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
+        cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return false;
+    }
+    i += n + 1;
+  }
+  return true;
+}
+
+/// A name for messages: quoted, control characters escaped, long names shortened.
+std::string quote(std::string_view name) {
+  std::string out = "\"";
+  size_t shown = std::min<size_t>(name.size(), 60);
+  for (size_t i = 0; i < shown; ++i) {
+    auto c = static_cast<unsigned char>(name[i]);
+    if (c < 0x20 || c == 0x7F) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02X", c);
+      out += buf;
+    } else if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (shown < name.size()) out += "...";
+  out += "\"";
+  return out;
+}
+
+class Validator {
+ public:
+  explicit Validator(const Topology& topology) : topology_(topology) {}
+
+  std::vector<TopologyError> run() {
+    if (topology_.services.empty()) add("", "services", "lists no services; add at least one");
+    std::map<std::string, size_t> names;
+    for (size_t i = 0; i < topology_.services.size(); ++i) {
+      const Service& service = topology_.services[i];
+      bool name_ok = check_service(i, service);
+      auto [it, inserted] = names.emplace(service.name, i);
+      if (!inserted && !service.name.empty()) {
+        add(service.name, service_path(i) + ".name",
+            "duplicate service name " + quote(service.name) + " (also " + service_path(it->second) +
+                "); every service needs its own name");
+        name_ok = false;
+      }
+      usable_.push_back(name_ok);
+    }
+    check_collisions();
+    std::stable_sort(errors_.begin(), errors_.end(),
+                     [](const TopologyError& a, const TopologyError& b) {
+                       return service_index(a.path) < service_index(b.path);
+                     });
+    return std::move(errors_);
+  }
+
+ private:
+  static size_t service_index(const std::string& path) {
+    if (path.rfind("services[", 0) != 0) return 0;
+    return std::strtoull(path.c_str() + 9, nullptr, 10) + 1;
+  }
+
+  void add(const std::string& service, std::string path, std::string message) {
+    errors_.push_back({service, std::move(path), std::move(message), 0, 0});
+  }
+
+  /// Checks a name RabbitMQ will be asked to create or look up; returns whether it is usable.
+  bool check_name(const Service& service, const std::string& path, std::string_view name,
+                  bool reserved_allowed) {
+    if (name.empty()) {
+      add(service.name, path, "must not be empty");
+      return false;
+    }
+    if (name.size() > max_name_bytes) {
+      add(service.name, path,
+          quote(name) + " is " + std::to_string(name.size()) +
+              " bytes long; RabbitMQ allows at most 255");
+      return false;
+    }
+    if (!valid_utf8(name)) {
+      add(service.name, path, quote(name) + " is not valid UTF-8, which RabbitMQ refuses");
+      return false;
+    }
+    for (char c : name) {
+      auto u = static_cast<unsigned char>(c);
+      if (u < 0x20 || u == 0x7F) {
+        add(service.name, path,
+            quote(name) + " contains a control character; use letters, digits, '.', '-', '_'");
+        return false;
+      }
+    }
+    if (!reserved_allowed && name.rfind("amq.", 0) == 0) {
+      add(service.name, path,
+          quote(name) + " begins with \"amq.\", which RabbitMQ reserves for its own objects");
+      return false;
+    }
+    return true;
+  }
+
+  bool check_service(size_t index, const Service& service) {
+    const std::string p = service_path(index);
+    bool name_ok = check_name(service, p + ".name", service.name, false);
+    if (name_ok) {
+      // The longest derived name is the wait queue with the longest label.
+      std::string longest = parking_queue_name(service.name);
+      for (auto delay : wait_delays(service)) {
+        std::string wait = wait_queue_name(service.name, delay);
+        if (wait.size() > longest.size()) longest = wait;
+      }
+      if (longest.size() > max_name_bytes) {
+        add(service.name, p + ".name",
+            "the derived name " + quote(longest) + " would be " + std::to_string(longest.size()) +
+                " bytes long; RabbitMQ allows at most 255, so shorten the service name");
+        name_ok = false;
+      }
+    }
+    if (!service.queue.empty() && service.queue != service.name) {
+      check_name(service, p + ".queue", service.queue, false);
+    }
+    check_input(p + ".input", service);
+    check_retry(p + ".retry", service);
+    check_parking(p + ".parking", service);
+    return name_ok;
+  }
+
+  void check_input(const std::string& p, const Service& service) {
+    const Input& input = service.input;
+    if (input.exchange.empty()) {
+      add(service.name, p + ".exchange",
+          "must not be empty (the default exchange cannot be bound to)");
+    } else {
+      check_name(service, p + ".exchange", input.exchange, !input.declare);
+    }
+    const std::string b = p + ".bindings";
+    switch (input.type) {
+      case ExchangeType::fanout:
+        if (!input.bindings.empty()) {
+          add(service.name, b,
+              "a fanout exchange ignores routing keys; leave \"bindings\" out (the queue is "
+              "bound once)");
+        }
+        return;
+      case ExchangeType::direct:
+      case ExchangeType::topic:
+        if (input.bindings.empty()) {
+          add(service.name, b,
+              std::string("a ") + to_string(input.type) +
+                  " exchange needs at least one binding (a routing key), or the queue gets "
+                  "nothing");
+        }
+        break;
+      case ExchangeType::headers:
+        if (input.bindings.empty()) {
+          add(service.name, b,
+              "a headers exchange needs at least one binding, such as {\"match\": \"all\", "
+              "\"headers\": {\"type\": \"order\"}}");
+        }
+        break;
+    }
+    for (size_t k = 0; k < input.bindings.size(); ++k) {
+      const Binding& binding = input.bindings[k];
+      const std::string bk = b + "[" + std::to_string(k) + "]";
+      if (input.type == ExchangeType::headers) {
+        if (!binding.routing_key.empty()) {
+          add(service.name, bk, "a headers exchange ignores routing keys; give match and headers");
+        }
+        if (binding.headers.empty()) {
+          add(service.name, bk + ".headers",
+              "must list at least one header to match (to take every message, use a fanout "
+              "exchange)");
+        }
+        std::map<std::string, bool> seen;
+        for (const auto& [name, value] : binding.headers) {
+          const std::string hp = bk + ".headers." + name;
+          if (name.empty()) {
+            add(service.name, bk + ".headers", "a header name must not be empty");
+          } else if (name.size() > max_name_bytes || !valid_utf8(name)) {
+            add(service.name, hp, "a header name must be valid UTF-8 of at most 255 bytes");
+          } else if (name.rfind("x-", 0) == 0) {
+            add(service.name, hp,
+                "headers beginning with \"x-\" are ignored by the headers exchange, so this "
+                "binding would never match on it");
+          } else if (!seen.emplace(name, true).second) {
+            add(service.name, hp, "header " + quote(name) + " is listed twice");
+          }
+          if (const auto* text = std::get_if<std::string>(&value)) {
+            if (!valid_utf8(*text)) add(service.name, hp, "the value is not valid UTF-8");
+          }
+        }
+      } else {
+        if (!binding.headers.empty()) {
+          add(service.name, bk,
+              "headers only apply to a headers exchange; this one is " +
+                  std::string(to_string(input.type)));
+        }
+        if (binding.routing_key.size() > max_name_bytes) {
+          add(service.name, bk,
+              "the routing key is " + std::to_string(binding.routing_key.size()) +
+                  " bytes long; RabbitMQ allows at most 255");
+        } else if (!valid_utf8(binding.routing_key)) {
+          add(service.name, bk, "the routing key is not valid UTF-8");
+        }
+      }
+      for (size_t j = 0; j < k; ++j) {
+        if (same_binding(input.bindings[j], binding)) {
+          std::string what = input.type == ExchangeType::headers
+                                 ? std::string("binding")
+                                 : "binding " + quote(binding.routing_key);
+          add(service.name, bk,
+              "duplicate " + what + " (same as bindings[" + std::to_string(j) + "])");
+          break;
+        }
+      }
+    }
+  }
+
+  static bool same_binding(const Binding& a, const Binding& b) {
+    if (a.routing_key != b.routing_key || a.match != b.match) return false;
+    auto ha = a.headers;
+    auto hb = b.headers;
+    auto by_name = [](const auto& x, const auto& y) { return x.first < y.first; };
+    std::sort(ha.begin(), ha.end(), by_name);
+    std::sort(hb.begin(), hb.end(), by_name);
+    return ha == hb;
+  }
+
+  void check_ttl(const Service& service, const std::string& path, std::chrono::milliseconds value,
+                 const char* what) {
+    if (value.count() <= 0) {
+      add(service.name, path, std::string(what) + " must be longer than zero");
+    } else if (value > max_ttl) {
+      add(service.name, path,
+          duration_label(value) + " is longer than the largest TTL RabbitMQ accepts (" +
+              std::to_string(max_ttl.count()) + "ms, about 49 days)");
+    }
+  }
+
+  void check_retry(const std::string& p, const Service& service) {
+    const Retry& retry = service.retry;
+    const std::string d = p + ".delays";
+    if (retry.delays.empty()) {
+      add(service.name, d, "must list at least one delay, such as [\"30s\"]");
+    } else if (retry.mode == RetryMode::reject && retry.delays.size() > 1) {
+      add(service.name, d,
+          "reject mode takes exactly one delay (it has " + std::to_string(retry.delays.size()) +
+              "); for a backoff sequence use \"mode\": \"republish\"");
+    }
+    for (size_t k = 0; k < retry.delays.size(); ++k) {
+      check_ttl(service, d + "[" + std::to_string(k) + "]", retry.delays[k], "a delay");
+    }
+    if (retry.max_attempts < 1) {
+      add(service.name, p + ".max_attempts",
+          "must be at least 1 (it counts the first delivery), not " +
+              std::to_string(retry.max_attempts));
+    }
+  }
+
+  void check_parking(const std::string& p, const Service& service) {
+    if (service.parking.max_length && *service.parking.max_length < 1) {
+      add(service.name, p + ".max_length",
+          "must be at least 1, not " + std::to_string(*service.parking.max_length) +
+              " (leave it out for no limit)");
+    }
+    if (service.parking.ttl) check_ttl(service, p + ".ttl", *service.parking.ttl, "the TTL");
+  }
+
+  struct Owner {
+    size_t service;
+    std::string what;
+  };
+
+  std::string owner_text(const Owner& owner) const {
+    const Service& s = topology_.services[owner.service];
+    return owner.what + " of service " + quote(s.name) + " (" + service_path(owner.service) + ")";
+  }
+
+  void check_collisions() {
+    std::map<std::string, Owner> queues;
+    std::map<std::string, Owner> exchanges;
+    // Derived names first, so that a clash with a chosen name is reported at the chosen name.
+    for (size_t i = 0; i < topology_.services.size(); ++i) {
+      if (!usable_[i]) continue;
+      const Service& s = topology_.services[i];
+      auto claim = [&](std::map<std::string, Owner>& table, const std::string& name,
+                       const char* kind, const char* what) {
+        auto [it, inserted] = table.emplace(name, Owner{i, what});
+        if (!inserted) {
+          add(s.name, service_path(i) + ".name",
+              std::string("the ") + what + " " + quote(name) + " is also the " + kind + " " +
+                  owner_text(it->second) + "; rename one of the services");
+        }
+      };
+      claim(queues, parking_queue_name(s.name), "queue", "parking queue");
+      for (auto delay : wait_delays(s)) {
+        claim(queues, wait_queue_name(s.name, delay), "queue", "wait queue");
+      }
+      claim(exchanges, wait_exchange_name(s.name), "exchange", "wait exchange");
+      // The parking exchange has the parking queue's name: a clash shows on the queue already.
+      exchanges.emplace(parking_exchange_name(s.name), Owner{i, "parking exchange"});
+    }
+    std::map<std::string, size_t> inputs;
+    for (size_t i = 0; i < topology_.services.size(); ++i) {
+      const Service& s = topology_.services[i];
+      const std::string& queue = input_queue_name(s);
+      // A duplicate or unusable service name already has its error; its default queue would
+      // only repeat it.
+      bool named_queue = !s.queue.empty() && s.queue != s.name;
+      if (!queue.empty() && (usable_[i] || named_queue)) {
+        std::string path =
+            service_path(i) + (s.queue.empty() || s.queue == s.name ? ".name" : ".queue");
+        auto [it, inserted] = queues.emplace(queue, Owner{i, "input queue"});
+        if (!inserted) {
+          std::string also = it->second.what == "input queue" ? "; each service needs its own queue"
+                                                              : "; choose another queue name";
+          add(s.name, path,
+              "queue " + quote(queue) + " is also the " + owner_text(it->second) + also);
+        }
+      }
+      const std::string& exchange = s.input.exchange;
+      if (exchange.empty()) continue;
+      auto derived = exchanges.find(exchange);
+      if (derived != exchanges.end()) {
+        add(s.name, service_path(i) + ".input.exchange",
+            "exchange " + quote(exchange) + " is the " + owner_text(derived->second) +
+                "; an input exchange must be another one");
+        continue;
+      }
+      auto [it, inserted] = inputs.emplace(exchange, i);
+      if (!inserted) {
+        const Service& first = topology_.services[it->second];
+        if (first.input.type != s.input.type) {
+          add(s.name, service_path(i) + ".input.type",
+              "exchange " + quote(exchange) + " is " + to_string(first.input.type) + " in " +
+                  service_path(it->second) +
+                  "; services sharing an exchange must agree on its "
+                  "type");
+        }
+      }
+    }
+  }
+
+  const Topology& topology_;
+  std::vector<bool> usable_;
+  std::vector<TopologyError> errors_;
+};
+
+}  // namespace
+
+std::string to_string(const TopologyError& error, std::string_view source) {
+  std::string out;
+  if (!source.empty()) {
+    out += source;
+    if (error.line > 0) {
+      out += ":" + std::to_string(error.line) + ":" + std::to_string(error.column);
+    }
+    out += ": ";
+  }
+  if (!error.path.empty()) {
+    out += error.path;
+    bool about_name =
+        error.path.size() >= 5 && error.path.compare(error.path.size() - 5, 5, ".name") == 0;
+    if (!error.service.empty() && !about_name) out += " (service " + quote(error.service) + ")";
+    out += ": ";
+  }
+  out += error.message;
+  return out;
+}
+
+std::vector<TopologyError> validate(const Topology& topology) {
+  return Validator(topology).run();
+}
+
+Topology select_services(const Topology& topology, const std::vector<std::string>& names) {
+  if (names.empty()) return topology;
+  for (const auto& name : names) {
+    bool found = std::any_of(topology.services.begin(), topology.services.end(),
+                             [&](const Service& s) { return s.name == name; });
+    if (!found) {
+      std::string known;
+      for (const auto& s : topology.services)
+        known += (known.empty() ? "" : ", ") + s.name;
+      throw std::invalid_argument("no service named " + quote(name) + " (the file has: " + known +
+                                  ")");
+    }
+  }
+  Topology selected;
+  for (const auto& s : topology.services) {
+    if (std::find(names.begin(), names.end(), s.name) != names.end()) {
+      selected.services.push_back(s);
+    }
+  }
+  return selected;
+}
+
+const char* to_string(QueueType type) {
+  return type == QueueType::quorum ? "quorum" : "classic";
+}
+
+const char* to_string(ExchangeType type) {
+  switch (type) {
+    case ExchangeType::direct:
+      return "direct";
+    case ExchangeType::topic:
+      return "topic";
+    case ExchangeType::fanout:
+      return "fanout";
+    case ExchangeType::headers:
+      return "headers";
+  }
+  return "direct";
+}
+
+const char* to_string(RetryMode mode) {
+  return mode == RetryMode::republish ? "republish" : "reject";
+}
+
+const char* to_string(HeadersMatch match) {
+  return match == HeadersMatch::any ? "any" : "all";
+}
+
+const std::string& input_queue_name(const Service& service) {
+  return service.queue.empty() ? service.name : service.queue;
+}
+
+std::string wait_exchange_name(std::string_view service_name) {
+  return std::string(service_name) + ".wait";
+}
+
+std::string wait_queue_name(std::string_view service_name, std::chrono::milliseconds delay) {
+  return std::string(service_name) + ".wait." + duration_label(delay);
+}
+
+std::string parking_exchange_name(std::string_view service_name) {
+  return std::string(service_name) + ".parking";
+}
+
+std::string parking_queue_name(std::string_view service_name) {
+  return std::string(service_name) + ".parking";
+}
+
+std::vector<std::chrono::milliseconds> wait_delays(const Service& service) {
+  std::vector<std::chrono::milliseconds> out;
+  for (auto delay : service.retry.delays) {
+    if (std::find(out.begin(), out.end(), delay) == out.end()) out.push_back(delay);
+  }
+  return out;
+}
+
+std::chrono::milliseconds delay_after_attempt(const Service& service, int attempt) {
+  const auto& delays = service.retry.delays;
+  if (delays.empty()) return std::chrono::milliseconds(0);
+  if (service.retry.mode == RetryMode::reject) return delays.front();
+  size_t index = attempt < 1 ? 0 : static_cast<size_t>(attempt - 1);
+  return delays[std::min(index, delays.size() - 1)];
+}
+
+std::string wait_routing_key(const Service& service, int attempt) {
+  return duration_label(delay_after_attempt(service, attempt));
+}
+
+}  // namespace retryloop::topology

@@ -1,0 +1,564 @@
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "retryloop/client/connection.hpp"
+#include "support/harness.hpp"
+#include "support/tcp_proxy.hpp"
+
+using namespace retryloop;
+using namespace retryloop::client;
+using retryloop::test::TestLoop;
+
+namespace {
+
+amqp::BasicProperties persistent() {
+  amqp::BasicProperties properties;
+  properties.delivery_mode = 2;
+  return properties;
+}
+
+/// Publishes on a confirm channel and waits for the outcome.
+PublishOutcome publish_and_wait(TestLoop& loop, Channel& channel, const std::string& exchange,
+                                const std::string& routing_key, const std::string& body,
+                                Mandatory mandatory = Mandatory::no,
+                                const amqp::BasicProperties& properties = persistent()) {
+  bool done = false;
+  PublishOutcome result;
+  Error immediate = channel.publish(exchange, routing_key, properties, body, mandatory,
+                                    [&](const PublishOutcome& outcome) {
+                                      result = outcome;
+                                      done = true;
+                                    });
+  INFO(immediate.message());
+  REQUIRE_FALSE(immediate);
+  REQUIRE(loop.run_until([&] { return done; }));
+  return result;
+}
+
+std::optional<GetResult> get_one(TestLoop& loop, Channel& channel, const std::string& queue,
+                                 bool no_ack = true) {
+  bool done = false;
+  std::optional<GetResult> result;
+  Error error;
+  REQUIRE_FALSE(channel.get(queue, no_ack, [&](const Error& e, std::optional<GetResult>&& r) {
+    error = e;
+    result = std::move(r);
+    done = true;
+  }));
+  REQUIRE(loop.run_until([&] { return done; }));
+  INFO(error.message());
+  REQUIRE_FALSE(error);
+  return result;
+}
+
+uint16_t broker_port() { return parse_uri(test::broker_url()).port; }
+
+}  // namespace
+
+TEST_CASE("A client connects, declares, publishes, consumes, acks and closes cleanly",
+          "[client][integration]") {
+  TestLoop loop;
+  auto connection = test::connect(loop, test::broker_url());
+  CHECK(connection->is_open());
+  CHECK(connection->tuning().frame_max == 131072);
+  CHECK(connection->server_properties().find("product") != nullptr);
+
+  auto channel = test::open_channel(loop, *connection);
+  std::string exchange = test::unique_name("x");
+  std::string queue = test::unique_name("q");
+  ExchangeOptions exchange_options;
+  exchange_options.auto_delete = false;
+  REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) {
+    return channel->exchange_declare(exchange, "direct", exchange_options, cb);
+  }));
+  test::declare_queue(loop, *channel, queue);
+  REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) {
+    return channel->queue_bind(queue, exchange, "key", {}, cb);
+  }));
+  REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) { return channel->qos(10, cb); }));
+  REQUIRE_FALSE(
+      test::wait(loop, [&](CompletionCallback cb) { return channel->confirm_select(cb); }));
+
+  amqp::BasicProperties properties = persistent();
+  properties.content_type = "text/plain";
+  properties.message_id = "m-1";
+  properties.headers = amqp::FieldTable{{"attempt", int32_t{1}}};
+  for (int i = 0; i < 5; ++i) {
+    auto outcome = publish_and_wait(loop, *channel, exchange, "key", "hello " + std::to_string(i),
+                                    Mandatory::yes, properties);
+    CHECK(outcome.ok());
+  }
+
+  std::vector<Delivery> deliveries;
+  std::string tag;
+  bool consuming = false;
+  ConsumeOptions consume_options;
+  REQUIRE_FALSE(channel->consume(
+      queue, consume_options,
+      [&](Delivery&& delivery) {
+        CHECK_FALSE(channel->ack(delivery.delivery_tag));
+        deliveries.push_back(std::move(delivery));
+      },
+      [&](const Error& error, const std::string& consumer_tag) {
+        REQUIRE_FALSE(error);
+        tag = consumer_tag;
+        consuming = true;
+      }));
+  REQUIRE(loop.run_until([&] { return deliveries.size() == 5; }));
+  CHECK(consuming);
+  CHECK(deliveries[0].message.body == "hello 0");
+  CHECK(deliveries[4].message.body == "hello 4");
+  CHECK(deliveries[0].exchange == exchange);
+  CHECK(deliveries[0].routing_key == "key");
+  CHECK(deliveries[0].message.properties == properties);
+
+  REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) { return channel->cancel(tag, cb); }));
+  uint32_t purged = 99;
+  bool deleted = false;
+  REQUIRE_FALSE(channel->queue_delete(queue, false, false, [&](const Error& e, uint32_t count) {
+    CHECK_FALSE(e);
+    purged = count;
+    deleted = true;
+  }));
+  REQUIRE(loop.run_until([&] { return deleted; }));
+  CHECK(purged == 0);
+  REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) {
+    return channel->exchange_delete(exchange, false, cb);
+  }));
+  REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) { return channel->close(cb); }));
+  CHECK_FALSE(channel->is_open());
+  CHECK(channel->ack(1).code == make_error_code(ClientError::closed_by_client));
+  test::close(loop, connection);
+  CHECK_FALSE(connection->is_open());
+  CHECK(loop.drain());
+}
+
+TEST_CASE("Wrong credentials give authentication_failed with the broker's reason",
+          "[client][integration]") {
+  TestLoop loop;
+  ConnectionOptions options;
+  options.uri = parse_uri(test::broker_url());
+  options.uri.password = "wrong-password";
+  std::shared_ptr<Connection> connection;
+  Error error = test::try_connect(loop, options, connection);
+  CHECK(error.code == make_error_code(ClientError::authentication_failed));
+  CHECK(error.reply_code == 403);
+  CHECK(error.message().find("ACCESS_REFUSED") != std::string::npos);
+  CHECK(error.message().find("wrong-password") == std::string::npos);
+  CHECK(loop.drain());
+}
+
+TEST_CASE("An unknown vhost gives vhost_refused", "[client][integration]") {
+  TestLoop loop;
+  ConnectionOptions options;
+  options.uri = parse_uri(test::broker_url());
+  options.uri.vhost = "no-such-vhost";
+  std::shared_ptr<Connection> connection;
+  Error error = test::try_connect(loop, options, connection);
+  CHECK(error.code == make_error_code(ClientError::vhost_refused));
+  CHECK(error.reply_code == 530);
+  CHECK(loop.drain());
+}
+
+TEST_CASE("A refused port gives connect_failed", "[client][integration]") {
+  TestLoop loop;
+  ConnectionOptions options;
+  options.uri = parse_uri("amqp://guest:guest@127.0.0.1:1/");
+  std::shared_ptr<Connection> connection;
+  Error error = test::try_connect(loop, options, connection);
+  CHECK(error.code == make_error_code(ClientError::connect_failed));
+  CHECK(loop.drain());
+}
+
+TEST_CASE("Redeclaring a queue with other arguments reports 406 and the connection stays usable",
+          "[client][integration]") {
+  TestLoop loop;
+  auto connection = test::connect(loop, test::broker_url());
+  auto channel = test::open_channel(loop, *connection);
+  std::string queue = test::unique_name("q406");
+  QueueOptions options;
+  options.arguments.set("x-message-ttl", int32_t{1000});
+  test::declare_queue(loop, *channel, queue, options);
+
+  Error channel_closed;
+  channel->set_close_handler([&](const Error& error) { channel_closed = error; });
+  // A second operation queued behind the failing one must fail with the same error.
+  QueueOptions other;
+  other.arguments.set("x-message-ttl", int32_t{2000});
+  Error first, second;
+  int callbacks = 0;
+  REQUIRE_FALSE(channel->queue_declare(queue, other, [&](const Error& e, const QueueInfo&) {
+    first = e;
+    ++callbacks;
+  }));
+  REQUIRE_FALSE(channel->qos(5, [&](const Error& e) {
+    second = e;
+    ++callbacks;
+  }));
+  REQUIRE(loop.run_until([&] { return callbacks == 2; }));
+  CHECK(first.code == make_error_code(ClientError::channel_closed));
+  CHECK(first.reply_code == 406);
+  CHECK(first.message().find("x-message-ttl") != std::string::npos);
+  CHECK(first.message().find("queue.declare") != std::string::npos);
+  CHECK(second.reply_code == 406);
+  CHECK(channel_closed.reply_code == 406);
+  CHECK_FALSE(channel->is_open());
+  // A call on the closed channel fails at once and never calls back.
+  bool called = false;
+  Error immediate = channel->qos(1, [&](const Error&) { called = true; });
+  CHECK(immediate.reply_code == 406);
+
+  CHECK(connection->is_open());
+  auto again = test::open_channel(loop, *connection);
+  test::declare_queue(loop, *again, queue, options);
+  REQUIRE_FALSE(again->queue_delete(queue, false, false, {}));
+  test::close(loop, connection);
+  CHECK_FALSE(called);
+  CHECK(loop.drain());
+}
+
+TEST_CASE("A missing queue reports 404 for passive declare, consume and get",
+          "[client][integration]") {
+  TestLoop loop;
+  auto connection = test::connect(loop, test::broker_url());
+  std::string queue = test::unique_name("missing");
+
+  auto channel = test::open_channel(loop, *connection);
+  QueueOptions passive;
+  passive.passive = true;
+  Error declare_error;
+  bool done = false;
+  REQUIRE_FALSE(channel->queue_declare(queue, passive, [&](const Error& e, const QueueInfo&) {
+    declare_error = e;
+    done = true;
+  }));
+  REQUIRE(loop.run_until([&] { return done; }));
+  CHECK(declare_error.reply_code == 404);
+  CHECK(declare_error.message().find(queue) != std::string::npos);
+
+  channel = test::open_channel(loop, *connection);
+  Error consume_error;
+  done = false;
+  REQUIRE_FALSE(channel->consume(queue, {}, [](Delivery&&) {},
+                                 [&](const Error& e, const std::string&) {
+                                   consume_error = e;
+                                   done = true;
+                                 }));
+  REQUIRE(loop.run_until([&] { return done; }));
+  CHECK(consume_error.reply_code == 404);
+
+  channel = test::open_channel(loop, *connection);
+  Error get_error;
+  done = false;
+  REQUIRE_FALSE(channel->get(queue, true, [&](const Error& e, std::optional<GetResult>&&) {
+    get_error = e;
+    done = true;
+  }));
+  REQUIRE(loop.run_until([&] { return done; }));
+  CHECK(get_error.reply_code == 404);
+  test::close(loop, connection);
+  CHECK(loop.drain());
+}
+
+TEST_CASE("Deleting a queue cancels its consumer and the application is told",
+          "[client][integration]") {
+  TestLoop loop;
+  auto connection = test::connect(loop, test::broker_url());
+  auto channel = test::open_channel(loop, *connection);
+  std::string queue = test::unique_name("cancel");
+  test::declare_queue(loop, *channel, queue);
+  std::string cancelled;
+  ConsumeOptions options;
+  options.on_cancel = [&](const std::string& tag) { cancelled = tag; };
+  std::string tag;
+  REQUIRE_FALSE(channel->consume(queue, options, [](Delivery&&) {},
+                                 [&](const Error& e, const std::string& t) {
+                                   REQUIRE_FALSE(e);
+                                   tag = t;
+                                 }));
+  REQUIRE(loop.run_until([&] { return !tag.empty(); }));
+
+  auto other = test::open_channel(loop, *connection);
+  REQUIRE_FALSE(other->queue_delete(queue, false, false, {}));
+  REQUIRE(loop.run_until([&] { return !cancelled.empty(); }));
+  CHECK(cancelled == tag);
+  CHECK(channel->is_open());
+  test::close(loop, connection);
+  CHECK(loop.drain());
+}
+
+TEST_CASE("A mandatory unroutable publish is reported as returned, never as acked",
+          "[client][integration]") {
+  TestLoop loop;
+  auto connection = test::connect(loop, test::broker_url());
+  auto channel = test::open_channel(loop, *connection);
+  std::string queue = test::unique_name("routed");
+  test::declare_queue(loop, *channel, queue);
+  REQUIRE_FALSE(
+      test::wait(loop, [&](CompletionCallback cb) { return channel->confirm_select(cb); }));
+  int returns_seen = 0;
+  channel->set_return_handler([&](const ReturnedMessage& returned) {
+    ++returns_seen;
+    CHECK(returned.reply_code == 312);
+    CHECK(returned.routing_key == "nowhere");
+  });
+
+  // Pipelined: routed, unroutable, routed, unroutable without mandatory, unroutable again.
+  std::map<uint64_t, PublishOutcome> outcomes;
+  auto record = [&](const PublishOutcome& outcome) { outcomes[outcome.sequence] = outcome; };
+  REQUIRE_FALSE(channel->publish("", queue, persistent(), "a", Mandatory::yes, record));
+  REQUIRE_FALSE(channel->publish("", "nowhere", persistent(), "b", Mandatory::yes, record));
+  REQUIRE_FALSE(channel->publish("", queue, persistent(), "c", Mandatory::yes, record));
+  REQUIRE_FALSE(channel->publish("", "nowhere", persistent(), "d", Mandatory::no, record));
+  REQUIRE_FALSE(channel->publish("", "nowhere", persistent(), "b", Mandatory::yes, record));
+  REQUIRE(loop.run_until([&] { return outcomes.size() == 5; }));
+  CHECK(outcomes[1].status == PublishStatus::acked);
+  CHECK(outcomes[2].status == PublishStatus::returned);
+  CHECK(outcomes[2].error.reply_code == 312);
+  CHECK(outcomes[2].error.code == make_error_code(ClientError::unroutable));
+  CHECK(outcomes[3].status == PublishStatus::acked);
+  CHECK(outcomes[4].status == PublishStatus::acked);  // not mandatory: the broker drops it
+  CHECK(outcomes[5].status == PublishStatus::returned);
+  CHECK(returns_seen == 2);
+  CHECK(test::queue_depth(loop, *connection, queue) == 2);
+  REQUIRE_FALSE(channel->queue_delete(queue, false, false, {}));
+  test::close(loop, connection);
+  CHECK(loop.drain());
+}
+
+TEST_CASE("Ten thousand pipelined confirmed publishes are all acked, in any grouping",
+          "[client][integration]") {
+  TestLoop loop;
+  auto connection = test::connect(loop, test::broker_url());
+  auto channel = test::open_channel(loop, *connection);
+  std::string queue = test::unique_name("confirms");
+  test::declare_queue(loop, *channel, queue);
+  REQUIRE_FALSE(
+      test::wait(loop, [&](CompletionCallback cb) { return channel->confirm_select(cb); }));
+  constexpr int kCount = 10000;
+  std::vector<int> acked(kCount + 1, 0);
+  int settled = 0, failed = 0;
+  std::string body(1024, 'x');
+  for (int i = 0; i < kCount; ++i) {
+    REQUIRE_FALSE(channel->publish("", queue, persistent(), body, Mandatory::yes,
+                                   [&](const PublishOutcome& outcome) {
+                                     ++settled;
+                                     if (outcome.ok()) {
+                                       ++acked[outcome.sequence];
+                                     } else {
+                                       ++failed;
+                                     }
+                                   }));
+  }
+  CHECK(channel->unconfirmed_count() == kCount);
+  REQUIRE(loop.run_until([&] { return settled == kCount; }, std::chrono::seconds(60)));
+  CHECK(failed == 0);
+  CHECK(std::count(acked.begin() + 1, acked.end(), 1) == kCount);
+  CHECK(channel->unconfirmed_count() == 0);
+  CHECK(test::queue_depth(loop, *connection, queue) == kCount);
+  REQUIRE_FALSE(channel->queue_delete(queue, false, false, {}));
+  test::close(loop, connection);
+  CHECK(loop.drain());
+}
+
+TEST_CASE("A 10 MB message crosses a connection with frame_max 4096 intact",
+          "[client][integration]") {
+  TestLoop loop;
+  ConnectionOptions options;
+  options.uri = parse_uri(test::broker_url());
+  options.frame_max = 4096;
+  auto connection = test::connect(loop, options);
+  CHECK(connection->tuning().frame_max == 4096);
+  auto channel = test::open_channel(loop, *connection);
+  std::string queue = test::unique_name("big");
+  test::declare_queue(loop, *channel, queue);
+  REQUIRE_FALSE(
+      test::wait(loop, [&](CompletionCallback cb) { return channel->confirm_select(cb); }));
+  std::string body(10 * 1024 * 1024, '\0');
+  for (size_t i = 0; i < body.size(); ++i) body[i] = static_cast<char>((i * 2654435761u) >> 13);
+  auto outcome = publish_and_wait(loop, *channel, "", queue, body, Mandatory::yes);
+  REQUIRE(outcome.ok());
+  auto got = get_one(loop, *channel, queue);
+  REQUIRE(got);
+  CHECK(got->message.body.size() == body.size());
+  CHECK(got->message.body == body);
+  CHECK(got->message_count == 0);
+  CHECK_FALSE(get_one(loop, *channel, queue));  // basic.get-empty
+  REQUIRE_FALSE(channel->queue_delete(queue, false, false, {}));
+  test::close(loop, connection);
+  CHECK(loop.drain());
+}
+
+TEST_CASE("Ack, nack and reject settle single and multiple deliveries", "[client][integration]") {
+  TestLoop loop;
+  auto connection = test::connect(loop, test::broker_url());
+  auto channel = test::open_channel(loop, *connection);
+  std::string queue = test::unique_name("settle");
+  test::declare_queue(loop, *channel, queue);
+  REQUIRE_FALSE(
+      test::wait(loop, [&](CompletionCallback cb) { return channel->confirm_select(cb); }));
+  for (int i = 0; i < 6; ++i) {
+    REQUIRE(publish_and_wait(loop, *channel, "", queue, std::to_string(i)).ok());
+  }
+  std::vector<Delivery> deliveries;
+  auto consumer = test::open_channel(loop, *connection);
+  REQUIRE_FALSE(consumer->consume(queue, {}, [&](Delivery&& d) { deliveries.push_back(std::move(d)); },
+                                  {}));
+  REQUIRE(loop.run_until([&] { return deliveries.size() == 6; }));
+  CHECK_FALSE(consumer->ack(deliveries[1].delivery_tag, true));                // 0 and 1
+  CHECK_FALSE(consumer->reject(deliveries[2].delivery_tag, false));            // 2 dropped
+  CHECK_FALSE(consumer->nack(deliveries[4].delivery_tag, true, true));          // 3, 4 back
+  CHECK_FALSE(consumer->nack(deliveries[5].delivery_tag, false, false));        // 5 dropped
+  REQUIRE(loop.run_until([&] { return deliveries.size() == 8; }));
+  CHECK(deliveries[6].redelivered);
+  CHECK(deliveries[6].message.body == "3");
+  CHECK(deliveries[7].message.body == "4");
+  CHECK_FALSE(consumer->ack(deliveries[7].delivery_tag, true));
+  REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) { return consumer->close(cb); }));
+  CHECK(test::queue_depth(loop, *connection, queue) == 0);
+
+  // purge reports the count; unbind and exchange bindings work.
+  for (int i = 0; i < 3; ++i) REQUIRE(publish_and_wait(loop, *channel, "", queue, "p").ok());
+  uint32_t purged = 0;
+  bool done = false;
+  REQUIRE_FALSE(channel->queue_purge(queue, [&](const Error& e, uint32_t n) {
+    CHECK_FALSE(e);
+    purged = n;
+    done = true;
+  }));
+  REQUIRE(loop.run_until([&] { return done; }));
+  CHECK(purged == 3);
+  std::string source = test::unique_name("src"), destination = test::unique_name("dst");
+  ExchangeOptions temporary;
+  temporary.durable = false;
+  for (auto& name : {source, destination}) {
+    REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) {
+      return channel->exchange_declare(name, "fanout", temporary, cb);
+    }));
+  }
+  REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) {
+    return channel->exchange_bind(destination, source, "", {}, cb);
+  }));
+  REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) {
+    return channel->queue_bind(queue, destination, "", {}, cb);
+  }));
+  REQUIRE(publish_and_wait(loop, *channel, source, "any", "via-e2e", Mandatory::yes).ok());
+  REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) {
+    return channel->exchange_unbind(destination, source, "", {}, cb);
+  }));
+  CHECK(publish_and_wait(loop, *channel, source, "any", "lost", Mandatory::yes).status ==
+        PublishStatus::returned);
+  REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) {
+    return channel->queue_unbind(queue, destination, "", {}, cb);
+  }));
+  CHECK(publish_and_wait(loop, *channel, destination, "any", "lost", Mandatory::yes).status ==
+        PublishStatus::returned);
+  CHECK(test::queue_depth(loop, *connection, queue) == 1);
+  for (auto& name : {source, destination}) {
+    REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) {
+      return channel->exchange_delete(name, false, cb);
+    }));
+  }
+  REQUIRE_FALSE(channel->queue_delete(queue, false, false, {}));
+  test::close(loop, connection);
+  CHECK(loop.drain());
+}
+
+TEST_CASE("A peer that stops answering is declared dead after two heartbeat intervals",
+          "[client][integration]") {
+  TestLoop loop;
+  test::TcpProxy proxy(loop.get(), broker_port());
+  ConnectionOptions options;
+  options.uri = parse_uri(test::broker_url());
+  options.uri.host = "127.0.0.1";
+  options.uri.port = proxy.port();
+  options.heartbeat_seconds = 1;
+  auto connection = test::connect(loop, options);
+  CHECK(connection->tuning().heartbeat_seconds == 1);
+  Error lost;
+  bool is_lost = false;
+  connection->set_lost_handler([&](const Error& error) {
+    lost = error;
+    is_lost = true;
+  });
+  auto channel = test::open_channel(loop, *connection);
+  bool pending_failed = false;
+  // Idle and healthy for 3 s: heartbeats keep it alive.
+  loop.run_for(std::chrono::seconds(3));
+  REQUIRE(connection->is_open());
+
+  proxy.freeze();
+  auto frozen_at = uv_now(loop.get());
+  REQUIRE_FALSE(channel->qos(1, [&](const Error& e) { pending_failed = static_cast<bool>(e); }));
+  REQUIRE(loop.run_until([&] { return is_lost; }, std::chrono::seconds(10)));
+  auto detected_after = uv_now(loop.get()) - frozen_at;
+  CHECK(lost.code == make_error_code(ClientError::heartbeat_timeout));
+  CHECK(detected_after >= 1000);
+  CHECK(detected_after <= 3500);
+  CHECK(pending_failed);
+  CHECK_FALSE(channel->is_open());
+  proxy.close();
+  CHECK(loop.drain());
+}
+
+TEST_CASE("The broker's connection.close reaches the application with its reply code",
+          "[client][integration][broker-wide]") {
+  TestLoop loop;
+  auto connection = test::connect(loop, test::broker_url());
+  auto channel = test::open_channel(loop, *connection);
+  Error lost;
+  bool is_lost = false;
+  connection->set_lost_handler([&](const Error& error) {
+    lost = error;
+    is_lost = true;
+  });
+  Error channel_reason;
+  channel->set_close_handler([&](const Error& e) { channel_reason = e; });
+  REQUIRE(test::broker_ctl("close_all_connections 'test says goodbye'") == 0);
+  REQUIRE(loop.run_until([&] { return is_lost; }));
+  CHECK(lost.code == make_error_code(ClientError::connection_closed));
+  CHECK(lost.reply_code == 320);
+  CHECK(lost.message().find("test says goodbye") != std::string::npos);
+  CHECK(channel_reason.reply_code == 320);
+  CHECK(loop.drain());
+}
+
+TEST_CASE("A memory alarm blocks publishing and the application is told, then unblocked",
+          "[client][integration][broker-wide]") {
+  TestLoop loop;
+  auto connection = test::connect(loop, test::broker_url());
+  auto channel = test::open_channel(loop, *connection);
+  std::string queue = test::unique_name("blocked");
+  test::declare_queue(loop, *channel, queue);
+  REQUIRE_FALSE(
+      test::wait(loop, [&](CompletionCallback cb) { return channel->confirm_select(cb); }));
+  std::vector<std::pair<bool, std::string>> events;
+  connection->set_blocked_handler(
+      [&](bool blocked, const std::string& reason) { events.emplace_back(blocked, reason); });
+
+  REQUIRE(test::broker_ctl("set_vm_memory_high_watermark 0") == 0);
+  struct Restore {
+    ~Restore() { test::broker_ctl("set_vm_memory_high_watermark 0.4"); }
+  } restore;
+  bool confirmed = false;
+  REQUIRE_FALSE(channel->publish("", queue, persistent(), "while blocked", Mandatory::yes,
+                                 [&](const PublishOutcome& o) { confirmed = o.ok(); }));
+  REQUIRE(loop.run_until([&] { return !events.empty(); }, std::chrono::seconds(20)));
+  CHECK(events[0].first);
+  CHECK(events[0].second.find("memory") != std::string::npos);
+  CHECK(connection->is_blocked());
+  loop.run_for(std::chrono::milliseconds(500));
+  CHECK_FALSE(confirmed);
+
+  REQUIRE(test::broker_ctl("set_vm_memory_high_watermark 0.4") == 0);
+  REQUIRE(loop.run_until([&] { return events.size() >= 2 && confirmed; }, std::chrono::seconds(20)));
+  CHECK_FALSE(events[1].first);
+  CHECK_FALSE(connection->is_blocked());
+  REQUIRE_FALSE(channel->queue_delete(queue, false, false, {}));
+  test::close(loop, connection);
+  CHECK(loop.drain());
+}

@@ -1,0 +1,205 @@
+#include "support/harness.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace retryloop::test {
+
+std::string broker_url() {
+  const char* url = std::getenv("RETRYLOOP_TEST_URL");
+  if (url == nullptr || *url == '\0') {
+    FAIL("RETRYLOOP_TEST_URL is not set: run the broker tests through scripts/test or "
+         "scripts/with-broker");
+  }
+  return url;
+}
+
+int broker_ctl(const std::string& args, std::string* output) {
+  const char* ctl = std::getenv("RETRYLOOP_TEST_CTL");
+  if (ctl == nullptr || *ctl == '\0') {
+    FAIL("RETRYLOOP_TEST_CTL is not set: run the broker tests through scripts/with-broker");
+  }
+  std::string command = std::string(ctl) + " " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::array<char, 4096> buffer{};
+  std::string text;
+  size_t n;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) text.append(buffer.data(), n);
+  int status = pclose(pipe);
+  if (output != nullptr) *output = text;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::string unique_name(const std::string& prefix) {
+  static std::atomic<int> counter{0};
+  return "test." + prefix + "." + std::to_string(getpid()) + "." + std::to_string(++counter);
+}
+
+TestLoop::TestLoop() { uv_loop_init(&loop_); }
+
+TestLoop::~TestLoop() {
+  uv_walk(
+      &loop_,
+      [](uv_handle_t* handle, void*) {
+        if (!uv_is_closing(handle)) uv_close(handle, nullptr);
+      },
+      nullptr);
+  uv_run(&loop_, UV_RUN_DEFAULT);
+  int rc = uv_loop_close(&loop_);
+  CHECK(rc == 0);
+}
+
+bool TestLoop::run_until(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+  if (done()) return true;
+  struct State {
+    const std::function<bool()>* done;
+    uint64_t deadline;
+    bool finished = false;
+  } state{&done, uv_now(&loop_) + static_cast<uint64_t>(timeout.count())};
+  uv_timer_t ticker;
+  uv_timer_init(&loop_, &ticker);
+  ticker.data = &state;
+  uv_timer_start(
+      &ticker,
+      [](uv_timer_t* timer) {
+        auto* s = static_cast<State*>(timer->data);
+        if ((*s->done)() || uv_now(timer->loop) >= s->deadline) uv_stop(timer->loop);
+      },
+      5, 5);
+  uv_check_t check;
+  uv_check_init(&loop_, &check);
+  check.data = &state;
+  uv_check_start(&check, [](uv_check_t* c) {
+    auto* s = static_cast<State*>(c->data);
+    if ((*s->done)()) uv_stop(c->loop);
+  });
+  uv_run(&loop_, UV_RUN_DEFAULT);
+  uv_close(reinterpret_cast<uv_handle_t*>(&ticker), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&check), nullptr);
+  uv_run(&loop_, UV_RUN_NOWAIT);
+  return done();
+}
+
+void TestLoop::run_for(std::chrono::milliseconds duration) {
+  run_until([] { return false; }, duration);
+}
+
+bool TestLoop::drain(std::chrono::milliseconds timeout) {
+  uint64_t deadline = uv_now(&loop_) + static_cast<uint64_t>(timeout.count());
+  while (uv_loop_alive(&loop_)) {
+    if (uv_now(&loop_) >= deadline) return false;
+    run_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+client::Error try_connect(TestLoop& loop, client::ConnectionOptions options,
+                          std::shared_ptr<client::Connection>& out) {
+  out = client::Connection::create(loop.get(), std::move(options));
+  bool done = false;
+  client::Error result;
+  client::Error immediate = out->connect([&](const client::Error& error) {
+    result = error;
+    done = true;
+  });
+  if (immediate) return immediate;
+  REQUIRE(loop.run_until([&] { return done; }));
+  return result;
+}
+
+std::shared_ptr<client::Connection> connect(TestLoop& loop, client::ConnectionOptions options) {
+  std::shared_ptr<client::Connection> connection;
+  client::Error error = try_connect(loop, std::move(options), connection);
+  INFO(error.message());
+  REQUIRE_FALSE(error);
+  return connection;
+}
+
+std::shared_ptr<client::Connection> connect(TestLoop& loop, const std::string& url) {
+  client::ConnectionOptions options;
+  options.uri = client::parse_uri(url);
+  return connect(loop, std::move(options));
+}
+
+std::shared_ptr<client::Channel> open_channel(TestLoop& loop, client::Connection& connection) {
+  std::shared_ptr<client::Channel> channel;
+  client::Error result;
+  bool done = false;
+  client::Error immediate =
+      connection.open_channel([&](const client::Error& error, std::shared_ptr<client::Channel> c) {
+        result = error;
+        channel = std::move(c);
+        done = true;
+      });
+  INFO(immediate.message());
+  REQUIRE_FALSE(immediate);
+  REQUIRE(loop.run_until([&] { return done; }));
+  INFO(result.message());
+  REQUIRE_FALSE(result);
+  REQUIRE(channel);
+  return channel;
+}
+
+client::Error wait(TestLoop& loop,
+                   const std::function<client::Error(client::CompletionCallback)>& start) {
+  bool done = false;
+  client::Error result;
+  client::Error immediate = start([&](const client::Error& error) {
+    result = error;
+    done = true;
+  });
+  if (immediate) return immediate;
+  REQUIRE(loop.run_until([&] { return done; }));
+  return result;
+}
+
+void close(TestLoop& loop, const std::shared_ptr<client::Connection>& connection) {
+  bool closed = false;
+  connection->close([&](const client::Error&) { closed = true; });
+  REQUIRE(loop.run_until([&] { return closed; }));
+}
+
+void declare_queue(TestLoop& loop, client::Channel& channel, const std::string& name,
+                   client::QueueOptions options) {
+  bool done = false;
+  client::Error result;
+  client::Error immediate =
+      channel.queue_declare(name, options, [&](const client::Error& error, const client::QueueInfo&) {
+        result = error;
+        done = true;
+      });
+  INFO(immediate.message());
+  REQUIRE_FALSE(immediate);
+  REQUIRE(loop.run_until([&] { return done; }));
+  INFO(result.message());
+  REQUIRE_FALSE(result);
+}
+
+uint32_t queue_depth(TestLoop& loop, client::Connection& connection, const std::string& queue) {
+  auto channel = open_channel(loop, connection);
+  client::QueueOptions options;
+  options.passive = true;
+  bool done = false;
+  client::Error result;
+  uint32_t depth = 0;
+  REQUIRE_FALSE(channel->queue_declare(queue, options,
+                                       [&](const client::Error& error, const client::QueueInfo& info) {
+                                         result = error;
+                                         depth = info.message_count;
+                                         done = true;
+                                       }));
+  REQUIRE(loop.run_until([&] { return done; }));
+  INFO(result.message());
+  REQUIRE_FALSE(result);
+  channel->close();
+  return depth;
+}
+
+}  // namespace retryloop::test

@@ -1,0 +1,76 @@
+#pragma once
+
+#include <uv.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "retryloop/client/connection.hpp"
+
+namespace retryloop::test {
+
+/// The broker URL from RETRYLOOP_TEST_URL; fails the test when it is not set.
+std::string broker_url();
+
+/// Runs `rabbitmqctl -n <test node> ARGS` through RETRYLOOP_TEST_CTL and returns its exit code;
+/// stdout and stderr go to `output` when given.
+int broker_ctl(const std::string& args, std::string* output = nullptr);
+
+/// A unique name for queues and exchanges, so tests can share one broker.
+std::string unique_name(const std::string& prefix);
+
+/// A libuv loop for one test. The destructor closes whatever handles remain, runs the loop until
+/// they are closed, and checks that the loop then closes cleanly.
+class TestLoop {
+ public:
+  TestLoop();
+  ~TestLoop();
+  TestLoop(const TestLoop&) = delete;
+  TestLoop& operator=(const TestLoop&) = delete;
+
+  uv_loop_t* get() { return &loop_; }
+
+  /// Runs the loop until `done()` is true (checked after every loop iteration, and at least every
+  /// 5 ms) or `timeout` passes; returns whether `done()` became true.
+  bool run_until(const std::function<bool()>& done,
+                 std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+  /// Runs the loop for `duration`.
+  void run_for(std::chrono::milliseconds duration);
+
+  /// Runs the loop until it has nothing left to do, or `timeout` passes; returns whether it
+  /// ran dry.
+  bool drain(std::chrono::milliseconds timeout = std::chrono::seconds(10));
+
+ private:
+  uv_loop_t loop_{};
+};
+
+/// Connects and waits; fails the test on error.
+std::shared_ptr<client::Connection> connect(TestLoop& loop, client::ConnectionOptions options);
+std::shared_ptr<client::Connection> connect(TestLoop& loop, const std::string& url);
+
+/// Connects and waits; returns the error (empty on success) and the connection.
+client::Error try_connect(TestLoop& loop, client::ConnectionOptions options,
+                          std::shared_ptr<client::Connection>& out);
+
+/// Opens a channel and waits; fails the test on error.
+std::shared_ptr<client::Channel> open_channel(TestLoop& loop, client::Connection& connection);
+
+/// Starts an operation that reports through a CompletionCallback and waits for it.
+client::Error wait(TestLoop& loop,
+                   const std::function<client::Error(client::CompletionCallback)>& start);
+
+/// Closes the connection and waits until it is closed.
+void close(TestLoop& loop, const std::shared_ptr<client::Connection>& connection);
+
+/// Declares a queue and waits; fails the test on error.
+void declare_queue(TestLoop& loop, client::Channel& channel, const std::string& name,
+                   client::QueueOptions options = {});
+
+/// Messages in `queue`, by passive declare on a fresh channel.
+uint32_t queue_depth(TestLoop& loop, client::Connection& connection, const std::string& queue);
+
+}  // namespace retryloop::test

@@ -1,0 +1,52 @@
+#pragma once
+
+#include <uv.h>
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+
+namespace retryloop::test {
+
+/// A TCP proxy on 127.0.0.1 that the tests control: it passes traffic to an upstream port, and
+/// can freeze (stop relaying in both directions, keeping the sockets open, as a network that
+/// drops every packet) or cut (close every proxied connection). Runs on the test's loop.
+class TcpProxy {
+ public:
+  TcpProxy(uv_loop_t* loop, uint16_t upstream_port);
+  ~TcpProxy();
+  TcpProxy(const TcpProxy&) = delete;
+  TcpProxy& operator=(const TcpProxy&) = delete;
+
+  /// The port clients connect to.
+  uint16_t port() const { return port_; }
+
+  /// Stops relaying; bytes already read are held back.
+  void freeze();
+  /// Relays again, held bytes first.
+  void thaw();
+  /// Closes every proxied connection at once (both sides see the socket close).
+  void cut();
+  /// Closes the listener and all connections (the destructor does too, and waits for them).
+  void close();
+
+  int accepted() const { return accepted_; }
+
+ private:
+  struct Pipe;
+  void on_accept();
+  void close_pipe(Pipe* pipe);
+
+  uv_loop_t* loop_;
+  uint16_t upstream_port_;
+  uint16_t port_ = 0;
+  uv_tcp_t listener_{};
+  bool frozen_ = false;
+  bool closed_ = false;
+  bool listener_closed_ = false;
+  int accepted_ = 0;
+  std::list<std::unique_ptr<Pipe>> pipes_;
+};
+
+}  // namespace retryloop::test

@@ -1,0 +1,65 @@
+#include <catch2/catch.hpp>
+
+#include "retryloop/client/uri.hpp"
+
+using retryloop::client::parse_uri;
+using retryloop::client::Uri;
+
+TEST_CASE("A full AMQP URI is parsed into its parts", "[client]") {
+  Uri uri = parse_uri("amqp://alice:s3cret@broker.example:5673/orders?heartbeat=10&frame_max=8192");
+  CHECK_FALSE(uri.tls);
+  CHECK(uri.user == "alice");
+  CHECK(uri.password == "s3cret");
+  CHECK(uri.host == "broker.example");
+  CHECK(uri.port == 5673);
+  CHECK(uri.vhost == "orders");
+  CHECK(uri.heartbeat_seconds == 10);
+  CHECK(uri.frame_max == 8192u);
+}
+
+TEST_CASE("Missing URI parts take RabbitMQ's defaults", "[client]") {
+  Uri uri = parse_uri("amqp://");
+  CHECK(uri.user == "guest");
+  CHECK(uri.password == "guest");
+  CHECK(uri.host == "localhost");
+  CHECK(uri.port == 5672);
+  CHECK(uri.vhost == "/");
+  CHECK(parse_uri("amqps://h").port == 5671);
+  CHECK(parse_uri("amqps://h").tls);
+  CHECK(parse_uri("amqp://h/").vhost == "/");
+  CHECK(parse_uri("amqp://h/orders").vhost == "orders");
+}
+
+TEST_CASE("URI parts are percent-decoded", "[client]") {
+  Uri uri = parse_uri("amqp://us%40er:p%3Ass%2Fw@h/%2F");
+  CHECK(uri.user == "us@er");
+  CHECK(uri.password == "p:ss/w");
+  CHECK(uri.vhost == "/");
+  CHECK(parse_uri("amqp://u@[::1]:5999/v").host == "::1");
+  CHECK(parse_uri("amqp://u@[::1]:5999/v").port == 5999);
+}
+
+TEST_CASE("A bad URI is refused with a message naming the part at fault", "[client]") {
+  auto message_of = [](const char* text) {
+    try {
+      parse_uri(text);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(message_of("http://h").find("scheme") != std::string::npos);
+  CHECK(message_of("localhost:5672").find("amqp://") != std::string::npos);
+  CHECK(message_of("amqp://h:99999").find("port") != std::string::npos);
+  CHECK(message_of("amqp://h:").find("port") != std::string::npos);
+  CHECK(message_of("amqp://h/a/b").find("%2F") != std::string::npos);
+  CHECK(message_of("amqp://h/%zz").find("vhost") != std::string::npos);
+  CHECK(message_of("amqp://h?heartbeat=x").find("heartbeat") != std::string::npos);
+  CHECK(message_of("amqp://h?bogus=1").find("bogus") != std::string::npos);
+  CHECK(message_of("amqp://u:topsecret@h:x").find("topsecret") == std::string::npos);
+}
+
+TEST_CASE("A redacted URI never shows the password", "[client]") {
+  Uri uri = parse_uri("amqp://alice:s3cret@h:5672/%2F");
+  CHECK(uri.redacted() == "amqp://alice:***@h:5672/%2F");
+}

@@ -1,0 +1,434 @@
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "retryloop/topology/declarer.hpp"
+#include "retryloop/topology/definitions.hpp"
+#include "retryloop/topology/plan.hpp"
+#include "retryloop/topology/topology_json.hpp"
+
+using namespace retryloop;
+using namespace retryloop::topology;
+
+namespace {
+
+Topology parse(const std::string& text) {
+  ParseResult result = parse_topology(text);
+  std::string messages;
+  for (const auto& m : result.messages())
+    messages += m + "\n";
+  INFO(messages);
+  REQUIRE(result.ok());
+  return *result.topology;
+}
+
+Topology load_valid(const std::string& file) {
+  auto path = std::filesystem::path(__FILE__).parent_path().parent_path() / "data" / "topology" /
+              "valid" / file;
+  ParseResult result = load_topology(path.string());
+  REQUIRE(result.ok());
+  return *result.topology;
+}
+
+std::string service_json(
+    const std::string& name, const std::string& extra,
+    const std::string& retry = R"("delays": ["30s"], "max_attempts": 5)",
+    const std::string& input =
+        R"("exchange": "orders.in", "type": "direct", "bindings": ["orders"])") {
+  return R"({"name": ")" + name + R"(", "input": {)" + input + R"(}, "retry": {)" + retry + "}" +
+         (extra.empty() ? "" : ", " + extra) + "}";
+}
+
+std::string one(const std::string& service) {
+  return R"({"services": [)" + service + "]}";
+}
+
+/// "kind name" for each action, the shape of a plan at a glance.
+std::vector<std::string> outline(const Plan& plan) {
+  std::vector<std::string> out;
+  for (const auto& a : plan.actions) {
+    std::string line = std::string(to_string(a.kind)) + " " + a.name;
+    if (a.kind == ActionKind::bind_queue) line += " <- " + a.exchange + " " + a.routing_key;
+    out.push_back(line);
+  }
+  return out;
+}
+
+const Action& find(const Plan& plan, ActionKind kind, const std::string& name) {
+  for (const auto& a : plan.actions) {
+    if (a.kind == kind && a.name == name) return a;
+  }
+  FAIL("no " << to_string(kind) << " " << name);
+  throw std::logic_error("unreachable");
+}
+
+/// name=value(type letter) for each argument, in order.
+std::vector<std::string> args(const amqp::FieldTable& table) {
+  std::vector<std::string> out;
+  for (const auto& e : table) {
+    out.push_back(e.name + "=" + format_value(e.value) + "(" + e.value.type_letter() + ")");
+  }
+  return out;
+}
+
+using Strings = std::vector<std::string>;
+
+}  // namespace
+
+TEST_CASE("A classic reject-mode service declares parking, then wait, then input", "[topology]") {
+  Plan plan = make_plan(parse(one(service_json("orders", ""))));
+  CHECK(outline(plan) == Strings{
+                             "declare_exchange orders.parking",
+                             "declare_queue orders.parking",
+                             "bind_queue orders.parking <- orders.parking ",
+                             "declare_exchange orders.wait",
+                             "declare_queue orders.wait.30s",
+                             "bind_queue orders.wait.30s <- orders.wait 30s",
+                             "declare_exchange orders.in",
+                             "declare_queue orders",
+                             "bind_queue orders <- orders.in orders",
+                         });
+  CHECK(find(plan, ActionKind::declare_exchange, "orders.parking").exchange_type == "fanout");
+  CHECK(args(find(plan, ActionKind::declare_queue, "orders.parking").arguments).empty());
+
+  const Action& wait_exchange = find(plan, ActionKind::declare_exchange, "orders.wait");
+  CHECK(wait_exchange.exchange_type == "direct");
+  CHECK(args(wait_exchange.arguments) == Strings{"alternate-exchange=orders.parking(S)"});
+
+  CHECK(args(find(plan, ActionKind::declare_queue, "orders.wait.30s").arguments) ==
+        Strings{"x-message-ttl=30000(l)", "x-dead-letter-exchange=\"\"(S)",
+                "x-dead-letter-routing-key=orders(S)"});
+  CHECK(args(find(plan, ActionKind::declare_queue, "orders").arguments) ==
+        Strings{"x-dead-letter-exchange=orders.wait(S)", "x-dead-letter-routing-key=30s(S)"});
+  CHECK(find(plan, ActionKind::declare_exchange, "orders.in").exchange_type == "direct");
+  for (const auto& a : plan.actions) {
+    CHECK(a.durable);
+    CHECK(a.services == Strings{"orders"});
+  }
+}
+
+TEST_CASE("The wait queue dead-letters to the service's own queue, not to the input exchange",
+          "[topology]") {
+  Plan plan = make_plan(parse(one(service_json("orders", R"("queue": "orders.v2")"))));
+  const Action& wait = find(plan, ActionKind::declare_queue, "orders.wait.30s");
+  CHECK(format_value(*wait.arguments.find("x-dead-letter-exchange")) == "\"\"");
+  CHECK(format_value(*wait.arguments.find("x-dead-letter-routing-key")) == "orders.v2");
+  CHECK(find(plan, ActionKind::declare_queue, "orders.v2").arguments.size() == 2);
+}
+
+TEST_CASE(
+    "Republish mode gets one wait queue per distinct delay; the queue's dead-letter key is "
+    "the first delay",
+    "[topology]") {
+  Plan plan = make_plan(parse(one(service_json(
+      "orders", "",
+      R"("mode": "republish", "delays": ["1s", "10s", "1000ms", "1m"], "max_attempts": 9)"))));
+  CHECK(outline(plan) == Strings{
+                             "declare_exchange orders.parking",
+                             "declare_queue orders.parking",
+                             "bind_queue orders.parking <- orders.parking ",
+                             "declare_exchange orders.wait",
+                             "declare_queue orders.wait.1s",
+                             "bind_queue orders.wait.1s <- orders.wait 1s",
+                             "declare_queue orders.wait.10s",
+                             "bind_queue orders.wait.10s <- orders.wait 10s",
+                             "declare_queue orders.wait.1m",
+                             "bind_queue orders.wait.1m <- orders.wait 1m",
+                             "declare_exchange orders.in",
+                             "declare_queue orders",
+                             "bind_queue orders <- orders.in orders",
+                         });
+  CHECK(format_value(*find(plan, ActionKind::declare_queue, "orders.wait.1m")
+                          .arguments.find("x-message-ttl")) == "60000");
+  CHECK(format_value(*find(plan, ActionKind::declare_queue, "orders")
+                          .arguments.find("x-dead-letter-routing-key")) == "1s");
+}
+
+TEST_CASE("Quorum services get quorum queues with at-least-once dead-lettering", "[topology]") {
+  Plan plan = make_plan(parse(one(service_json(
+      "orders", R"("queue_type": "quorum", "parking": {"max_length": 100, "ttl": "7d"})",
+      R"("mode": "republish", "delays": ["5s", "1m"], "max_attempts": 4)"))));
+  CHECK(args(find(plan, ActionKind::declare_queue, "orders").arguments) ==
+        Strings{"x-queue-type=quorum(S)", "x-dead-letter-exchange=orders.wait(S)",
+                "x-dead-letter-routing-key=5s(S)", "x-dead-letter-strategy=at-least-once(S)",
+                "x-overflow=reject-publish(S)"});
+  CHECK(args(find(plan, ActionKind::declare_queue, "orders.wait.1m").arguments) ==
+        Strings{"x-queue-type=quorum(S)", "x-message-ttl=60000(l)",
+                "x-dead-letter-exchange=\"\"(S)", "x-dead-letter-routing-key=orders(S)",
+                "x-dead-letter-strategy=at-least-once(S)", "x-overflow=reject-publish(S)"});
+  // The parking queue dead-letters nowhere: no strategy, overflow only for its length limit.
+  CHECK(args(find(plan, ActionKind::declare_queue, "orders.parking").arguments) ==
+        Strings{"x-queue-type=quorum(S)", "x-max-length=100(l)", "x-overflow=reject-publish(S)",
+                "x-message-ttl=604800000(l)"});
+}
+
+TEST_CASE("Parking limits refuse new messages rather than drop old ones", "[topology]") {
+  Plan plan =
+      make_plan(parse(one(service_json("orders", R"("parking": {"max_length": 1000000})"))));
+  CHECK(args(find(plan, ActionKind::declare_queue, "orders.parking").arguments) ==
+        Strings{"x-max-length=1000000(l)", "x-overflow=reject-publish(S)"});
+  Plan ttl_only = make_plan(parse(one(service_json("orders", R"("parking": {"ttl": "14d"})"))));
+  CHECK(args(find(ttl_only, ActionKind::declare_queue, "orders.parking").arguments) ==
+        Strings{"x-message-ttl=1209600000(l)"});
+}
+
+TEST_CASE("No plan ever sets x-expires or drop-head, and integers are always int64", "[topology]") {
+  Plan plan = make_plan(load_valid("all_features.json"));
+  for (const auto& a : plan.actions) {
+    INFO(describe(a));
+    CHECK(a.arguments.find("x-expires") == nullptr);
+    if (const auto* overflow = a.arguments.find("x-overflow")) {
+      CHECK(format_value(*overflow) == "reject-publish");
+    }
+    for (const auto& e : a.arguments) {
+      if (e.value.as_int64() && !e.value.as_string()) CHECK(e.value.type_letter() == 'l');
+    }
+  }
+}
+
+TEST_CASE("Every exchange a plan refers to is declared (or checked) before it is used",
+          "[topology]") {
+  for (const char* file : {"all_features.json", "minimal.json", "unicode_names.json"}) {
+    INFO(file);
+    Plan plan = make_plan(load_valid(file));
+    std::set<std::string> exchanges;
+    std::set<std::string> queues;
+    for (const auto& a : plan.actions) {
+      INFO(describe(a));
+      switch (a.kind) {
+        case ActionKind::declare_exchange:
+        case ActionKind::check_exchange:
+          CHECK(exchanges.insert(a.name).second);  // once only
+          if (const auto* ae = a.arguments.find("alternate-exchange")) {
+            CHECK(exchanges.count(std::string(*ae->as_string())) == 1);
+          }
+          break;
+        case ActionKind::declare_queue: {
+          CHECK(queues.insert(a.name).second);
+          const auto* dlx_value = a.arguments.find("x-dead-letter-exchange");
+          std::string dlx = dlx_value ? std::string(*dlx_value->as_string()) : std::string();
+          if (!dlx.empty()) CHECK(exchanges.count(dlx) == 1);
+          break;
+        }
+        case ActionKind::bind_queue:
+          CHECK(exchanges.count(a.exchange) == 1);
+          CHECK(queues.count(a.name) == 1);
+          break;
+        default:
+          FAIL("a declare plan has no deletes");
+      }
+    }
+  }
+}
+
+TEST_CASE("An input exchange shared by services is declared once, for all of them", "[topology]") {
+  Plan plan = make_plan(load_valid("all_features.json"));
+  size_t count = 0;
+  for (const auto& a : plan.actions) {
+    if (a.kind == ActionKind::declare_exchange && a.name == "shop.events") {
+      ++count;
+      CHECK(a.services == Strings{"orders", "audit"});
+      CHECK(a.exchange_type == "topic");
+      CHECK(a.role == Role::input_exchange);
+    }
+  }
+  CHECK(count == 1);
+  const Action& audit_bind = find(plan, ActionKind::bind_queue, "audit");
+  CHECK(audit_bind.exchange == "shop.events");
+  CHECK(audit_bind.routing_key == "#");
+}
+
+TEST_CASE("An exchange with \"declare\": false is only checked for", "[topology]") {
+  Plan plan = make_plan(load_valid("all_features.json"));
+  const Action& check = find(plan, ActionKind::check_exchange, "amq.topic");
+  CHECK(check.exchange_type == "topic");
+  CHECK(check.services == Strings{"ledger"});
+  for (const auto& a : plan.actions) {
+    CHECK_FALSE((a.kind == ActionKind::declare_exchange && a.name == "amq.topic"));
+  }
+  const Action& bind = find(plan, ActionKind::bind_queue, "ledger");
+  CHECK(bind.exchange == "amq.topic");
+  CHECK(bind.routing_key == "ledger.entry");
+}
+
+TEST_CASE("A shared exchange declared by one service and not another is declared", "[topology]") {
+  Topology t = parse(
+      R"({"services": [)" +
+      service_json("a", "", R"("delays": ["1s"], "max_attempts": 2)",
+                   R"("exchange": "x", "type": "direct", "declare": false, "bindings": ["a"])") +
+      ", " +
+      service_json("b", "", R"("delays": ["1s"], "max_attempts": 2)",
+                   R"("exchange": "x", "type": "direct", "bindings": ["b"])") +
+      "]}");
+  Plan plan = make_plan(t);
+  const Action& x = find(plan, ActionKind::declare_exchange, "x");
+  CHECK(x.services == Strings{"a", "b"});
+}
+
+TEST_CASE("A fanout input is bound once, without a routing key", "[topology]") {
+  Plan plan =
+      make_plan(parse(one(service_json("mailer", "", R"("delays": ["1m"], "max_attempts": 2)",
+                                       R"("exchange": "notifications", "type": "fanout")"))));
+  const Action& bind = find(plan, ActionKind::bind_queue, "mailer");
+  CHECK(bind.exchange == "notifications");
+  CHECK(bind.routing_key.empty());
+  CHECK(bind.arguments.empty());
+  CHECK(find(plan, ActionKind::declare_exchange, "notifications").exchange_type == "fanout");
+}
+
+TEST_CASE("A headers input is bound with x-match and typed header values", "[topology]") {
+  Plan plan = make_plan(
+      parse(one(service_json("payments", "", R"("delays": ["1m"], "max_attempts": 2)",
+                             R"("exchange": "payments.in", "type": "headers", "bindings": [
+          {"match": "any", "headers": {"kind": "charge", "version": 2, "urgent": true}},
+          {"headers": {"kind": "refund"}}])"))));
+  std::vector<const Action*> binds;
+  for (const auto& a : plan.actions) {
+    if (a.kind == ActionKind::bind_queue && a.name == "payments") binds.push_back(&a);
+  }
+  REQUIRE(binds.size() == 2);
+  CHECK(binds[0]->routing_key.empty());
+  CHECK(binds[0]->exchange_type == "headers");
+  // nlohmann keeps object keys sorted, so headers come in name order.
+  CHECK(args(binds[0]->arguments) ==
+        Strings{"x-match=any(S)", "kind=charge(S)", "urgent=true(t)", "version=2(l)"});
+  CHECK(args(binds[1]->arguments) == Strings{"x-match=all(S)", "kind=refund(S)"});
+  CHECK(describe(*binds[0]) ==
+        "binding payments.in -> payments (any: kind=charge, urgent=true, "
+        "version=2)");
+}
+
+TEST_CASE("Actions describe themselves for people", "[topology]") {
+  Plan plan = make_plan(parse(one(service_json("orders", ""))));
+  CHECK(describe(plan.actions[0]) == "exchange orders.parking");
+  CHECK(describe(plan.actions[1]) == "queue orders.parking");
+  CHECK(describe(plan.actions[2]) == "binding orders.parking -> orders.parking");
+  CHECK(describe(plan.actions[5]) == "binding orders.wait -> orders.wait.30s (30s)");
+  CHECK(to_string(plan.actions[4].role) == std::string("wait queue"));
+}
+
+TEST_CASE("The delete plan removes queues and derived exchanges, never the input exchange",
+          "[topology]") {
+  Plan plan = make_delete_plan(parse(
+      one(service_json("orders", R"("queue": "orders.v2")",
+                       R"("mode": "republish", "delays": ["1s", "1m"], "max_attempts": 3)"))));
+  CHECK(outline(plan) == Strings{"delete_queue orders.v2", "delete_queue orders.wait.1s",
+                                 "delete_queue orders.wait.1m", "delete_exchange orders.wait",
+                                 "delete_queue orders.parking", "delete_exchange orders.parking"});
+}
+
+TEST_CASE("A delete plan knows which queues are quorum queues", "[topology]") {
+  Plan plan = make_delete_plan(parse(one(service_json("orders", R"("queue_type": "quorum")"))));
+  for (const auto& a : plan.actions) {
+    INFO(describe(a));
+    if (a.kind == ActionKind::delete_queue) {
+      REQUIRE(a.arguments.find("x-queue-type") != nullptr);
+      CHECK(format_value(*a.arguments.find("x-queue-type")) == "quorum");
+    } else {
+      CHECK(a.arguments.empty());
+    }
+  }
+  Plan classic = make_delete_plan(parse(one(service_json("orders", ""))));
+  for (const auto& a : classic.actions)
+    CHECK(a.arguments.find("x-queue-type") == nullptr);
+}
+
+TEST_CASE("The plan as JSON lists every action with its arguments", "[topology]") {
+  Plan plan = make_plan(parse(one(service_json("orders", R"("parking": {"max_length": 5})"))));
+  nlohmann::json j = to_json(plan);
+  REQUIRE(j["actions"].size() == plan.actions.size());
+  const auto& parking = j["actions"][1];
+  CHECK(parking["action"] == "declare_queue");
+  CHECK(parking["queue"] == "orders.parking");
+  CHECK(parking["role"] == "parking queue");
+  CHECK(parking["durable"] == true);
+  CHECK(parking["arguments"]["x-max-length"] == 5);
+  CHECK(parking["arguments"]["x-overflow"] == "reject-publish");
+  const auto& bind = j["actions"][5];
+  CHECK(bind["action"] == "bind_queue");
+  CHECK(bind["exchange"] == "orders.wait");
+  CHECK(bind["routing_key"] == "30s");
+  CHECK(j["actions"][3]["type"] == "direct");
+  CHECK(j["actions"][4]["arguments"]["x-message-ttl"] == 30000);
+}
+
+TEST_CASE("Exported definitions hold the plan's objects in the chosen vhost", "[topology]") {
+  Plan plan = make_plan(load_valid("all_features.json"));
+  nlohmann::json d = export_definitions(plan, "staging");
+  size_t exchanges = 0, queues = 0, bindings = 0;
+  for (const auto& a : plan.actions) {
+    exchanges += a.kind == ActionKind::declare_exchange;
+    queues += a.kind == ActionKind::declare_queue;
+    bindings += a.kind == ActionKind::bind_queue;
+  }
+  CHECK(d["exchanges"].size() == exchanges);
+  CHECK(d["queues"].size() == queues);
+  CHECK(d["bindings"].size() == bindings);
+  for (const auto& section : {"exchanges", "queues", "bindings"}) {
+    for (const auto& item : d[section])
+      CHECK(item["vhost"] == "staging");
+  }
+  for (const auto& e : d["exchanges"])
+    CHECK(e["name"] != "amq.topic");
+  bool found_ledger_binding = false;
+  for (const auto& b : d["bindings"]) {
+    if (b["destination"] == "ledger") {
+      found_ledger_binding = true;
+      CHECK(b["source"] == "amq.topic");
+      CHECK(b["destination_type"] == "queue");
+    }
+  }
+  CHECK(found_ledger_binding);
+  for (const auto& q : d["queues"]) {
+    if (q["name"] == "payments.wait.5s") {
+      CHECK(q["durable"] == true);
+      CHECK(q["auto_delete"] == false);
+      CHECK(q["arguments"]["x-message-ttl"].is_number_integer());
+      CHECK(q["arguments"]["x-queue-type"] == "quorum");
+      CHECK(q["arguments"]["x-dead-letter-exchange"] == "");
+    }
+  }
+}
+
+TEST_CASE("RabbitMQ's inequivalent-argument text is parsed into argument and values",
+          "[topology]") {
+  auto drift = parse_inequivalent_arg(
+      "PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' for queue 'orders.wait.30s' in "
+      "vhost '/': received '30000' but current is '60000'");
+  REQUIRE(drift);
+  CHECK(drift->argument == "x-message-ttl");
+  CHECK(drift->wanted == "30000");
+  CHECK(drift->actual == "60000");
+
+  drift = parse_inequivalent_arg(
+      "PRECONDITION_FAILED - inequivalent arg 'x-max-length' for queue 'p' in vhost 'v': "
+      "received the value '5' of type 'long' but current is none");
+  REQUIRE(drift);
+  CHECK(drift->argument == "x-max-length");
+  CHECK(drift->wanted == "5");
+  CHECK(drift->actual == "(not set)");
+
+  drift = parse_inequivalent_arg(
+      "PRECONDITION_FAILED - inequivalent arg 'alternate-exchange' for exchange 'o.wait' in "
+      "vhost '/': received none but current is the value 'o.parking' of type 'longstr'");
+  REQUIRE(drift);
+  CHECK(drift->argument == "alternate-exchange");
+  CHECK(drift->wanted == "(not set)");
+  CHECK(drift->actual == "o.parking");
+
+  drift = parse_inequivalent_arg(
+      "PRECONDITION_FAILED - inequivalent arg 'durable' for queue 'q' in vhost '/': received "
+      "'true' but current is 'false'");
+  REQUIRE(drift);
+  CHECK(drift->argument == "durable");
+
+  CHECK_FALSE(parse_inequivalent_arg("PRECONDITION_FAILED - unknown delivery tag 1"));
+  CHECK_FALSE(parse_inequivalent_arg(""));
+  CHECK_FALSE(parse_inequivalent_arg("inequivalent arg 'x"));
+}
