@@ -1,0 +1,244 @@
+#pragma once
+
+#include <uv.h>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "retryloop/amqp/field_table.hpp"
+#include "retryloop/amqp/methods.hpp"
+#include "retryloop/client/connection.hpp"
+#include "retryloop/client/error.hpp"
+#include "retryloop/consumer/backoff.hpp"
+#include "retryloop/consumer/headers.hpp"
+#include "retryloop/consumer/metrics.hpp"
+#include "retryloop/consumer/outcome.hpp"
+#include "retryloop/consumer/retry_policy.hpp"
+#include "retryloop/topology/topology.hpp"
+
+namespace spdlog {
+class logger;
+}
+
+namespace retryloop::consumer {
+
+/// A delivery as a handler sees it. It stays valid and unchanged until the handler returns (or,
+/// for an asynchronous handler, until it settles).
+struct Message {
+  std::string body;
+  /// All 14 basic properties as the broker delivered them; the headers are in
+  /// `properties.headers`.
+  amqp::BasicProperties properties;
+  std::string exchange;
+  std::string routing_key;
+  bool redelivered = false;
+  /// The attempt rule: 1 + x-death's rejected count for this queue + `retryloop-retries`. A
+  /// redelivery after a crash is the same attempt again.
+  int64_t attempt = 1;
+
+  /// The headers table; an empty one when the message has none.
+  const amqp::FieldTable& headers() const;
+  /// The message-id property, or "" when there is none.
+  std::string_view message_id() const;
+};
+
+/// A synchronous handler: returns what became of the message. Runs on the libuv worker pool
+/// (so it may block; at most UV_THREADPOOL_SIZE, default 4, run at the same time) or, with
+/// ConsumerOptions::handler_on_loop, on the loop thread. An exception escaping it counts as
+/// Outcome::retry with the exception's text, except PermanentError, which counts as permanent.
+using Handler = std::function<Outcome(const Message& message)>;
+
+/// Settles one delivery of an asynchronous handler. Call it exactly once, on the loop thread;
+/// later calls are ignored. Never calling it keeps the message unacked and its concurrency slot
+/// taken until the connection ends.
+using Settle = std::function<void(Outcome outcome)>;
+
+/// An asynchronous handler: runs on the loop thread, must not block, and calls `settle` later
+/// (or before it returns). An exception escaping it before `settle` counts as a retry.
+using AsyncHandler = std::function<void(const Message& message, Settle settle)>;
+
+/// What the parking hook is told, on the loop thread, after a parked copy is confirmed.
+struct ParkedEvent {
+  std::string service;
+  std::string message_id;
+  ParkReason reason = ParkReason::exhausted;
+  std::string error;
+  int64_t attempts = 0;
+};
+using ParkedHandler = std::function<void(const ParkedEvent& event)>;
+
+/// Told once when the consumer has stopped for good: an empty error after stop() or stop_now(),
+/// otherwise the fatal error (topology drift, refused credentials or permissions).
+using StoppedHandler = std::function<void(const client::Error& error)>;
+/// Told each time the consumer starts consuming: first start and every recovery.
+using ReadyHandler = std::function<void()>;
+
+struct ConsumerOptions {
+  /// Where to connect (uri, heartbeat, ...). The consumer opens two connections with these
+  /// options: one that consumes and acks, and one that publishes retry and parking copies, so
+  /// that a broker alarm, which blocks publishers, never stalls acks.
+  client::ConnectionOptions connection;
+  /// The service whose input queue is consumed; its retry and parking settings apply.
+  topology::Service service;
+  /// basic.qos prefetch: unacked deliveries the broker sends ahead.
+  uint16_t prefetch = 200;
+  /// Handlers that may run at once. With 1, messages are handled one at a time in delivery
+  /// order; with more, they start in delivery order and may finish in any order. Either way a
+  /// retried message comes back after its delay, behind newer messages.
+  uint32_t concurrency = 1;
+  /// Run a synchronous handler on the loop thread instead of the worker pool: faster for cheap
+  /// handlers that never block.
+  bool handler_on_loop = false;
+  /// Declare the service's topology (idempotently) on every (re)connect. When false, the
+  /// objects must exist; a missing queue is retried with the recovery backoff.
+  bool declare_topology = true;
+  /// Delay before each reconnect after a loss (and between failed reconnects).
+  Backoff recovery{};
+  /// Delay before publishing a retry or parking copy again after the broker nacked or returned
+  /// it (the original stays unacked meanwhile).
+  Backoff publish_retry{std::chrono::milliseconds(200), std::chrono::milliseconds(10000), 2.0,
+                        0.25};
+  /// A copy not confirmed within this time ends the session (and the broker requeues the
+  /// originals), as a dead connection would.
+  std::chrono::milliseconds confirm_timeout{30000};
+  /// Log Metrics::summary() at info level this often; zero turns it off.
+  std::chrono::milliseconds metrics_interval{0};
+  /// Stop gracefully on the first SIGINT or SIGTERM (with shutdown_deadline), at once on the
+  /// second. The signal handlers exist only while the consumer runs.
+  bool stop_on_signals = false;
+  std::chrono::milliseconds shutdown_deadline{30000};
+  /// `retryloop-consumer` of parked messages; default `host:pid`.
+  std::string consumer_name;
+  /// Where the consumer logs (structured: service, queue, message id, attempt, outcome);
+  /// nullptr: nowhere. Also used for the connections when they have no logger of their own.
+  std::shared_ptr<spdlog::logger> logger;
+  /// Told after each parked copy is confirmed (for example, to page someone).
+  ParkedHandler on_parked;
+};
+
+/// The retry consumer: consumes the service's input queue, runs the handler, and carries out
+/// its outcome with the service's retry policy, never acking a message before its retry or
+/// parking copy is confirmed and not returned.
+///
+/// Threading: every call and every callback happens on the loop thread (a synchronous handler
+/// may run on the worker pool). Lifetime: the consumer keeps itself alive while it runs; the
+/// loop ends only after it has stopped.
+///
+/// Recovery: a lost connection, a broker-side cancel, a channel the broker closed or a confirm
+/// timeout ends the session: both connections close (the broker requeues what was unacked),
+/// results of handlers still running are dropped (their messages come back), and the consumer
+/// reconnects with `recovery` backoff, redeclares the topology, and restores qos, confirm mode
+/// and the consumer. Fatal errors stop it instead: an inequivalent existing object (406 on
+/// declare), refused credentials or vhost, or refused permissions (403).
+class Consumer : public std::enable_shared_from_this<Consumer> {
+ public:
+  static std::shared_ptr<Consumer> create(uv_loop_t* loop, ConsumerOptions options,
+                                          Handler handler);
+  static std::shared_ptr<Consumer> create(uv_loop_t* loop, ConsumerOptions options,
+                                          AsyncHandler handler);
+  ~Consumer();
+  Consumer(const Consumer&) = delete;
+  Consumer& operator=(const Consumer&) = delete;
+
+  /// Connects and starts consuming; keeps trying with the recovery backoff while the broker is
+  /// unreachable. Returns an error (and starts nothing) when called twice or the options are
+  /// unusable.
+  client::Error start();
+
+  /// Graceful stop: cancels the consumer, returns deliveries whose handler has not started
+  /// (nack, requeue), lets running handlers finish and their outcomes settle for up to
+  /// `deadline`, then closes. The stopped handler fires once all is closed.
+  void stop(std::chrono::milliseconds deadline);
+  /// Immediate stop: closes the connections now; every unacked message goes back to its queue.
+  void stop_now();
+
+  void set_ready_handler(ReadyHandler handler) { on_ready_ = std::move(handler); }
+  void set_stopped_handler(StoppedHandler handler) { on_stopped_ = std::move(handler); }
+
+  /// A copy of the counters and the latency histogram.
+  Metrics metrics() const { return metrics_; }
+  /// True while consuming (between ready and a loss or stop).
+  bool is_consuming() const { return state_ == State::running; }
+  /// Deliveries received and not yet settled (waiting, in a handler, or being published).
+  size_t in_flight() const;
+  const topology::Service& service() const { return options_.service; }
+
+ private:
+  struct Pending;
+  struct Session;
+  enum class State { idle, connecting, running, backing_off, stopping, stopped };
+
+  Consumer(uv_loop_t* loop, ConsumerOptions options);
+
+  void init_handles();
+  void connect_session();
+  void on_session_connected(const std::shared_ptr<Session>& session);
+  void declare_topology(const std::shared_ptr<Session>& session);
+  void open_channels(const std::shared_ptr<Session>& session);
+  void start_consuming(const std::shared_ptr<Session>& session);
+  void session_failed(const std::shared_ptr<Session>& session, const client::Error& error);
+  void fail_fatally(const client::Error& error);
+  void close_session(std::function<void()> done = {});
+  void schedule_reconnect();
+
+  void on_delivery(client::Delivery&& delivery);
+  void start_handlers();
+  void run_handler(const std::shared_ptr<Pending>& pending);
+  void handler_done(const std::shared_ptr<Pending>& pending, Outcome outcome);
+  void carry_out(const std::shared_ptr<Pending>& pending);
+  void publish_copy(const std::shared_ptr<Pending>& pending);
+  void copy_confirmed(const std::shared_ptr<Pending>& pending);
+  void finish(const std::shared_ptr<Pending>& pending);
+  bool is_live(const Pending& pending) const;
+  void log_outcome(const Pending& pending, const char* what, const std::string& text) const;
+
+  void on_tick();
+  void on_blocked(bool blocked);
+  void maybe_finish_stop();
+  void close_handles();
+  void on_handle_closed();
+
+  uv_loop_t* loop_;
+  ConsumerOptions options_;
+  Handler handler_;
+  AsyncHandler async_handler_;
+  State state_ = State::idle;
+  std::shared_ptr<Session> session_;
+  uint64_t generation_ = 0;
+  uint32_t reconnect_attempt_ = 0;
+  bool ever_ready_ = false;
+  bool blocked_ = false;
+  bool dispatching_ = false;
+  uint64_t next_pending_id_ = 1;
+  uint64_t stop_deadline_ms_ = 0;
+  client::Error fatal_error_;
+
+  /// Delivered, handler not started yet (concurrency is full).
+  std::deque<std::shared_ptr<Pending>> waiting_;
+  /// Handlers running now, of any session.
+  size_t running_ = 0;
+  /// Outcome known, copy being published or waiting to be published again (by id).
+  std::unordered_map<uint64_t, std::shared_ptr<Pending>> settling_;
+
+  uv_timer_t reconnect_timer_{};
+  uv_timer_t tick_timer_{};
+  uv_signal_t sigint_{};
+  uv_signal_t sigterm_{};
+  int open_handles_ = 0;
+  bool handles_open_ = false;
+  int signals_seen_ = 0;
+  uint64_t last_metrics_log_ms_ = 0;
+  std::shared_ptr<Consumer> self_;
+
+  Metrics metrics_;
+  ReadyHandler on_ready_;
+  StoppedHandler on_stopped_;
+};
+
+}  // namespace retryloop::consumer

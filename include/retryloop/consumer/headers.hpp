@@ -1,0 +1,94 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "retryloop/amqp/field_table.hpp"
+#include "retryloop/amqp/methods.hpp"
+
+namespace retryloop::consumer {
+
+// The header contract (design, "Header contract"): retryloop's own headers carry no `x-` prefix
+// so that every RabbitMQ version leaves them alone.
+namespace header {
+inline constexpr std::string_view retries = "retryloop-retries";
+inline constexpr std::string_view attempts = "retryloop-attempts";
+inline constexpr std::string_view reason = "retryloop-reason";
+inline constexpr std::string_view error = "retryloop-error";
+inline constexpr std::string_view queue = "retryloop-queue";
+inline constexpr std::string_view original_exchange = "retryloop-original-exchange";
+inline constexpr std::string_view original_routing_key = "retryloop-original-routing-key";
+inline constexpr std::string_view first_failure = "retryloop-first-failure";
+inline constexpr std::string_view parked_at = "retryloop-parked-at";
+inline constexpr std::string_view consumer = "retryloop-consumer";
+inline constexpr std::string_view replays = "retryloop-replays";
+}  // namespace header
+
+/// Longest `retryloop-error` kept; longer texts are cut at a UTF-8 character boundary.
+inline constexpr size_t max_error_bytes = 4096;
+
+/// Why a message was parked (`retryloop-reason`).
+enum class ParkReason { exhausted, permanent, poison };
+const char* to_string(ParkReason reason);
+
+/// What a delivery's headers say about its history in its service queue.
+struct AttemptInfo {
+  /// The handler attempt this delivery is: 1 + `rejected` + `retries`. A redelivery after a
+  /// consumer crash carries the same headers, so it is the same attempt again.
+  int64_t attempt = 1;
+  /// `count` of the `x-death` entry with `queue` == the service queue and `reason` == rejected.
+  int64_t rejected = 0;
+  /// `retryloop-retries`: retries made by republishing.
+  int64_t retries = 0;
+  /// Where the message was first published: `retryloop-original-*`, else the x-death entry
+  /// above, else the delivery's own exchange and routing key.
+  std::string original_exchange;
+  std::string original_routing_key;
+  /// When it first failed (seconds since the epoch): `retryloop-first-failure`, else the x-death
+  /// entry's `time`; unset on a first attempt.
+  std::optional<uint64_t> first_failure;
+  /// Set when `x-death` or `retryloop-retries` is not what RabbitMQ or retryloop write (a
+  /// non-array `x-death`, a non-table entry, a count or retry number that is not a non-negative
+  /// integer): says what is wrong. The malformed parts count as zero; such a message is never
+  /// handed back to the broker's dead-lettering (see RetryPolicy).
+  std::string malformed;
+};
+
+/// Reads the attempt rule's inputs from a delivery on `queue` (the service's input queue).
+/// Never throws; forged or odd headers end up in `malformed`.
+AttemptInfo read_attempt_info(const amqp::BasicProperties& properties, std::string_view queue,
+                              std::string_view delivery_exchange,
+                              std::string_view delivery_routing_key);
+
+/// True for the headers RabbitMQ owns and republishing must strip: `x-death`,
+/// `x-first-death-*` and `x-last-death-*`.
+bool is_death_header(std::string_view name);
+
+/// The copy a republish-mode retry publishes to the wait exchange: the same properties with the
+/// death headers removed, `retryloop-retries` set to `info.retries + 1`, and the original
+/// exchange, routing key and first failure time recorded on the first retry.
+amqp::BasicProperties make_retry_copy(const amqp::BasicProperties& properties,
+                                      const AttemptInfo& info, uint64_t now_seconds);
+
+/// What parking records about a message (the parking headers).
+struct ParkingNote {
+  ParkReason reason = ParkReason::exhausted;
+  std::string error;
+  /// The service's input queue.
+  std::string queue;
+  /// Host and process, `host:pid` (retryloop-consumer).
+  std::string consumer;
+  uint64_t now_seconds = 0;
+};
+
+/// The copy that goes to the parking exchange: the same properties (death headers kept, as
+/// evidence) with the parking headers set.
+amqp::BasicProperties make_parking_copy(const amqp::BasicProperties& properties,
+                                        const AttemptInfo& info, const ParkingNote& note);
+
+/// `text` cut to at most `max_bytes` without splitting a UTF-8 sequence.
+std::string truncate_utf8(std::string_view text, size_t max_bytes);
+
+}  // namespace retryloop::consumer

@@ -1,0 +1,58 @@
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace retryloop::consumer {
+
+/// Handler latencies in fixed buckets (upper bounds from 100 us to 60 s, then overflow).
+/// Recording is O(log buckets) with no allocation.
+class LatencyHistogram {
+ public:
+  /// Upper bounds of the buckets, in microseconds; the last bucket takes everything above.
+  static constexpr std::array<uint64_t, 20> bounds_us = {
+      100,     250,     500,     1000,     2500,     5000,     10000,    25000,    50000, 100000,
+      250000,  500000,  1000000, 2500000,  5000000,  10000000, 20000000, 30000000, 60000000,
+      UINT64_MAX};
+
+  void record(std::chrono::nanoseconds latency);
+
+  uint64_t count() const { return count_; }
+  std::chrono::microseconds max() const { return std::chrono::microseconds(max_us_); }
+  std::chrono::microseconds mean() const;
+  /// The upper bound of the bucket holding quantile `q` (0..1), capped at the largest value
+  /// seen; zero when nothing was recorded.
+  std::chrono::microseconds quantile(double q) const;
+  const std::array<uint64_t, bounds_us.size()>& buckets() const { return buckets_; }
+
+ private:
+  std::array<uint64_t, bounds_us.size()> buckets_{};
+  uint64_t count_ = 0;
+  uint64_t sum_us_ = 0;
+  uint64_t max_us_ = 0;
+};
+
+/// Counters of one consumer since it was created (reconnects do not reset them).
+struct Metrics {
+  uint64_t delivered = 0;        ///< deliveries received
+  uint64_t redelivered = 0;      ///< of which the broker flagged as redelivered
+  uint64_t acked = 0;            ///< settled by ack (handler said ack)
+  uint64_t retried = 0;          ///< sent to a wait queue (rejected, or republished and confirmed)
+  uint64_t parked_exhausted = 0;
+  uint64_t parked_permanent = 0;
+  uint64_t parked_poison = 0;
+  uint64_t dropped = 0;          ///< acked on purpose without processing (handler said drop)
+  uint64_t handler_errors = 0;   ///< exceptions that escaped the handler
+  uint64_t publish_failures = 0; ///< retry or parking copies nacked or returned (tried again)
+  uint64_t abandoned = 0;        ///< results dropped because their channel died (redelivered)
+  uint64_t reconnects = 0;       ///< sessions re-established after a loss
+  LatencyHistogram handler_latency;
+
+  uint64_t parked() const { return parked_exhausted + parked_permanent + parked_poison; }
+  /// One line for logs: `delivered=... acked=... ... latency_p50=...`.
+  std::string summary() const;
+};
+
+}  // namespace retryloop::consumer

@@ -1,0 +1,17 @@
+#include "retryloop/consumer/backoff.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace retryloop::consumer {
+
+std::chrono::milliseconds Backoff::delay(uint32_t attempt, double random) const {
+  const double cap = static_cast<double>(std::max(max, initial).count());
+  double base = static_cast<double>(initial.count()) * std::pow(std::max(multiplier, 1.0), attempt);
+  if (!(base < cap)) base = cap;  // also catches overflow to infinity
+  const double spread = std::clamp(jitter, 0.0, 1.0);
+  const double factor = 1.0 + spread * (2.0 * std::clamp(random, 0.0, 1.0) - 1.0);
+  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(base * factor)));
+}
+
+}  // namespace retryloop::consumer

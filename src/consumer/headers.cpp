@@ -1,0 +1,179 @@
+#include "retryloop/consumer/headers.hpp"
+
+#include <limits>
+
+namespace retryloop::consumer {
+namespace {
+
+bool starts_with(std::string_view text, std::string_view prefix) {
+  return text.substr(0, prefix.size()) == prefix;
+}
+
+std::optional<std::string_view> string_field(const amqp::FieldTable& table,
+                                              std::string_view name) {
+  const amqp::FieldValue* value = table.find(name);
+  return value != nullptr ? value->as_string() : std::nullopt;
+}
+
+std::optional<uint64_t> time_field(const amqp::FieldTable& table, std::string_view name) {
+  const amqp::FieldValue* value = table.find(name);
+  if (value == nullptr) return std::nullopt;
+  if (const auto* timestamp = value->get_if<amqp::Timestamp>()) return timestamp->seconds;
+  if (auto number = value->as_int64(); number && *number >= 0) return uint64_t(*number);
+  return std::nullopt;
+}
+
+int64_t saturating_add(int64_t a, int64_t b) {
+  return a > std::numeric_limits<int64_t>::max() - b ? std::numeric_limits<int64_t>::max() : a + b;
+}
+
+void note_malformed(AttemptInfo& info, std::string what) {
+  if (!info.malformed.empty()) info.malformed += "; ";
+  info.malformed += what;
+}
+
+/// Reads the x-death entry for {queue, rejected} into `info`.
+void read_x_death(const amqp::FieldValue& x_death, std::string_view queue, AttemptInfo& info,
+                  std::string& exchange, std::optional<std::string>& routing_key) {
+  const auto* entries = x_death.get_if<amqp::FieldArray>();
+  if (entries == nullptr) {
+    note_malformed(info, std::string("x-death is not an array (type '") + x_death.type_letter() +
+                             "')");
+    return;
+  }
+  bool found = false;
+  for (size_t i = 0; i < entries->size(); ++i) {
+    const auto* entry = (*entries)[i].get_if<amqp::FieldTable>();
+    if (entry == nullptr) {
+      note_malformed(info, "x-death[" + std::to_string(i) + "] is not a table");
+      continue;
+    }
+    if (found || string_field(*entry, "queue") != queue ||
+        string_field(*entry, "reason") != std::string_view("rejected")) {
+      continue;
+    }
+    const amqp::FieldValue* count = entry->find("count");
+    std::optional<int64_t> n = count != nullptr ? count->as_int64() : std::nullopt;
+    if (!n || *n < 0) {
+      note_malformed(info, "x-death[" + std::to_string(i) +
+                               "].count is not a non-negative integer");
+      continue;
+    }
+    // RabbitMQ keeps one entry per {queue, reason}; the first is the most recent.
+    found = true;
+    info.rejected = *n;
+    if (auto name = string_field(*entry, "exchange")) exchange = std::string(*name);
+    if (const amqp::FieldValue* keys = entry->find("routing-keys")) {
+      if (const auto* list = keys->get_if<amqp::FieldArray>(); list && !list->empty()) {
+        if (auto key = list->front().as_string()) routing_key = std::string(*key);
+      }
+    }
+    if (auto time = time_field(*entry, "time")) info.first_failure = time;
+  }
+}
+
+}  // namespace
+
+const char* to_string(ParkReason reason) {
+  switch (reason) {
+    case ParkReason::exhausted:
+      return "exhausted";
+    case ParkReason::permanent:
+      return "permanent";
+    case ParkReason::poison:
+      return "poison";
+  }
+  return "unknown";
+}
+
+bool is_death_header(std::string_view name) {
+  return name == "x-death" || starts_with(name, "x-first-death-") ||
+         starts_with(name, "x-last-death-");
+}
+
+AttemptInfo read_attempt_info(const amqp::BasicProperties& properties, std::string_view queue,
+                              std::string_view delivery_exchange,
+                              std::string_view delivery_routing_key) {
+  AttemptInfo info;
+  info.original_exchange = delivery_exchange;
+  info.original_routing_key = delivery_routing_key;
+  if (!properties.headers) return info;
+  const amqp::FieldTable& headers = *properties.headers;
+
+  if (const amqp::FieldValue* retries = headers.find(header::retries)) {
+    std::optional<int64_t> n = retries->as_int64();
+    if (n && *n >= 0) {
+      info.retries = *n;
+    } else {
+      note_malformed(info, std::string(header::retries) + " is not a non-negative integer");
+    }
+  }
+
+  std::string death_exchange(delivery_exchange);
+  std::optional<std::string> death_routing_key;
+  bool from_death = false;
+  if (const amqp::FieldValue* x_death = headers.find("x-death")) {
+    read_x_death(*x_death, queue, info, death_exchange, death_routing_key);
+    from_death = info.rejected > 0;
+  }
+  if (from_death) {
+    info.original_exchange = std::move(death_exchange);
+    if (death_routing_key) info.original_routing_key = std::move(*death_routing_key);
+  }
+  if (auto exchange = string_field(headers, header::original_exchange)) {
+    info.original_exchange = std::string(*exchange);
+  }
+  if (auto key = string_field(headers, header::original_routing_key)) {
+    info.original_routing_key = std::string(*key);
+  }
+  if (auto first = time_field(headers, header::first_failure)) info.first_failure = first;
+
+  info.attempt = saturating_add(saturating_add(1, info.rejected), info.retries);
+  return info;
+}
+
+amqp::BasicProperties make_retry_copy(const amqp::BasicProperties& properties,
+                                      const AttemptInfo& info, uint64_t now_seconds) {
+  amqp::BasicProperties copy = properties;
+  amqp::FieldTable& headers = copy.headers ? *copy.headers : copy.headers.emplace();
+  headers.erase_if(is_death_header);
+  headers.set(std::string(header::retries), saturating_add(info.retries, 1));
+  if (headers.find(header::original_exchange) == nullptr) {
+    headers.set(std::string(header::original_exchange), info.original_exchange);
+  }
+  if (headers.find(header::original_routing_key) == nullptr) {
+    headers.set(std::string(header::original_routing_key), info.original_routing_key);
+  }
+  if (headers.find(header::first_failure) == nullptr) {
+    headers.set(std::string(header::first_failure),
+                amqp::Timestamp{info.first_failure.value_or(now_seconds)});
+  }
+  return copy;
+}
+
+amqp::BasicProperties make_parking_copy(const amqp::BasicProperties& properties,
+                                        const AttemptInfo& info, const ParkingNote& note) {
+  amqp::BasicProperties copy = properties;
+  amqp::FieldTable& headers = copy.headers ? *copy.headers : copy.headers.emplace();
+  headers.set(std::string(header::attempts), info.attempt);
+  headers.set(std::string(header::reason), to_string(note.reason));
+  headers.set(std::string(header::error), truncate_utf8(note.error, max_error_bytes));
+  headers.set(std::string(header::queue), note.queue);
+  headers.set(std::string(header::original_exchange), info.original_exchange);
+  headers.set(std::string(header::original_routing_key), info.original_routing_key);
+  headers.set(std::string(header::first_failure),
+              amqp::Timestamp{info.first_failure.value_or(note.now_seconds)});
+  headers.set(std::string(header::parked_at), amqp::Timestamp{note.now_seconds});
+  headers.set(std::string(header::consumer), note.consumer);
+  return copy;
+}
+
+std::string truncate_utf8(std::string_view text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return std::string(text);
+  size_t end = max_bytes;
+  // Step back over continuation bytes (10xxxxxx) to the start of the cut character.
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+  return std::string(text.substr(0, end));
+}
+
+}  // namespace retryloop::consumer

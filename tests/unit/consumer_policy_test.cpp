@@ -1,0 +1,334 @@
+// The consumer's pure parts: the attempt rule read from headers, the retry and parking copies,
+// the retry policy, backoff and the latency histogram.
+
+#include <catch2/catch.hpp>
+
+#include "codec_support.hpp"
+#include "retryloop/consumer/backoff.hpp"
+#include "retryloop/consumer/headers.hpp"
+#include "retryloop/consumer/metrics.hpp"
+#include "retryloop/consumer/retry_policy.hpp"
+#include "retryloop/topology/topology.hpp"
+
+using namespace retryloop;
+using namespace retryloop::consumer;
+using namespace std::chrono_literals;
+using amqp::FieldArray;
+using amqp::FieldTable;
+using amqp::FieldValue;
+
+namespace {
+
+FieldTable death(std::string queue, std::string reason, FieldValue count,
+                 std::string exchange = "orders.in", std::string routing_key = "order.created") {
+  FieldTable entry;
+  entry.append("count", std::move(count));
+  entry.append("reason", std::move(reason));
+  entry.append("queue", std::move(queue));
+  entry.append("time", amqp::Timestamp{1700000000});
+  entry.append("exchange", std::move(exchange));
+  entry.append("routing-keys", FieldArray{FieldValue(std::move(routing_key))});
+  return entry;
+}
+
+amqp::BasicProperties with_headers(FieldTable headers) {
+  amqp::BasicProperties properties;
+  properties.message_id = "m-1";
+  properties.content_type = "application/json";
+  properties.headers = std::move(headers);
+  return properties;
+}
+
+topology::Service service(topology::RetryMode mode, std::vector<std::chrono::milliseconds> delays,
+                          int max_attempts) {
+  topology::Service s;
+  s.name = "orders";
+  s.queue = "orders";
+  s.input.exchange = "orders.in";
+  s.input.bindings.push_back(topology::Binding{"order.created", {}, {}});
+  s.retry.mode = mode;
+  s.retry.delays = std::move(delays);
+  s.retry.max_attempts = max_attempts;
+  return s;
+}
+
+std::string encoded(const amqp::BasicProperties& properties) {
+  std::string out;
+  REQUIRE_FALSE(amqp::append_header_frame(out, 1, 0, properties));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("A first delivery is attempt 1 and remembers where it was published", "[retry]") {
+  AttemptInfo info = read_attempt_info(amqp::BasicProperties{}, "orders", "orders.in", "order.x");
+  CHECK(info.attempt == 1);
+  CHECK(info.rejected == 0);
+  CHECK(info.retries == 0);
+  CHECK(info.original_exchange == "orders.in");
+  CHECK(info.original_routing_key == "order.x");
+  CHECK_FALSE(info.first_failure);
+  CHECK(info.malformed.empty());
+}
+
+TEST_CASE("The attempt counts the x-death entry of this queue and reason rejected, not entry 0",
+          "[retry]") {
+  FieldTable headers;
+  headers.append("x-death", FieldArray{FieldValue(death("orders.wait.30s", "expired", int64_t(7),
+                                                        "orders.wait", "30s")),
+                                       FieldValue(death("other", "rejected", int64_t(5))),
+                                       FieldValue(death("orders", "expired", int64_t(4))),
+                                       FieldValue(death("orders", "rejected", int64_t(2)))});
+  AttemptInfo info = read_attempt_info(with_headers(headers), "orders", "", "orders");
+  CHECK(info.rejected == 2);
+  CHECK(info.attempt == 3);
+  // In reject mode the delivery comes from the default exchange; the entry knows the original.
+  CHECK(info.original_exchange == "orders.in");
+  CHECK(info.original_routing_key == "order.created");
+  CHECK(info.first_failure == 1700000000u);
+  CHECK(info.malformed.empty());
+}
+
+TEST_CASE("An x-death header as RabbitMQ 3.10 wrote it after two loops gives attempt 3",
+          "[retry]") {
+  amqp::ContentHeader header;
+  REQUIRE_FALSE(amqp::decode_header_frame(
+      amqp::test::payload_of(amqp::test::from_hex(amqp::test::kXDeathHeaderCount2)), header));
+  AttemptInfo info = read_attempt_info(header.properties, "rl.work", "", "rl.work");
+  CHECK(info.rejected == 2);
+  CHECK(info.attempt == 3);
+  CHECK(read_attempt_info(header.properties, "another.queue", "", "q").attempt == 1);
+}
+
+TEST_CASE("retryloop-retries adds to the attempt, and the original-* headers win", "[retry]") {
+  FieldTable headers;
+  headers.append("retryloop-retries", int64_t(3));
+  headers.append("retryloop-original-exchange", "shop.events");
+  headers.append("retryloop-original-routing-key", "order.paid");
+  headers.append("retryloop-first-failure", amqp::Timestamp{1600000000});
+  headers.append("x-death", FieldArray{FieldValue(death("orders", "rejected", int64_t(1)))});
+  AttemptInfo info = read_attempt_info(with_headers(headers), "orders", "", "orders");
+  CHECK(info.attempt == 5);
+  CHECK(info.original_exchange == "shop.events");
+  CHECK(info.original_routing_key == "order.paid");
+  CHECK(info.first_failure == 1600000000u);
+}
+
+TEST_CASE("Forged x-death headers never crash and are reported as malformed", "[retry]") {
+  SECTION("x-death is a string") {
+    FieldTable headers;
+    headers.append("x-death", "lots");
+    AttemptInfo info = read_attempt_info(with_headers(headers), "orders", "e", "k");
+    CHECK(info.attempt == 1);
+    CHECK(info.malformed == "x-death is not an array (type 'S')");
+  }
+  SECTION("the count of this queue's entry is a string") {
+    FieldTable headers;
+    headers.append("x-death", FieldArray{FieldValue(death("orders", "rejected", "9"))});
+    AttemptInfo info = read_attempt_info(with_headers(headers), "orders", "e", "k");
+    CHECK(info.attempt == 1);
+    CHECK(info.malformed == "x-death[0].count is not a non-negative integer");
+  }
+  SECTION("an entry is not a table, and the count is negative") {
+    FieldTable headers;
+    headers.append("x-death", FieldArray{FieldValue(int64_t(1)),
+                                         FieldValue(death("orders", "rejected", int64_t(-4)))});
+    AttemptInfo info = read_attempt_info(with_headers(headers), "orders", "e", "k");
+    CHECK(info.attempt == 1);
+    CHECK(info.malformed ==
+          "x-death[0] is not a table; x-death[1].count is not a non-negative integer");
+  }
+  SECTION("retryloop-retries is a string") {
+    FieldTable headers;
+    headers.append("retryloop-retries", "2");
+    CHECK(read_attempt_info(with_headers(headers), "orders", "e", "k").malformed ==
+          "retryloop-retries is not a non-negative integer");
+  }
+  SECTION("huge counts saturate instead of overflowing") {
+    FieldTable headers;
+    headers.append("retryloop-retries", std::numeric_limits<int64_t>::max());
+    headers.append("x-death", FieldArray{FieldValue(
+                                  death("orders", "rejected", std::numeric_limits<int64_t>::max()))});
+    AttemptInfo info = read_attempt_info(with_headers(headers), "orders", "e", "k");
+    CHECK(info.attempt == std::numeric_limits<int64_t>::max());
+    CHECK(info.malformed.empty());
+  }
+}
+
+TEST_CASE("A retry copy strips the death headers, counts the retry and keeps the rest", "[retry]") {
+  FieldTable headers;
+  headers.append("app", "kept");
+  headers.append("x-death", FieldArray{FieldValue(death("orders.wait.1s", "expired", int64_t(1)))});
+  headers.append("x-first-death-exchange", "orders.wait");
+  headers.append("x-first-death-queue", "orders.wait.1s");
+  headers.append("x-first-death-reason", "expired");
+  headers.append("x-last-death-queue", "orders.wait.1s");
+  headers.append("retryloop-retries", int64_t(1));
+  headers.append("tail", int64_t(42));
+  amqp::BasicProperties original = with_headers(headers);
+  original.correlation_id = "c-9";
+  original.delivery_mode = 2;
+  AttemptInfo info = read_attempt_info(original, "orders", "", "orders");
+
+  amqp::BasicProperties copy = make_retry_copy(original, info, 1700000500);
+  FieldTable expected;
+  expected.append("app", "kept");
+  expected.append("retryloop-retries", int64_t(2));
+  expected.append("tail", int64_t(42));
+  expected.append("retryloop-original-exchange", "");
+  expected.append("retryloop-original-routing-key", "orders");
+  expected.append("retryloop-first-failure", amqp::Timestamp{1700000500});
+  CHECK(*copy.headers == expected);
+
+  // Everything but the headers is byte-identical.
+  amqp::BasicProperties without_headers = copy;
+  without_headers.headers = original.headers;
+  CHECK(encoded(without_headers) == encoded(original));
+}
+
+TEST_CASE("A first retry copy records the original exchange and routing key", "[retry]") {
+  amqp::BasicProperties original;
+  original.message_id = "m-2";
+  AttemptInfo info = read_attempt_info(original, "orders", "orders.in", "order.created");
+  amqp::BasicProperties copy = make_retry_copy(original, info, 1700000000);
+  REQUIRE(copy.headers);
+  CHECK(*copy.headers->find("retryloop-retries")->as_int64() == 1);
+  CHECK(*copy.headers->find("retryloop-original-exchange")->as_string() == "orders.in");
+  CHECK(*copy.headers->find("retryloop-original-routing-key")->as_string() == "order.created");
+  CHECK(copy.message_id == "m-2");
+  // The next delivery of the copy reads as attempt 2, from the original exchange.
+  AttemptInfo next = read_attempt_info(copy, "orders", "", "orders");
+  CHECK(next.attempt == 2);
+  CHECK(next.original_exchange == "orders.in");
+}
+
+TEST_CASE("A parking copy carries the diagnostic headers and keeps x-death as evidence",
+          "[retry]") {
+  FieldTable headers;
+  headers.append("x-death", FieldArray{FieldValue(death("orders", "rejected", int64_t(2)))});
+  amqp::BasicProperties original = with_headers(headers);
+  AttemptInfo info = read_attempt_info(original, "orders", "", "orders");
+  ParkingNote note;
+  note.reason = ParkReason::exhausted;
+  note.error = std::string(5000, 'e');
+  note.queue = "orders";
+  note.consumer = "host-1:42";
+  note.now_seconds = 1700000900;
+  amqp::BasicProperties copy = make_parking_copy(original, info, note);
+  const FieldTable& h = *copy.headers;
+  CHECK(h.find("x-death") != nullptr);
+  CHECK(*h.find("retryloop-attempts")->as_int64() == 3);
+  CHECK(*h.find("retryloop-reason")->as_string() == "exhausted");
+  CHECK(h.find("retryloop-error")->as_string()->size() == max_error_bytes);
+  CHECK(*h.find("retryloop-queue")->as_string() == "orders");
+  CHECK(*h.find("retryloop-original-exchange")->as_string() == "orders.in");
+  CHECK(*h.find("retryloop-original-routing-key")->as_string() == "order.created");
+  CHECK(h.find("retryloop-first-failure")->get_if<amqp::Timestamp>()->seconds == 1700000000);
+  CHECK(h.find("retryloop-parked-at")->get_if<amqp::Timestamp>()->seconds == 1700000900);
+  CHECK(*h.find("retryloop-consumer")->as_string() == "host-1:42");
+  CHECK(copy.message_id == "m-1");
+}
+
+TEST_CASE("Error texts are cut at a character boundary", "[retry]") {
+  CHECK(truncate_utf8("short", 10) == "short");
+  CHECK(truncate_utf8("abc\xC3\xA9", 4) == "abc");  // é is two bytes: not split
+  CHECK(truncate_utf8("abc\xC3\xA9", 5) == "abc\xC3\xA9");
+  CHECK(truncate_utf8("\xE2\x82\xAC\xE2\x82\xAC", 4) == "\xE2\x82\xAC");
+}
+
+TEST_CASE("is_death_header matches exactly the broker's death headers", "[retry]") {
+  CHECK(is_death_header("x-death"));
+  CHECK(is_death_header("x-first-death-queue"));
+  CHECK(is_death_header("x-last-death-reason"));
+  CHECK_FALSE(is_death_header("x-deaths"));
+  CHECK_FALSE(is_death_header("x-delivery-count"));
+  CHECK_FALSE(is_death_header("retryloop-retries"));
+}
+
+TEST_CASE("The retry policy maps each outcome to the design's effect", "[retry]") {
+  const auto reject = service(topology::RetryMode::reject, {30s}, 3);
+  const auto republish = service(topology::RetryMode::republish, {100ms, 300ms, 1s}, 6);
+  AttemptInfo first;
+
+  CHECK(decide(reject, first, Outcome::ack()).action == Action::ack);
+  Decision dropped = decide(reject, first, Outcome::drop("duplicate"));
+  CHECK(dropped.action == Action::drop);
+  CHECK(dropped.error == "duplicate");
+
+  Decision permanent = decide(reject, first, Outcome::permanent("no such customer"));
+  CHECK(permanent.action == Action::park);
+  CHECK(permanent.reason == ParkReason::permanent);
+  CHECK(permanent.error == "no such customer");
+  Decision poison = decide(republish, first, Outcome::poison("not JSON"));
+  CHECK(poison.action == Action::park);
+  CHECK(poison.reason == ParkReason::poison);
+
+  CHECK(decide(reject, first, Outcome::retry("timeout")).action == Action::reject_to_wait);
+
+  SECTION("reject mode parks as exhausted on attempt max_attempts") {
+    AttemptInfo info;
+    info.attempt = 2;
+    CHECK(decide(reject, info, Outcome::retry("x")).action == Action::reject_to_wait);
+    info.attempt = 3;
+    Decision last = decide(reject, info, Outcome::retry("still down"));
+    CHECK(last.action == Action::park);
+    CHECK(last.reason == ParkReason::exhausted);
+    CHECK(last.error == "still down");
+    info.attempt = 99;
+    CHECK(decide(reject, info, Outcome::retry("x")).action == Action::park);
+  }
+  SECTION("republish mode walks the delays and repeats the last") {
+    std::vector<std::string> keys;
+    for (int attempt = 1; attempt <= 5; ++attempt) {
+      AttemptInfo info;
+      info.attempt = attempt;
+      Decision d = decide(republish, info, Outcome::retry("x"));
+      REQUIRE(d.action == Action::publish_to_wait);
+      keys.push_back(d.wait_routing_key);
+    }
+    CHECK(keys == std::vector<std::string>{"100ms", "300ms", "1s", "1s", "1s"});
+    AttemptInfo info;
+    info.attempt = 6;
+    CHECK(decide(republish, info, Outcome::retry("x")).reason == ParkReason::exhausted);
+  }
+  SECTION("a retry with malformed death headers parks as poison, naming the problem") {
+    AttemptInfo info;
+    info.malformed = "x-death is not an array (type 'S')";
+    Decision d = decide(reject, info, Outcome::retry("timeout"));
+    CHECK(d.action == Action::park);
+    CHECK(d.reason == ParkReason::poison);
+    CHECK(d.error ==
+          "cannot count attempts: x-death is not an array (type 'S'); last error: timeout");
+    CHECK(decide(reject, info, Outcome::ack()).action == Action::ack);
+  }
+  SECTION("max_attempts 1 parks the first failure") {
+    const auto once = service(topology::RetryMode::reject, {1s}, 1);
+    CHECK(decide(once, first, Outcome::retry("x")).reason == ParkReason::exhausted);
+  }
+}
+
+TEST_CASE("Backoff grows exponentially to its cap and jitters within its spread", "[retry]") {
+  Backoff backoff{100ms, 1000ms, 2.0, 0.25};
+  CHECK(backoff.delay(0, 0.5) == 100ms);
+  CHECK(backoff.delay(1, 0.5) == 200ms);
+  CHECK(backoff.delay(3, 0.5) == 800ms);
+  CHECK(backoff.delay(4, 0.5) == 1000ms);
+  CHECK(backoff.delay(60000, 0.5) == 1000ms);
+  CHECK(backoff.delay(0, 0.0) == 75ms);
+  CHECK(backoff.delay(0, 1.0) == 125ms);
+  Backoff exact{50ms, 50ms, 2.0, 0.0};
+  CHECK(exact.delay(10, 0.9) == 50ms);
+}
+
+TEST_CASE("The latency histogram reports bucket bounds for quantiles", "[retry]") {
+  LatencyHistogram histogram;
+  CHECK(histogram.quantile(0.5) == 0us);
+  for (int i = 0; i < 90; ++i) histogram.record(std::chrono::microseconds(800));
+  for (int i = 0; i < 10; ++i) histogram.record(std::chrono::milliseconds(40));
+  CHECK(histogram.count() == 100);
+  CHECK(histogram.quantile(0.5) == 1000us);
+  CHECK(histogram.quantile(0.9) == 1000us);
+  CHECK(histogram.quantile(0.95) == 40000us);  // the bucket bound (50 ms) capped at the max seen
+  CHECK(histogram.max() == 40000us);
+  CHECK(histogram.mean() == 4720us);
+}
