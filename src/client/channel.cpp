@@ -517,8 +517,10 @@ void Channel::reply_to_close(const amqp::ChannelClose& close) {
   reason.reply_code = close.reply_code;
   reason.class_id = close.failing_class_id;
   reason.method_id = close.failing_method_id;
+  // Debug only: the error reaches every pending callback, and a 404 from a passive declare is
+  // an expected answer, not a problem.
   if (auto* log = connection_->logger()) {
-    log->warn("broker closed channel {}: {}", id_, reason.message());
+    log->debug("broker closed channel {}: {}", id_, reason.message());
   }
   Connection* connection = connection_;
   terminate(reason);

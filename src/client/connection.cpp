@@ -280,7 +280,8 @@ Error Connection::handle_connection_method(std::string_view payload) {
             interval, interval);
       }
       if (auto* log = logger()) {
-        log->info("connected to {} (heartbeat {}s, frame_max {})", options_.uri.redacted(),
+        log->info("connected to {}{} (heartbeat {}s, frame_max {})", options_.uri.redacted(),
+                  options_.connection_name.empty() ? "" : " as '" + options_.connection_name + "'",
                   tuning_.heartbeat_seconds, tuning_.frame_max);
       }
       ConnectCallback callback = std::move(on_connect_);

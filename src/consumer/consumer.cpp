@@ -8,6 +8,7 @@
 
 #include "retryloop/topology/declarer.hpp"
 #include "retryloop/topology/plan.hpp"
+#include "worker_pool.hpp"
 
 namespace retryloop::consumer {
 namespace {
@@ -117,12 +118,8 @@ struct Consumer::Pending {
   uint64_t published_at_ms = 0;
   /// Held back while the broker blocks publishing.
   bool paused = false;
-
-  /// Worker-pool run of a synchronous handler.
-  uv_work_t work{};
+  /// The outcome of a synchronous handler run on a worker thread.
   Outcome work_outcome;
-  std::shared_ptr<Pending> work_self;
-  std::shared_ptr<Consumer> work_owner;
 };
 
 /// One connected attempt: a consuming connection and a publishing connection.
@@ -140,7 +137,7 @@ struct Consumer::Session {
 std::shared_ptr<Consumer> Consumer::create(uv_loop_t* loop, ConsumerOptions options,
                                            Handler handler) {
   std::shared_ptr<Consumer> consumer(new Consumer(loop, std::move(options)));
-  consumer->handler_ = std::move(handler);
+  consumer->handler_ = std::make_shared<const Handler>(std::move(handler));
   return consumer;
 }
 
@@ -165,12 +162,18 @@ size_t Consumer::in_flight() const {
 
 Error Consumer::start() {
   if (state_ != State::idle) return Error(ClientError::invalid_argument, "start called twice");
-  if (!handler_ && !async_handler_) return Error(ClientError::invalid_argument, "no handler");
+  if ((!handler_ || !*handler_) && !async_handler_) {
+    return Error(ClientError::invalid_argument, "no handler");
+  }
   const auto problems = topology::validate(topology::Topology{{options_.service}});
   if (!problems.empty()) {
     return Error(ClientError::invalid_argument, "invalid service: " + to_string(problems[0]));
   }
   init_handles();
+  if (handler_ && !options_.handler_on_loop) {
+    pool_ = std::make_unique<detail::WorkerPool>(loop_, options_.concurrency);
+    ++open_handles_;
+  }
   connect_session();
   return {};
 }
@@ -523,24 +526,17 @@ void Consumer::run_handler(const std::shared_ptr<Pending>& pending) {
     return;
   }
   if (options_.handler_on_loop) {
-    Outcome outcome = invoke(handler_, pending->message, pending->threw);
+    Outcome outcome = invoke(*handler_, pending->message, pending->threw);
     handler_done(pending, std::move(outcome));
     return;
   }
-  pending->work.data = pending.get();
-  pending->work_self = pending;
-  pending->work_owner = shared_from_this();
-  uv_queue_work(
-      loop_, &pending->work,
-      [](uv_work_t* work) {
-        auto* p = static_cast<Pending*>(work->data);
-        p->work_outcome = invoke(p->work_owner->handler_, p->message, p->threw);
+  std::weak_ptr<Consumer> weak = weak_from_this();
+  pool_->post(
+      [pending, handler = handler_] {
+        pending->work_outcome = invoke(*handler, pending->message, pending->threw);
       },
-      [](uv_work_t* work, int) {
-        auto* p = static_cast<Pending*>(work->data);
-        std::shared_ptr<Pending> pending = std::move(p->work_self);
-        std::shared_ptr<Consumer> self = std::move(pending->work_owner);
-        self->handler_done(pending, std::move(pending->work_outcome));
+      [weak, pending] {
+        if (auto self = weak.lock()) self->handler_done(pending, std::move(pending->work_outcome));
       });
 }
 
@@ -844,11 +840,13 @@ void Consumer::close_handles() {
     uv_close(reinterpret_cast<uv_handle_t*>(&sigint_), on_closed);
     uv_close(reinterpret_cast<uv_handle_t*>(&sigterm_), on_closed);
   }
+  if (pool_) pool_->close([this] { on_handle_closed(); });
 }
 
 void Consumer::on_handle_closed() {
   if (--open_handles_ != 0) return;
   state_ = State::stopped;
+  pool_.reset();
   std::shared_ptr<Consumer> keep_alive = std::move(self_);
   StoppedHandler handler = std::move(on_stopped_);
   if (handler) handler(fatal_error_);

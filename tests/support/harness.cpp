@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -200,6 +201,49 @@ uint32_t queue_depth(TestLoop& loop, client::Connection& connection, const std::
   REQUIRE_FALSE(result);
   channel->close();
   return depth;
+}
+
+void publish_confirmed(TestLoop& loop, client::Channel& channel, const std::string& exchange,
+                       const std::string& routing_key, const amqp::BasicProperties& properties,
+                       const std::string& body) {
+  bool done = false;
+  client::PublishOutcome result;
+  client::Error immediate = channel.publish(exchange, routing_key, properties, body,
+                                            client::Mandatory::yes,
+                                            [&](const client::PublishOutcome& outcome) {
+                                              result = outcome;
+                                              done = true;
+                                            });
+  INFO(immediate.message());
+  REQUIRE_FALSE(immediate);
+  REQUIRE(loop.run_until([&] { return done; }));
+  INFO(result.error.message());
+  REQUIRE(result.ok());
+}
+
+std::vector<client::GetResult> drain_queue(TestLoop& loop, client::Connection& connection,
+                                           const std::string& queue) {
+  auto channel = open_channel(loop, connection);
+  std::vector<client::GetResult> messages;
+  for (;;) {
+    bool done = false;
+    client::Error result;
+    std::optional<client::GetResult> got;
+    REQUIRE_FALSE(channel->get(queue, false,
+                               [&](const client::Error& error, std::optional<client::GetResult>&& r) {
+                                 result = error;
+                                 got = std::move(r);
+                                 done = true;
+                               }));
+    REQUIRE(loop.run_until([&] { return done; }));
+    INFO(result.message());
+    REQUIRE_FALSE(result);
+    if (!got) break;
+    REQUIRE_FALSE(channel->ack(got->delivery_tag));
+    messages.push_back(std::move(*got));
+  }
+  channel->close();
+  return messages;
 }
 
 }  // namespace retryloop::test

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "retryloop/client/connection.hpp"
 
@@ -72,5 +73,15 @@ void declare_queue(TestLoop& loop, client::Channel& channel, const std::string& 
 
 /// Messages in `queue`, by passive declare on a fresh channel.
 uint32_t queue_depth(TestLoop& loop, client::Connection& connection, const std::string& queue);
+
+/// Publishes one message with mandatory on a confirm-mode channel and waits; fails the test
+/// unless it is confirmed and routed.
+void publish_confirmed(TestLoop& loop, client::Channel& channel, const std::string& exchange,
+                       const std::string& routing_key, const amqp::BasicProperties& properties,
+                       const std::string& body);
+
+/// Takes every message out of `queue` (basic.get and ack, on a fresh channel), in queue order.
+std::vector<client::GetResult> drain_queue(TestLoop& loop, client::Connection& connection,
+                                           const std::string& queue);
 
 }  // namespace retryloop::test

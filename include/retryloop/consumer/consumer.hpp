@@ -28,6 +28,10 @@ class logger;
 
 namespace retryloop::consumer {
 
+namespace detail {
+class WorkerPool;
+}
+
 /// A delivery as a handler sees it. It stays valid and unchanged until the handler returns (or,
 /// for an asynchronous handler, until it settles).
 struct Message {
@@ -48,8 +52,9 @@ struct Message {
   std::string_view message_id() const;
 };
 
-/// A synchronous handler: returns what became of the message. Runs on the libuv worker pool
-/// (so it may block; at most UV_THREADPOOL_SIZE, default 4, run at the same time) or, with
+/// A synchronous handler: returns what became of the message. Runs on the consumer's own
+/// worker threads (so it may block; up to `concurrency` at once, each call on some worker
+/// thread, so it must be safe to call concurrently when concurrency > 1) or, with
 /// ConsumerOptions::handler_on_loop, on the loop thread. An exception escaping it counts as
 /// Outcome::retry with the exception's text, except PermanentError, which counts as permanent.
 using Handler = std::function<Outcome(const Message& message)>;
@@ -206,8 +211,9 @@ class Consumer : public std::enable_shared_from_this<Consumer> {
 
   uv_loop_t* loop_;
   ConsumerOptions options_;
-  Handler handler_;
+  std::shared_ptr<const Handler> handler_;
   AsyncHandler async_handler_;
+  std::unique_ptr<detail::WorkerPool> pool_;
   State state_ = State::idle;
   std::shared_ptr<Session> session_;
   uint64_t generation_ = 0;

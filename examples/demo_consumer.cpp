@@ -1,0 +1,145 @@
+// A retry consumer whose handler does what each message asks, for the demo and the tests:
+//
+//   demo_consumer --url URL --topology FILE --service NAME [--concurrency N] [--quiet]
+//
+// Bodies:
+//   {"id": ..., "fail_times": N}      retry while the attempt is <= N, then ack
+//   {"id": ..., "permanent": "why"}   permanent failure: parked at once
+//   not a JSON object                 poison: parked at once
+//   any other JSON object             ack
+//   "sleep_ms": N in an object        the handler first sleeps N ms (a slow handler)
+//
+// Unless --quiet, one JSON line per handled delivery on stdout:
+//   {"time": "12:00:01.250", "id": ..., "attempt": N, "outcome": "ack|retry|permanent|poison"}
+// SIGINT or SIGTERM stops it gracefully (exit 0); a second one stops it at once. A fatal error
+// (topology drift, refused credentials) exits 3.
+
+#include <retryloop/consumer/consumer.hpp>
+#include <retryloop/topology/topology_json.hpp>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <mutex>
+#include <thread>
+
+using namespace retryloop;
+using consumer::Outcome;
+
+namespace {
+
+std::mutex output_mutex;
+
+std::string clock_time() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()) %
+                  1000;
+  std::tm local{};
+  localtime_r(&seconds, &local);
+  char text[32];
+  std::snprintf(text, sizeof text, "%02d:%02d:%02d.%03d", local.tm_hour, local.tm_min,
+                local.tm_sec, static_cast<int>(ms.count()));
+  return text;
+}
+
+/// What the body asks for.
+Outcome decide(const consumer::Message& message, nlohmann::json& id) {
+  nlohmann::json body = nlohmann::json::parse(message.body, nullptr, false);
+  if (body.is_discarded() || !body.is_object()) return Outcome::poison("body is not a JSON object");
+  id = body.value("id", nlohmann::json());
+  if (auto sleep = body.find("sleep_ms"); sleep != body.end() && sleep->is_number_unsigned()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(sleep->get<uint64_t>()));
+  }
+  if (auto why = body.find("permanent"); why != body.end()) {
+    return Outcome::permanent(why->is_string() ? why->get<std::string>() : why->dump());
+  }
+  if (auto fail = body.find("fail_times"); fail != body.end() && fail->is_number_integer()) {
+    if (message.attempt <= fail->get<int64_t>()) {
+      return Outcome::retry("simulated failure " + std::to_string(message.attempt) + " of " +
+                            std::to_string(fail->get<int64_t>()));
+    }
+  }
+  return Outcome::ack();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"A retry consumer that does what each message's body asks (see the source)."};
+  std::string url;
+  std::string topology_file;
+  std::string service_name;
+  uint32_t concurrency = 1;
+  uint16_t prefetch = 200;
+  bool quiet = false;
+  bool verbose = false;
+  app.add_option("--url", url, "broker URL, amqp://user:pass@host:port/vhost")
+      ->envname("RETRYLOOP_URL")
+      ->required();
+  app.add_option("--topology", topology_file, "topology file")->required();
+  app.add_option("--service", service_name, "service in the topology file")->required();
+  app.add_option("--concurrency", concurrency, "handlers at once")->check(CLI::Range(1u, 1000u));
+  app.add_option("--prefetch", prefetch, "basic.qos prefetch")->check(CLI::Range(1, 65535));
+  app.add_flag("--quiet", quiet, "print no line per delivery");
+  app.add_flag("--verbose", verbose, "log every outcome, acks included");
+  CLI11_PARSE(app, argc, argv);
+
+  auto logger = spdlog::stderr_color_mt("demo_consumer");
+  logger->set_level(verbose ? spdlog::level::debug : spdlog::level::info);
+  logger->set_pattern("%H:%M:%S.%e %^%l%$ %v");
+
+  topology::ParseResult parsed = topology::load_topology(topology_file);
+  if (!parsed.ok()) {
+    for (const auto& line : parsed.messages()) std::fprintf(stderr, "%s\n", line.c_str());
+    return 2;
+  }
+  consumer::ConsumerOptions options;
+  try {
+    options.service = topology::select_services(*parsed.topology, {service_name}).services.at(0);
+    options.connection.uri = client::parse_uri(url);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "demo_consumer: %s\n", e.what());
+    return 1;
+  }
+  options.concurrency = concurrency;
+  options.prefetch = prefetch;
+  options.logger = logger;
+  options.stop_on_signals = true;
+  options.metrics_interval = std::chrono::seconds(verbose ? 5 : 0);
+
+  auto handler = [quiet](const consumer::Message& message) {
+    nlohmann::json id;
+    Outcome outcome = decide(message, id);
+    if (!quiet) {
+      nlohmann::ordered_json line = {{"time", clock_time()},
+                             {"id", id},
+                             {"attempt", message.attempt},
+                             {"outcome", consumer::to_string(outcome.kind)}};
+      std::lock_guard<std::mutex> lock(output_mutex);
+      std::printf("%s\n", line.dump().c_str());
+      std::fflush(stdout);
+    }
+    return outcome;
+  };
+
+  uv_loop_t* loop = uv_default_loop();
+  auto service_consumer = consumer::Consumer::create(loop, options, consumer::Handler(handler));
+  int exit_code = 0;
+  service_consumer->set_stopped_handler([&exit_code](const client::Error& error) {
+    if (error) exit_code = 3;
+  });
+  if (client::Error error = service_consumer->start()) {
+    std::fprintf(stderr, "demo_consumer: %s\n", error.message().c_str());
+    return 1;
+  }
+  service_consumer.reset();  // it keeps itself alive until it stops
+  uv_run(loop, UV_RUN_DEFAULT);
+  uv_loop_close(loop);
+  return exit_code;
+}

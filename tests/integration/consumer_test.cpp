@@ -1,0 +1,593 @@
+// The retry consumer against a real broker: the loop, its limits, parking, and what happens when
+// things go wrong. The broker's queue contents are checked at the end of every test.
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "retryloop/consumer/consumer.hpp"
+#include "retryloop/topology/declarer.hpp"
+#include "retryloop/topology/plan.hpp"
+#include "retryloop/topology/topology_json.hpp"
+#include "support/harness.hpp"
+
+using namespace retryloop;
+using namespace std::chrono_literals;
+using client::Error;
+using consumer::Consumer;
+using consumer::Outcome;
+using test::TestLoop;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+/// A service with unique names: input exchange `<name>.in` (direct, key `key`).
+topology::Service make_service(const std::string& name, const std::string& retry,
+                               const std::string& extra = "") {
+  std::string json = R"({"services": [{"name": ")" + name + R"(", "input": {"exchange": ")" +
+                     name + R"(.in", "type": "direct", "bindings": ["key"]}, "retry": {)" + retry +
+                     "}" + (extra.empty() ? "" : ", " + extra) + "}]}";
+  topology::ParseResult parsed = topology::parse_topology(json);
+  std::string problems;
+  for (const auto& line : parsed.messages()) problems += line + "\n";
+  INFO(problems);
+  REQUIRE(parsed.ok());
+  return parsed.topology->services.at(0);
+}
+
+/// One handler call, as the handler saw it.
+struct Call {
+  std::string id;
+  int64_t attempt = 0;
+  bool redelivered = false;
+  Clock::time_point at;
+};
+
+/// Records handler calls; safe from worker threads.
+class Recorder {
+ public:
+  void add(const consumer::Message& message) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    calls_.push_back(Call{std::string(message.message_id()), message.attempt,
+                          message.redelivered, Clock::now()});
+  }
+  std::vector<Call> calls() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return calls_;
+  }
+  std::vector<Call> of(const std::string& id) const {
+    std::vector<Call> out;
+    for (const auto& call : calls())
+      if (call.id == id) out.push_back(call);
+    return out;
+  }
+  size_t size() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return calls_.size();
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<Call> calls_;
+};
+
+/// A test broker session: a publishing connection with a confirm-mode channel.
+struct Broker {
+  TestLoop& loop;
+  std::shared_ptr<client::Connection> connection;
+  std::shared_ptr<client::Channel> channel;
+
+  explicit Broker(TestLoop& l) : loop(l) {
+    connection = test::connect(loop, test::broker_url());
+    channel = test::open_channel(loop, *connection);
+    REQUIRE_FALSE(test::wait(loop, [&](auto done) { return channel->confirm_select(done); }));
+  }
+  ~Broker() {
+    if (connection->is_open()) test::close(loop, connection);
+  }
+
+  void publish(const std::string& exchange, const std::string& key, const std::string& id,
+               const std::string& body, amqp::BasicProperties properties = {}) {
+    properties.message_id = id;
+    if (!properties.delivery_mode) properties.delivery_mode = 2;
+    test::publish_confirmed(loop, *channel, exchange, key, properties, body);
+  }
+  uint32_t depth(const std::string& queue) { return test::queue_depth(loop, *connection, queue); }
+  /// Declares the service's topology, as `retryloop topology apply` would.
+  void apply(const topology::Service& service) {
+    bool done = false;
+    topology::Report result;
+    REQUIRE_FALSE(topology::apply(connection, topology::make_plan(topology::Topology{{service}}),
+                                  [&](const topology::Report& report) {
+                                    result = report;
+                                    done = true;
+                                  }));
+    REQUIRE(loop.run_until([&] { return done; }));
+    REQUIRE(result.ok());
+  }
+  std::vector<client::GetResult> drain(const std::string& queue) {
+    return test::drain_queue(loop, *connection, queue);
+  }
+};
+
+consumer::ConsumerOptions options_for(const topology::Service& service) {
+  consumer::ConsumerOptions options;
+  options.service = service;
+  options.connection.uri = client::parse_uri(test::broker_url());
+  options.handler_on_loop = true;
+  options.recovery = consumer::Backoff{100ms, 1000ms, 2.0, 0.1};
+  return options;
+}
+
+/// Starts a consumer and waits until it consumes.
+std::shared_ptr<Consumer> start(TestLoop& loop, const consumer::ConsumerOptions& options,
+                                consumer::Handler handler) {
+  auto c = Consumer::create(loop.get(), options, std::move(handler));
+  bool ready = false;
+  c->set_ready_handler([&ready] { ready = true; });
+  REQUIRE_FALSE(c->start());
+  REQUIRE(loop.run_until([&] { return ready; }));
+  c->set_ready_handler({});
+  return c;
+}
+
+/// Stops a consumer gracefully and waits until it has stopped.
+void stop(TestLoop& loop, const std::shared_ptr<Consumer>& c) {
+  bool stopped = false;
+  c->set_stopped_handler([&stopped](const Error&) { stopped = true; });
+  c->stop(5s);
+  REQUIRE(loop.run_until([&] { return stopped; }));
+}
+
+std::string header_string(const client::GetResult& message, const std::string& name) {
+  const amqp::FieldValue* value = message.message.properties.headers->find(name);
+  REQUIRE(value != nullptr);
+  REQUIRE(value->as_string());
+  return std::string(*value->as_string());
+}
+
+int64_t header_int(const client::GetResult& message, const std::string& name) {
+  const amqp::FieldValue* value = message.message.properties.headers->find(name);
+  REQUIRE(value != nullptr);
+  REQUIRE(value->as_int64());
+  return *value->as_int64();
+}
+
+std::string encoded_without_headers(amqp::BasicProperties properties) {
+  properties.headers.reset();
+  std::string out;
+  REQUIRE_FALSE(amqp::append_header_frame(out, 1, 0, properties));
+  return out;
+}
+
+/// Fails `fail_times` times (by attempt), then acks; the count comes from the message id
+/// `<anything>:<fail_times>`; ids starting with "permanent" or "poison" give those outcomes.
+Outcome scripted(const consumer::Message& message) {
+  std::string_view id = message.message_id();
+  if (id.substr(0, 9) == "permanent") return Outcome::permanent("no such customer");
+  if (id.substr(0, 6) == "poison") return Outcome::poison("cannot decode the body");
+  size_t colon = id.rfind(':');
+  int64_t fail_times = colon == std::string_view::npos ? 0 : std::stoll(std::string(id.substr(colon + 1)));
+  if (message.attempt <= fail_times) {
+    return Outcome::retry("failure " + std::to_string(message.attempt));
+  }
+  return Outcome::ack();
+}
+
+}  // namespace
+
+TEST_CASE("Reject mode with max_attempts 3 runs the handler 3 times a delay apart, then parks it "
+          "byte-identical",
+          "[retry][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const auto service =
+      make_service(test::unique_name("rj"), R"("mode": "reject", "delays": ["300ms"], "max_attempts": 3)");
+  Recorder recorder;
+  auto c = start(loop, options_for(service), [&](const consumer::Message& m) {
+    recorder.add(m);
+    return Outcome::retry("upstream said 503 on attempt " + std::to_string(m.attempt));
+  });
+
+  amqp::BasicProperties properties;
+  properties.content_type = "application/octet-stream";
+  properties.content_encoding = "identity";
+  properties.correlation_id = "corr-1";
+  properties.priority = 3;
+  properties.timestamp = 1700000000;
+  properties.type = "order.created";
+  properties.app_id = "shop";
+  amqp::FieldTable headers;
+  headers.append("tenant", "acme");
+  headers.append("small", int16_t(-7));
+  headers.append("raw", amqp::ByteArray{std::string("\x00\xff", 2)});
+  properties.headers = headers;
+  const std::string body("\x00\x01binary\xff\xfe", 10);
+  broker.publish(service.input.exchange, "key", "m-1", body, properties);
+
+  const std::string parking = topology::parking_queue_name(service.name);
+  REQUIRE(loop.run_until([&] { return c->metrics().parked_exhausted == 1; }, 10s));
+
+  auto calls = recorder.of("m-1");
+  REQUIRE(calls.size() == 3);
+  for (size_t i = 0; i < calls.size(); ++i) CHECK(calls[i].attempt == int64_t(i) + 1);
+  for (size_t i = 1; i < calls.size(); ++i) {
+    auto gap = std::chrono::duration_cast<std::chrono::milliseconds>(calls[i].at - calls[i - 1].at);
+    CHECK(gap >= 300ms);
+    CHECK(gap < 1300ms);
+  }
+  stop(loop, c);
+
+  auto parked = broker.drain(parking);
+  REQUIRE(parked.size() == 1);
+  const auto& p = parked[0];
+  CHECK(p.message.body == body);
+  CHECK(encoded_without_headers(p.message.properties) == encoded_without_headers([&] {
+          auto expected = properties;
+          expected.message_id = "m-1";
+          expected.delivery_mode = 2;
+          return expected;
+        }()));
+  CHECK(header_string(p, "retryloop-reason") == "exhausted");
+  CHECK(header_int(p, "retryloop-attempts") == 3);
+  CHECK(header_string(p, "retryloop-error") == "upstream said 503 on attempt 3");
+  CHECK(header_string(p, "retryloop-queue") == topology::input_queue_name(service));
+  CHECK(header_string(p, "retryloop-original-exchange") == service.input.exchange);
+  CHECK(header_string(p, "retryloop-original-routing-key") == "key");
+  CHECK_FALSE(header_string(p, "retryloop-consumer").empty());
+  // The application's headers pass through with their type letters.
+  const amqp::FieldTable& h = *p.message.properties.headers;
+  CHECK(*h.find("tenant") == amqp::FieldValue("acme"));
+  CHECK(*h.find("small") == amqp::FieldValue(int16_t(-7)));
+  CHECK(*h.find("raw") == amqp::FieldValue(amqp::ByteArray{std::string("\x00\xff", 2)}));
+
+  CHECK(broker.depth(topology::input_queue_name(service)) == 0);
+  CHECK(broker.depth(topology::wait_queue_name(service.name, 300ms)) == 0);
+  auto metrics = c->metrics();
+  CHECK(metrics.delivered == 3);
+  CHECK(metrics.retried == 2);
+  CHECK(metrics.acked == 0);
+}
+
+TEST_CASE("Republish mode walks the backoff tiers and the attempt count survives republishing",
+          "[retry][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const auto service = make_service(
+      test::unique_name("rp"),
+      R"("mode": "republish", "delays": ["100ms", "300ms", "1s"], "max_attempts": 5)");
+  Recorder recorder;
+  auto c = start(loop, options_for(service), [&](const consumer::Message& m) {
+    recorder.add(m);
+    return Outcome::retry("attempt " + std::to_string(m.attempt) + " failed");
+  });
+  broker.publish(service.input.exchange, "key", "m-1", R"({"order": 1})");
+  REQUIRE(loop.run_until([&] { return c->metrics().parked_exhausted == 1; }, 15s));
+  stop(loop, c);
+
+  auto calls = recorder.of("m-1");
+  REQUIRE(calls.size() == 5);
+  const std::vector<std::chrono::milliseconds> delays = {100ms, 300ms, 1000ms, 1000ms};
+  for (size_t i = 1; i < calls.size(); ++i) {
+    CHECK(calls[i].attempt == int64_t(i) + 1);
+    auto gap = std::chrono::duration_cast<std::chrono::milliseconds>(calls[i].at - calls[i - 1].at);
+    INFO("gap before attempt " << i + 1 << ": " << gap.count() << " ms");
+    CHECK(gap >= delays[i - 1]);
+    CHECK(gap < delays[i - 1] + 500ms);
+  }
+  auto parked = broker.drain(topology::parking_queue_name(service.name));
+  REQUIRE(parked.size() == 1);
+  CHECK(header_int(parked[0], "retryloop-attempts") == 5);
+  CHECK(header_int(parked[0], "retryloop-retries") == 4);
+  CHECK(header_string(parked[0], "retryloop-original-exchange") == service.input.exchange);
+  CHECK(header_string(parked[0], "retryloop-original-routing-key") == "key");
+  // Each copy was stripped before it was republished: only the last wait queue's expiry is there.
+  const amqp::FieldValue* x_death = parked[0].message.properties.headers->find("x-death");
+  REQUIRE(x_death != nullptr);
+  const amqp::FieldArray& deaths = *x_death->get_if<amqp::FieldArray>();
+  REQUIRE(deaths.size() == 1);
+  CHECK(*deaths[0].get_if<amqp::FieldTable>()->find("count")->as_int64() == 1);
+  CHECK(*deaths[0].get_if<amqp::FieldTable>()->find("queue")->as_string() ==
+        topology::wait_queue_name(service.name, 1000ms));
+  CHECK(parked[0].message.body == R"({"order": 1})");
+  for (auto delay : {100ms, 300ms, 1000ms}) {
+    CHECK(broker.depth(topology::wait_queue_name(service.name, delay)) == 0);
+  }
+}
+
+TEST_CASE("Permanent and poison outcomes park on the first attempt", "[retry][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const auto service = make_service(test::unique_name("pp"),
+                                    R"("mode": "reject", "delays": ["5s"], "max_attempts": 5)");
+  Recorder recorder;
+  auto c = start(loop, options_for(service), [&](const consumer::Message& m) {
+    recorder.add(m);
+    return scripted(m);
+  });
+  broker.publish(service.input.exchange, "key", "permanent-1", "{}");
+  broker.publish(service.input.exchange, "key", "poison-1", "\x01not json");
+  REQUIRE(loop.run_until([&] { return c->metrics().parked() == 2; }, 10s));
+  stop(loop, c);
+  CHECK(recorder.size() == 2);
+  auto parked = broker.drain(topology::parking_queue_name(service.name));
+  REQUIRE(parked.size() == 2);
+  std::map<std::string, std::string> reasons;
+  for (const auto& p : parked) {
+    reasons[*p.message.properties.message_id] = header_string(p, "retryloop-reason");
+    CHECK(header_int(p, "retryloop-attempts") == 1);
+  }
+  CHECK(reasons == std::map<std::string, std::string>{{"permanent-1", "permanent"},
+                                                      {"poison-1", "poison"}});
+  CHECK(c->metrics().parked_permanent == 1);
+  CHECK(c->metrics().parked_poison == 1);
+}
+
+TEST_CASE("A second queue on the input exchange gets each message exactly once, however many "
+          "retries",
+          "[retry][integration]") {
+  const std::string mode = GENERATE(std::string("reject"), std::string("republish"));
+  INFO("mode " << mode);
+  TestLoop loop;
+  Broker broker(loop);
+  const auto service = make_service(test::unique_name("iso"), R"("mode": ")" + mode +
+                                                                  R"(", "delays": ["100ms"], "max_attempts": 4)");
+  Recorder recorder;
+  auto c = start(loop, options_for(service), [&](const consumer::Message& m) {
+    recorder.add(m);
+    return scripted(m);
+  });
+  const std::string audit = test::unique_name("audit");
+  test::declare_queue(loop, *broker.channel, audit);
+  REQUIRE_FALSE(test::wait(loop, [&](auto done) {
+    return broker.channel->queue_bind(audit, service.input.exchange, "key", {}, done);
+  }));
+
+  std::set<std::string> ids;
+  for (int i = 0; i < 5; ++i) {
+    std::string id = "m" + std::to_string(i) + ":2";  // fails twice, then acks
+    ids.insert(id);
+    broker.publish(service.input.exchange, "key", id, "{}");
+  }
+  REQUIRE(loop.run_until([&] { return c->metrics().acked == 5; }, 10s));
+  loop.run_for(300ms);  // a stray copy would have arrived by now
+  stop(loop, c);
+
+  CHECK(recorder.size() == 15);
+  auto copies = broker.drain(audit);
+  std::multiset<std::string> seen;
+  for (const auto& m : copies) seen.insert(*m.message.properties.message_id);
+  CHECK(seen == std::multiset<std::string>(ids.begin(), ids.end()));
+  CHECK(broker.depth(topology::input_queue_name(service)) == 0);
+  CHECK(broker.depth(topology::parking_queue_name(service.name)) == 0);
+}
+
+TEST_CASE("A forged x-death neither crashes nor loops: the message is handled once and parked as "
+          "poison if it fails",
+          "[retry][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const auto service = make_service(test::unique_name("forged"),
+                                    R"("mode": "reject", "delays": ["100ms"], "max_attempts": 3)");
+  Recorder recorder;
+  auto c = start(loop, options_for(service), [&](const consumer::Message& m) {
+    recorder.add(m);
+    return m.message_id().substr(0, 3) == "ack" ? Outcome::ack() : Outcome::retry("down");
+  });
+  const std::string queue = topology::input_queue_name(service);
+  auto forge = [&](const std::string& id, amqp::FieldValue x_death) {
+    amqp::BasicProperties properties;
+    properties.headers = amqp::FieldTable{{"x-death", std::move(x_death)}};
+    broker.publish("", queue, id, "{}", properties);
+  };
+  amqp::FieldTable string_count{{"count", amqp::FieldValue("7")},
+                                {"reason", amqp::FieldValue("rejected")},
+                                {"queue", amqp::FieldValue(queue)}};
+  forge("retry-string-count", amqp::FieldArray{amqp::FieldValue(string_count)});
+  forge("retry-not-array", amqp::FieldValue("x"));
+  forge("ack-string-count", amqp::FieldArray{amqp::FieldValue(string_count)});
+
+  REQUIRE(loop.run_until([&] { return c->metrics().parked_poison == 2 && c->metrics().acked == 1; },
+                         10s));
+  loop.run_for(300ms);
+  stop(loop, c);
+  CHECK(recorder.size() == 3);  // once each: no loop
+  for (const auto& call : recorder.calls()) CHECK(call.attempt == 1);
+  auto parked = broker.drain(topology::parking_queue_name(service.name));
+  REQUIRE(parked.size() == 2);
+  for (const auto& p : parked) {
+    CHECK(header_string(p, "retryloop-reason") == "poison");
+    CHECK_THAT(header_string(p, "retryloop-error"),
+               Catch::StartsWith("cannot count attempts: x-death"));
+  }
+  CHECK(broker.depth(queue) == 0);
+}
+
+TEST_CASE("A parking copy the broker refuses leaves the original unacked and not lost",
+          "[retry][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const auto service =
+      make_service(test::unique_name("full"), R"("mode": "reject", "delays": ["1s"], "max_attempts": 2)",
+                   R"("parking": {"max_length": 1})");
+  auto options = options_for(service);
+  options.publish_retry = consumer::Backoff{100ms, 200ms, 2.0, 0.0};
+  auto c = start(loop, options, scripted);
+  const std::string parking = topology::parking_queue_name(service.name);
+  const std::string queue = topology::input_queue_name(service);
+  broker.publish(parking, "", "already-parked", "{}");  // the parking queue is now full
+
+  broker.publish(service.input.exchange, "key", "permanent-1", "{}");
+  REQUIRE(loop.run_until([&] { return c->metrics().publish_failures >= 2; }, 10s));
+  CHECK(c->metrics().parked() == 0);
+  CHECK(c->in_flight() == 1);
+  CHECK(broker.depth(parking) == 1);
+
+  // Stopped while the copy keeps failing: the original goes back to its queue.
+  bool stopped = false;
+  c->set_stopped_handler([&](const Error&) { stopped = true; });
+  c->stop(300ms);
+  REQUIRE(loop.run_until([&] { return stopped; }));
+  CHECK(broker.depth(queue) == 1);
+
+  // Room in parking again: a new consumer parks it, once.
+  CHECK(broker.drain(parking).size() == 1);
+  auto again = start(loop, options, scripted);
+  REQUIRE(loop.run_until([&] { return again->metrics().parked_permanent == 1; }, 10s));
+  stop(loop, again);
+  auto parked = broker.drain(parking);
+  REQUIRE(parked.size() == 1);
+  CHECK(*parked[0].message.properties.message_id == "permanent-1");
+  CHECK(broker.depth(queue) == 0);
+}
+
+TEST_CASE("A graceful stop lets 50 slow handlers finish and settles all of them",
+          "[retry][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const auto service = make_service(test::unique_name("graceful"),
+                                    R"("mode": "reject", "delays": ["1s"], "max_attempts": 3)");
+  auto options = options_for(service);
+  options.handler_on_loop = false;  // the consumer's worker threads: they may block
+  options.concurrency = 50;
+  options.prefetch = 100;
+  std::atomic<int> started{0};
+  std::atomic<int> finished{0};
+  broker.apply(service);
+  for (int i = 0; i < 60; ++i) {
+    broker.publish("", topology::input_queue_name(service), "slow-" + std::to_string(i), "{}");
+  }
+  auto c = Consumer::create(loop.get(), options, [&](const consumer::Message&) {
+    ++started;
+    std::this_thread::sleep_for(700ms);
+    ++finished;
+    return Outcome::ack();
+  });
+  bool stopped = false;
+  Error stop_error(client::ClientError::not_open, "not stopped");
+  c->set_stopped_handler([&](const Error& error) {
+    stop_error = error;
+    stopped = true;
+  });
+  REQUIRE_FALSE(c->start());
+  REQUIRE(loop.run_until([&] { return started == 50; }, 10s));
+  c->stop(10s);
+  REQUIRE(loop.run_until([&] { return stopped; }, 15s));
+  CHECK_FALSE(stop_error);
+  CHECK(finished == 50);
+  CHECK(c->metrics().acked == 50);
+  CHECK(c->metrics().abandoned == 0);
+  // The 10 whose handlers had not started went back to the queue, unharmed.
+  CHECK(broker.depth(topology::input_queue_name(service)) == 10);
+}
+
+TEST_CASE("A queue the consumer finds with other arguments stops it with the argument named",
+          "[retry][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const auto service = make_service(test::unique_name("drift"),
+                                    R"("mode": "reject", "delays": ["1s"], "max_attempts": 3)");
+  test::declare_queue(loop, *broker.channel, topology::input_queue_name(service));  // no DLX
+  auto c = Consumer::create(loop.get(), options_for(service), scripted);
+  bool stopped = false;
+  bool ready = false;
+  Error error;
+  c->set_ready_handler([&] { ready = true; });
+  c->set_stopped_handler([&](const Error& e) {
+    error = e;
+    stopped = true;
+  });
+  REQUIRE_FALSE(c->start());
+  REQUIRE(loop.run_until([&] { return stopped; }, 10s));
+  CHECK_FALSE(ready);
+  REQUIRE(error);
+  CHECK_THAT(error.message(), Catch::Contains("x-dead-letter-exchange"));
+  CHECK_THAT(error.message(), Catch::Contains(topology::input_queue_name(service)));
+  CHECK(c->metrics().reconnects == 0);
+}
+
+TEST_CASE("A consumer whose queue is deleted is cancelled by the broker and recovers by itself",
+          "[retry][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const auto service = make_service(test::unique_name("cancel"),
+                                    R"("mode": "reject", "delays": ["1s"], "max_attempts": 3)");
+  Recorder recorder;
+  auto c = start(loop, options_for(service), [&](const consumer::Message& m) {
+    recorder.add(m);
+    return Outcome::ack();
+  });
+  const std::string queue = topology::input_queue_name(service);
+  REQUIRE_FALSE(test::wait(loop, [&](auto done) {
+    return broker.channel->queue_delete(queue, false, false,
+                                        [done](const Error& e, uint32_t) { done(e); });
+  }));
+  REQUIRE(loop.run_until([&] { return c->metrics().reconnects == 1 && c->is_consuming(); }, 10s));
+  broker.publish(service.input.exchange, "key", "after-recovery", "{}");
+  REQUIRE(loop.run_until([&] { return c->metrics().acked == 1; }, 10s));
+  stop(loop, c);
+  CHECK(recorder.of("after-recovery").size() == 1);
+}
+
+TEST_CASE("Closing every connection from the broker mid-stream recovers by itself and loses "
+          "nothing",
+          "[retry][integration][broker-wide]") {
+  TestLoop loop;
+  auto broker = std::make_unique<Broker>(loop);
+  const auto service = make_service(test::unique_name("closeall"),
+                                    R"("mode": "republish", "delays": ["200ms"], "max_attempts": 3)");
+  std::mutex mutex;
+  std::set<std::string> acked;
+  auto options = options_for(service);
+  options.prefetch = 50;
+  auto c = start(loop, options, [&](const consumer::Message& m) {
+    Outcome outcome = scripted(m);
+    if (outcome.kind == consumer::OutcomeKind::ack) acked.insert(std::string(m.message_id()));
+    return outcome;
+  });
+  std::set<std::string> expected_acked;
+  std::set<std::string> expected_parked;
+  for (int i = 0; i < 600; ++i) {
+    std::string id;
+    if (i % 10 == 0) {
+      id = "permanent-" + std::to_string(i);
+      expected_parked.insert(id);
+    } else {
+      id = "m" + std::to_string(i) + (i % 3 == 0 ? ":1" : ":0");
+      expected_acked.insert(id);
+    }
+    broker->publish(service.input.exchange, "key", id, std::string(200, 'x'));
+  }
+  REQUIRE(loop.run_until([&] { return c->metrics().delivered >= 100; }, 10s));
+  broker.reset();  // its connection would be closed too
+  REQUIRE(test::broker_ctl("close_all_connections 'test: connection reset'") == 0);
+  // Quiet means: recovered, nothing in memory, nothing left in the loop's queues.
+  Broker after(loop);
+  const std::string queue = topology::input_queue_name(service);
+  const std::string wait = topology::wait_queue_name(service.name, 200ms);
+  bool quiet = false;
+  for (auto until = Clock::now() + 30s; !quiet && Clock::now() < until;) {
+    loop.run_for(200ms);
+    quiet = c->is_consuming() && c->in_flight() == 0 && after.depth(queue) == 0 &&
+            after.depth(wait) == 0 && acked.size() == expected_acked.size();
+  }
+  CHECK(quiet);
+  CHECK(c->metrics().reconnects >= 1);
+  stop(loop, c);
+
+  CHECK(acked == expected_acked);
+  std::set<std::string> parked;
+  for (const auto& p : after.drain(topology::parking_queue_name(service.name))) {
+    parked.insert(*p.message.properties.message_id);
+  }
+  CHECK(parked == expected_parked);
+  CHECK(after.depth(queue) == 0);
+  CHECK(after.depth(topology::wait_queue_name(service.name, 200ms)) == 0);
+}
