@@ -591,3 +591,35 @@ TEST_CASE("Closing every connection from the broker mid-stream recovers by itsel
   CHECK(after.depth(queue) == 0);
   CHECK(after.depth(topology::wait_queue_name(service.name, 200ms)) == 0);
 }
+
+TEST_CASE("Under a memory alarm acks keep flowing while retry copies wait, and resume after it",
+          "[retry][integration][broker-wide]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const auto service = make_service(test::unique_name("alarm"),
+                                    R"("mode": "republish", "delays": ["200ms"], "max_attempts": 3)");
+  broker.apply(service);
+  for (int i = 0; i < 40; ++i) {
+    broker.publish("", topology::input_queue_name(service),
+                   "m" + std::to_string(i) + (i % 2 == 0 ? ":1" : ":0"), "{}");
+  }
+  REQUIRE(test::broker_ctl("set_vm_memory_high_watermark 0") == 0);
+  struct Restore {
+    ~Restore() { test::broker_ctl("set_vm_memory_high_watermark 0.4"); }
+  } restore;
+
+  auto c = start(loop, options_for(service), scripted);
+  // The consuming connection never publishes, so the alarm does not stop its acks.
+  REQUIRE(loop.run_until([&] { return c->metrics().acked == 20; }, 10s));
+  loop.run_for(1500ms);
+  CHECK(c->metrics().retried == 0);
+  CHECK(c->in_flight() == 20);  // unacked, their copies held back
+
+  REQUIRE(test::broker_ctl("set_vm_memory_high_watermark 0.4") == 0);
+  REQUIRE(loop.run_until([&] { return c->metrics().acked == 40; }, 20s));
+  CHECK(c->metrics().retried == 20);
+  CHECK(c->metrics().reconnects == 0);
+  stop(loop, c);
+  CHECK(broker.depth(topology::input_queue_name(service)) == 0);
+  CHECK(broker.depth(topology::parking_queue_name(service.name)) == 0);
+}

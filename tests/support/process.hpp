@@ -1,0 +1,42 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace retryloop::test {
+
+/// A program run by a test, with its stdout and stderr in files. The destructor kills it
+/// (SIGKILL) if it still runs, and removes the files.
+class ChildProcess {
+ public:
+  /// Starts `argv` (argv[0] is the path) with the test's environment plus `env` (NAME=value
+  /// entries; a NAME= entry with no value removes the variable).
+  ChildProcess(std::vector<std::string> argv, std::vector<std::string> env = {});
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  /// Sends a signal (no effect once it has exited).
+  void signal(int signum);
+  /// Waits for it to end, up to `timeout_ms`; returns the exit code, 128 + signal when a signal
+  /// ended it, or -1 when it still runs at the timeout.
+  int wait(int timeout_ms = 30000);
+  bool running();
+  std::string out() const;
+  std::string err() const;
+
+ private:
+  pid_t pid_ = -1;
+  int status_ = -1;
+  bool exited_ = false;
+  std::string out_path_;
+  std::string err_path_;
+};
+
+/// Path of a program the build made, relative to the build tree (`examples/demo_consumer`).
+std::string built_program(const std::string& relative);
+
+}  // namespace retryloop::test
