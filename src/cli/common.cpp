@@ -6,6 +6,7 @@
 #include <chrono>
 #include <iostream>
 #include <sstream>
+#include <utility>
 
 #include "retryloop/topology/topology_json.hpp"
 
@@ -28,12 +29,76 @@ void add_connection_option(CLI::App& command, ConnectionArgs& args) {
       ->type_name("URL");
 }
 
+std::string hide_passwords(std::string text) {
+  size_t pos = 0;
+  while ((pos = text.find("://", pos)) != std::string::npos) {
+    size_t start = pos + 3;
+    size_t line_end = std::min(text.find('\n', start), text.size());
+    size_t at = text.rfind('@', line_end == 0 ? 0 : line_end - 1);
+    size_t colon = text.find(':', start);
+    if (at == std::string::npos || at < start || colon == std::string::npos || colon > at) {
+      pos = start;
+      continue;
+    }
+    text.replace(colon + 1, at - colon - 1, "***");
+    pos = colon + 4;
+  }
+  return text;
+}
+
+namespace {
+
+/// The part of a URL that may be its password, as [begin, end) in `url`: between the first ':'
+/// after `://` and the last '@'. Empty when the URL has no password.
+std::pair<size_t, size_t> password_span(const std::string& url) {
+  size_t scheme = url.find("://");
+  size_t start = scheme == std::string::npos ? 0 : scheme + 3;
+  size_t at = url.rfind('@');
+  if (at == std::string::npos || at < start) return {0, 0};
+  size_t colon = url.find(':', start);
+  if (colon == std::string::npos || colon > at) return {0, 0};
+  return {colon + 1, at};
+}
+
+/// A URL parser's message with every quoted '...' value that may come from the password replaced
+/// by '***'. A value is kept only when it occurs in `url` outside the password (a scheme, a port,
+/// a query option) and is no part of the password.
+std::string hide_quoted_secrets(const std::string& message, const std::string& url) {
+  auto [begin, end] = password_span(url);
+  if (begin == end) return hide_passwords(message);
+  const std::string secret = url.substr(begin, end - begin);
+  std::string out;
+  size_t pos = 0;
+  while (true) {
+    size_t open = message.find('\'', pos);
+    size_t close = open == std::string::npos ? open : message.find('\'', open + 1);
+    if (close == std::string::npos) {
+      out += message.substr(pos);
+      break;
+    }
+    std::string value = message.substr(open + 1, close - open - 1);
+    bool outside = false;
+    for (size_t at = url.find(value); !value.empty() && at != std::string::npos;
+         at = url.find(value, at + 1)) {
+      if (at + value.size() <= begin || at >= end) outside = true;
+    }
+    bool secret_part = !value.empty() && (secret.find(value) != std::string::npos ||
+                                          value.find(secret) != std::string::npos);
+    out += message.substr(pos, open - pos);
+    out += outside && !secret_part ? "'" + value + "'" : std::string("'***'");
+    pos = close + 1;
+  }
+  return hide_passwords(out);
+}
+
+}  // namespace
+
 client::Uri parse_url(const ConnectionArgs& args) {
   try {
     return client::parse_uri(args.url);
   } catch (const std::exception& e) {
-    throw Failure(exit_usage,
-                  std::string("invalid broker URL (--url or RETRYLOOP_URL): ") + e.what());
+    throw Failure(exit_usage, "invalid broker URL (--url or RETRYLOOP_URL): " +
+                                  hide_quoted_secrets(e.what(), args.url));
   }
 }
 
@@ -162,6 +227,9 @@ std::string wrap(const std::string& text, size_t width) {
 
 void describe_command(CLI::App& command) {
   command.footer(exit_codes_help);
+  command.failure_message([](const CLI::App* app, const CLI::Error& error) {
+    return hide_passwords(CLI::FailureMessage::simple(app, error));
+  });
 }
 
 }  // namespace retryloop::cli

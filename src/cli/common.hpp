@@ -53,6 +53,11 @@ void add_connection_option(CLI::App& command, ConnectionArgs& args);
 /// Parses the URL; throws Failure(exit_usage) naming the problem (never the password).
 client::Uri parse_url(const ConnectionArgs& args);
 
+/// `text` with the password of every URL in it replaced by `***`: after each `scheme://`, the part
+/// between the first ':' and the last '@' of the same line (a password may hold '@', '/' or '?').
+/// Hides more than the password when a line is odd, never less.
+std::string hide_passwords(std::string text);
+
 /// Called once connected; must call `done(exit_code)` exactly once, on the loop thread.
 using ConnectedWork = std::function<void(const std::shared_ptr<client::Connection>& connection,
                                          std::function<void(int exit_code)> done)>;
@@ -91,7 +96,9 @@ std::string plural(size_t count, const std::string& singular, const std::string&
 /// `text` broken into lines of at most `width` columns at spaces (for --help paragraphs).
 std::string wrap(const std::string& text, size_t width = 96);
 
-/// The exit-code footer and common look for a command's --help.
+/// The exit-code footer for a command's --help, and usage errors printed through
+/// hide_passwords (CLI11 echoes unexpected arguments, which may be a URL given without --url).
+/// Subcommands added afterwards inherit the latter.
 void describe_command(CLI::App& command);
 
 }  // namespace retryloop::cli

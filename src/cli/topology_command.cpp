@@ -37,6 +37,7 @@ struct TopologyArgs {
   std::string vhost;
   bool yes = false;
   bool force = false;
+  bool exists_only = false;
 };
 
 std::string join(const std::vector<std::string>& items, const std::string& separator = ", ") {
@@ -190,6 +191,18 @@ int run_plan(const TopologyArgs& args) {
 
 // ---- reports (apply, verify, delete) ----
 
+constexpr uint16_t access_refused = 403;
+
+/// Objects that exist but whose arguments the user may not compare (verify without configure
+/// permission).
+size_t refused_comparisons(const Report& report) {
+  return static_cast<size_t>(
+      std::count_if(report.results.begin(), report.results.end(), [](const ActionResult& r) {
+        return r.outcome == Outcome::failed && r.exists.value_or(false) &&
+               r.error.reply_code == access_refused;
+      }));
+}
+
 std::string outcome_word(Outcome o) {
   switch (o) {
     case Outcome::matches:
@@ -225,7 +238,17 @@ std::string result_note(const ActionResult& r, bool counts) {
       }
       return r.error.reply_text;
     case Outcome::failed:
+      if (r.exists.value_or(false) && r.error.reply_code == access_refused) {
+        return "exists; comparing its arguments was refused (403: it takes configure permission)";
+      }
       return r.error.reply_code != 0 ? r.error.reply_text : r.error.message();
+    case Outcome::exists:
+      if (r.action.kind == ActionKind::check_exchange) {
+        std::string shared = shared_note(r.action);
+        return "declared elsewhere (\"declare\": false), so its type is not compared" +
+               (shared.empty() ? "" : "; " + shared);
+      }
+      break;
     case Outcome::missing:
       if (r.action.kind == ActionKind::check_exchange) {
         return "not found; \"declare\": false means its owner must declare it";
@@ -318,14 +341,18 @@ constexpr const char* drift_hint =
     "retryloop: RabbitMQ cannot change the arguments of an existing queue or exchange; to make it "
     "match, move its messages away, delete it and apply again (docs/topology.md, \"Drift\")\n";
 
-using Runner = client::Error (*)(const std::shared_ptr<client::Connection>&, const topology::Plan&,
-                                 topology::ReportCallback);
-
 int run_report(const TopologyArgs& args, const std::string& command) {
   auto t = load_topology_or_fail(args.file, args.services);
   auto uri = parse_url(args.connection);
   auto plan = topology::make_plan(t);
-  Runner runner = command == "apply" ? &topology::apply : &topology::verify;
+  topology::VerifyOptions verify_options;
+  verify_options.compare_arguments = !args.exists_only;
+  auto runner = [&command, verify_options](const std::shared_ptr<client::Connection>& connection,
+                                           const topology::Plan& p,
+                                           topology::ReportCallback callback) {
+    if (command == "apply") return topology::apply(connection, p, std::move(callback));
+    return topology::verify(connection, p, std::move(callback), verify_options);
+  };
   if (!args.json) {
     std::cout << (command == "apply" ? "Applying " : "Verifying ") << args.file
               << (command == "apply" ? " to " : " against ") << uri.redacted() << ": "
@@ -365,6 +392,7 @@ int run_report(const TopologyArgs& args, const std::string& command) {
     }
   } else {
     std::string text = summary(result, {{Outcome::matches, "match"},
+                                        {Outcome::exists, "exist"},
                                         {Outcome::drifted, "drifted"},
                                         {Outcome::missing, "missing"},
                                         {Outcome::failed, "failed"},
@@ -376,9 +404,17 @@ int run_report(const TopologyArgs& args, const std::string& command) {
                 << " not checked: AMQP 0-9-1 cannot check a binding without creating it.\n"
                 << "Run `retryloop topology apply` to make sure they exist (it is idempotent).\n";
     }
+    if (args.exists_only) {
+      std::cout << "Arguments were not compared (--exists-only): drift is not detected.\n";
+    }
     if (!result.ok() && !result.connection_error) {
       std::cerr << "retryloop: the broker does not match " << args.file << " (see above)\n";
       if (result.count(Outcome::drifted) > 0) std::cerr << drift_hint;
+      if (refused_comparisons(result) > 0) {
+        std::cerr << "retryloop: verify compares arguments by declaring each object with the "
+                     "file's arguments, which needs configure permission; connect as a user "
+                     "that has it, or add --exists-only to check only that the objects exist\n";
+      }
     }
   }
   return report_exit_code(result, uri);
@@ -446,9 +482,10 @@ int run_delete(const TopologyArgs& args) {
     }
     std::cout << (result.count(Outcome::deleted) > 0 ? "Stopped" : "Nothing was deleted") << ": "
               << join(reasons, "; ") << ".\n";
-    std::cerr << "retryloop: refusing to delete queues that hold messages or have consumers; "
-                 "move or replay the messages first, stop the consumers, or add --force to "
-                 "delete them anyway (the messages are lost)\n";
+    std::cerr << "retryloop: " << (args.yes ? "refusing" : "--yes would refuse")
+              << " to delete queues that hold messages or have consumers; move or replay the "
+                 "messages first, stop the consumers, or add --force to delete them anyway (the "
+                 "messages are lost)\n";
     return exit_broker_refused;
   }
   if (!result.ok()) {
@@ -527,9 +564,16 @@ void add_topology_commands(CLI::App& app, int& exit_code) {
   auto [verify, verify_args] = add_command(
       *group, "verify", "Check the broker against FILE without creating anything",
       "Reports missing objects and arguments that differ from FILE, and exits 0 only when "
-      "everything matches. Bindings cannot be checked over AMQP 0-9-1 without creating them, so "
-      "they are listed as unchecked.");
+      "everything matches. Each object is looked up with a passive declare; one that exists is "
+      "then declared with FILE's arguments, which the broker refuses when they differ and "
+      "otherwise leaves alone. That is the only way AMQP 0-9-1 can compare arguments: it needs "
+      "configure permission, and an object someone deletes in that instant is created again. "
+      "--exists-only avoids both and does not see drift. Bindings cannot be checked over AMQP "
+      "0-9-1 without creating them, so they are listed as unchecked.");
   verify->add_flag("--json", verify_args->json, "Print the report as JSON");
+  verify->add_flag("--exists-only", verify_args->exists_only,
+                   "Only check that the objects exist (passive declares): never creates anything "
+                   "and needs no configure permission, but cannot see drifted arguments");
   verify->callback([args = verify_args, &exit_code] { exit_code = run_report(*args, "verify"); });
 
   auto [exp, exp_args] = add_command(

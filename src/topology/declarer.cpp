@@ -36,10 +36,11 @@ std::string broker_value(std::string_view text) {
 class Runner : public std::enable_shared_from_this<Runner> {
  public:
   Runner(std::shared_ptr<Connection> connection, const Plan& plan, Mode mode, DeleteOptions options,
-         ReportCallback callback)
+         VerifyOptions verify_options, ReportCallback callback)
       : connection_(std::move(connection)),
         mode_(mode),
         options_(options),
+        verify_options_(verify_options),
         callback_(std::move(callback)) {
     for (const auto& action : plan.actions) {
       ActionResult result;
@@ -196,11 +197,13 @@ class Runner : public std::enable_shared_from_this<Runner> {
   void found(bool exists) {
     ActionResult& r = current();
     exists_[index_] = exists;
+    r.exists = exists;
     switch (r.action.kind) {
       case ActionKind::check_exchange:
         if (exists) {
           r.error = {};
-          r.outcome = mode_ == Mode::apply ? Outcome::existed : Outcome::matches;
+          // Never declared, so its type is not compared: verify can only say that it exists.
+          r.outcome = mode_ == Mode::apply ? Outcome::existed : Outcome::exists;
         } else {
           r.outcome = Outcome::missing;
         }
@@ -220,6 +223,17 @@ class Runner : public std::enable_shared_from_this<Runner> {
           return;
         }
         r.error = {};
+        if (mode_ == Mode::verify && !verify_options_.compare_arguments) {
+          r.outcome = Outcome::exists;
+          advance();
+          return;
+        }
+        // Verify compares the arguments the only way AMQP 0-9-1 allows: by declaring the object
+        // with the plan's arguments, which the broker refuses (406, naming the argument) when they
+        // differ and otherwise leaves alone. The object was just found, so this normally creates
+        // nothing; if someone deletes it within this round trip, it is created again with the
+        // plan's arguments. That window, and the configure permission the declare needs, are the
+        // price of seeing drift at all; VerifyOptions::compare_arguments = false avoids both.
         // The 404 closed the channel: declare on a fresh one.
         with_channel([self = shared_from_this(), exists] { self->declare_current(exists); });
         return;
@@ -383,6 +397,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
   std::shared_ptr<Channel> channel_;
   Mode mode_;
   DeleteOptions options_;
+  VerifyOptions verify_options_;
   ReportCallback callback_;
   Report report_;
   std::vector<bool> exists_;
@@ -392,11 +407,12 @@ class Runner : public std::enable_shared_from_this<Runner> {
 };
 
 Error run(const std::shared_ptr<Connection>& connection, const Plan& plan, Mode mode,
-          DeleteOptions options, ReportCallback callback) {
+          DeleteOptions options, VerifyOptions verify_options, ReportCallback callback) {
   if (!connection || !connection->is_open()) {
     return Error(client::ClientError::not_open, "the connection is not open");
   }
-  auto runner = std::make_shared<Runner>(connection, plan, mode, options, std::move(callback));
+  auto runner = std::make_shared<Runner>(connection, plan, mode, options, verify_options,
+                                         std::move(callback));
   runner->start();
   return {};
 }
@@ -413,6 +429,8 @@ const char* to_string(Outcome outcome) {
       return "bound";
     case Outcome::matches:
       return "matches";
+    case Outcome::exists:
+      return "exists";
     case Outcome::not_checked:
       return "not_checked";
     case Outcome::missing:
@@ -485,17 +503,17 @@ size_t Report::count(Outcome outcome) const {
 
 client::Error apply(const std::shared_ptr<client::Connection>& connection, const Plan& plan,
                     ReportCallback callback) {
-  return run(connection, plan, Mode::apply, {}, std::move(callback));
+  return run(connection, plan, Mode::apply, {}, {}, std::move(callback));
 }
 
 client::Error verify(const std::shared_ptr<client::Connection>& connection, const Plan& plan,
-                     ReportCallback callback) {
-  return run(connection, plan, Mode::verify, {}, std::move(callback));
+                     ReportCallback callback, VerifyOptions options) {
+  return run(connection, plan, Mode::verify, {}, options, std::move(callback));
 }
 
 client::Error remove(const std::shared_ptr<client::Connection>& connection, const Plan& plan,
                      DeleteOptions options, ReportCallback callback) {
-  return run(connection, plan, Mode::remove, options, std::move(callback));
+  return run(connection, plan, Mode::remove, options, {}, std::move(callback));
 }
 
 }  // namespace retryloop::topology

@@ -54,13 +54,18 @@ bool valid_utf8(std::string_view s) {
   return true;
 }
 
-/// A name for messages: quoted, control characters escaped, long names shortened.
+/// A name for messages: quoted, control characters (and, in a name that is not UTF-8, every byte
+/// above 0x7F) escaped, long names shortened at a character boundary.
 std::string quote(std::string_view name) {
   std::string out = "\"";
+  const bool utf8 = valid_utf8(name);
   size_t shown = std::min<size_t>(name.size(), 60);
+  while (utf8 && shown < name.size() && (static_cast<unsigned char>(name[shown]) & 0xC0) == 0x80) {
+    --shown;
+  }
   for (size_t i = 0; i < shown; ++i) {
     auto c = static_cast<unsigned char>(name[i]);
-    if (c < 0x20 || c == 0x7F) {
+    if (c < 0x20 || c == 0x7F || (!utf8 && c >= 0x80)) {
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\x%02X", c);
       out += buf;

@@ -175,6 +175,28 @@ class Reader {
     return std::strtoull(path.c_str() + 9, nullptr, 10) + 1;
   }
 
+  /// nlohmann quotes everything read since the last complete value ("last read: '5<U+000A>
+  /// }<U+000A>  ]<U+000A>}<U+000A>x'"), which can span many lines: keep its last line, and at most
+  /// 40 characters of it, since the line and column already say where.
+  static std::string shorten_last_read(const std::string& detail) {
+    constexpr std::string_view marker = "last read: '";
+    constexpr std::string_view newline = "<U+000A>";
+    size_t begin = detail.find(marker);
+    if (begin == std::string::npos) return detail;
+    begin += marker.size();
+    size_t end = detail.find("'; ", begin);
+    if (end == std::string::npos) end = detail.rfind('\'');
+    if (end == std::string::npos || end <= begin) return detail;
+    std::string read = detail.substr(begin, end - begin);
+    size_t last_line = read.rfind(newline);
+    if (last_line != std::string::npos) read = read.substr(last_line + newline.size());
+    size_t first = read.find_first_not_of(' ');
+    if (first == std::string::npos) return detail;
+    read = read.substr(first);
+    if (read.size() > 40) read = "..." + read.substr(read.size() - 40);
+    return detail.substr(0, begin) + read + detail.substr(end);
+  }
+
   static TopologyError malformed(std::string_view text, const json::parse_error& e) {
     size_t end = std::min<size_t>(e.byte == 0 ? 0 : e.byte - 1, text.size());
     size_t line = 1, column = 1;
@@ -191,6 +213,7 @@ class Reader {
     size_t at = what.find("column ");
     at = at == std::string::npos ? std::string::npos : what.find(": ", at);
     std::string detail = at == std::string::npos ? what : what.substr(at + 2);
+    detail = shorten_last_read(detail);
     // The message quotes what was last read, which may be any bytes: keep the output printable.
     std::string printable;
     for (char c : detail) {

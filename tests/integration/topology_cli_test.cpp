@@ -172,6 +172,20 @@ TEST_CASE("retryloop --help exits 0 and documents the exit codes", "[cli][integr
   CHECK_FALSE(contains(apply_help.out, "guest:guest"));
 }
 
+TEST_CASE("The README and the topology guide document every exit code", "[cli]") {
+  for (const char* doc : {"README.md", "docs/topology.md"}) {
+    std::string text = slurp(fs::path(RETRYLOOP_SOURCE_DIR) / doc);
+    INFO(doc);
+    size_t section = text.find("xit codes");
+    REQUIRE(section != std::string::npos);
+    for (const char* row : {"| 0 | success", "| 1 | usage error", "| 2 | the topology file",
+                            "| 3 | the broker refused", "| 4 | cannot connect"}) {
+      INFO(row);
+      CHECK(text.find(row, section) != std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("retryloop exits 4 when the broker is unreachable and never shows the password",
           "[cli][integration]") {
   std::string file = data_file("valid/minimal.json");
@@ -202,6 +216,45 @@ TEST_CASE("retryloop exits 4 when the broker is unreachable and never shows the 
   INFO(wrong_password.err);
   CHECK(wrong_password.exit_code == 4);
   CHECK_FALSE(contains(wrong_password.out + wrong_password.err, "wrong-s3cret"));
+  CHECK(contains(wrong_password.err, "amqp://guest:***@"));
+}
+
+TEST_CASE("A password never appears in a usage error, however the URL is malformed or misplaced",
+          "[cli][integration]") {
+  std::string file = data_file("valid/minimal.json");
+  struct Case {
+    std::vector<std::string> args;
+    const char* shown;
+  };
+  // A password with an unencoded '?', '/' or '#' makes the parser read part of it as a port or a
+  // query option; a URL given without --url is echoed by the argument parser.
+  const std::vector<Case> cases = {
+      {{"topology", "verify", file, "--url", "amqp://alice:ab?cd@127.0.0.1:1/"},
+       "URI port must be a number from 1 to 65535, not '***'"},
+      {{"topology", "verify", file, "--url", "amqp://alice:ab?cd=1@127.0.0.1:1/"}, "'***'"},
+      {{"topology", "verify", file, "--url", "amqp://alice:ab/cd@127.0.0.1"}, "'***'"},
+      {{"topology", "verify", file, "--url", "amqp://alice:abcd@127.0.0.1:1/?heartbeat=abcd"},
+       "URI heartbeat must be a number from 0 to 65535, not '***'"},
+      {{"topology", "apply", file, "amqp://alice:abcd@127.0.0.1:1/"},
+       "not expected: amqp://alice:***@127.0.0.1:1/"},
+      {{"topology", "apply", file, "amqp://alice:ab cd@127.0.0.1:1/"},
+       "not expected: amqp://alice:***@127.0.0.1:1/"},
+      {{"topology", "plan", file, "--jsn", "amqp://alice:abcd@h/", "x"}, "amqp://alice:***@h/"},
+  };
+  for (const auto& c : cases) {
+    Run run = run_cli(c.args);
+    INFO(c.args.back() << "\n" << run.out << run.err);
+    CHECK(run.exit_code == 1);
+    CHECK(contains(run.err, c.shown));
+    CHECK_FALSE(contains(run.out + run.err, "ab?cd"));
+    CHECK_FALSE(contains(run.out + run.err, "abcd@"));
+    CHECK_FALSE(contains(run.out + run.err, "ab cd"));
+    CHECK_FALSE(contains(run.out + run.err, "'ab'"));
+    CHECK_FALSE(contains(run.out + run.err, "'cd"));
+  }
+  // A value that is not from the password is still shown.
+  Run port = run_cli({"topology", "verify", file, "--url", "amqp://alice:abcd@127.0.0.1:99999/"});
+  CHECK(contains(port.err, "not '99999'"));
 }
 
 TEST_CASE("plan and export need no broker and print what apply would declare",
@@ -252,6 +305,13 @@ TEST_CASE("apply, verify and delete through the command line, with drift exiting
   CHECK(contains(verified.out, "Result: 6 match."));
   CHECK(contains(verified.out, "3 bindings were not checked"));
 
+  Run exists_only = run_cli({"topology", "verify", file.path(), "--url", url, "--exists-only"});
+  INFO(exists_only.out << exists_only.err);
+  CHECK(exists_only.exit_code == 0);
+  CHECK(contains(exists_only.out, "exists     queue     " + name + ".wait.30s"));
+  CHECK(contains(exists_only.out, "Result: 6 exist."));
+  CHECK(contains(exists_only.out, "drift is not detected"));
+
   // Change the wait queue behind the tool's back.
   {
     test::TestLoop loop;
@@ -272,6 +332,9 @@ TEST_CASE("apply, verify and delete through the command line, with drift exiting
   CHECK(drifted.exit_code == 3);
   CHECK(contains(drifted.out, "drifted"));
   CHECK(contains(drifted.out, "x-message-ttl: the file wants 30000, the broker has 45000"));
+
+  // --exists-only does not see drift, by design.
+  CHECK(run_cli({"topology", "verify", file.path(), "--url", url, "--exists-only"}).exit_code == 0);
 
   Run drifted_json = run_cli({"topology", "verify", file.path(), "--url", url, "--json"});
   CHECK(drifted_json.exit_code == 3);
@@ -341,10 +404,18 @@ TEST_CASE("delete through the command line refuses a queue that holds messages",
     REQUIRE(loop.run_until([&] { return done; }));
     test::close(loop, connection);
   }
+  Run dry = run_cli({"topology", "delete", file.path(), "--url", url});
+  INFO(dry.out << dry.err);
+  CHECK(dry.exit_code == 3);
+  CHECK(contains(dry.out, "not empty  queue     " + name + ".parking"));
+  CHECK(contains(dry.out, "1 message, 0 consumers"));
+  CHECK(contains(dry.err, "--yes would refuse"));
+
   Run refused = run_cli({"topology", "delete", file.path(), "--url", url, "--yes"});
   INFO(refused.out << refused.err);
   CHECK(refused.exit_code == 3);
   CHECK(contains(refused.out, "Nothing was deleted: " + name + ".parking holds 1 message."));
+  CHECK(contains(refused.err, "refusing to delete"));
   CHECK(contains(refused.err, "--force"));
   CHECK(run_cli({"topology", "verify", file.path(), "--url", url}).exit_code == 0);
 

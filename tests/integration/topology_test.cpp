@@ -68,8 +68,10 @@ Report run(TestLoop& loop, const std::shared_ptr<Connection>& connection, const 
 Report run_apply(TestLoop& loop, const std::shared_ptr<Connection>& c, const Plan& plan) {
   return run(loop, c, plan, [](auto& conn, auto& p, auto cb) { return apply(conn, p, cb); });
 }
-Report run_verify(TestLoop& loop, const std::shared_ptr<Connection>& c, const Plan& plan) {
-  return run(loop, c, plan, [](auto& conn, auto& p, auto cb) { return verify(conn, p, cb); });
+Report run_verify(TestLoop& loop, const std::shared_ptr<Connection>& c, const Plan& plan,
+                  VerifyOptions options = {}) {
+  return run(loop, c, plan,
+             [options](auto& conn, auto& p, auto cb) { return verify(conn, p, cb, options); });
 }
 Report run_delete(TestLoop& loop, const std::shared_ptr<Connection>& c, const Plan& plan,
                   DeleteOptions options) {
@@ -360,6 +362,69 @@ TEST_CASE("Verify passes after apply, creates nothing, and names drifted argumen
 }
 
 TEST_CASE(
+    "Verify without comparing arguments only looks objects up: it creates nothing, needs no "
+    "configure permission, and does not see drift",
+    "[topology][integration]") {
+  TestLoop loop;
+  auto connection = test::connect(loop, test::broker_url());
+  std::string name = test::unique_name("passive");
+  Topology t = parse(service_json(name, R"("delays": ["30s"], "max_attempts": 5)"));
+  Plan plan = make_plan(t);
+  REQUIRE(run_apply(loop, connection, plan).ok());
+
+  // The wait queue drifts and the parking queue goes away.
+  const std::string wait = name + ".wait.30s";
+  delete_queue(loop, *connection, wait);
+  auto channel = test::open_channel(loop, *connection);
+  client::QueueOptions other;
+  other.arguments.append("x-message-ttl", int64_t{60000});
+  test::declare_queue(loop, *channel, wait, other);
+  channel->close();
+  delete_queue(loop, *connection, name + ".parking");
+
+  // A user that may read and write but not configure anything.
+  std::string user = test::unique_name("reader");
+  REQUIRE(test::broker_ctl("add_user '" + user + "' reader-password") == 0);
+  REQUIRE(test::broker_ctl("set_permissions -p / '" + user + "' '' '.*' '.*'") == 0);
+  client::ConnectionOptions options;
+  options.uri = client::parse_uri(test::broker_url());
+  options.uri.user = user;
+  options.uri.password = "reader-password";
+  auto reader = test::connect(loop, options);
+
+  Report passive = run_verify(loop, reader, plan, VerifyOptions{false});
+  INFO(dump(passive));
+  CHECK_FALSE(passive.ok());
+  CHECK(result_for(passive, ActionKind::declare_queue, wait).outcome == Outcome::exists);
+  CHECK(result_for(passive, ActionKind::declare_queue, name + ".parking").outcome ==
+        Outcome::missing);
+  CHECK(passive.count(Outcome::exists) == declares(plan) - 1);
+  CHECK(passive.count(Outcome::failed) == 0);
+  CHECK(passive.count(Outcome::drifted) == 0);
+  CHECK(passive.count(Outcome::not_checked) == binds(plan));
+  CHECK(result_for(passive, ActionKind::declare_queue, name).exists == std::optional<bool>(true));
+  CHECK_FALSE(queue_exists(loop, *connection, name + ".parking"));
+
+  // Comparing arguments declares, which this user may not do: each existing object fails with
+  // 403 and says it was found; the missing one is still missing.
+  Report compared = run_verify(loop, reader, plan);
+  INFO(dump(compared));
+  const ActionResult& q = result_for(compared, ActionKind::declare_queue, name);
+  CHECK(q.outcome == Outcome::failed);
+  CHECK(q.exists == std::optional<bool>(true));
+  CHECK(q.error.reply_code == 403);
+  CHECK(result_for(compared, ActionKind::declare_queue, name + ".parking").outcome ==
+        Outcome::missing);
+  CHECK(compared.count(Outcome::failed) == declares(plan) - 1);
+
+  test::close(loop, reader);
+  CHECK(test::broker_ctl("delete_user '" + user + "'") == 0);
+  run_delete(loop, connection, make_delete_plan(t), {true, true});
+  delete_exchange(loop, *connection, name + ".in");
+  test::close(loop, connection);
+}
+
+TEST_CASE(
     "Apply reports each 406 with the argument, goes on with a new channel, and changes "
     "nothing",
     "[topology][integration]") {
@@ -441,7 +506,10 @@ TEST_CASE("An exchange with \"declare\": false must exist and is never declared"
   INFO(dump(present));
   CHECK(present.ok());
   CHECK(result_for(present, ActionKind::check_exchange, exchange).outcome == Outcome::existed);
-  CHECK(run_verify(loop, connection, plan).ok());
+  Report verified = run_verify(loop, connection, plan);
+  CHECK(verified.ok());
+  // Never declared, so verify cannot compare its type: it only says that it exists.
+  CHECK(result_for(verified, ActionKind::check_exchange, exchange).outcome == Outcome::exists);
 
   run_delete(loop, connection, make_delete_plan(t), {true, true});
   CHECK(exchange_exists(loop, *connection, exchange));

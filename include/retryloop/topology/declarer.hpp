@@ -20,6 +20,8 @@ enum class Outcome {
   existed,       ///< apply: it existed with the file's arguments (nothing changed)
   bound,         ///< apply: binding declared (idempotent; AMQP cannot tell whether it was new)
   matches,       ///< verify: it exists with the file's arguments
+  exists,        ///< verify: it exists; its arguments were not compared (a "declare": false
+                 ///< exchange, or VerifyOptions::compare_arguments is false)
   not_checked,   ///< verify: a binding; AMQP 0-9-1 cannot check one without creating it
   missing,       ///< verify: it does not exist; apply: a "declare": false exchange is missing
   drifted,       ///< it exists with other arguments (406 PRECONDITION_FAILED); see `drift`
@@ -58,6 +60,11 @@ struct ActionResult {
   std::optional<Drift> drift;
   /// For drifted, missing, failed, not_empty: the broker's answer.
   client::Error error;
+  /// Exchanges and queues: what the passive lookup found (nullopt when none was made, as for
+  /// bindings, or when the lookup itself failed). A `failed` object with `exists` true was found
+  /// and refused afterwards: in verify, by the declare that compares its arguments (403 when the
+  /// user lacks configure permission).
+  std::optional<bool> exists;
   /// Queues, when the broker reported them (declare-ok): messages ready and consumers.
   std::optional<uint32_t> messages;
   std::optional<uint32_t> consumers;
@@ -90,12 +97,26 @@ using ReportCallback = std::function<void(const Report&)>;
 client::Error apply(const std::shared_ptr<client::Connection>& connection, const Plan& plan,
                     ReportCallback callback);
 
-/// Checks a declare plan against the broker without creating anything: a passive declare tells
-/// whether an object exists; for an existing one, a declare with the plan's arguments (a no-op
-/// when they are equal) detects drift. Bindings are `not_checked`. (An object deleted by someone
-/// else between the two declares would be recreated; the window is one round trip.)
+struct VerifyOptions {
+  /// true: compare the arguments of every existing object by declaring it with the plan's
+  /// arguments (see verify). false: only look objects up with a passive declare, which never
+  /// creates anything and needs no configure permission, but cannot see drift (`exists`).
+  bool compare_arguments = true;
+};
+
+/// Checks a declare plan against the broker. Every exchange and queue is looked up with a passive
+/// declare: a missing one is `missing` and nothing else is sent for it. An existing one is then,
+/// with `compare_arguments`, declared with the plan's arguments: the broker compares them with its
+/// own, so this is a no-op when they are equal and a 406 naming the first differing argument
+/// (`drifted`) when not. Bindings are `not_checked`: AMQP 0-9-1 has no passive bind.
+///
+/// The trade-off of comparing by declaring, which is the only way AMQP 0-9-1 offers: (1) an object
+/// that someone deletes between the lookup and the comparing declare (one round trip) is created
+/// again, with exactly the plan's arguments; (2) the comparing declare needs configure permission
+/// on the object, so a read-only user gets `failed` (403) for every existing object. Set
+/// `compare_arguments` to false where neither is acceptable.
 client::Error verify(const std::shared_ptr<client::Connection>& connection, const Plan& plan,
-                     ReportCallback callback);
+                     ReportCallback callback, VerifyOptions options = {});
 
 struct DeleteOptions {
   /// false: delete nothing, report what would be deleted (`would_delete`, `absent`, `not_empty`).
