@@ -1,4 +1,4 @@
-// The retryloop command. Each command group (topology, and later parking) adds its subcommands;
+// The retryloop command. Each command group (topology, parking) adds its subcommands;
 // this file only parses the command line and turns failures into exit codes.
 
 #include <CLI/CLI.hpp>
@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "common.hpp"
+#include "parking_command.hpp"
 #include "topology_command.hpp"
 
 int main(int argc, char** argv) {
@@ -17,6 +18,7 @@ int main(int argc, char** argv) {
 
   int exit_code = exit_ok;
   add_topology_commands(app, exit_code);
+  add_parking_commands(app, exit_code);
 
   if (argc < 2) {
     std::cout << app.help();

@@ -684,6 +684,8 @@ void Channel::terminate(const Error& reason) {
     outcome.error = reason;
     publish.callback(outcome);
   }
+  CompletionCallback on_closed_by_client = std::move(on_closed_by_client_);
+  if (on_closed_by_client) on_closed_by_client(reason);
   ChannelCloseHandler on_close = std::move(on_close_);
   if (on_close) on_close(reason);
 }

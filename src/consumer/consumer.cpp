@@ -39,35 +39,39 @@ double random_unit() {
 bool is_fatal(const Error& error) {
   return error.code == make_error_code(ClientError::authentication_failed) ||
          error.code == make_error_code(ClientError::vhost_refused) ||
-         error.code == make_error_code(ClientError::tls_failed) || error.reply_code == 403 ||
+         error.code == make_error_code(ClientError::tls_failed) ||
+         error.code == make_error_code(ClientError::topology_drift) || error.reply_code == 403 ||
          error.reply_code == 406;
 }
 
-/// The first problem of a declare report, as one line, and whether it is fatal.
-std::pair<std::string, bool> describe_problem(const topology::Report& report) {
+/// The first problem of a declare report as an error naming the object.
+Error declare_problem(const topology::Report& report) {
   for (const auto& result : report.results) {
     const std::string object = topology::describe(result.action);
     switch (result.outcome) {
       case topology::Outcome::drifted: {
-        std::string text = object + " exists with other arguments";
+        std::string text = object + " exists with other arguments: ";
         if (result.drift) {
-          text += ": " + result.drift->argument + " is " + result.drift->actual +
+          text += result.drift->argument + " is " + result.drift->actual +
                   " on the broker, the topology wants " + result.drift->wanted;
         } else {
-          text += ": " + result.error.message();
+          text += result.error.message();
         }
-        return {"topology drift: " + text + " (fix the broker or the file; nothing was changed)",
-                true};
+        return Error(ClientError::topology_drift,
+                     text + " (fix the broker or the file; nothing was changed)");
       }
-      case topology::Outcome::failed:
-        return {object + ": " + result.error.message(), is_fatal(result.error)};
+      case topology::Outcome::failed: {
+        Error error = result.error;
+        error.reply_text = object + ": " + error.reply_text;
+        return error;
+      }
       case topology::Outcome::missing:
-        return {object + " does not exist (it is declared elsewhere)", false};
+        return Error(ClientError::not_found, object + " does not exist (it is declared elsewhere)");
       default:
         break;
     }
   }
-  return {report.connection_error.message(), false};
+  return report.connection_error;
 }
 
 Outcome invoke(const Handler& handler, const Message& message, bool& threw) {
@@ -293,9 +297,8 @@ void Consumer::declare_topology(const std::shared_ptr<Session>& session) {
           return;
         }
         if (!report.ok()) {
-          auto [text, fatal] = describe_problem(report);
-          Error problem(ClientError::channel_closed, text);
-          if (fatal) {
+          Error problem = declare_problem(report);
+          if (is_fatal(problem)) {
             self->fail_fatally(problem);
           } else {
             self->session_failed(session, problem);
@@ -365,9 +368,8 @@ void Consumer::start_consuming(const std::shared_ptr<Session>& session) {
     auto s = weak_session.lock();
     if (!self || !s) return;
     self->session_failed(
-        s, Error(ClientError::channel_closed,
-                 "the broker cancelled the consumer (was queue " +
-                     topology::input_queue_name(self->options_.service) + " deleted?)"));
+        s, Error(ClientError::consumer_cancelled,
+                 "was queue " + topology::input_queue_name(self->options_.service) + " deleted?"));
   };
   const std::string& queue = topology::input_queue_name(options_.service);
   Error error = session->consume_channel->consume(

@@ -162,7 +162,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
   void set_close_handler(ChannelCloseHandler handler) { on_close_ = std::move(handler); }
 
   /// Closes the channel (channel.close, then close-ok). Pending operations fail with
-  /// closed_by_client.
+  /// closed_by_client. `callback` fires once: with no error on close-ok, or with the reason when
+  /// the connection ends first.
   Error close(CompletionCallback callback = {});
 
   // ---- used by Connection ----

@@ -27,6 +27,9 @@ enum class ClientError {
   message_too_large,      ///< a body larger than the configured or broker limit
   tls_failed,             ///< the TLS handshake or certificate verification failed
   unroutable,             ///< the broker returned a mandatory message: no queue matched
+  not_found,              ///< a queue or exchange the operation needs does not exist
+  topology_drift,         ///< an object exists with other arguments than the topology wants
+  consumer_cancelled,     ///< the broker cancelled a consumer (its queue was deleted)
 };
 
 const std::error_category& client_category() noexcept;

@@ -1,0 +1,63 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "retryloop/amqp/field_table.hpp"
+#include "retryloop/amqp/methods.hpp"
+#include "retryloop/client/message.hpp"
+
+namespace retryloop::parking {
+
+/// A message read from a parking queue, with its parking headers decoded. Headers that are
+/// missing or of another type leave their field empty; nothing here throws.
+struct ParkedMessage {
+  /// 0-based place in the parking queue when it was read.
+  uint64_t position = 0;
+  client::Message message;
+  std::string message_id;
+  /// `retryloop-parked-at`, seconds since the epoch.
+  std::optional<uint64_t> parked_at;
+  std::string reason;
+  std::optional<int64_t> attempts;
+  std::string error;
+  std::string queue;
+  std::string original_exchange;
+  std::string original_routing_key;
+  /// `retryloop-replays`: times it was replayed before.
+  int64_t replays = 0;
+};
+
+/// Decodes the parking headers of `message`.
+ParkedMessage read_parked(client::Message message, uint64_t position);
+
+/// A header value as text, for filters and tables: strings as they are, numbers in decimal,
+/// booleans as true/false, timestamps as seconds; nullopt for tables, arrays and void.
+std::optional<std::string> header_text(const amqp::FieldValue& value);
+
+/// Which parked messages an operation takes. Every condition must hold; an empty filter takes
+/// every message.
+struct Filter {
+  /// HEADER=VALUE pairs: the header must be present with this text (header_text).
+  std::vector<std::pair<std::string, std::string>> where;
+  /// Parked longer ago than this (by `retryloop-parked-at`; a message without it never matches).
+  std::optional<std::chrono::milliseconds> older_than;
+
+  bool empty() const { return where.empty() && !older_than; }
+  bool matches(const ParkedMessage& parked, uint64_t now_seconds) const;
+};
+
+/// Parses `HEADER=VALUE` (`--where`). Throws std::invalid_argument naming the problem.
+std::pair<std::string, std::string> parse_where(const std::string& text);
+
+/// The copy a replay publishes: the same body and properties, with `x-death`,
+/// `x-first-death-*`, `x-last-death-*`, `retryloop-retries` and the parking headers removed (the
+/// original exchange and routing key stay: they say where the message came from), and
+/// `retryloop-replays` incremented. The message starts fresh on every RabbitMQ version.
+amqp::BasicProperties make_replay_copy(const amqp::BasicProperties& properties);
+
+}  // namespace retryloop::parking

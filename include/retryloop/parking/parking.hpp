@@ -1,0 +1,137 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "retryloop/client/connection.hpp"
+#include "retryloop/client/error.hpp"
+#include "retryloop/parking/parked_message.hpp"
+#include "retryloop/topology/topology.hpp"
+
+namespace retryloop::parking {
+
+// Operations on a service's parking queue, as the `retryloop parking` command uses them.
+//
+// Shared rules. Each operation takes an open connection (left open) and opens a channel of its
+// own. It reads the parking queue once, up to the depth the queue had when it started, so that
+// messages parked meanwhile (for example by a consumer failing replayed messages again) are
+// never read in the same run. Messages it does not take are held unacked and go back to their
+// place in the queue when its channel closes: order is kept, nothing is removed. (The broker
+// marks them redelivered; a quorum queue also counts a delivery for each.) A call that returns
+// an error has started nothing and never calls its callback; otherwise the callback is called
+// exactly once, on the loop thread.
+
+/// Messages read per round (prefetch) and, for replay, copies awaiting confirms at once.
+inline constexpr uint16_t default_window = 500;
+
+struct ListOptions {
+  /// At most this many messages, from the head of the queue; 0: all.
+  size_t limit = 0;
+  uint16_t window = default_window;
+};
+using ListCallback =
+    std::function<void(const client::Error& error, std::vector<ParkedMessage> messages)>;
+
+/// Reads parked messages without removing or reordering them.
+client::Error list(const std::shared_ptr<client::Connection>& connection,
+                   const topology::Service& service, ListOptions options, ListCallback callback);
+
+struct Stats {
+  /// Messages ready in the parking queue.
+  uint32_t depth = 0;
+  /// Messages read for the counts below (the depth, unless messages came or went meanwhile).
+  uint64_t scanned = 0;
+  /// Earliest `retryloop-parked-at` among them.
+  std::optional<uint64_t> oldest_parked_at;
+  /// Count per `retryloop-reason` ("(none)" when missing).
+  std::map<std::string, uint64_t> by_reason;
+  /// Count per first line of `retryloop-error`, most frequent first.
+  std::vector<std::pair<std::string, uint64_t>> by_error;
+  /// Depths of the service's input queue and wait queues that exist (queue name -> depth).
+  std::map<std::string, uint32_t> loop_depths;
+};
+using StatsCallback = std::function<void(const client::Error& error, const Stats& stats)>;
+
+/// Counts the parked messages by reason and error, and the loop's queue depths.
+client::Error stats(const std::shared_ptr<client::Connection>& connection,
+                    const topology::Service& service, StatsCallback callback);
+
+/// Progress of a replay or purge, reported as it goes.
+struct Progress {
+  /// Parking depth at the start: the most messages this run reads.
+  uint64_t total = 0;
+  uint64_t scanned = 0;
+  /// Replay: copies confirmed and their parked originals acked. Purge: deleted.
+  uint64_t moved = 0;
+  /// Did not match the filter (or were past --limit): stay in parking.
+  uint64_t skipped = 0;
+  /// Copies returned or nacked by the broker: their originals stay in parking.
+  uint64_t failed = 0;
+};
+using ProgressHandler = std::function<void(const Progress& progress)>;
+
+struct ReplayOptions {
+  /// At most this many messages move; 0: no limit.
+  size_t limit = 0;
+  Filter filter;
+  /// The queue to move them to (through the default exchange); empty: the service's input
+  /// queue, so other queues bound to its input exchange get no copy.
+  std::string to_queue;
+  /// Read and report what would move; move nothing.
+  bool dry_run = false;
+  uint16_t window = default_window;
+};
+
+struct ReplayResult {
+  Progress progress;
+  /// Stopped early by Replay::stop().
+  bool interrupted = false;
+  /// Set when the run ended on a broker or connection error; what was confirmed before stays
+  /// moved, the rest stays parked.
+  client::Error error;
+  /// With dry_run: the messages that would move, in queue order.
+  std::vector<ParkedMessage> would_move;
+};
+using ReplayCallback = std::function<void(const ReplayResult& result)>;
+
+/// A running replay. Each matching message is published to the target with confirm and
+/// mandatory, and its parked original is acked only after the confirm arrives with no return.
+/// A crash between the two leaves both copies (a duplicate, at most `window` of them), never
+/// neither.
+class Replay {
+ public:
+  virtual ~Replay() = default;
+  /// Stops taking new messages; copies in flight settle, then the callback fires
+  /// (`interrupted`).
+  virtual void stop() = 0;
+  virtual const Progress& progress() const = 0;
+};
+
+/// Starts a replay. `on_progress` (optional) is told after each settled message.
+client::Error replay(const std::shared_ptr<client::Connection>& connection,
+                     const topology::Service& service, ReplayOptions options,
+                     ReplayCallback callback, std::shared_ptr<Replay>* handle = nullptr,
+                     ProgressHandler on_progress = {});
+
+struct PurgeOptions {
+  Filter filter;
+  /// false: count what would be deleted, delete nothing.
+  bool execute = false;
+  uint16_t window = default_window;
+};
+using PurgeCallback = std::function<void(const client::Error& error, const Progress& progress)>;
+
+/// Deletes the parked messages that match `filter` (all, when it is empty), or only counts them
+/// unless `execute`. `progress.moved` is the number deleted (or that would be).
+client::Error purge(const std::shared_ptr<client::Connection>& connection,
+                    const topology::Service& service, PurgeOptions options,
+                    PurgeCallback callback);
+
+}  // namespace retryloop::parking

@@ -1,0 +1,679 @@
+// retryloop parking list|stats|replay|purge: output and exit codes only; the work is done by
+// retryloop::parking.
+
+#include "parking_command.hpp"
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+#include <uv.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+#include "retryloop/parking/parking.hpp"
+#include "retryloop/topology/duration.hpp"
+
+namespace retryloop::cli {
+
+namespace {
+
+/// Exit codes of the parking commands beyond the shared ones.
+constexpr int exit_above_threshold = 5;
+constexpr int exit_interrupted = 130;
+
+const char* const parking_exit_codes_help =
+    "Exit codes:\n"
+    "  0    success\n"
+    "  1    usage error (unknown option, missing argument, bad --url, purge without --yes)\n"
+    "  2    the topology file is unreadable or invalid\n"
+    "  3    the broker refused (no parking queue, no target queue), or copies failed (replay)\n"
+    "  4    cannot connect to the broker, or the connection failed\n"
+    "  5    stats --fail-above: the parking depth is above the threshold\n"
+    "  130  replay or purge interrupted (Ctrl-C); what was confirmed stays moved";
+
+struct ParkingArgs {
+  std::string topology_file;
+  std::string service;
+  ConnectionArgs connection;
+  size_t limit = 0;
+  bool json = false;
+  int64_t fail_above = -1;
+  std::vector<std::string> where;
+  std::string older_than;
+  std::string to_queue;
+  bool dry_run = false;
+  bool yes = false;
+  uint16_t window = parking::default_window;
+};
+
+uint64_t unix_seconds() {
+  return uint64_t(std::chrono::duration_cast<std::chrono::seconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count());
+}
+
+std::string iso_time(uint64_t seconds) {
+  std::time_t t = std::time_t(seconds);
+  std::tm utc{};
+  gmtime_r(&t, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
+/// "45s", "12m30s", "3h5m", "2d4h".
+std::string age_text(uint64_t seconds) {
+  auto two = [](uint64_t big, const char* big_unit, uint64_t small, const char* small_unit) {
+    return std::to_string(big) + big_unit + (small ? std::to_string(small) + small_unit : "");
+  };
+  if (seconds < 60) return std::to_string(seconds) + "s";
+  if (seconds < 3600) return two(seconds / 60, "m", seconds % 60, "s");
+  if (seconds < 86400) return two(seconds / 3600, "h", seconds % 3600 / 60, "m");
+  return two(seconds / 86400, "d", seconds % 86400 / 3600, "h");
+}
+
+/// Well-formed UTF-8: no overlong forms, no surrogates, nothing above U+10FFFF.
+bool is_utf8(std::string_view text) {
+  const size_t n = text.size();
+  size_t i = 0;
+  while (i < n) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    size_t extra = 0;
+    unsigned char low = 0x80, high = 0xBF;  // the range of the second byte
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      extra = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      extra = 2;
+      if (c == 0xE0) low = 0xA0;
+      if (c == 0xED) high = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      extra = 3;
+      if (c == 0xF0) low = 0x90;
+      if (c == 0xF4) high = 0x8F;
+    } else {
+      return false;
+    }
+    if (n - i <= extra) return false;
+    for (size_t k = 1; k <= extra; ++k) {
+      const auto next = static_cast<unsigned char>(text[i + k]);
+      if (k == 1 ? (next < low || next > high) : (next & 0xC0) != 0x80) return false;
+    }
+    i += extra + 1;
+  }
+  return true;
+}
+
+/// JSON text; bytes that are not UTF-8 in strings become U+FFFD instead of failing.
+std::string dump(const nlohmann::json& json) {
+  return json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string base64(std::string_view bytes) {
+  static constexpr char digits[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    uint32_t n = uint32_t(static_cast<unsigned char>(bytes[i])) << 16;
+    if (i + 1 < bytes.size()) n |= uint32_t(static_cast<unsigned char>(bytes[i + 1])) << 8;
+    if (i + 2 < bytes.size()) n |= uint32_t(static_cast<unsigned char>(bytes[i + 2]));
+    out.push_back(digits[(n >> 18) & 63]);
+    out.push_back(digits[(n >> 12) & 63]);
+    out.push_back(i + 1 < bytes.size() ? digits[(n >> 6) & 63] : '=');
+    out.push_back(i + 2 < bytes.size() ? digits[n & 63] : '=');
+  }
+  return out;
+}
+
+/// Printable text for a table cell: control and non-ASCII bytes escaped, cut to `width`.
+std::string preview(std::string_view text, size_t width) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (out.size() >= width) break;
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c < 0x20 || c >= 0x7F) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", c);
+      out += escaped;
+    } else {
+      out.push_back(char(c));
+    }
+  }
+  if (out.size() > width || text.size() > out.size()) {
+    if (out.size() > width) out.resize(width);
+    if (out.size() < text.size()) out += "...";
+  }
+  return out;
+}
+
+nlohmann::json value_json(const amqp::FieldValue& value);
+
+nlohmann::json table_json(const amqp::FieldTable& table) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& entry : table) out[entry.name] = value_json(entry.value);
+  return out;
+}
+
+nlohmann::json value_json(const amqp::FieldValue& value) {
+  if (const auto* table = value.get_if<amqp::FieldTable>()) return table_json(*table);
+  if (const auto* array = value.get_if<amqp::FieldArray>()) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& item : *array) out.push_back(value_json(item));
+    return out;
+  }
+  if (const auto* flag = value.get_if<bool>()) return *flag;
+  if (auto number = value.as_int64()) return *number;
+  if (const auto* number = value.get_if<double>()) return *number;
+  if (const auto* number = value.get_if<float>()) return *number;
+  if (const auto* time = value.get_if<amqp::Timestamp>()) return time->seconds;
+  if (const auto* bytes = value.get_if<amqp::ByteArray>()) {
+    return is_utf8(bytes->bytes) ? nlohmann::json(bytes->bytes)
+                                 : nlohmann::json({{"base64", base64(bytes->bytes)}});
+  }
+  if (auto text = value.as_string()) {
+    return is_utf8(*text) ? nlohmann::json(std::string(*text))
+                          : nlohmann::json({{"base64", base64(*text)}});
+  }
+  if (const auto* decimal = value.get_if<amqp::Decimal>()) {
+    return double(decimal->value) / std::pow(10.0, decimal->scale);
+  }
+  if (auto number = value.get_if<uint32_t>()) return *number;
+  return nullptr;
+}
+
+nlohmann::json message_json(const parking::ParkedMessage& parked, uint64_t now) {
+  const amqp::BasicProperties& p = parked.message.properties;
+  nlohmann::json properties = nlohmann::json::object();
+  auto put = [&](const char* name, const std::optional<std::string>& value) {
+    if (value) properties[name] = *value;
+  };
+  put("content_type", p.content_type);
+  put("content_encoding", p.content_encoding);
+  if (p.delivery_mode) properties["delivery_mode"] = *p.delivery_mode;
+  if (p.priority) properties["priority"] = *p.priority;
+  put("correlation_id", p.correlation_id);
+  put("reply_to", p.reply_to);
+  put("expiration", p.expiration);
+  put("message_id", p.message_id);
+  if (p.timestamp) properties["timestamp"] = *p.timestamp;
+  put("type", p.type);
+  put("user_id", p.user_id);
+  put("app_id", p.app_id);
+
+  nlohmann::json out;
+  out["position"] = parked.position;
+  out["message_id"] = parked.message_id;
+  out["parked_at"] = parked.parked_at ? nlohmann::json(iso_time(*parked.parked_at)) : nullptr;
+  out["age_seconds"] = parked.parked_at && *parked.parked_at <= now
+                           ? nlohmann::json(now - *parked.parked_at)
+                           : nullptr;
+  out["reason"] = parked.reason;
+  out["attempts"] = parked.attempts ? nlohmann::json(*parked.attempts) : nullptr;
+  out["error"] = parked.error;
+  out["queue"] = parked.queue;
+  out["original_exchange"] = parked.original_exchange;
+  out["original_routing_key"] = parked.original_routing_key;
+  out["replays"] = parked.replays;
+  out["properties"] = properties;
+  out["headers"] = p.headers ? table_json(*p.headers) : nlohmann::json::object();
+  out["body_size"] = parked.message.body.size();
+  if (is_utf8(parked.message.body)) {
+    out["body"] = parked.message.body;
+    out["body_encoding"] = "utf-8";
+  } else {
+    out["body"] = base64(parked.message.body);
+    out["body_encoding"] = "base64";
+  }
+  return out;
+}
+
+void print_messages(const std::vector<parking::ParkedMessage>& messages, bool json) {
+  const uint64_t now = unix_seconds();
+  if (json) {
+    for (const auto& parked : messages) std::cout << dump(message_json(parked, now)) << "\n";
+    return;
+  }
+  Table table;
+  table.add({"#", "MESSAGE ID", "PARKED (UTC)", "AGE", "REASON", "ATTEMPTS", "ERROR", "FROM",
+             "SIZE", "BODY"});
+  for (const auto& parked : messages) {
+    const bool dated = parked.parked_at && *parked.parked_at <= now;
+    table.add({std::to_string(parked.position + 1), preview(parked.message_id, 36),
+               parked.parked_at ? iso_time(*parked.parked_at) : "-",
+               dated ? age_text(now - *parked.parked_at) : "-",
+               parked.reason.empty() ? "-" : parked.reason,
+               parked.attempts ? std::to_string(*parked.attempts) : "-",
+               parked.error.empty() ? "-" : preview(parked.error, 40),
+               parked.original_exchange.empty() && parked.original_routing_key.empty()
+                   ? "-"
+                   : preview((parked.original_exchange.empty() ? "(default)"
+                                                               : parked.original_exchange) +
+                                 " / " + parked.original_routing_key,
+                             40),
+               std::to_string(parked.message.body.size()), preview(parked.message.body, 40)});
+  }
+  table.print(std::cout, "");
+}
+
+// ---- commands ----------------------------------------------------------------------------
+
+topology::Service load_service(const ParkingArgs& args) {
+  if (args.topology_file.empty()) {
+    throw Failure(exit_usage, "give the topology file with -t FILE or RETRYLOOP_TOPOLOGY");
+  }
+  return load_topology_or_fail(args.topology_file, {args.service}).services.at(0);
+}
+
+parking::Filter make_filter(const ParkingArgs& args) {
+  parking::Filter filter;
+  for (const auto& where : args.where) {
+    try {
+      filter.where.push_back(parking::parse_where(where));
+    } catch (const std::invalid_argument& e) {
+      throw Failure(exit_usage, e.what());
+    }
+  }
+  if (!args.older_than.empty()) {
+    std::string why;
+    auto duration = topology::parse_duration(args.older_than, &why);
+    if (!duration) throw Failure(exit_usage, "--older-than \"" + args.older_than + "\" " + why);
+    filter.older_than = duration;
+  }
+  return filter;
+}
+
+/// Exit code for an operation's error: a connection failure is 4, the rest 3.
+int error_exit(const client::Error& error, const std::string& what) {
+  std::cerr << "retryloop: " << what << ": " << error.message() << "\n";
+  const bool connection = error.code == client::make_error_code(client::ClientError::connection_lost) ||
+                          error.code == client::make_error_code(client::ClientError::heartbeat_timeout) ||
+                          error.code == client::make_error_code(client::ClientError::connection_closed);
+  return connection ? exit_connection : exit_broker_refused;
+}
+
+int run_list(const ParkingArgs& args) {
+  const topology::Service service = load_service(args);
+  return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
+    parking::ListOptions options;
+    options.limit = args.limit;
+    client::Error error = parking::list(
+        connection, service, options,
+        [&args, &service, done](const client::Error& error,
+                                std::vector<parking::ParkedMessage> messages) {
+          if (error) return done(error_exit(error, "parking list " + service.name));
+          if (messages.empty() && !args.json) {
+            std::cout << "parking queue " << topology::parking_queue_name(service.name)
+                      << " is empty\n";
+          } else {
+            print_messages(messages, args.json);
+          }
+          done(exit_ok);
+        });
+    if (error) done(error_exit(error, "parking list"));
+  });
+}
+
+int run_stats(const ParkingArgs& args) {
+  const topology::Service service = load_service(args);
+  return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
+    client::Error error = parking::stats(
+        connection, service, [&args, &service, done](const client::Error& error, const parking::Stats& stats) {
+          if (error) return done(error_exit(error, "parking stats " + service.name));
+          const uint64_t now = unix_seconds();
+          const std::string queue = topology::parking_queue_name(service.name);
+          std::optional<uint64_t> age;
+          if (stats.oldest_parked_at && *stats.oldest_parked_at <= now) {
+            age = now - *stats.oldest_parked_at;
+          }
+          if (args.json) {
+            nlohmann::json out;
+            out["service"] = service.name;
+            out["queue"] = queue;
+            out["depth"] = stats.depth;
+            out["scanned"] = stats.scanned;
+            out["oldest_parked_at"] =
+                stats.oldest_parked_at ? nlohmann::json(iso_time(*stats.oldest_parked_at)) : nullptr;
+            out["oldest_age_seconds"] = age ? nlohmann::json(*age) : nullptr;
+            out["by_reason"] = stats.by_reason;
+            out["by_error"] = nlohmann::json::array();
+            for (const auto& [text, count] : stats.by_error) {
+              out["by_error"].push_back({{"error", text}, {"count", count}});
+            }
+            out["loop_depths"] = stats.loop_depths;
+            std::cout << dump(out) << "\n";
+          } else {
+            std::cout << "parking queue " << queue << ": " << plural(stats.depth, "message");
+            if (age) {
+              std::cout << ", oldest parked " << age_text(*age) << " ago ("
+                        << iso_time(*stats.oldest_parked_at) << ")";
+            }
+            std::cout << "\n";
+            if (!stats.by_reason.empty()) {
+              Table reasons;
+              for (const auto& [reason, count] : stats.by_reason) {
+                reasons.add({reason, std::to_string(count)});
+              }
+              std::cout << "by reason:\n";
+              reasons.print(std::cout);
+            }
+            if (!stats.by_error.empty()) {
+              Table errors;
+              for (const auto& [text, count] : stats.by_error) {
+                errors.add({std::to_string(count), preview(text, 100)});
+              }
+              std::cout << "by error (first line):\n";
+              errors.print(std::cout);
+            }
+            if (!stats.loop_depths.empty()) {
+              Table depths;
+              for (const auto& [name, depth] : stats.loop_depths) {
+                depths.add({name, std::to_string(depth)});
+              }
+              std::cout << "the service's queues (ready messages):\n";
+              depths.print(std::cout);
+            }
+          }
+          if (args.fail_above >= 0 && int64_t(stats.depth) > args.fail_above) {
+            std::cerr << "retryloop: parking depth " << stats.depth << " is above "
+                      << args.fail_above << "\n";
+            return done(exit_above_threshold);
+          }
+          done(exit_ok);
+        });
+    if (error) done(error_exit(error, "parking stats"));
+  });
+}
+
+/// Ctrl-C and SIGTERM: the first calls `on_first`, the second `on_second`. Closed by close().
+class Interrupts {
+ public:
+  Interrupts(uv_loop_t* loop, std::function<void()> on_first, std::function<void()> on_second)
+      : on_first_(std::move(on_first)), on_second_(std::move(on_second)) {
+    for (uv_signal_t* handle : {&sigint_, &sigterm_}) {
+      uv_signal_init(loop, handle);
+      handle->data = this;
+    }
+    auto handler = [](uv_signal_t* handle, int) {
+      auto* self = static_cast<Interrupts*>(handle->data);
+      if (++self->count_ == 1) {
+        if (self->on_first_) self->on_first_();
+      } else if (self->on_second_) {
+        self->on_second_();
+      }
+    };
+    uv_signal_start(&sigint_, handler, SIGINT);
+    uv_signal_start(&sigterm_, handler, SIGTERM);
+  }
+  void close() {
+    for (uv_signal_t* handle : {&sigint_, &sigterm_}) {
+      if (!uv_is_closing(reinterpret_cast<uv_handle_t*>(handle))) {
+        uv_close(reinterpret_cast<uv_handle_t*>(handle), nullptr);
+      }
+    }
+  }
+
+ private:
+  uv_signal_t sigint_{};
+  uv_signal_t sigterm_{};
+  int count_ = 0;
+  std::function<void()> on_first_;
+  std::function<void()> on_second_;
+};
+
+/// Shows how a long run goes: a bar on a terminal, a line every 5 s otherwise (on stderr).
+class ProgressReporter {
+ public:
+  ProgressReporter(uv_loop_t* loop, std::string verb) : verb_(std::move(verb)), tty_(isatty(2)) {
+    started_ = uv_hrtime();
+    uv_timer_init(loop, &timer_);
+    timer_.data = this;
+    const uint64_t every = tty_ ? 200 : 5000;
+    uv_timer_start(
+        &timer_, [](uv_timer_t* t) { static_cast<ProgressReporter*>(t->data)->show(false); },
+        every, every);
+  }
+  void update(const parking::Progress& progress) { progress_ = progress; }
+  double seconds() const { return double(uv_hrtime() - started_) / 1e9; }
+  void close() {
+    if (tty_ && shown_) std::cerr << "\r\033[K";
+    uv_close(reinterpret_cast<uv_handle_t*>(&timer_), nullptr);
+  }
+
+ private:
+  void show(bool) {
+    const double elapsed = seconds();
+    const double rate = elapsed > 0 ? double(progress_.scanned) / elapsed : 0;
+    char line[256];
+    if (tty_) {
+      const double fraction =
+          progress_.total == 0 ? 1.0 : double(progress_.scanned) / double(progress_.total);
+      const int filled = int(fraction * 30);
+      std::string bar = std::string(size_t(filled), '#') + std::string(size_t(30 - filled), '.');
+      const double eta = rate > 0 ? double(progress_.total - progress_.scanned) / rate : 0;
+      std::snprintf(line, sizeof line,
+                    "\r[%s] %llu/%llu read, %llu %s, %llu skipped, %llu failed, %.0f msg/s, ETA "
+                    "%.0fs\033[K",
+                    bar.c_str(), (unsigned long long)progress_.scanned,
+                    (unsigned long long)progress_.total, (unsigned long long)progress_.moved,
+                    verb_.c_str(), (unsigned long long)progress_.skipped,
+                    (unsigned long long)progress_.failed, rate, eta);
+      std::cerr << line << std::flush;
+    } else {
+      std::snprintf(line, sizeof line,
+                    "retryloop: %llu/%llu read, %llu %s, %llu skipped, %llu failed (%.0f msg/s)\n",
+                    (unsigned long long)progress_.scanned, (unsigned long long)progress_.total,
+                    (unsigned long long)progress_.moved, verb_.c_str(),
+                    (unsigned long long)progress_.skipped, (unsigned long long)progress_.failed,
+                    rate);
+      std::cerr << line << std::flush;
+    }
+    shown_ = true;
+  }
+
+  std::string verb_;
+  bool tty_;
+  bool shown_ = false;
+  uint64_t started_ = 0;
+  uv_timer_t timer_{};
+  parking::Progress progress_;
+};
+
+int run_replay(const ParkingArgs& args) {
+  const topology::Service service = load_service(args);
+  parking::ReplayOptions options;
+  options.limit = args.limit;
+  options.filter = make_filter(args);
+  options.to_queue = args.to_queue;
+  options.dry_run = args.dry_run;
+  options.window = args.window;
+  const std::string target = args.to_queue.empty() ? topology::input_queue_name(service)
+                                                   : args.to_queue;
+  return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
+    auto handle = std::make_shared<std::shared_ptr<parking::Replay>>();
+    auto reporter = args.dry_run ? nullptr
+                                 : std::make_shared<ProgressReporter>(connection->loop(), "moved");
+    auto interrupts = std::make_shared<Interrupts>(
+        connection->loop(),
+        [handle] {
+          std::cerr << "\nretryloop: interrupted: letting the copies in flight settle (Ctrl-C "
+                       "again to stop at once)\n";
+          if (*handle) (*handle)->stop();
+        },
+        [connection] { connection->close(); });
+    client::Error error = parking::replay(
+        connection, service, options,
+        [&args, &service, &target, done, reporter, interrupts](const parking::ReplayResult& result) {
+          interrupts->close();
+          const double seconds = reporter ? reporter->seconds() : 0;
+          if (reporter) reporter->close();
+          const parking::Progress& p = result.progress;
+          if (args.dry_run && !result.error) {
+            print_messages(result.would_move, args.json);
+            std::cerr << "dry run: " << plural(p.moved, "message") << " would move from "
+                      << topology::parking_queue_name(service.name) << " to queue " << target
+                      << ", " << p.skipped << " would stay; nothing was moved\n";
+            return done(exit_ok);
+          }
+          if (result.error && p.scanned == 0) {
+            return done(error_exit(result.error, "parking replay " + service.name));
+          }
+          char rate[64] = "";
+          if (seconds > 0) std::snprintf(rate, sizeof rate, " in %.1f s, %.0f msg/s", seconds, double(p.moved) / seconds);
+          std::cerr << "replay " << topology::parking_queue_name(service.name) << " -> queue "
+                    << target << ": moved " << p.moved << ", skipped " << p.skipped
+                    << ", failed " << p.failed << rate
+                    << (result.interrupted ? " (interrupted)" : "") << "\n";
+          if (result.error) return done(error_exit(result.error, "parking replay " + service.name));
+          if (result.interrupted) return done(exit_interrupted);
+          done(p.failed == 0 ? exit_ok : exit_broker_refused);
+        },
+        handle.get(),
+        [reporter](const parking::Progress& progress) {
+          if (reporter) reporter->update(progress);
+        });
+    if (error) {
+      interrupts->close();
+      if (reporter) reporter->close();
+      done(error_exit(error, "parking replay"));
+    }
+  });
+}
+
+int run_purge(const ParkingArgs& args) {
+  const topology::Service service = load_service(args);
+  parking::PurgeOptions options;
+  options.filter = make_filter(args);
+  options.execute = args.yes;
+  return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
+    client::Error error = parking::purge(
+        connection, service, options,
+        [&args, &service, done](const client::Error& error, const parking::Progress& p) {
+          const std::string queue = topology::parking_queue_name(service.name);
+          if (error) return done(error_exit(error, "parking purge " + service.name));
+          if (!args.yes) {
+            std::cerr << "retryloop: would delete " << plural(p.moved, "message") << " of "
+                      << p.scanned << " in " << queue
+                      << "; nothing was deleted. Add --yes to delete them.\n";
+            return done(exit_usage);
+          }
+          std::cout << "deleted " << plural(p.moved, "message") << " from " << queue << ", "
+                    << p.skipped << " kept\n";
+          done(exit_ok);
+        });
+    if (error) done(error_exit(error, "parking purge"));
+  });
+}
+
+CLI::App* add_command(CLI::App& group, const std::string& name, const std::string& summary,
+                      const std::string& description, const std::shared_ptr<ParkingArgs>& args) {
+  CLI::App* command = group.add_subcommand(name, summary);
+  command->footer(wrap(description) + "\n\n" + parking_exit_codes_help);
+  command->add_option("-t,--topology", args->topology_file, "Topology file")
+      ->envname("RETRYLOOP_TOPOLOGY")
+      ->type_name("FILE");
+  command->add_option("service", args->service, "The service (a name in the topology file)")
+      ->required()
+      ->type_name("SERVICE");
+  add_connection_option(*command, args->connection);
+  return command;
+}
+
+void add_filters(CLI::App& command, ParkingArgs& args, const char* verb) {
+  command
+      .add_option("--where", args.where,
+                  std::string("Only ") + verb +
+                      " messages whose header has this value, HEADER=VALUE (repeatable: all "
+                      "must hold), e.g. retryloop-reason=poison")
+      ->type_name("HEADER=VALUE");
+  command
+      .add_option("--older-than", args.older_than,
+                  std::string("Only ") + verb + " messages parked longer ago than this (30s, 5m, 2h, 7d)")
+      ->type_name("DURATION");
+}
+
+}  // namespace
+
+void add_parking_commands(CLI::App& app, int& exit_code) {
+  CLI::App* group = app.add_subcommand(
+      "parking", "Inspect, count, replay and purge a service's parked messages");
+  group->footer(parking_exit_codes_help);
+  group->require_subcommand(1);
+
+  auto list_args = std::make_shared<ParkingArgs>();
+  CLI::App* list = add_command(
+      *group, "list", "Show parked messages without removing or reordering them",
+      "Shows the messages in the service's parking queue, head first: message id, when and why "
+      "it was parked, attempts, the error, where it was first published, and the body. The "
+      "messages are read and handed back, so they stay where they were (the broker marks them "
+      "redelivered).",
+      list_args);
+  list->add_option("--limit", list_args->limit, "Show at most N messages from the head")
+      ->type_name("N");
+  list->add_flag("--json", list_args->json,
+                 "One JSON object per line, with every header and the body (base64 when it is "
+                 "not UTF-8)");
+  list->callback([args = list_args, &exit_code] { exit_code = run_list(*args); });
+
+  auto stats_args = std::make_shared<ParkingArgs>();
+  CLI::App* stats = add_command(
+      *group, "stats", "Count parked messages by reason and error, with the loop's queue depths",
+      "Shows the parking depth, the oldest message's age, counts by reason and by the first line "
+      "of the error, and the depths of the service's input and wait queues. With --fail-above N "
+      "it exits 5 when more than N messages are parked: a cron job or a monitoring check can "
+      "alert on it.",
+      stats_args);
+  stats->add_flag("--json", stats_args->json, "Print one JSON object");
+  stats->add_option("--fail-above", stats_args->fail_above,
+                    "Exit 5 when the parking depth is above N")
+      ->check(CLI::NonNegativeNumber)
+      ->type_name("N");
+  stats->callback([args = stats_args, &exit_code] { exit_code = run_stats(*args); });
+
+  auto replay_args = std::make_shared<ParkingArgs>();
+  CLI::App* replay = add_command(
+      *group, "replay", "Move parked messages back to the service's queue, safely",
+      "Moves parked messages to the service's input queue through the default exchange (so no "
+      "other queue on the input exchange gets a copy), or to --to QUEUE. Each copy starts fresh: "
+      "x-death, x-first-death-*, x-last-death-*, retryloop-retries and the parking headers are "
+      "removed and retryloop-replays goes up by one; the body and the other properties are "
+      "unchanged. A parked message is acked only after its copy is confirmed and not returned, "
+      "with up to --window copies in flight; messages that do not match the filters stay, in "
+      "order. Ctrl-C stops after the copies in flight settle.",
+      replay_args);
+  replay->add_option("--limit", replay_args->limit, "Move at most N messages")->type_name("N");
+  add_filters(*replay, *replay_args, "move");
+  replay->add_option("--to", replay_args->to_queue, "Move them to this queue instead")
+      ->type_name("QUEUE");
+  replay->add_flag("--dry-run", replay_args->dry_run, "List what would move; move nothing");
+  replay->add_flag("--json", replay_args->json, "With --dry-run: JSON lines, as list --json");
+  replay->add_option("--window", replay_args->window,
+                     "Copies awaiting confirms at once (default 500)")
+      ->check(CLI::Range(1, 65535))
+      ->type_name("N");
+  replay->callback([args = replay_args, &exit_code] { exit_code = run_replay(*args); });
+
+  auto purge_args = std::make_shared<ParkingArgs>();
+  CLI::App* purge = add_command(
+      *group, "purge", "Delete parked messages (needs --yes)",
+      "Deletes the parked messages that match the filters (all of them without filters). "
+      "Without --yes it deletes nothing and says how many it would delete.",
+      purge_args);
+  add_filters(*purge, *purge_args, "delete");
+  purge->add_flag("--yes", purge_args->yes, "Really delete");
+  purge->callback([args = purge_args, &exit_code] { exit_code = run_purge(*args); });
+}
+
+}  // namespace retryloop::cli

@@ -1,0 +1,105 @@
+#include "retryloop/parking/parked_message.hpp"
+
+#include <stdexcept>
+
+#include "retryloop/consumer/headers.hpp"
+
+namespace retryloop::parking {
+namespace header = consumer::header;
+
+namespace {
+
+std::string string_header(const amqp::FieldTable& headers, std::string_view name) {
+  const amqp::FieldValue* value = headers.find(name);
+  if (value == nullptr) return {};
+  auto text = value->as_string();
+  return text ? std::string(*text) : std::string();
+}
+
+bool is_parking_header(std::string_view name) {
+  return name == header::attempts || name == header::reason || name == header::error ||
+         name == header::queue || name == header::first_failure || name == header::parked_at ||
+         name == header::consumer || name == header::retries;
+}
+
+}  // namespace
+
+std::optional<std::string> header_text(const amqp::FieldValue& value) {
+  if (auto text = value.as_string()) return std::string(*text);
+  if (auto number = value.as_int64()) return std::to_string(*number);
+  if (const auto* flag = value.get_if<bool>()) return std::string(*flag ? "true" : "false");
+  if (const auto* time = value.get_if<amqp::Timestamp>()) return std::to_string(time->seconds);
+  if (const auto* number = value.get_if<double>()) return std::to_string(*number);
+  if (const auto* number = value.get_if<float>()) return std::to_string(*number);
+  return std::nullopt;
+}
+
+ParkedMessage read_parked(client::Message message, uint64_t position) {
+  ParkedMessage parked;
+  parked.position = position;
+  parked.message_id = message.properties.message_id.value_or("");
+  if (message.properties.headers) {
+    const amqp::FieldTable& headers = *message.properties.headers;
+    if (const amqp::FieldValue* at = headers.find(header::parked_at)) {
+      if (const auto* time = at->get_if<amqp::Timestamp>()) {
+        parked.parked_at = time->seconds;
+      } else if (auto n = at->as_int64(); n && *n >= 0) {
+        parked.parked_at = uint64_t(*n);
+      }
+    }
+    parked.reason = string_header(headers, header::reason);
+    if (const amqp::FieldValue* attempts = headers.find(header::attempts)) {
+      parked.attempts = attempts->as_int64();
+    }
+    parked.error = string_header(headers, header::error);
+    parked.queue = string_header(headers, header::queue);
+    parked.original_exchange = string_header(headers, header::original_exchange);
+    parked.original_routing_key = string_header(headers, header::original_routing_key);
+    if (const amqp::FieldValue* replays = headers.find(header::replays)) {
+      parked.replays = replays->as_int64().value_or(0);
+    }
+  }
+  parked.message = std::move(message);
+  return parked;
+}
+
+bool Filter::matches(const ParkedMessage& parked, uint64_t now_seconds) const {
+  if (older_than) {
+    if (!parked.parked_at || *parked.parked_at > now_seconds) return false;
+    const uint64_t age_ms = (now_seconds - *parked.parked_at) * 1000;
+    if (age_ms < uint64_t(older_than->count())) return false;
+  }
+  if (where.empty()) return true;
+  if (!parked.message.properties.headers) return false;
+  for (const auto& [name, wanted] : where) {
+    const amqp::FieldValue* value = parked.message.properties.headers->find(name);
+    if (value == nullptr) return false;
+    auto text = header_text(*value);
+    if (!text || *text != wanted) return false;
+  }
+  return true;
+}
+
+std::pair<std::string, std::string> parse_where(const std::string& text) {
+  const size_t equals = text.find('=');
+  if (equals == std::string::npos) {
+    throw std::invalid_argument("--where \"" + text + "\": write HEADER=VALUE");
+  }
+  if (equals == 0) throw std::invalid_argument("--where \"" + text + "\": the header name is empty");
+  return {text.substr(0, equals), text.substr(equals + 1)};
+}
+
+amqp::BasicProperties make_replay_copy(const amqp::BasicProperties& properties) {
+  amqp::BasicProperties copy = properties;
+  amqp::FieldTable& headers = copy.headers ? *copy.headers : copy.headers.emplace();
+  int64_t replays = 0;
+  if (const amqp::FieldValue* previous = headers.find(header::replays)) {
+    replays = previous->as_int64().value_or(0);
+  }
+  headers.erase_if(
+      [](const std::string& name) { return consumer::is_death_header(name) || is_parking_header(name); });
+  headers.set(std::string(header::replays), replays < 0 ? int64_t(1) : replays + 1);
+  return copy;
+}
+
+}  // namespace retryloop::parking

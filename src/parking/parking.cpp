@@ -1,0 +1,275 @@
+#include "retryloop/parking/parking.hpp"
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "walker.hpp"
+
+namespace retryloop::parking {
+namespace {
+
+using client::ClientError;
+using client::Error;
+using detail::Decision;
+using detail::Walker;
+
+uint64_t unix_seconds() {
+  return uint64_t(std::chrono::duration_cast<std::chrono::seconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count());
+}
+
+std::string first_line(const std::string& text) {
+  const size_t end = text.find('\n');
+  return end == std::string::npos ? text : text.substr(0, end);
+}
+
+using DepthsCallback = std::function<void(std::map<std::string, uint32_t> depths)>;
+
+/// Depths of the queues that exist, by passive declare, one channel per queue (a 404 closes
+/// the channel). Never fails: missing queues are left out.
+void queue_depths(const std::shared_ptr<client::Connection>& connection,
+                  std::vector<std::string> queues, DepthsCallback callback) {
+  struct State {
+    std::shared_ptr<client::Connection> connection;
+    std::vector<std::string> queues;
+    size_t next = 0;
+    std::map<std::string, uint32_t> depths;
+    DepthsCallback callback;
+    std::function<void()> step;
+  };
+  auto state = std::make_shared<State>();
+  state->connection = connection;
+  state->queues = std::move(queues);
+  state->callback = std::move(callback);
+  state->step = [weak = std::weak_ptr<State>(state)] {
+    auto state = weak.lock();
+    if (!state) return;
+    if (state->next == state->queues.size()) {
+      auto done = std::move(state->callback);
+      auto depths = std::move(state->depths);
+      state->step = nullptr;  // breaks the cycle; `done` may run after this returns
+      if (done) done(std::move(depths));
+      return;
+    }
+    const std::string queue = state->queues[state->next++];
+    Error error = state->connection->open_channel(
+        [state, queue](const Error& error, std::shared_ptr<client::Channel> channel) {
+          if (error) return state->step();
+          client::QueueOptions passive;
+          passive.passive = true;
+          Error e = channel->queue_declare(
+              queue, passive, [state, queue, channel](const Error& error, const client::QueueInfo& info) {
+                if (!error) {
+                  state->depths[queue] = info.message_count;
+                  channel->close();
+                }
+                state->step();
+              });
+          if (e) state->step();
+        });
+    if (error) {
+      state->next = state->queues.size();
+      state->step();
+    }
+  };
+  state->step();
+}
+
+}  // namespace
+
+Error list(const std::shared_ptr<client::Connection>& connection, const topology::Service& service,
+           ListOptions options, ListCallback callback) {
+  auto messages = std::make_shared<std::vector<ParkedMessage>>();
+  const size_t limit = options.limit;
+  return Walker::start(
+      connection, topology::parking_queue_name(service.name), options.window,
+      [messages, limit](ParkedMessage& parked) {
+        messages->push_back(std::move(parked));
+        Decision decision;
+        decision.stop_after = limit != 0 && messages->size() >= limit;
+        return decision;
+      },
+      [messages, callback = std::move(callback)](const Error& error, const Progress&, bool) {
+        if (callback) callback(error, std::move(*messages));
+      });
+}
+
+Error stats(const std::shared_ptr<client::Connection>& connection, const topology::Service& service,
+            StatsCallback callback) {
+  struct Counts {
+    Stats stats;
+    std::unordered_map<std::string, uint64_t> by_error;
+  };
+  auto counts = std::make_shared<Counts>();
+  std::vector<std::string> loop_queues{topology::input_queue_name(service)};
+  for (auto delay : topology::wait_delays(service)) {
+    loop_queues.push_back(topology::wait_queue_name(service.name, delay));
+  }
+  return Walker::start(
+      connection, topology::parking_queue_name(service.name), default_window,
+      [counts](ParkedMessage& parked) {
+        Stats& stats = counts->stats;
+        if (parked.parked_at && (!stats.oldest_parked_at || *parked.parked_at < *stats.oldest_parked_at)) {
+          stats.oldest_parked_at = parked.parked_at;
+        }
+        ++stats.by_reason[parked.reason.empty() ? "(none)" : parked.reason];
+        ++counts->by_error[parked.error.empty() ? "(none)" : first_line(parked.error)];
+        return Decision{};
+      },
+      [counts, connection, loop_queues, callback = std::move(callback)](
+          const Error& error, const Progress& progress, bool) {
+        Stats& stats = counts->stats;
+        stats.depth = uint32_t(progress.total);
+        stats.scanned = progress.scanned;
+        stats.by_error.assign(counts->by_error.begin(), counts->by_error.end());
+        std::sort(stats.by_error.begin(), stats.by_error.end(), [](const auto& a, const auto& b) {
+          return a.second != b.second ? a.second > b.second : a.first < b.first;
+        });
+        if (error || !connection->is_open()) {
+          if (callback) callback(error, stats);
+          return;
+        }
+        queue_depths(connection, loop_queues,
+                     [counts, callback](std::map<std::string, uint32_t> depths) {
+                       counts->stats.loop_depths = std::move(depths);
+                       if (callback) callback(Error{}, counts->stats);
+                     });
+      });
+}
+
+namespace {
+
+class ReplayRun : public Replay {
+ public:
+  ReplayRun(ReplayOptions options, std::string target)
+      : options_(std::move(options)), target_(std::move(target)) {}
+
+  void stop() override {
+    stopped_ = true;
+    if (auto walker = walker_.lock()) walker->stop();
+  }
+  const Progress& progress() const override { return progress_; }
+
+  Decision decide(ParkedMessage& parked) {
+    Decision decision;
+    const bool under_limit = options_.limit == 0 || taken_ < options_.limit;
+    if (!under_limit || !options_.filter.matches(parked, now_)) {
+      ++skipped_;
+      return decision;
+    }
+    ++taken_;
+    decision.stop_after = options_.limit != 0 && taken_ >= options_.limit;
+    if (options_.dry_run) {
+      ++would_move_count_;
+      result_.would_move.push_back(std::move(parked));
+      return decision;
+    }
+    decision.kind = Decision::Kind::move;
+    decision.routing_key = target_;
+    decision.properties = make_replay_copy(parked.message.properties);
+    return decision;
+  }
+
+  /// The walker's counts plus this run's skipped (and, for a dry run, would-move) counts.
+  const Progress& merge(const Progress& walked) {
+    progress_ = walked;
+    progress_.skipped = skipped_;
+    if (options_.dry_run) progress_.moved = would_move_count_;
+    return progress_;
+  }
+
+  ReplayOptions options_;
+  std::string target_;
+  uint64_t now_ = unix_seconds();
+  uint64_t taken_ = 0;
+  uint64_t skipped_ = 0;
+  uint64_t would_move_count_ = 0;
+  Progress progress_;
+  ReplayResult result_;
+  std::weak_ptr<Walker> walker_;
+  bool stopped_ = false;
+};
+
+}  // namespace
+
+Error replay(const std::shared_ptr<client::Connection>& connection,
+             const topology::Service& service, ReplayOptions options, ReplayCallback callback,
+             std::shared_ptr<Replay>* handle, ProgressHandler on_progress) {
+  if (!connection || !connection->is_open()) return Error(ClientError::not_open);
+  std::string target = options.to_queue.empty() ? topology::input_queue_name(service)
+                                                : options.to_queue;
+  auto run = std::make_shared<ReplayRun>(std::move(options), target);
+  if (handle != nullptr) *handle = run;
+  const std::string parking = topology::parking_queue_name(service.name);
+  // The target must exist: a copy to a missing queue would only come back as a return.
+  queue_depths(connection, {target}, [connection, run, parking, target,
+                                      callback = std::move(callback),
+                                      on_progress = std::move(on_progress)](
+                                         std::map<std::string, uint32_t> depths) mutable {
+    if (run->stopped_) {  // interrupted before it began
+      run->result_.interrupted = true;
+      if (callback) callback(run->result_);
+      return;
+    }
+    if (depths.count(target) == 0) {
+      run->result_.error = Error(ClientError::not_found, "the target queue " + target + " does not exist");
+      if (callback) callback(run->result_);
+      return;
+    }
+    std::shared_ptr<Walker> walker;
+    Error error = Walker::start(
+        connection, parking, run->options_.window,
+        [run](ParkedMessage& parked) { return run->decide(parked); },
+        [run, callback](const Error& error, const Progress& progress, bool interrupted) {
+          run->result_.progress = run->merge(progress);
+          run->result_.interrupted = interrupted;
+          run->result_.error = error;
+          if (callback) callback(run->result_);
+        },
+        [run, on_progress](const Progress& progress) {
+          const Progress& merged = run->merge(progress);
+          if (on_progress) on_progress(merged);
+        },
+        &walker);
+    if (error) {
+      run->result_.error = error;
+      if (callback) callback(run->result_);
+      return;
+    }
+    run->walker_ = walker;
+  });
+  return {};
+}
+
+Error purge(const std::shared_ptr<client::Connection>& connection, const topology::Service& service,
+            PurgeOptions options, PurgeCallback callback) {
+  struct Count {
+    uint64_t matched = 0;
+    uint64_t skipped = 0;
+  };
+  auto count = std::make_shared<Count>();
+  const uint64_t now = unix_seconds();
+  const bool execute = options.execute;
+  return Walker::start(
+      connection, topology::parking_queue_name(service.name), options.window,
+      [count, filter = std::move(options.filter), now, execute](ParkedMessage& parked) {
+        Decision decision;
+        if (filter.matches(parked, now)) {
+          ++count->matched;
+          if (execute) decision.kind = Decision::Kind::remove;
+        } else {
+          ++count->skipped;
+        }
+        return decision;
+      },
+      [count, execute, callback = std::move(callback)](const Error& error, const Progress& walked,
+                                                       bool) {
+        Progress progress = walked;
+        progress.skipped = count->skipped;
+        if (!execute) progress.moved = count->matched;
+        if (callback) callback(error, progress);
+      });
+}
+
+}  // namespace retryloop::parking

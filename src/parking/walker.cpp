@@ -1,0 +1,236 @@
+#include "walker.hpp"
+
+namespace retryloop::parking::detail {
+namespace {
+
+using client::ClientError;
+using client::Error;
+
+/// With nothing arriving for this long, the queue holds fewer messages than it did at the start
+/// (someone else took them): the walk ends.
+constexpr uint64_t kIdleMs = 3000;
+constexpr uint64_t kTickMs = 250;
+
+}  // namespace
+
+Walker::Walker(std::shared_ptr<client::Connection> connection, std::string queue,
+               uint16_t window)
+    : connection_(std::move(connection)), queue_(std::move(queue)), window_(window == 0 ? 1 : window) {}
+
+Error Walker::start(const std::shared_ptr<client::Connection>& connection, std::string queue,
+                    uint16_t window, Visitor visitor, DoneCallback done,
+                    ProgressHandler on_progress, std::shared_ptr<Walker>* handle) {
+  if (!connection || !connection->is_open()) return Error(ClientError::not_open);
+  std::shared_ptr<Walker> walker(new Walker(connection, std::move(queue), window));
+  walker->visitor_ = std::move(visitor);
+  walker->done_ = std::move(done);
+  walker->on_progress_ = std::move(on_progress);
+  std::weak_ptr<Walker> weak = walker;
+  Error error = connection->open_channel(
+      [weak](const Error& error, std::shared_ptr<client::Channel> channel) {
+        auto self = weak.lock();
+        if (!self) return;
+        if (error) return self->fail(error);
+        self->on_channel(std::move(channel));
+      });
+  if (error) return error;
+  walker->self_ = walker;
+  uv_loop_t* loop = connection->loop();
+  uv_timer_init(loop, &walker->timer_);
+  walker->timer_.data = walker.get();
+  uv_timer_start(
+      &walker->timer_, [](uv_timer_t* timer) { static_cast<Walker*>(timer->data)->on_tick(); },
+      kTickMs, kTickMs);
+  walker->last_activity_ms_ = uv_now(loop);
+  if (handle != nullptr) *handle = walker;
+  return {};
+}
+
+void Walker::on_channel(std::shared_ptr<client::Channel> channel) {
+  channel_ = std::move(channel);
+  std::weak_ptr<Walker> weak = weak_from_this();
+  channel_->set_close_handler([weak](const Error& error) {
+    if (auto self = weak.lock()) self->fail(error);
+  });
+  client::QueueOptions passive;
+  passive.passive = true;
+  Error error = channel_->queue_declare(
+      queue_, passive, [weak](const Error& error, const client::QueueInfo& info) {
+        auto self = weak.lock();
+        if (!self || self->reported_) return;
+        if (error) {
+          if (error.reply_code == 404) {
+            return self->fail(Error(ClientError::not_found,
+                                    "queue " + self->queue_ +
+                                        " does not exist (run `retryloop topology apply`)"));
+          }
+          return self->fail(error);
+        }
+        self->progress_.total = info.message_count;
+        if (info.message_count == 0) {
+          self->reading_done_ = true;
+          return self->maybe_done();
+        }
+        Error e = self->channel_->confirm_select([weak](const Error& error) {
+          if (auto self = weak.lock(); self && error) self->fail(error);
+        });
+        if (!e) {
+          e = self->channel_->qos(self->window_, [weak](const Error& error) {
+            auto self = weak.lock();
+            if (!self) return;
+            if (error) return self->fail(error);
+            self->consume();
+          });
+        }
+        if (e) self->fail(e);
+      });
+  if (error) fail(error);
+}
+
+void Walker::consume() {
+  if (reported_) return;
+  std::weak_ptr<Walker> weak = weak_from_this();
+  client::ConsumeOptions options;
+  options.on_cancel = [weak](const std::string&) {
+    if (auto self = weak.lock()) {
+      self->fail(Error(ClientError::consumer_cancelled,
+                       "while reading " + self->queue_ + " (was it deleted?)"));
+    }
+  };
+  Error error = channel_->consume(
+      queue_, std::move(options),
+      [weak](client::Delivery&& delivery) {
+        if (auto self = weak.lock()) self->on_delivery(std::move(delivery));
+      },
+      [weak](const Error& error, const std::string& tag) {
+        auto self = weak.lock();
+        if (!self) return;
+        if (error) return self->fail(error);
+        self->consumer_tag_ = tag;
+        self->consuming_ = true;
+        self->restarting_ = false;
+        self->held_by_consumer_ = 0;
+        self->last_activity_ms_ = uv_now(self->connection_->loop());
+        if (self->reading_done_) self->finish_reading();
+      });
+  if (error) fail(error);
+}
+
+void Walker::restart_consumer() {
+  restarting_ = true;
+  consuming_ = false;
+  std::weak_ptr<Walker> weak = weak_from_this();
+  Error error = channel_->cancel(consumer_tag_, [weak](const Error& error) {
+    auto self = weak.lock();
+    if (!self) return;
+    if (error) return self->fail(error);
+    if (self->reading_done_) {
+      self->restarting_ = false;
+      return self->maybe_done();
+    }
+    self->consume();
+  });
+  if (error) fail(error);
+}
+
+void Walker::on_delivery(client::Delivery&& delivery) {
+  last_activity_ms_ = uv_now(connection_->loop());
+  if (reading_done_ || reported_) return;  // held: goes back to its place when the channel closes
+  ParkedMessage parked = read_parked(std::move(delivery.message), progress_.scanned++);
+  Decision decision = visitor_(parked);
+  switch (decision.kind) {
+    case Decision::Kind::keep:
+      ++held_by_consumer_;
+      break;
+    case Decision::Kind::remove:
+      if (Error error = channel_->ack(delivery.delivery_tag)) return fail(error);
+      ++progress_.moved;
+      break;
+    case Decision::Kind::move:
+      move(delivery.delivery_tag, std::move(decision), std::move(parked.message.body));
+      break;
+  }
+  if (reported_) return;
+  if (decision.stop_after || progress_.scanned >= progress_.total) {
+    finish_reading();
+  } else if (held_by_consumer_ * 2 >= window_ && consuming_ && !restarting_) {
+    restart_consumer();
+  }
+  if (on_progress_) on_progress_(progress_);
+}
+
+void Walker::move(uint64_t delivery_tag, Decision&& decision, std::string&& body) {
+  ++publishes_in_flight_;
+  std::weak_ptr<Walker> weak = weak_from_this();
+  Error error = channel_->publish(
+      decision.exchange, decision.routing_key, decision.properties, body, client::Mandatory::yes,
+      [weak, delivery_tag](const client::PublishOutcome& outcome) {
+        auto self = weak.lock();
+        if (!self) return;
+        --self->publishes_in_flight_;
+        if (outcome.ok()) {
+          if (Error error = self->channel_->ack(delivery_tag)) return self->fail(error);
+          ++self->progress_.moved;
+        } else if (outcome.status != client::PublishStatus::failed) {
+          ++self->progress_.failed;  // returned or nacked: the parked original stays
+          ++self->held_by_consumer_;
+        }
+        if (self->on_progress_) self->on_progress_(self->progress_);
+        self->maybe_done();
+      });
+  if (error) {
+    --publishes_in_flight_;
+    fail(error);
+  }
+}
+
+void Walker::stop() {
+  interrupted_ = true;
+  finish_reading();
+}
+
+void Walker::finish_reading() {
+  if (reported_) return;
+  if (!reading_done_) {
+    reading_done_ = true;
+    if (consuming_) restart_consumer();  // cancels; the callback sees reading_done_
+  }
+  maybe_done();
+}
+
+void Walker::maybe_done() {
+  if (!reading_done_ || publishes_in_flight_ > 0 || restarting_) return;
+  report({});
+}
+
+void Walker::fail(const Error& error) {
+  if (!reported_) report(error);
+}
+
+void Walker::report(const Error& error) {
+  reported_ = true;
+  std::shared_ptr<Walker> self = shared_from_this();
+  auto finish = [self, error] {
+    DoneCallback done = std::move(self->done_);
+    if (done) done(error, self->progress_, self->interrupted_);
+    if (self->self_) {
+      uv_close(reinterpret_cast<uv_handle_t*>(&self->timer_), [](uv_handle_t* handle) {
+        std::shared_ptr<Walker> last = std::move(static_cast<Walker*>(handle->data)->self_);
+      });
+    }
+  };
+  if (channel_ && channel_->is_open()) {
+    // Closing the channel puts every held message back in its place; report after the broker
+    // has done so, so that a following read sees the queue as it was.
+    channel_->set_close_handler({});
+    if (!channel_->close([finish](const Error&) { finish(); })) return;
+  }
+  finish();
+}
+
+void Walker::on_tick() {
+  if (reported_ || !consuming_ || reading_done_ || publishes_in_flight_ > 0) return;
+  if (uv_now(connection_->loop()) - last_activity_ms_ >= kIdleMs) finish_reading();
+}
+
+}  // namespace retryloop::parking::detail

@@ -1,0 +1,84 @@
+#pragma once
+
+#include <uv.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "retryloop/client/connection.hpp"
+#include "retryloop/parking/parking.hpp"
+
+namespace retryloop::parking::detail {
+
+/// What to do with one parked message.
+struct Decision {
+  enum class Kind {
+    keep,    ///< leave it parked, in its place
+    remove,  ///< ack it: it is deleted
+    move,    ///< publish `properties` + its body to `exchange`/`routing_key`, ack after the confirm
+  };
+  Kind kind = Kind::keep;
+  std::string exchange;
+  std::string routing_key;
+  amqp::BasicProperties properties;
+  /// Read no further message after this one.
+  bool stop_after = false;
+};
+
+/// Reads a queue once, from its head to the depth it had at the start, and carries out a
+/// decision per message (the shared rules of parking.hpp). Kept messages are held unacked until
+/// the channel closes; when they fill half the window, the consumer is restarted, so that held
+/// messages never stall the reading (prefetch counts per consumer).
+class Walker : public std::enable_shared_from_this<Walker> {
+ public:
+  using Visitor = std::function<Decision(ParkedMessage& message)>;
+  /// Progress counts scanned, moved (removed, or moved and confirmed) and failed.
+  using DoneCallback =
+      std::function<void(const client::Error& error, const Progress& progress, bool interrupted)>;
+
+  static client::Error start(const std::shared_ptr<client::Connection>& connection,
+                             std::string queue, uint16_t window, Visitor visitor,
+                             DoneCallback done, ProgressHandler on_progress = {},
+                             std::shared_ptr<Walker>* handle = nullptr);
+
+  /// Reads no more; what is in flight settles, then `done` fires with interrupted = true.
+  void stop();
+  const Progress& progress() const { return progress_; }
+
+ private:
+  Walker(std::shared_ptr<client::Connection> connection, std::string queue, uint16_t window);
+
+  void on_channel(std::shared_ptr<client::Channel> channel);
+  void consume();
+  void restart_consumer();
+  void on_delivery(client::Delivery&& delivery);
+  void move(uint64_t delivery_tag, Decision&& decision, std::string&& body);
+  void finish_reading();
+  void maybe_done();
+  void fail(const client::Error& error);
+  void report(const client::Error& error);
+  void on_tick();
+
+  std::shared_ptr<client::Connection> connection_;
+  std::string queue_;
+  uint16_t window_;
+  Visitor visitor_;
+  DoneCallback done_;
+  ProgressHandler on_progress_;
+  std::shared_ptr<client::Channel> channel_;
+  std::string consumer_tag_;
+  bool consuming_ = false;
+  bool restarting_ = false;
+  bool reading_done_ = false;
+  bool interrupted_ = false;
+  bool reported_ = false;
+  size_t held_by_consumer_ = 0;
+  size_t publishes_in_flight_ = 0;
+  uint64_t last_activity_ms_ = 0;
+  Progress progress_;
+  uv_timer_t timer_{};
+  std::shared_ptr<Walker> self_;
+};
+
+}  // namespace retryloop::parking::detail

@@ -1,0 +1,364 @@
+// The parking tools against a real broker: list, stats, replay and purge, through the library
+// and through the retryloop command.
+
+#include <catch2/catch.hpp>
+#include <signal.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "retryloop/consumer/consumer.hpp"
+#include "retryloop/parking/parking.hpp"
+#include "retryloop/topology/declarer.hpp"
+#include "retryloop/topology/plan.hpp"
+#include "retryloop/topology/topology_json.hpp"
+#include "support/harness.hpp"
+#include "support/process.hpp"
+
+using namespace retryloop;
+using namespace std::chrono_literals;
+using client::Error;
+using test::ChildProcess;
+using test::TestLoop;
+
+namespace {
+
+/// A service with unique names, its topology applied, and its topology file on disk.
+struct ParkedService {
+  TestLoop& loop;
+  std::shared_ptr<client::Connection> connection;
+  std::shared_ptr<client::Channel> channel;
+  topology::Service service;
+  std::string file;
+  std::string parking;
+  std::string queue;
+
+  ParkedService(TestLoop& l, const std::string& prefix) : loop(l) {
+    const std::string name = test::unique_name(prefix);
+    const std::string json = R"({"services": [{"name": ")" + name + R"(", "input": {"exchange": ")" +
+                             name + R"(.in", "type": "direct", "bindings": ["key"]}, "retry": )" +
+                             R"({"mode": "reject", "delays": ["100ms"], "max_attempts": 3}}]})";
+    file = (std::filesystem::temp_directory_path() / (name + ".json")).string();
+    std::ofstream(file) << json;
+    service = topology::parse_topology(json).topology->services.at(0);
+    parking = topology::parking_queue_name(service.name);
+    queue = topology::input_queue_name(service);
+    connection = test::connect(loop, test::broker_url());
+    channel = test::open_channel(loop, *connection);
+    REQUIRE_FALSE(test::wait(loop, [&](auto done) { return channel->confirm_select(done); }));
+    bool applied = false;
+    REQUIRE_FALSE(topology::apply(connection, topology::make_plan(topology::Topology{{service}}),
+                                  [&](const topology::Report& report) {
+                                    CHECK(report.ok());
+                                    applied = true;
+                                  }));
+    REQUIRE(loop.run_until([&] { return applied; }));
+  }
+  ~ParkedService() {
+    std::filesystem::remove(file);
+    if (connection->is_open()) test::close(loop, connection);
+  }
+
+  /// Parks `count` messages as the consumer would (`id-<i>`, reason by `reason_of`), with an
+  /// x-death saying they failed twice in the service queue; pipelined, all confirmed.
+  void park(size_t count, const std::function<std::string(size_t)>& reason_of,
+            size_t body_size = 64) {
+    size_t confirmed = 0;
+    size_t failed = 0;
+    for (size_t i = 0; i < count; ++i) {
+      amqp::BasicProperties properties;
+      properties.message_id = "id-" + std::to_string(i);
+      properties.delivery_mode = 2;
+      properties.content_type = "application/json";
+      amqp::FieldTable death{{"count", amqp::FieldValue(int64_t(2))},
+                             {"reason", amqp::FieldValue("rejected")},
+                             {"queue", amqp::FieldValue(queue)},
+                             {"exchange", amqp::FieldValue(service.input.exchange)}};
+      amqp::FieldTable headers;
+      headers.append("app", "kept");
+      headers.append("x-death", amqp::FieldArray{amqp::FieldValue(death)});
+      headers.append("x-first-death-queue", queue);
+      headers.append("retryloop-reason", reason_of(i));
+      headers.append("retryloop-attempts", int64_t(3));
+      headers.append("retryloop-error", "boom " + std::to_string(i % 3) + "\nstack");
+      headers.append("retryloop-queue", queue);
+      headers.append("retryloop-parked-at", amqp::Timestamp{uint64_t(1700000000 + i)});
+      properties.headers = std::move(headers);
+      std::string body = R"({"n": )" + std::to_string(i) + "}";
+      body.resize(std::max(body.size(), body_size), ' ');
+      REQUIRE_FALSE(channel->publish(parking, "", properties, body, client::Mandatory::yes,
+                                     [&](const client::PublishOutcome& o) {
+                                       ++confirmed;
+                                       if (!o.ok()) ++failed;
+                                     }));
+      if (channel->unconfirmed_count() >= 1000) {
+        REQUIRE(loop.run_until([&] { return channel->unconfirmed_count() < 500; }));
+      }
+    }
+    REQUIRE(loop.run_until([&] { return confirmed == count; }, 60s));
+    REQUIRE(failed == 0);
+  }
+
+  std::vector<parking::ParkedMessage> list(size_t limit = 0) {
+    bool done = false;
+    std::vector<parking::ParkedMessage> out;
+    parking::ListOptions options;
+    options.limit = limit;
+    REQUIRE_FALSE(parking::list(connection, service, options,
+                                [&](const Error& error, std::vector<parking::ParkedMessage> m) {
+                                  INFO(error.message());
+                                  CHECK_FALSE(error);
+                                  out = std::move(m);
+                                  done = true;
+                                }));
+    REQUIRE(loop.run_until([&] { return done; }, 60s));
+    return out;
+  }
+
+  parking::ReplayResult replay(parking::ReplayOptions options) {
+    bool done = false;
+    parking::ReplayResult out;
+    REQUIRE_FALSE(parking::replay(connection, service, std::move(options),
+                                  [&](const parking::ReplayResult& result) {
+                                    out = result;
+                                    done = true;
+                                  }));
+    REQUIRE(loop.run_until([&] { return done; }, 120s));
+    INFO(out.error.message());
+    CHECK_FALSE(out.error);
+    return out;
+  }
+
+  uint32_t depth(const std::string& q) { return test::queue_depth(loop, *connection, q); }
+
+  std::vector<std::string> ids(const std::vector<parking::ParkedMessage>& messages) {
+    std::vector<std::string> out;
+    for (const auto& m : messages) out.push_back(m.message_id);
+    return out;
+  }
+
+  ChildProcess cli(std::vector<std::string> args) {
+    std::vector<std::string> argv = {test::built_program("retryloop"), "parking"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.insert(argv.end(), {"-t", file, service.name, "--url", test::broker_url()});
+    return ChildProcess(argv);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("list shows the same messages in the same order twice and leaves the depth as it was",
+          "[parking][integration]") {
+  TestLoop loop;
+  ParkedService s(loop, "list");
+  s.park(1200, [](size_t i) { return i % 2 ? "exhausted" : "poison"; });
+  auto first = s.list();
+  auto second = s.list();
+  REQUIRE(first.size() == 1200);
+  CHECK(s.ids(first) == s.ids(second));
+  for (size_t i = 0; i < first.size(); ++i) {
+    CHECK(first[i].message_id == "id-" + std::to_string(i));
+    CHECK(first[i].position == i);
+  }
+  CHECK(first[3].reason == "exhausted");
+  CHECK(first[3].attempts == 3);
+  CHECK(first[3].error == "boom 0\nstack");
+  CHECK(first[3].parked_at == 1700000003u);
+  CHECK(s.depth(s.parking) == 1200);
+  auto head = s.list(5);
+  CHECK(s.ids(head) == std::vector<std::string>{"id-0", "id-1", "id-2", "id-3", "id-4"});
+  CHECK(s.depth(s.parking) == 1200);
+  CHECK(s.ids(s.list()) == s.ids(first));
+}
+
+TEST_CASE("Replaying 10,000 parked messages delivers each once, fresh, and empties parking",
+          "[parking][integration]") {
+  TestLoop loop;
+  ParkedService s(loop, "replay");
+  const size_t count = 10000;
+  s.park(count, [](size_t) { return "exhausted"; });
+
+  std::map<std::string, int> handled;
+  std::vector<int64_t> attempts;
+  bool headers_fresh = true;
+  consumer::ConsumerOptions options;
+  options.service = s.service;
+  options.connection.uri = client::parse_uri(test::broker_url());
+  options.handler_on_loop = true;
+  auto c = consumer::Consumer::create(loop.get(), options, [&](const consumer::Message& m) {
+    ++handled[std::string(m.message_id())];
+    attempts.push_back(m.attempt);
+    const amqp::FieldTable& h = m.headers();
+    if (h.find("x-death") || h.find("x-first-death-queue") || h.find("retryloop-reason") ||
+        h.find("retryloop-attempts") || h.find("retryloop-error") || h.find("retryloop-parked-at") ||
+        !h.find("app") || h.find("retryloop-replays") == nullptr ||
+        *h.find("retryloop-replays")->as_int64() != 1) {
+      headers_fresh = false;
+    }
+    return consumer::Outcome::ack();
+  });
+  bool ready = false;
+  c->set_ready_handler([&] { ready = true; });
+  REQUIRE_FALSE(c->start());
+  REQUIRE(loop.run_until([&] { return ready; }));
+
+  auto result = s.replay({});
+  CHECK(result.progress.moved == count);
+  CHECK(result.progress.skipped == 0);
+  CHECK(result.progress.failed == 0);
+  REQUIRE(loop.run_until([&] { return c->metrics().acked == count; }, 60s));
+  loop.run_for(300ms);
+  bool stopped = false;
+  c->set_stopped_handler([&](const Error&) { stopped = true; });
+  c->stop(5s);
+  REQUIRE(loop.run_until([&] { return stopped; }));
+
+  CHECK(handled.size() == count);
+  size_t duplicates = 0;
+  for (const auto& [id, times] : handled) duplicates += times != 1;
+  CHECK(duplicates == 0);
+  CHECK(headers_fresh);
+  // Fresh on RabbitMQ 3.10 too: its old x-death said two failures, the consumer counts none.
+  CHECK(std::all_of(attempts.begin(), attempts.end(), [](int64_t a) { return a == 1; }));
+  CHECK(s.depth(s.parking) == 0);
+  CHECK(s.depth(s.queue) == 0);
+}
+
+TEST_CASE("replay --where moves only the matching messages and keeps the others in order",
+          "[parking][integration]") {
+  TestLoop loop;
+  ParkedService s(loop, "where");
+  s.park(900, [](size_t i) { return i % 3 == 0 ? "poison" : "exhausted"; });
+  parking::ReplayOptions options;
+  options.filter.where.push_back({"retryloop-reason", "poison"});
+  auto result = s.replay(options);
+  CHECK(result.progress.moved == 300);
+  CHECK(result.progress.skipped == 600);
+
+  auto moved = test::drain_queue(loop, *s.connection, s.queue);
+  REQUIRE(moved.size() == 300);
+  for (size_t k = 0; k < moved.size(); ++k) {
+    CHECK(*moved[k].message.properties.message_id == "id-" + std::to_string(k * 3));
+  }
+  std::vector<std::string> expected;
+  for (size_t i = 0; i < 900; ++i)
+    if (i % 3 != 0) expected.push_back("id-" + std::to_string(i));
+  CHECK(s.ids(s.list()) == expected);
+
+  SECTION("--limit and --older-than narrow it further") {
+    parking::ReplayOptions narrower;
+    narrower.limit = 10;
+    narrower.filter.older_than = std::chrono::hours(24);  // parked in 2023: all match
+    CHECK(s.replay(narrower).progress.moved == 10);
+    CHECK(s.depth(s.parking) == 590);
+    CHECK(s.list(1)[0].message_id == expected[10]);
+  }
+}
+
+TEST_CASE("replay --dry-run and purge without --yes change nothing", "[parking][integration][cli]") {
+  TestLoop loop;
+  ParkedService s(loop, "dry");
+  s.park(50, [](size_t i) { return i < 20 ? "poison" : "permanent"; });
+  auto before = s.ids(s.list());
+
+  auto dry = s.cli({"replay", "--dry-run", "--where", "retryloop-reason=poison"});
+  CHECK(dry.wait() == 0);
+  CHECK_THAT(dry.err(), Catch::Contains("20 messages would move"));
+  CHECK_THAT(dry.out(), Catch::Contains("id-19"));
+  CHECK_THAT(dry.out(), !Catch::Contains("id-20"));
+
+  auto purge = s.cli({"purge", "--where", "retryloop-reason=permanent"});
+  CHECK(purge.wait() == 1);
+  CHECK_THAT(purge.err(), Catch::Contains("would delete 30 messages"));
+
+  CHECK(s.ids(s.list()) == before);
+  CHECK(s.depth(s.queue) == 0);
+
+  auto really = s.cli({"purge", "--yes", "--where", "retryloop-reason=permanent"});
+  CHECK(really.wait() == 0);
+  CHECK_THAT(really.out(), Catch::Contains("deleted 30 messages"));
+  CHECK(s.ids(s.list()) == std::vector<std::string>(before.begin(), before.begin() + 20));
+}
+
+TEST_CASE("stats --fail-above exits 5 only above the threshold, and counts by reason and error",
+          "[parking][integration][cli]") {
+  TestLoop loop;
+  ParkedService s(loop, "stats");
+  s.park(30, [](size_t i) { return i < 10 ? "poison" : "exhausted"; });
+  auto at = s.cli({"stats", "--fail-above", "30"});
+  CHECK(at.wait() == 0);
+  auto above = s.cli({"stats", "--fail-above", "29"});
+  CHECK(above.wait() == 5);
+  CHECK_THAT(above.err(), Catch::Contains("parking depth 30 is above 29"));
+
+  auto json = s.cli({"stats", "--json"});
+  REQUIRE(json.wait() == 0);
+  auto stats = nlohmann::json::parse(json.out());
+  CHECK(stats["depth"] == 30);
+  CHECK(stats["by_reason"]["poison"] == 10);
+  CHECK(stats["by_reason"]["exhausted"] == 20);
+  CHECK(stats["by_error"].size() == 3);  // "boom 0", "boom 1", "boom 2": first lines only
+  CHECK(stats["by_error"][0]["count"] == 10);
+  CHECK(stats["oldest_parked_at"] == "2023-11-14T22:13:20Z");
+  CHECK(stats["loop_depths"][s.queue] == 0);
+
+  auto list = s.cli({"list", "--json", "--limit", "2"});
+  REQUIRE(list.wait() == 0);
+  std::istringstream lines(list.out());
+  std::string line;
+  REQUIRE(std::getline(lines, line));
+  auto first = nlohmann::json::parse(line);
+  CHECK(first["message_id"] == "id-0");
+  CHECK(first["reason"] == "poison");
+  CHECK(first["headers"]["app"] == "kept");
+  CHECK(first["body_encoding"] == "utf-8");
+  CHECK(s.depth(s.parking) == 30);
+}
+
+TEST_CASE("replay killed with SIGKILL halfway loses nothing and duplicates at most its window",
+          "[parking][integration][cli]") {
+  TestLoop loop;
+  ParkedService s(loop, "killreplay");
+  const size_t count = 30000;
+  const size_t window = 100;
+  s.park(count, [](size_t) { return "exhausted"; }, 1024);
+
+  auto replay = s.cli({"replay", "--window", std::to_string(window)});
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (s.depth(s.queue) < count / 4 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(20ms);
+  }
+  replay.signal(SIGKILL);
+  CHECK(replay.wait() == 128 + SIGKILL);
+  loop.run_for(500ms);  // the broker requeues what the dead replay held
+
+  const uint32_t moved = s.depth(s.queue);
+  const uint32_t parked = s.depth(s.parking);
+  INFO("moved " << moved << ", still parked " << parked);
+  CHECK(moved > 0);
+  CHECK(parked > 0);  // really halfway
+  CHECK(moved + parked >= count);
+  CHECK(moved + parked <= count + window);
+
+  std::map<std::string, int> seen;
+  for (const auto& m : test::drain_queue(loop, *s.connection, s.queue)) {
+    ++seen[*m.message.properties.message_id];
+  }
+  for (const auto& m : test::drain_queue(loop, *s.connection, s.parking)) {
+    ++seen[*m.message.properties.message_id];
+  }
+  CHECK(seen.size() == count);
+  size_t duplicates = 0;
+  for (const auto& [id, times] : seen) duplicates += size_t(times - 1);
+  CHECK(duplicates <= window);
+}
