@@ -690,6 +690,7 @@ void Consumer::copy_confirmed(const std::shared_ptr<Pending>& pending) {
         break;
     }
     log_outcome(*pending, "parked", decision.error);
+    depth_check_soon_ = true;
     if (options_.on_parked) {
       ParkedEvent event;
       event.service = options_.service.name;
@@ -748,6 +749,12 @@ void Consumer::on_tick() {
       log->info("service={} metrics {}", options_.service.name, metrics_.summary());
     }
   }
+  if (options_.parking_alert_threshold > 0 && state_ == State::running &&
+      !depth_check_in_flight_ &&
+      now - last_depth_check_ms_ >= (depth_check_soon_ ? 1000
+                                                       : uint64_t(options_.parking_check_interval.count()))) {
+    check_parking_depth();
+  }
   if (!session_ || blocked_) return;
   std::vector<std::shared_ptr<Pending>> due;
   for (const auto& [id, pending] : settling_) {
@@ -764,6 +771,47 @@ void Consumer::on_tick() {
     pending->retry_at_ms = 0;
     publish_copy(pending);
   }
+}
+
+void Consumer::check_parking_depth() {
+  last_depth_check_ms_ = uv_now(loop_);
+  depth_check_soon_ = false;
+  depth_check_in_flight_ = true;
+  std::weak_ptr<Consumer> weak = weak_from_this();
+  const std::string queue = topology::parking_queue_name(options_.service.name);
+  auto finished = [weak, queue](const Error& error, uint32_t depth) {
+    auto self = weak.lock();
+    if (!self) return;
+    self->depth_check_in_flight_ = false;
+    if (error) return;  // tried again at the next interval
+    const uint32_t threshold = self->options_.parking_alert_threshold;
+    const bool above = depth > threshold;
+    if (above && !self->above_threshold_) {
+      if (auto* log = self->options_.logger.get()) {
+        log->warn("service={} queue={} parking depth {} is above {}", self->options_.service.name,
+                  queue, depth, threshold);
+      }
+      if (self->options_.on_parking_depth) {
+        self->options_.on_parking_depth(
+            ParkingDepthEvent{self->options_.service.name, queue, depth, threshold});
+      }
+    }
+    self->above_threshold_ = above;
+  };
+  // A channel of its own: a passive declare of a missing queue closes the channel it runs on.
+  Error error = session_->consume_connection->open_channel(
+      [queue, finished](const Error& error, std::shared_ptr<client::Channel> channel) {
+        if (error) return finished(error, 0);
+        client::QueueOptions passive;
+        passive.passive = true;
+        Error e = channel->queue_declare(
+            queue, passive, [channel, finished](const Error& error, const client::QueueInfo& info) {
+              if (!error) channel->close();
+              finished(error, info.message_count);
+            });
+        if (e) finished(e, 0);
+      });
+  if (error) finished(error, 0);
 }
 
 void Consumer::on_blocked(bool blocked) {

@@ -623,3 +623,47 @@ TEST_CASE("Under a memory alarm acks keep flowing while retry copies wait, and r
   CHECK(broker.depth(topology::input_queue_name(service)) == 0);
   CHECK(broker.depth(topology::parking_queue_name(service.name)) == 0);
 }
+
+TEST_CASE("The parking hooks tell of each parked message and of the depth crossing its threshold",
+          "[retry][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const auto service = make_service(test::unique_name("alert"),
+                                    R"("mode": "reject", "delays": ["1s"], "max_attempts": 3)");
+  auto options = options_for(service);
+  std::vector<consumer::ParkedEvent> parked;
+  std::vector<consumer::ParkingDepthEvent> alerts;
+  options.on_parked = [&](const consumer::ParkedEvent& event) { parked.push_back(event); };
+  options.parking_alert_threshold = 2;
+  options.parking_check_interval = 200ms;
+  options.on_parking_depth = [&](const consumer::ParkingDepthEvent& event) {
+    alerts.push_back(event);
+  };
+  auto c = start(loop, options, scripted);
+  const std::string parking = topology::parking_queue_name(service.name);
+
+  broker.publish(service.input.exchange, "key", "permanent-1", "{}");
+  broker.publish(service.input.exchange, "key", "permanent-2", "{}");
+  REQUIRE(loop.run_until([&] { return parked.size() == 2; }, 10s));
+  CHECK(parked[0].message_id == "permanent-1");
+  CHECK(parked[0].reason == consumer::ParkReason::permanent);
+  CHECK(parked[0].error == "no such customer");
+  CHECK(parked[0].attempts == 1);
+  loop.run_for(1500ms);
+  CHECK(alerts.empty());  // 2 is not above 2
+
+  broker.publish(service.input.exchange, "key", "poison-3", "x");
+  REQUIRE(loop.run_until([&] { return alerts.size() == 1; }, 10s));
+  CHECK(alerts[0].depth == 3);
+  CHECK(alerts[0].threshold == 2);
+  CHECK(alerts[0].queue == parking);
+  loop.run_for(1000ms);
+  CHECK(alerts.size() == 1);  // told once per crossing, not on every check
+
+  CHECK(broker.drain(parking).size() == 3);
+  loop.run_for(500ms);  // the consumer sees the depth fall back
+  for (int i = 4; i <= 6; ++i) broker.publish(service.input.exchange, "key", "permanent-" + std::to_string(i), "{}");
+  REQUIRE(loop.run_until([&] { return alerts.size() == 2; }, 10s));
+  CHECK(alerts[1].depth == 3);
+  stop(loop, c);
+}

@@ -78,6 +78,15 @@ struct ParkedEvent {
 };
 using ParkedHandler = std::function<void(const ParkedEvent& event)>;
 
+/// What the parking-depth alert is told, on the loop thread.
+struct ParkingDepthEvent {
+  std::string service;
+  std::string queue;
+  uint32_t depth = 0;
+  uint32_t threshold = 0;
+};
+using ParkingDepthHandler = std::function<void(const ParkingDepthEvent& event)>;
+
 /// Told once when the consumer has stopped for good: an empty error after stop() or stop_now(),
 /// otherwise the fatal error (topology drift, refused credentials or permissions).
 using StoppedHandler = std::function<void(const client::Error& error)>;
@@ -123,8 +132,15 @@ struct ConsumerOptions {
   /// Where the consumer logs (structured: service, queue, message id, attempt, outcome);
   /// nullptr: nowhere. Also used for the connections when they have no logger of their own.
   std::shared_ptr<spdlog::logger> logger;
-  /// Told after each parked copy is confirmed (for example, to page someone).
+  /// Told after each parked copy is confirmed (for example, to page someone on the first).
   ParkedHandler on_parked;
+  /// Parking-depth alert: with a threshold above 0, the consumer reads its parking queue's
+  /// depth every `parking_check_interval` (and soon after it parks a message) and tells
+  /// `on_parking_depth` when the depth rises above the threshold; once more after it has fallen
+  /// back to or below it.
+  uint32_t parking_alert_threshold = 0;
+  std::chrono::milliseconds parking_check_interval{10000};
+  ParkingDepthHandler on_parking_depth;
 };
 
 /// The retry consumer: consumes the service's input queue, runs the handler, and carries out
@@ -204,6 +220,7 @@ class Consumer : public std::enable_shared_from_this<Consumer> {
   void log_outcome(const Pending& pending, const char* what, const std::string& text) const;
 
   void on_tick();
+  void check_parking_depth();
   void on_blocked(bool blocked);
   void maybe_finish_stop();
   void close_handles();
@@ -240,6 +257,10 @@ class Consumer : public std::enable_shared_from_this<Consumer> {
   bool handles_open_ = false;
   int signals_seen_ = 0;
   uint64_t last_metrics_log_ms_ = 0;
+  uint64_t last_depth_check_ms_ = 0;
+  bool depth_check_in_flight_ = false;
+  bool depth_check_soon_ = false;
+  bool above_threshold_ = false;
   std::shared_ptr<Consumer> self_;
 
   Metrics metrics_;
