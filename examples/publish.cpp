@@ -4,8 +4,8 @@
 //   publish --url URL --exchange demo.in --routing-key demo '{"id": 1}' '{"id": 2, "fail_times": 2}'
 //   producer | publish --url URL --exchange demo.in --routing-key demo
 //
-// Messages are persistent. The message id is the body's "id" when the body is a JSON object
-// that has one, otherwise a generated one. Exits 0 only when every message was confirmed and
+// Messages are persistent. The message id is --message-id (one body only), else the body's "id"
+// when the body is a JSON object that has one, else a generated one. Exits 0 only when every message was confirmed and
 // routed; 1 for usage errors; 3 when any was returned, nacked or lost; 4 for connection errors.
 
 #include <retryloop/client/connection.hpp>
@@ -42,11 +42,13 @@ int main(int argc, char** argv) {
   std::string routing_key;
   std::string content_type = "application/json";
   std::vector<std::string> bodies;
+  std::string message_id;
   bool quiet = false;
   app.add_option("--url", url, "broker URL")->envname("RETRYLOOP_URL")->required();
   app.add_option("--exchange", exchange, "exchange to publish to (default: the default exchange)");
   app.add_option("--routing-key", routing_key, "routing key");
   app.add_option("--content-type", content_type, "content-type property");
+  app.add_option("--message-id", message_id, "message-id property (with exactly one body)");
   app.add_flag("--quiet", quiet, "print only failures");
   app.add_option("bodies", bodies, "message bodies; none: read lines from stdin");
   CLI11_PARSE(app, argc, argv);
@@ -54,6 +56,10 @@ int main(int argc, char** argv) {
     for (std::string line; std::getline(std::cin, line);) {
       if (!line.empty()) bodies.push_back(line);
     }
+  }
+  if (!message_id.empty() && bodies.size() != 1) {
+    std::fprintf(stderr, "publish: --message-id needs exactly one body\n");
+    return 1;
   }
 
   ConnectionOptions options;
@@ -80,7 +86,7 @@ int main(int argc, char** argv) {
       amqp::BasicProperties properties;
       properties.content_type = content_type;
       properties.delivery_mode = 2;
-      properties.message_id = message_id_of(bodies[i], i);
+      properties.message_id = message_id.empty() ? message_id_of(bodies[i], i) : message_id;
       Error error = channel->publish(
           exchange, routing_key, properties, bodies[i], Mandatory::yes,
           [&, i, id = *properties.message_id](const PublishOutcome& outcome) {
