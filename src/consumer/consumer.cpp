@@ -35,13 +35,13 @@ double random_unit() {
   return std::uniform_real_distribution<double>(0.0, 1.0)(engine);
 }
 
-/// Errors that reconnecting cannot fix: the consumer stops instead of looping.
+/// Errors that reconnecting cannot fix: the consumer stops instead of looping. (A 406 is fatal
+/// only on declare, where it means drift; later it ends the session like any channel error.)
 bool is_fatal(const Error& error) {
   return error.code == make_error_code(ClientError::authentication_failed) ||
          error.code == make_error_code(ClientError::vhost_refused) ||
          error.code == make_error_code(ClientError::tls_failed) ||
-         error.code == make_error_code(ClientError::topology_drift) || error.reply_code == 403 ||
-         error.reply_code == 406;
+         error.code == make_error_code(ClientError::topology_drift) || error.reply_code == 403;
 }
 
 /// The first problem of a declare report as an error naming the object.
@@ -298,7 +298,7 @@ void Consumer::declare_topology(const std::shared_ptr<Session>& session) {
         }
         if (!report.ok()) {
           Error problem = declare_problem(report);
-          if (is_fatal(problem)) {
+          if (is_fatal(problem) || problem.reply_code == 406) {
             self->fail_fatally(problem);
           } else {
             self->session_failed(session, problem);
