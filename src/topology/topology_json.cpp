@@ -149,6 +149,14 @@ class Reader {
     } catch (const KeyWatcher::TooDeep&) {
       result.errors.push_back({"", "", "the JSON is nested more than 64 levels deep", 0, 0});
       return result;
+    } catch (const json::exception& e) {
+      // out_of_range: a number beyond what a double holds ("number overflow parsing '1e999'").
+      std::string what = e.what();
+      const size_t bracket = what.find("] ");
+      if (bracket != std::string::npos) what = what.substr(bracket + 2);
+      if (what.size() > 120) what = what.substr(0, 117) + "...";
+      result.errors.push_back({"", "", "malformed JSON: " + what, 0, 0});
+      return result;
     }
     for (const auto& d : watcher.duplicates) {
       error(d.path, "duplicate key " + quoted(d.key) + "; each key may appear once per object");
@@ -266,7 +274,8 @@ class Reader {
             std::string("must be an object, such as ") + example + ", not " + type_name(value));
       return false;
     }
-    for (const auto& [key, _] : value.items()) {
+    for (const auto& item : value.items()) {
+      const std::string& key = item.key();
       bool known =
           std::any_of(allowed.begin(), allowed.end(), [&](const char* a) { return key == a; });
       if (known) continue;

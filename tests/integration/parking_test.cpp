@@ -329,7 +329,7 @@ TEST_CASE("replay killed with SIGKILL halfway loses nothing and duplicates at mo
           "[parking][integration][cli]") {
   TestLoop loop;
   ParkedService s(loop, "killreplay");
-  const size_t count = 30000;
+  const size_t count = 15000;
   const size_t window = 100;
   s.park(count, [](size_t) { return "exhausted"; }, 1024);
 

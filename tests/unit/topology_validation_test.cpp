@@ -36,6 +36,7 @@ const std::vector<Expected> invalid_files = {
     {"trailing_garbage.json", "", R"~(malformed JSON)~"},
     {"comment.json", "", R"~(1:1: malformed JSON)~"},
     {"invalid_utf8.json", "", R"~(malformed JSON)~"},
+    {"number_overflow.json", "", R"~(malformed JSON: number overflow parsing '1e999')~"},
     {"deep_nesting.json", "", R"~(nested more than 64 levels)~"},
     {"not_an_object.json", "", R"~(must be an object)~"},
     {"missing_services.json", "services", R"~(is missing)~"},
