@@ -1,0 +1,466 @@
+"""Runs every benchmark against the throwaway broker that bench/run started, and writes the report.
+
+    bench.py run OUT.json        run the benchmarks (environment: see bench/run), write raw results
+    bench.py report OUT.json     write OUT.md and OUT.png from raw results
+
+Every benchmark runs BENCH_ROUNDS times (default 3); within a round the contenders run one after
+the other, in an order that rotates from round to round. Rates are measured by the contenders
+themselves, from the first delivery (or publish) to the last ack (or confirm); queues are reset
+and filled before that window by bench_retryloop, the same way for everyone.
+"""
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+BUILD = os.path.abspath(os.environ.get("BENCH_BUILD", os.path.join(ROOT, "build-bench")))
+PYTHON = "/usr/bin/python3"
+QUICK = os.environ.get("BENCH_QUICK") == "1"
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1" if QUICK else "3"))
+ALL_BENCHMARKS = ["consume", "callgrind", "publish", "retry", "lateness", "memory", "replay"]
+ALL_CLIENTS = ["retryloop", "rabbitmq-c", "amqp091-go", "amqplib", "amqp-client.js", "pika"]
+
+
+def env_list(name, default):
+    value = os.environ.get(name)
+    return [x.strip() for x in value.split(",") if x.strip()] if value else default
+
+
+FULL = os.environ.get("BENCH_FULL") == "1"
+PROFILE = "quick" if QUICK else ("full" if FULL else "default")
+
+
+def size(name, default, quick, full):
+    """A size: BENCH_<NAME> if set, else the profile's. `full` is the issue's size; `default`
+    keeps a whole run under 30 minutes on a 2-core machine that other work keeps busy."""
+    value = {"quick": quick, "default": default, "full": full}[PROFILE]
+    return int(os.environ.get("BENCH_" + name.upper(), value))
+
+
+SIZES = {
+    "consume": size("consume_n", 15000, 5000, 100000),
+    "consume_low_prefetch": size("consume_low_n", 3000, 2000, 100000),
+    "publish": size("publish_n", 10000, 5000, 100000),
+    "publish_one": size("publish_one_n", 300, 100, 100000),
+    "retry": size("retry_n", 3000, 1000, 10000),
+    "lateness": size("lateness_n", 1000, 300, 1000),
+    "lateness_rate": size("lateness_rate", 500, 500, 500),
+    "memory": size("memory_n", 10000, 10000, 10000),
+    "replay": size("replay_n", 20000, 5000, 100000),
+    "replay_pika": size("replay_pika_n", 1000, 500, 10000),
+    "callgrind": size("callgrind_n", 20000, 2000, 20000),
+}
+PREFETCHES = [int(x) for x in env_list("BENCH_PREFETCH", ["1", "10", "100", "300"])]
+QUEUE_TYPES = env_list("BENCH_QUEUE_TYPES", ["classic", "quorum"])
+BENCHMARKS = env_list("BENCH_ONLY", ALL_BENCHMARKS)
+CLIENTS = env_list("BENCH_CLIENTS", ALL_CLIENTS)
+RETRY_PREFETCH = 200
+PUBLISH_WINDOW = 1000
+
+TOOL = os.path.join(BUILD, "bench", "bench_retryloop")
+CLI = os.path.join(BUILD, "retryloop")
+
+
+def peer_command(client, mode, url, queue, count, setting):
+    """The command line of a peer's consume or publish run."""
+    args = [mode, url, queue, str(count), str(setting)]
+    return {
+        "retryloop": [TOOL, mode, "--url", url, "--queue", queue, "--count", str(count),
+                      "--prefetch" if mode == "consume" else "--window", str(setting)],
+        "rabbitmq-c": [os.path.join(BUILD, "bench", "bench_rabbitmq_c")] + args,
+        "amqp091-go": [os.path.join(BUILD, "peers", "amqp091")] + args,
+        "amqplib": ["node", os.path.join(HERE, "peers", "amqplib.js")] + args,
+        "amqp-client.js": ["node", os.path.join(HERE, "peers", "amqp_client.mjs")] + args,
+        "pika": [PYTHON, os.path.join(HERE, "peers", "pika_bench.py")] + args,
+    }[client]
+
+
+def log(text):
+    print(text, flush=True)
+
+
+def run(command, timeout=1200):
+    """Runs a command; returns its last JSON line (or None); fails loudly on a non-zero exit."""
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited {done.returncode}:\n{done.stderr[-2000:]}")
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else None
+
+
+def rotate(items, k):
+    k %= len(items)
+    return items[k:] + items[:k]
+
+
+class Broker:
+    """CPU time of the throwaway node's beam.smp, sampled while a contender runs."""
+
+    def __init__(self):
+        home = os.path.join(os.environ["RETRYLOOP_TEST_BROKER_DIR"], "home")
+        self.pid = None
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    args = f.read().split(b"\0")
+            except OSError:
+                continue
+            if args and args[0].endswith(b"beam.smp") and b"-home" in args and \
+                    home.encode() in args:
+                self.pid = pid
+        if not self.pid:
+            raise RuntimeError("cannot find the broker's beam.smp")
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.samples = []
+        self.running = False
+
+    def cpu(self):
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / self.tick
+
+    def rss_kb(self):
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return 0
+
+    def __enter__(self):
+        self.samples, self.running = [(time.time(), self.cpu())], True
+
+        def sample():
+            while self.running:
+                time.sleep(0.02)
+                self.samples.append((time.time(), self.cpu()))
+        self.thread = threading.Thread(target=sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.running = False
+        self.thread.join()
+        self.samples.append((time.time(), self.cpu()))
+
+    def cpu_at(self, t):
+        """CPU seconds at wall time t, interpolated between samples (ticks are 10 ms)."""
+        before = max((s for s in self.samples if s[0] <= t), default=self.samples[0])
+        after = min((s for s in self.samples if s[0] >= t), default=self.samples[-1])
+        if after[0] == before[0]:
+            return before[1]
+        return before[1] + (after[1] - before[1]) * (t - before[0]) / (after[0] - before[0])
+
+    def cpu_between(self, t0, t1):
+        return self.cpu_at(t1) - self.cpu_at(t0)
+
+
+class Bench:
+    def __init__(self, out):
+        self.url = os.environ["RETRYLOOP_TEST_URL"]
+        self.out = out
+        self.broker = Broker()
+        self.rows = []
+        self.work = tempfile.mkdtemp(prefix="retryloop-bench-")
+        self.meta = {
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+            "quick": QUICK, "profile": PROFILE, "rounds": ROUNDS, "sizes": SIZES, "prefetches": PREFETCHES,
+            "queue_types": QUEUE_TYPES, "benchmarks": BENCHMARKS, "clients": CLIENTS,
+            "machine": machine(), "load_before": os.getloadavg(), "versions": versions(),
+        }
+
+    def tool(self, *args, **kwargs):
+        return run([TOOL, args[0], "--url", self.url, *map(str, args[1:])], **kwargs)
+
+    def save(self):
+        data = {"meta": self.meta, "rows": self.rows}
+        with open(self.out + ".tmp", "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(self.out + ".tmp", self.out)
+
+    def record(self, row, **extra):
+        row.update(extra)
+        row["load"] = os.getloadavg()[0]
+        self.rows.append(row)
+        self.save()
+        return row
+
+    def timed(self, command):
+        """Runs a contender; adds the broker's CPU over its measured window."""
+        with self.broker:
+            row = run(command)
+        if row and "t0" in row:
+            row["broker_cpu_seconds"] = round(self.broker.cpu_between(row["t0"], row["t1"]), 4)
+        return row
+
+    # ---- 1 and 2. Consume and ack; client and broker CPU per message ----
+
+    def consume(self):
+        for queue_type in QUEUE_TYPES:
+            for prefetch in PREFETCHES:
+                count = SIZES["consume"] if prefetch >= 100 else SIZES["consume_low_prefetch"]
+                for r in range(ROUNDS):
+                    fanout = f"bench.fill.{queue_type}"
+                    for client in CLIENTS:
+                        self.tool("reset", "--queue", f"bench.consume.{client}", "--type",
+                                  queue_type, "--exchange", fanout)
+                    self.tool("fill", "--exchange", fanout, "--count", count, timeout=3600)
+                    for client in rotate(CLIENTS, r):
+                        queue = f"bench.consume.{client}"
+                        row = self.timed(peer_command(client, "consume", self.url, queue, count,
+                                                      prefetch))
+                        self.record(row, bench="consume", client=client, queue_type=queue_type,
+                                    prefetch=prefetch, round=r + 1)
+                        log(f"consume {queue_type} prefetch {prefetch} round {r + 1}: "
+                            f"{client:15s} {row['rate']:9.0f} msg/s  client "
+                            f"{row['cpu_seconds'] / count * 1e6:6.1f} us/msg  broker "
+                            f"{row['broker_cpu_seconds'] / count * 1e6:6.1f} us/msg")
+        for client in CLIENTS:
+            self.tool("reset", "--queue", f"bench.consume.{client}", "--delete-only")
+
+    def callgrind(self):
+        clients = [c for c in ("retryloop", "rabbitmq-c") if c in CLIENTS]
+        count, prefetch = SIZES["callgrind"], 100
+        for r in range(ROUNDS):
+            for client in clients:
+                self.tool("reset", "--queue", f"bench.callgrind.{client}", "--exchange",
+                          "bench.fill.callgrind")
+            self.tool("fill", "--exchange", "bench.fill.callgrind", "--count", count)
+            for client in rotate(clients, r):
+                out = os.path.join(self.work, f"callgrind.{client}.{r}")
+                command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"] + \
+                    peer_command(client, "consume", self.url, f"bench.callgrind.{client}", count,
+                                 prefetch)
+                run(command)
+                # CALLGRIND_DUMP_STATS wrote the window (first delivery to last ack) as out.1.
+                instructions = callgrind_total(out + ".1")
+                self.record({"client": client, "messages": count, "prefetch": prefetch,
+                             "instructions": instructions}, bench="callgrind", round=r + 1)
+                log(f"callgrind round {r + 1}: {client:12s} {instructions / count:8.0f} "
+                    f"instructions/msg")
+        for client in clients:
+            self.tool("reset", "--queue", f"bench.callgrind.{client}", "--delete-only")
+
+    # ---- 3. Publish with confirms ----
+
+    def publish(self):
+        for window, count in ((PUBLISH_WINDOW, SIZES["publish"]), (1, SIZES["publish_one"])):
+            for r in range(ROUNDS):
+                for client in rotate(CLIENTS, r):
+                    queue = f"bench.publish.{client}"
+                    self.tool("reset", "--queue", queue)
+                    row = self.timed(peer_command(client, "publish", self.url, queue, count,
+                                                  window))
+                    self.record(row, bench="publish", client=client, window=window, round=r + 1)
+                    log(f"publish window {window} round {r + 1}: {client:15s} "
+                        f"{row['rate']:9.0f} msg/s")
+                    self.tool("reset", "--queue", queue, "--delete-only")
+
+    # ---- 4. The retry loop: the seed recipe against retryloop ----
+
+    def topology(self, name, queue_type, mode, delay, max_attempts=5):
+        path = os.path.join(self.work, name + ".json")
+        service = {"name": name, "queue_type": queue_type,
+                   "input": {"exchange": name + ".in", "type": "direct", "bindings": [name]},
+                   "retry": {"mode": mode, "delays": [delay], "max_attempts": max_attempts}}
+        with open(path, "w") as f:
+            json.dump({"services": [service]}, f)
+        run([CLI, "topology", "apply", path, "--url", self.url])
+        return path
+
+    def drop_topology(self, path):
+        run([CLI, "topology", "delete", path, "--yes", "--force", "--url", self.url])
+
+    def seed_command(self, name, count, fail, *extra):
+        return [PYTHON, os.path.join(HERE, "peers", "pika_bench.py"), "seed", self.url, name,
+                str(count), str(fail), str(RETRY_PREFETCH), *extra]
+
+    def seed_setup(self, name, ttl_ms, queue_type):
+        run([PYTHON, os.path.join(HERE, "peers", "pika_bench.py"), "seed-setup", self.url, name,
+             str(ttl_ms), queue_type])
+
+    def seed_drop(self, name):
+        for queue in (name, name + ".dead"):
+            self.tool("reset", "--queue", queue, "--delete-only")
+
+    def retry(self):
+        count, fail = SIZES["retry"], 2
+        contenders = ["seed-pika", "retryloop-reject", "retryloop-republish"]
+        for queue_type in QUEUE_TYPES:
+            for r in range(ROUNDS):
+                for contender in rotate(contenders, r):
+                    name = f"bench.retry.{contender}.{queue_type}.{r + 1}"
+                    if contender == "seed-pika":
+                        self.seed_setup(name, 10, queue_type)
+                        self.tool("fill", "--queue", name, "--count", count, "--fresh")
+                        row = self.timed(self.seed_command(name, count, fail))
+                        self.seed_drop(name)
+                    else:
+                        path = self.topology(name, queue_type, contender.split("-")[1], "10ms")
+                        self.tool("fill", "--queue", name, "--count", count, "--fresh")
+                        row = self.timed([TOOL, "retry", "--url", self.url, "--topology", path,
+                                          "--service", name, "--count", str(count), "--fail",
+                                          str(fail), "--prefetch", str(RETRY_PREFETCH)])
+                        self.drop_topology(path)
+                    self.record(row, bench="retry", client=contender, queue_type=queue_type,
+                                round=r + 1, delay_ms=10)
+                    log(f"retry {queue_type} round {r + 1}: {contender:20s} "
+                        f"{row['rate']:8.0f} completed msg/s")
+
+    def lateness(self):
+        count, rate = SIZES["lateness"], SIZES["lateness_rate"]
+        contenders = ["broker-ttl", "seed-pika", "retryloop-reject", "retryloop-republish"]
+        publish = lambda queue: [TOOL, "publish", "--url", self.url, "--queue", queue, "--count",
+                                 str(count), "--window", "100", "--rate", str(rate), "--fresh"]
+        for queue_type in QUEUE_TYPES:
+            for r in range(ROUNDS):
+                for contender in rotate(contenders, r):
+                    name = f"bench.late.{contender}.{queue_type}.{r + 1}"
+                    cleanup = None
+                    if contender == "broker-ttl":
+                        self.tool("reset", "--queue", name + ".out", "--type", queue_type)
+                        self.tool("reset", "--queue", name, "--type", queue_type, "--ttl", 1000,
+                                  "--dead-letter-to", name + ".out")
+                        consumer = [TOOL, "ttl", "--url", self.url, "--queue", name + ".out",
+                                    "--count", str(count), "--delay-ms", "1000"]
+                        cleanup = lambda: [self.tool("reset", "--queue", q, "--delete-only")
+                                           for q in (name, name + ".out")]
+                    elif contender == "seed-pika":
+                        self.seed_setup(name, 1000, queue_type)
+                        consumer = self.seed_command(name, count, 1, "lateness", "1000")
+                        cleanup = lambda: self.seed_drop(name)
+                    else:
+                        path = self.topology(name, queue_type, contender.split("-")[1], "1s")
+                        consumer = [TOOL, "retry", "--url", self.url, "--topology", path,
+                                    "--service", name, "--count", str(count), "--fail", "1",
+                                    "--prefetch", str(RETRY_PREFETCH), "--lateness"]
+                        cleanup = lambda: self.drop_topology(path)
+                    process = subprocess.Popen(consumer, stdout=subprocess.PIPE,
+                                               stderr=subprocess.PIPE, text=True)
+                    time.sleep(1.5)  # consuming before the first message arrives
+                    run(publish(name))
+                    stdout, stderr = process.communicate(timeout=600)
+                    if process.returncode != 0:
+                        raise RuntimeError(f"{' '.join(consumer)}: {stderr[-2000:]}")
+                    row = json.loads([l for l in stdout.splitlines() if l.startswith("{")][-1])
+                    cleanup()
+                    self.record(row, bench="lateness", client=contender, queue_type=queue_type,
+                                round=r + 1, delay_ms=1000)
+                    late = row["late_ms"]
+                    log(f"lateness {queue_type} round {r + 1}: {contender:20s} p50 "
+                        f"{late['p50']:6.1f} ms  p99 {late['p99']:6.1f} ms  max {late['max']:6.1f} ms")
+
+    # ---- 5. Memory ----
+
+    def memory(self):
+        count = SIZES["memory"]
+        path = self.topology("bench.memory", "classic", "reject", "30s")
+        # The slow handler acks a message every 500 ms: a few more than held, for every round.
+        self.tool("fill", "--queue", "bench.memory", "--count", count + 20 * ROUNDS)
+        for r in range(ROUNDS):
+            row = run([TOOL, "hold", "--url", self.url, "--topology", path, "--service",
+                       "bench.memory", "--count", str(count), "--prefetch", str(count)])
+            self.record(row, bench="memory", client="retryloop", round=r + 1)
+            log(f"memory round {r + 1}: peak RSS {row['peak_rss_kb'] / 1024:.1f} MB holding "
+                f"{row['held']} unacked messages")
+        self.drop_topology(path)
+
+    # ---- 6. Replay ----
+
+    def replay(self):
+        contenders = ["retryloop", "pika-loop"]
+        for r in range(ROUNDS):
+            for contender in rotate(contenders, r):
+                name = "bench.replay"
+                path = self.topology(name, "classic", "reject", "30s")
+                count = SIZES["replay"] if contender == "retryloop" else SIZES["replay_pika"]
+                self.tool("fill", "--queue", name + ".parking", "--count", count, "--parked",
+                          timeout=3600)
+                if contender == "retryloop":
+                    with self.broker:
+                        t0 = time.time()
+                        run([CLI, "parking", "replay", "-t", path, name, "--url", self.url])
+                        t1 = time.time()
+                    row = {"client": "retryloop", "messages": count, "seconds": round(t1 - t0, 4),
+                           "rate": round(count / (t1 - t0), 1), "t0": t0, "t1": t1,
+                           "broker_cpu_seconds": round(self.broker.cpu_between(t0, t1), 4),
+                           "note": "wall time of `retryloop parking replay`, start to exit"}
+                else:
+                    row = self.timed([PYTHON, os.path.join(HERE, "peers", "pika_bench.py"),
+                                      "replay", self.url, name + ".parking", name, str(count)])
+                self.drop_topology(path)
+                self.record(row, bench="replay", client=contender, round=r + 1)
+                log(f"replay round {r + 1}: {contender:10s} {row['rate']:8.0f} msg/s")
+
+    def run_all(self):
+        started = time.time()
+        for name in BENCHMARKS:
+            t0 = time.time()
+            getattr(self, name)()
+            self.meta.setdefault("bench_seconds", {})[name] = round(time.time() - t0, 1)
+            log(f"-- {name} done in {time.time() - t0:.0f} s (load {os.getloadavg()[0]:.1f})")
+        self.meta["seconds"] = round(time.time() - started, 1)
+        if os.environ.get("BENCH_STARTED"):
+            self.meta["total_seconds"] = round(time.time() - float(os.environ["BENCH_STARTED"]), 1)
+        self.meta["load_after"] = os.getloadavg()
+        self.meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
+        self.save()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def callgrind_total(path):
+    with open(path) as f:
+        for line in f:
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise RuntimeError(f"no totals in {path}")
+
+
+def machine():
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpus": os.cpu_count(), "cpu": model, "kernel": platform.release(),
+            "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)}
+
+
+def versions():
+    def package(name):
+        done = subprocess.run(["dpkg-query", "-W", "-f=${Version}", name], capture_output=True,
+                              text=True)
+        return done.stdout or None
+
+    def npm(name):
+        try:
+            with open(os.path.join(HERE, "peers", "node_modules", name, "package.json")) as f:
+                return json.load(f)["version"]
+        except OSError:
+            return None
+    return {"rabbitmq-server": package("rabbitmq-server"), "erlang": package("erlang-base"),
+            "python3-pika": package("python3-pika"),
+            "amqp091-go": package("golang-github-rabbitmq-amqp091-go-dev"),
+            "golang": package("golang-go"), "librabbitmq": package("librabbitmq-dev"),
+            "amqplib": npm("amqplib"), "@cloudamqp/amqp-client": npm("@cloudamqp/amqp-client"),
+            "node": subprocess.run(["node", "--version"], capture_output=True,
+                                   text=True).stdout.strip()}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] not in ("run", "report"):
+        sys.exit(__doc__)
+    if sys.argv[1] == "run":
+        Bench(sys.argv[2]).run_all()
+    else:
+        import report
+        report.write(sys.argv[2])

@@ -1,0 +1,232 @@
+"""The pika peer (python3-pika, the seed article's client), written the way pika's own examples are.
+
+    pika_bench.py consume URL QUEUE COUNT PREFETCH      BlockingConnection consumer, ack each
+    pika_bench.py publish URL QUEUE COUNT WINDOW        confirms; WINDOW 1: BlockingChannel,
+                                                        one at a time; more: SelectConnection
+    pika_bench.py seed-setup URL NAME TTL_MS TYPE       the seed recipe's exchanges and queues
+    pika_bench.py seed URL NAME COUNT FAIL PREFETCH [lateness TTL_MS]
+                                                        the seed recipe's consumer: reject
+                                                        (requeue=False) while x-death[0].count < FAIL
+    pika_bench.py replay URL FROM TO COUNT              get, publish with confirm, ack: the loop
+                                                        one writes to move parked messages back
+
+Each prints one JSON line: the time from the first delivery (or publish) to the last ack (or
+confirm), and the process's CPU time over the same window.
+"""
+import datetime
+import json
+import resource
+import sys
+import time
+
+import pika
+
+HEADERS = {
+    "x-death": [
+        {"count": 2, "reason": reason, "queue": queue,
+         "time": datetime.datetime.fromtimestamp(1700000000, datetime.timezone.utc),
+         "exchange": "orders.in", "routing-keys": ["order.created"]}
+        for queue, reason in (("orders.wait.30s", "expired"), ("orders", "rejected"))
+    ],
+    "x-first-death-exchange": "orders.in",
+    "x-first-death-queue": "orders",
+    "x-first-death-reason": "rejected",
+    "trace-id": "4bf92f3577b34da6a3ce929d0e0e4736",
+}
+PROPERTIES = pika.BasicProperties(delivery_mode=2, content_type="application/json",
+                                  message_id="bench", headers=HEADERS)
+BODY = b"x" * 1024
+
+
+def cpu_seconds():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class Window:
+    """Time and CPU from start() to stop()."""
+
+    def start(self):
+        self.t0, self.cpu0 = time.time(), cpu_seconds()
+
+    def stop(self):
+        self.t1, self.cpu = time.time(), cpu_seconds() - self.cpu0
+
+    def report(self, client, bench, count, **extra):
+        seconds = self.t1 - self.t0
+        print(json.dumps({"client": client, "bench": bench, "messages": count, **extra,
+                          "seconds": round(seconds, 4), "rate": round(count / seconds, 1),
+                          "cpu_seconds": round(self.cpu, 4), "t0": self.t0, "t1": self.t1}))
+
+
+def consume(url, queue, count, prefetch):
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=prefetch)
+    window, received = Window(), 0
+
+    def on_message(ch, method, properties, body):
+        nonlocal received
+        if received == 0:
+            window.start()
+        ch.basic_ack(delivery_tag=method.delivery_tag)
+        received += 1
+        if received == count:
+            window.stop()
+            ch.stop_consuming()
+
+    channel.basic_consume(queue=queue, on_message_callback=on_message)
+    channel.start_consuming()
+    connection.close()
+    window.report("pika", "consume", count, prefetch=prefetch)
+
+
+def publish_one_at_a_time(url, queue, count):
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    window = Window()
+    window.start()
+    for _ in range(count):
+        channel.basic_publish("", queue, BODY, PROPERTIES)  # returns once confirmed
+    window.stop()
+    connection.close()
+    window.report("pika", "publish", count, window=1)
+
+
+def publish_pipelined(url, queue, count, limit):
+    """BlockingChannel waits for each confirm; a window needs the asynchronous SelectConnection."""
+    window, state = Window(), {"published": 0, "confirmed": 0}
+
+    def publish_more(channel):
+        while state["published"] < count and state["published"] - state["confirmed"] < limit:
+            channel.basic_publish("", queue, BODY, PROPERTIES)
+            state["published"] += 1
+
+    def on_confirm(frame):
+        ack = frame.method
+        if not isinstance(ack, pika.spec.Basic.Ack):
+            raise SystemExit("publish was nacked")
+        state["confirmed"] = ack.delivery_tag if ack.multiple else state["confirmed"] + 1
+        if state["confirmed"] == count:
+            window.stop()
+            connection.close()
+        else:
+            publish_more(channel)
+
+    def on_channel(ch):
+        global channel
+        channel = ch
+        ch.confirm_delivery(on_confirm, callback=lambda _: (window.start(), publish_more(ch)))
+
+    connection = pika.SelectConnection(
+        pika.URLParameters(url), on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
+        on_close_callback=lambda c, reason: c.ioloop.stop())
+    connection.ioloop.start()
+    window.report("pika", "publish", count, window=limit)
+
+
+def seed_setup(url, name, ttl_ms, queue_type):
+    """The seed article's init_rmq(), with its settings as arguments (and the queue type)."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    channel = connection.channel()
+    arguments = {"x-queue-type": queue_type}
+    channel.exchange_declare(exchange=name + ".inner_exch", exchange_type="fanout")
+    channel.exchange_declare(exchange=name + ".dead_exch", exchange_type="fanout")
+    channel.queue_declare(queue=name, durable=True,
+                          arguments={**arguments, "x-dead-letter-exchange": name + ".dead_exch"})
+    channel.queue_declare(queue=name + ".dead", durable=True,
+                          arguments={**arguments, "x-message-ttl": ttl_ms,
+                                     "x-dead-letter-exchange": name + ".inner_exch"})
+    channel.queue_bind(exchange=name + ".dead_exch", queue=name + ".dead")
+    channel.queue_bind(name, name + ".inner_exch")
+    connection.close()
+
+
+def seed(url, name, count, fail, prefetch, ttl_ms=None):
+    """The seed article's consumer: callback() and can_retry() as written there (x-death[0]'s
+    count against RETRY_COUNT = `fail`), with the no-op work acked where the seed drops the
+    message. The run ends after `count` acks. With ttl_ms, also the time from each reject to the
+    next delivery."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=prefetch)
+    window, started, acked, rejected_at, late_ms = Window(), False, 0, {}, []
+    def can_retry(properties):
+        deaths = (properties.headers or {}).get("x-death")
+        if not deaths:
+            return True
+        if deaths[0]["count"] >= fail:
+            return False
+        return True
+
+    def callback(ch, method, properties, body):
+        nonlocal started, acked
+        now = time.monotonic()
+        if not started:
+            window.start()
+            started = True
+        seq = properties.headers.get("bench-seq")
+        if ttl_ms is not None and seq in rejected_at:
+            late_ms.append((now - rejected_at.pop(seq)) * 1000 - ttl_ms)
+        if can_retry(properties):
+            if ttl_ms is not None:
+                rejected_at[seq] = now
+            ch.basic_reject(delivery_tag=method.delivery_tag, requeue=False)
+            return
+        ch.basic_ack(delivery_tag=method.delivery_tag)
+        acked += 1
+        if acked == count:
+            window.stop()
+            ch.stop_consuming()
+
+    channel.basic_consume(queue=name, on_message_callback=callback)
+    channel.start_consuming()
+    connection.close()
+    extra = {"fail": fail}
+    if ttl_ms is not None:
+        late_ms.sort()
+        extra["late_ms"] = {"p50": late_ms[len(late_ms) // 2],
+                            "p99": late_ms[min(len(late_ms) - 1, int(len(late_ms) * 0.99))],
+                            "max": late_ms[-1], "samples": len(late_ms)}
+    window.report("seed-pika", "lateness" if ttl_ms is not None else "retry", count, **extra)
+
+
+def replay(url, source, target, count):
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    window = Window()
+    window.start()
+    for _ in range(count):
+        method, properties, body = channel.basic_get(source)
+        if method is None:
+            raise SystemExit(f"{source} is empty")
+        channel.basic_publish("", target, body, properties, mandatory=True)  # raises if returned
+        channel.basic_ack(method.delivery_tag)
+    window.stop()
+    connection.close()
+    window.report("pika-loop", "replay", count)
+
+
+def main():
+    mode, url, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+    if mode == "consume":
+        consume(url, args[0], int(args[1]), int(args[2]))
+    elif mode == "publish" and int(args[2]) == 1:
+        publish_one_at_a_time(url, args[0], int(args[1]))
+    elif mode == "publish":
+        publish_pipelined(url, args[0], int(args[1]), int(args[2]))
+    elif mode == "seed-setup":
+        seed_setup(url, args[0], int(args[1]), args[2])
+    elif mode == "seed":
+        ttl_ms = int(args[5]) if len(args) > 5 and args[4] == "lateness" else None
+        seed(url, args[0], int(args[1]), int(args[2]), int(args[3]), ttl_ms)
+    elif mode == "replay":
+        replay(url, args[0], args[1], int(args[2]))
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    main()

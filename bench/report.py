@@ -1,0 +1,441 @@
+"""Turns bench.py's raw results (JSON) into the report (Markdown) and the chart (PNG, gnuplot)."""
+import json
+import os
+import statistics
+import subprocess
+
+PEERS = ["rabbitmq-c", "amqp091-go", "amqplib", "amqp-client.js", "pika"]
+
+
+def med(values):
+    return statistics.median(values) if values else None
+
+
+def spread(values, fmt="{:.0f}"):
+    """'median (min–max)'."""
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return fmt.format(values[0])
+    return f"{fmt.format(med(values))} ({fmt.format(min(values))}–{fmt.format(max(values))})"
+
+
+def ratio(a, b):
+    return a / b if a and b else None
+
+
+def fmt_ratio(value):
+    return "–" if value is None else f"{value:.2f}x"
+
+
+class Report:
+    def __init__(self, data):
+        self.meta, self.rows = data["meta"], data["rows"]
+        self.lines = []
+        self.targets = []
+
+    def select(self, bench, **where):
+        return [r for r in self.rows if r.get("bench") == bench and
+                all(r.get(k) == v for k, v in where.items())]
+
+    def values(self, bench, key="rate", **where):
+        return [r[key] for r in self.select(bench, **where) if r.get(key) is not None]
+
+    def out(self, text=""):
+        self.lines.append(text)
+
+    def table(self, header, rows, left=1):
+        """Columns from `left` on are right-aligned (numbers)."""
+        self.out("| " + " | ".join(header) + " |")
+        self.out("|" + "|".join("---" if i < left else "---:" for i in range(len(header))) + "|")
+        for row in rows:
+            self.out("| " + " | ".join(row) + " |")
+        self.out()
+
+    def target(self, name, figure, met, why=""):
+        self.targets.append((name, figure, "met" if met else ("missed" if met is False else "–"),
+                             why))
+
+    # ---- sections ----
+
+    def header(self):
+        m = self.meta
+        load = [r["load"] for r in self.rows if "load" in r]
+        self.out("# Benchmark results")
+        self.out()
+        self.out(f"Run {m['started']} to {m.get('finished', '(unfinished)')}: "
+                 f"{m.get('seconds', 0) / 60:.1f} min of benchmarks"
+                 + (f", {m['total_seconds'] / 60:.1f} min for all of `bench/run`"
+                    if m.get("total_seconds") else "")
+                 + (" (BENCH_QUICK=1: small sizes, for a look only)" if m.get("quick") else "")
+                 + (" (BENCH_FULL=1: the issue's sizes)" if m.get("profile") == "full" else "")
+                 + ".")
+        mach, ver = m["machine"], m["versions"]
+        self.out(f"Machine: {mach['cpus']} CPUs ({mach['cpu']}), {mach['memory_gb']} GB, Linux "
+                 f"{mach['kernel']}. Broker: RabbitMQ {ver['rabbitmq-server']} (Erlang "
+                 f"{ver['erlang']}), one throwaway node on loopback, default configuration.")
+        if load:
+            self.out(f"Machine load (1-minute load average on {mach['cpus']} CPUs): "
+                     f"{m['load_before'][0]:.1f} before, median {med(load):.1f} and max "
+                     f"{max(load):.1f} during the runs, {m.get('load_after', [0])[0]:.1f} after."
+                     + (" The machine was busy with other work: absolute rates are lower than on "
+                        "an idle machine, and the broker, which needs CPU for every message, "
+                        "suffers most." if med(load) > mach["cpus"] * 0.75 else ""))
+        self.out(f"Clients: retryloop, rabbitmq-c {ver['librabbitmq']}, amqp091-go "
+                 f"{ver['amqp091-go']} (Go {ver['golang']}), amqplib {ver['amqplib']} and "
+                 f"@cloudamqp/amqp-client {ver['@cloudamqp/amqp-client']} (Node {ver['node']}), "
+                 f"pika {ver['python3-pika']}.")
+        self.out(f"Each figure is the median of {m['rounds']} rounds in rotating order, with the "
+                 f"lowest and highest in parentheses.")
+        self.out()
+
+    def consume(self):
+        rows = self.select("consume")
+        if not rows:
+            return
+        clients = [c for c in self.meta["clients"] if any(r["client"] == c for r in rows)]
+        sizes = self.meta["sizes"]
+        self.out("## 1. Consume and ack")
+        self.out()
+        self.out(f"Persistent 1 KB messages with an x-death header table, the queue filled "
+                 f"beforehand; ack each, no-op handler; msg/s from the first delivery to the last "
+                 f"ack. N = {sizes['consume']:,} at prefetch 100 and above, "
+                 f"{sizes['consume_low_prefetch']:,} below.")
+        self.out()
+        for queue_type in self.meta["queue_types"]:
+            body = []
+            for prefetch in self.meta["prefetches"]:
+                rates = {c: self.values("consume", client=c, queue_type=queue_type,
+                                        prefetch=prefetch) for c in clients}
+                if not any(rates.values()):
+                    continue
+                peers = {c: med(v) for c, v in rates.items() if c != "retryloop" and v}
+                best = max(peers, key=peers.get) if peers else None
+                ours = med(rates.get("retryloop", []))
+                body.append([str(prefetch)] + [spread(rates[c]) for c in clients] +
+                            [best or "–", fmt_ratio(ratio(ours, peers.get(best))),
+                             fmt_ratio(ratio(ours, peers.get("pika")))])
+                if prefetch >= 100 and ours and best:
+                    self.consume_targets(queue_type, prefetch, rates, peers, best, ours)
+            self.out(f"**{queue_type} queue**, msg/s:")
+            self.out()
+            self.table(["prefetch"] + clients + ["best peer", "retryloop / best peer",
+                                                 "retryloop / pika"], body)
+
+    def consume_targets(self, queue_type, prefetch, rates, peers, best, ours):
+        where = f"{queue_type}, prefetch {prefetch}"
+        ranges_overlap = min(rates["retryloop"]) <= max(rates[best]) and \
+            min(rates[best]) <= max(rates["retryloop"])
+        broker = med([r["broker_cpu_seconds"] / r["messages"] * 1e6
+                      for r in self.select("consume", client="retryloop", queue_type=queue_type,
+                                           prefetch=prefetch)])
+        client = med([r["cpu_seconds"] / r["messages"] * 1e6
+                      for r in self.select("consume", client="retryloop", queue_type=queue_type,
+                                           prefetch=prefetch)])
+        bound = (f"the broker spends {broker:.0f} µs of CPU per message against retryloop's "
+                 f"{client:.1f} µs: the broker is the bottleneck, and every client cheap enough "
+                 f"runs at the broker's pace")
+        met = ours >= peers[best]
+        self.target(f"consume ≥ best peer ({where})",
+                    f"{ours:,.0f} vs {best} {peers[best]:,.0f} msg/s", met,
+                    "" if met else f"{(1 - ours / peers[best]) * 100:.0f}% behind"
+                    + (", within the rounds' spread" if ranges_overlap else "") + "; " + bound)
+        if "pika" in peers:
+            met = ours >= 3 * peers["pika"]
+            pika_cpu = med([r["cpu_seconds"] / r["messages"] * 1e6
+                            for r in self.select("consume", client="pika",
+                                                 queue_type=queue_type, prefetch=prefetch)])
+            self.target(f"consume ≥ 3x pika ({where})",
+                        f"{ours / peers['pika']:.2f}x", met,
+                        "" if met else
+                        (f"pika needs {pika_cpu:.0f} µs of CPU per message and runs on the "
+                         f"second core, in parallel with the broker ({broker:.0f} µs/msg): pika "
+                         f"too is held back by the broker rather than by its own cost, and no "
+                         f"client can be 3x faster than the broker allows"
+                         if pika_cpu < broker else
+                         f"pika needs {pika_cpu:.0f} µs of CPU per message, retryloop "
+                         f"{client:.1f} µs, but the broker needs {broker:.0f} µs for each of "
+                         f"retryloop's messages: retryloop runs at the broker's pace, which is "
+                         f"less than 3x pika's"))
+
+    def cpu(self):
+        rows = self.select("consume")
+        if not rows:
+            return
+        clients = [c for c in self.meta["clients"] if any(r["client"] == c for r in rows)]
+        high = [p for p in self.meta["prefetches"] if p >= 100] or self.meta["prefetches"]
+        self.out("## 2. Client cost per message")
+        self.out()
+        self.out(f"CPU time (user + sys) per consumed message over the measured window: of the "
+                 f"client process (getrusage) and of the broker's beam.smp (/proc, sampled every "
+                 f"20 ms), from the consume runs at prefetch {', '.join(map(str, high))}. "
+                 f"µs per message.")
+        self.out()
+        header, body = ["client"], []
+        for queue_type in self.meta["queue_types"]:
+            header += [f"{queue_type}: client", "broker", "client / broker"]
+        for c in clients:
+            line = [c]
+            for queue_type in self.meta["queue_types"]:
+                sel = [r for p in high for r in self.select("consume", client=c,
+                                                             queue_type=queue_type, prefetch=p)]
+                ours = [r["cpu_seconds"] / r["messages"] * 1e6 for r in sel]
+                broker = [r["broker_cpu_seconds"] / r["messages"] * 1e6 for r in sel]
+                share = [r["cpu_seconds"] / r["broker_cpu_seconds"] for r in sel
+                         if r["broker_cpu_seconds"]]
+                line += [spread(ours, "{:.1f}"), spread(broker, "{:.1f}"),
+                         spread([s * 100 for s in share], "{:.0f}%")]
+                if c == "retryloop" and share:
+                    self.target(f"client CPU ≤ 15% of broker CPU ({queue_type})",
+                                f"{med(share) * 100:.1f}%", med(share) <= 0.15)
+            body.append(line)
+        self.table(header, body)
+        grind = self.select("callgrind")
+        if grind:
+            per = {c: [r["instructions"] / r["messages"] for r in grind if r["client"] == c]
+                   for c in ("retryloop", "rabbitmq-c")}
+            self.out(f"Instructions per consumed message under `valgrind --tool=callgrind` "
+                     f"({grind[0]['messages']:,} messages, prefetch {grind[0]['prefetch']}, from "
+                     f"the first delivery to the last ack; repeatable on a busy machine, for "
+                     f"tracking regressions):")
+            self.out()
+            self.table(["client", "instructions / message"],
+                       [[c, spread(v)] for c, v in per.items() if v])
+            if per["retryloop"] and per["rabbitmq-c"]:
+                ours, theirs = med(per["retryloop"]), med(per["rabbitmq-c"])
+                self.target("callgrind instructions / message ≤ rabbitmq-c's",
+                            f"{ours:,.0f} vs {theirs:,.0f}", ours <= theirs,
+                            "" if ours <= theirs else
+                            f"{(ours / theirs - 1) * 100:.0f}% more; the profile has no single "
+                            f"hot spot: most of retryloop's instructions go to decoding the "
+                            f"header table into owned values (a string or vector per field, two "
+                            f"nested x-death tables), where rabbitmq-c decodes into one memory "
+                            f"pool, and to libuv's and libc's syscall wrappers")
+
+    def publish(self):
+        rows = self.select("publish")
+        if not rows:
+            return
+        clients = [c for c in self.meta["clients"] if any(r["client"] == c for r in rows)]
+        sizes = self.meta["sizes"]
+        self.out("## 3. Publish with confirms")
+        self.out()
+        self.out(f"Persistent 1 KB messages with the same headers to a classic queue, msg/s "
+                 f"from the first publish to the last confirm. Pipelined: at most 1,000 "
+                 f"unconfirmed, N = {sizes['publish']:,}. One at a time: each publish waits for "
+                 f"its confirm, which the broker sends after the message reached the disk, so "
+                 f"the rate is a disk-sync latency; N = {sizes['publish_one']:,}.")
+        self.out()
+        body = []
+        for c in clients:
+            body.append([c, spread(self.values("publish", client=c, window=1000)),
+                         spread(self.values("publish", client=c, window=1))])
+        self.table(["client", "pipelined (window 1,000)", "one at a time"], body)
+
+    def retry(self):
+        rows = self.select("retry")
+        if not rows:
+            return
+        contenders = ["seed-pika", "retryloop-reject", "retryloop-republish"]
+        self.out("## 4. Retry loop")
+        self.out()
+        self.out(f"{self.meta['sizes']['retry']:,} messages in the queue, each failing twice "
+                 f"and acked on its third attempt, with a 10 ms wait queue; completed messages "
+                 f"per second from the first delivery to the last ack. The seed recipe is the "
+                 f"seed article's own code pattern with pika (reject with requeue=false, count "
+                 f"from x-death[0], wait queue dead-lettering back through the input exchange); "
+                 f"retryloop runs its retry consumer (handler on the loop) in reject mode and in "
+                 f"republish mode. Prefetch 200 for all.")
+        self.out()
+        header, body = ["contender"], []
+        for queue_type in self.meta["queue_types"]:
+            header += [f"{queue_type} msg/s", "vs seed"]
+        seed = {q: med(self.values("retry", client="seed-pika", queue_type=q))
+                for q in self.meta["queue_types"]}
+        for c in contenders:
+            line = [c]
+            for q in self.meta["queue_types"]:
+                v = self.values("retry", client=c, queue_type=q)
+                line += [spread(v), fmt_ratio(ratio(med(v), seed[q]))]
+                if c != "seed-pika" and v and seed[q]:
+                    sel = self.select("retry", client=c, queue_type=q)
+                    broker = med([r["broker_cpu_seconds"] / r["messages"] * 1e6 for r in sel])
+                    client = med([r["cpu_seconds"] / r["messages"] * 1e6 for r in sel])
+                    self.target(f"retry loop ≥ 3x the seed recipe ({c}, {q})",
+                                f"{med(v) / seed[q]:.2f}x", med(v) >= 3 * seed[q],
+                                "" if med(v) >= 3 * seed[q] else
+                                f"each completed message takes the broker three deliveries and "
+                                f"two trips through the wait queue (in by dead-lettering or a "
+                                f"confirmed publish, out by TTL expiry and dead-lettering): "
+                                f"{broker:.0f} µs of broker CPU per completed message against "
+                                f"{client:.0f} µs in retryloop. The broker's work bounds both "
+                                f"contenders; a client cannot make the loop 3x faster")
+            body.append(line)
+        self.table(header, body)
+        self.lateness()
+
+    def lateness(self):
+        rows = self.select("lateness")
+        if not rows:
+            return
+        contenders = ["broker-ttl", "seed-pika", "retryloop-reject", "retryloop-republish"]
+        self.out(f"Retry lateness with a 1 s delay: actual delay minus 1,000 ms, in ms. "
+                 f"{self.meta['sizes']['lateness']:,} messages published at "
+                 f"{self.meta['sizes']['lateness_rate']} msg/s while the consumer runs; each "
+                 f"fails once. The actual delay is the time from the handler's failure to the "
+                 f"next delivery of the message. `broker-ttl` is the broker's own precision: a "
+                 f"message published to a queue with a 1 s TTL, measured from the publish to "
+                 f"its delivery from the dead-letter target. Medians of the rounds' percentiles; "
+                 f"max is the largest seen.")
+        self.out()
+        header = ["contender"]
+        for q in self.meta["queue_types"]:
+            header += [f"{q} p50", "p99", "max"]
+        body = []
+        for c in contenders:
+            line = [c]
+            for q in self.meta["queue_types"]:
+                late = [r["late_ms"] for r in self.select("lateness", client=c, queue_type=q)]
+                if not late:
+                    line += ["–"] * 3
+                    continue
+                line += [f"{med([l['p50'] for l in late]):.1f}",
+                         f"{med([l['p99'] for l in late]):.1f}",
+                         f"{max(l['max'] for l in late):.1f}"]
+                if c.startswith("retryloop"):
+                    base = [r["late_ms"]["p99"]
+                            for r in self.select("lateness", client="broker-ttl", queue_type=q)]
+                    if base:
+                        ours = med([l["p99"] for l in late])
+                        self.target(f"retry lateness p99 within 10 ms of the broker's TTL "
+                                    f"precision ({c}, {q})",
+                                    f"{ours:.1f} ms vs {med(base):.1f} ms",
+                                    ours <= med(base) + 10)
+            body.append(line)
+        self.table(header, body)
+
+    def memory(self):
+        rows = self.select("memory")
+        if not rows:
+            return
+        peak = [r["peak_rss_kb"] / 1024 for r in rows]
+        start = [r["rss_start_kb"] / 1024 for r in rows]
+        self.out("## 5. Memory")
+        self.out()
+        self.out(f"Peak RSS (VmHWM) of the retryloop consumer holding {rows[0]['held']:,} "
+                 f"unacked 1 KB messages (prefetch {rows[0]['prefetch']:,}, a handler that "
+                 f"sleeps): **{spread(peak, '{:.1f}')} MB** (the process started at "
+                 f"{med(start):.1f} MB).")
+        self.out()
+        per_message = (med(peak) - med(start)) * 1024 / rows[0]["held"]
+        self.out(f"That is {per_message:.1f} KB per held message: the body (1 KB), the decoded "
+                 f"header table (the x-death array of two tables and the other headers, about "
+                 f"1.2 KB as owned strings and vectors), and the consumer's record of the "
+                 f"delivery (about 1.4 KB, of which 456 bytes are a `BasicProperties` reserved "
+                 f"for a retry or parking copy even when none is made).")
+        self.out()
+        self.target("RSS at 10,000 unacked 1 KB messages < 40 MB", f"{med(peak):.1f} MB",
+                    med(peak) < 40, "" if med(peak) < 40 else
+                    f"{per_message:.1f} KB per held message (section 5): the body, the decoded "
+                    f"headers and the consumer's per-delivery record, which reserves room for a "
+                    f"copy's properties that only retries and parking use")
+
+    def replay(self):
+        rows = self.select("replay")
+        if not rows:
+            return
+        ours = self.values("replay", client="retryloop")
+        loop = self.values("replay", client="pika-loop")
+        sizes = self.meta["sizes"]
+        self.out("## 6. Replay")
+        self.out()
+        self.out(f"Parked 1 KB messages moved back to the service queue, each published with "
+                 f"confirm and acked once confirmed. `retryloop parking replay` moves "
+                 f"{sizes['replay']:,} (wall time of the command, start to exit); the pika loop "
+                 f"(basic.get, publish, wait for the confirm, ack) moves "
+                 f"{sizes['replay_pika']:,} (its rate is steady, one round trip pair per "
+                 f"message).")
+        self.out()
+        self.table(["contender", "msg/s"], [["retryloop parking replay", spread(ours)],
+                                            ["pika get-publish-confirm-ack loop", spread(loop)],
+                                            ["ratio", fmt_ratio(ratio(med(ours), med(loop)))]])
+        if ours and loop:
+            self.target("replay ≥ 10x the pika loop", f"{med(ours) / med(loop):.1f}x",
+                        med(ours) >= 10 * med(loop))
+
+    def write(self, path_md, chart_name):
+        self.header()
+        body_start = len(self.lines)
+        self.consume()
+        self.cpu()
+        self.publish()
+        self.retry()
+        self.memory()
+        self.replay()
+        body = self.lines[body_start:]
+        self.lines = self.lines[:body_start]
+        if self.targets:
+            self.out("## Targets")
+            self.out()
+            self.table(["target", "figure", "", "why"],
+                       [[n, f, s, w] for n, f, s, w in self.targets], left=4)
+        self.out(f"![consume and ack throughput]({chart_name})")
+        self.out()
+        self.lines += body
+        with open(path_md, "w") as f:
+            f.write("\n".join(self.lines).rstrip() + "\n")
+
+
+def chart(data, path_png):
+    """Consume-and-ack throughput, one panel per queue type, one bar per client (gnuplot)."""
+    meta, rows = data["meta"], [r for r in data["rows"] if r.get("bench") == "consume"]
+    if not rows:
+        return
+    clients = [c for c in meta["clients"] if any(r["client"] == c for r in rows)]
+    work = os.path.dirname(os.path.abspath(path_png))
+    script = [
+        "set terminal pngcairo size 1400,600 font 'DejaVu Sans,11'",
+        f"set output '{path_png}'",
+        f"set multiplot layout 1,{len(meta['queue_types'])} title 'Consume and ack, persistent "
+        f"1 KB messages: median msg/s of {meta['rounds']} rounds (bars: lowest to highest)'",
+        "set style data histograms",
+        "set style histogram errorbars gap 1 lw 1",
+        "set style fill solid 0.85 border -1",
+        "set boxwidth 0.9",
+        "set grid ytics",
+        "set yrange [0:*]",
+        "set xlabel 'prefetch'",
+        "set ylabel 'msg/s'",
+        "set key below horizontal",
+    ]
+    data_files = []
+    for queue_type in meta["queue_types"]:
+        lines = []
+        for prefetch in meta["prefetches"]:
+            cells = [str(prefetch)]
+            for c in clients:
+                v = [r["rate"] for r in rows if r["client"] == c and
+                     r["queue_type"] == queue_type and r["prefetch"] == prefetch]
+                cells += [f"{med(v):.0f}", f"{min(v):.0f}", f"{max(v):.0f}"] if v else ["0"] * 3
+            lines.append(" ".join(cells))
+        name = os.path.join(work, f".chart-{queue_type}.dat")
+        with open(name, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        data_files.append(name)
+        script.append(f"set title '{queue_type} queue'")
+        plots = [f"'{name}' using {2 + 3 * i}:{3 + 3 * i}:{4 + 3 * i}"
+                 + (":xtic(1)" if i == 0 else "") + f" title '{c}'"
+                 for i, c in enumerate(clients)]
+        script.append("plot " + ", ".join(plots))
+    script.append("unset multiplot")
+    subprocess.run(["gnuplot"], input="\n".join(script) + "\n", text=True, check=True)
+    for name in data_files:
+        os.remove(name)
+
+
+def write(path_json):
+    with open(path_json) as f:
+        data = json.load(f)
+    base = path_json[:-len(".json")] if path_json.endswith(".json") else path_json
+    chart(data, base + ".png")
+    Report(data).write(base + ".md", os.path.basename(base) + ".png")
