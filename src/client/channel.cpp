@@ -4,6 +4,7 @@
 
 #include <functional>
 
+#include "retryloop/amqp/buffer.hpp"
 #include "retryloop/client/connection.hpp"
 
 namespace retryloop::client {
@@ -528,7 +529,24 @@ void Channel::reply_to_close(const amqp::ChannelClose& close) {
 }
 
 Error Channel::handle_content_header(std::string_view payload) {
-  if (auto ec = amqp::decode_header_frame(payload, header_)) return Error(ec);
+  std::error_code properties_error = amqp::decode_header_frame(payload, header_);
+  if (properties_error) {
+    // The frame is sound but its property list is not: when the fixed part (class, weight,
+    // body size) reads, the message is handed on with its properties as raw bytes, so that
+    // one undecodable message cannot stall its queue by closing the connection again and again.
+    amqp::Reader fixed(payload);
+    const uint16_t class_id = fixed.u16();
+    const uint16_t weight = fixed.u16();
+    header_.body_size = fixed.u64();
+    header_.properties = amqp::BasicProperties{};
+    if (!fixed.ok() || class_id != amqp::BasicPublish::class_id || weight != 0) {
+      return Error(properties_error);
+    }
+    if (auto* log = connection_->logger()) {
+      log->warn("channel {}: a message's properties cannot be decoded ({}); passed on as bytes",
+                id_, properties_error.message());
+    }
+  }
   if (header_.body_size > connection_->max_body_size()) {
     return Error(ClientError::message_too_large,
                  "broker sent a body of " + std::to_string(header_.body_size) + " bytes");
@@ -537,6 +555,9 @@ Error Channel::handle_content_header(std::string_view payload) {
                     : content_kind_ == ContentKind::get   ? &get_result_.message
                                                           : &returned_.message;
   target->properties = std::move(header_.properties);
+  target->properties_error = properties_error;
+  target->raw_properties.clear();
+  if (properties_error) target->raw_properties.assign(payload.substr(12));
   target->body.clear();
   target->body.reserve(std::min<uint64_t>(header_.body_size, kMaxBodyReserve));
   body_remaining_ = header_.body_size;

@@ -487,8 +487,30 @@ void Consumer::on_delivery(client::Delivery&& delivery) {
       read_attempt_info(message.properties, topology::input_queue_name(options_.service),
                         message.exchange, message.routing_key);
   message.attempt = pending->info.attempt;
+  if (delivery.message.properties_error) {
+    park_undecodable(pending, delivery.message);
+    return;
+  }
   waiting_.push_back(std::move(pending));
   start_handlers();
+}
+
+void Consumer::park_undecodable(const std::shared_ptr<Pending>& pending,
+                                const client::Message& original) {
+  // No handler can be given what cannot be read, and no retry can count its attempts: it is
+  // parked at once, its property bytes kept whole in a header, persistent like it may have been.
+  amqp::BasicProperties& properties = pending->message.properties;
+  properties.delivery_mode = 2;
+  properties.headers.emplace().set(std::string(header::raw_properties),
+                                   amqp::ByteArray{original.raw_properties});
+  pending->outcome = OutcomeKind::poison;
+  pending->decision.action = Action::park;
+  pending->decision.reason = ParkReason::poison;
+  pending->decision.error = "its properties cannot be decoded (" +
+                            original.properties_error.message() + "); their bytes are in " +
+                            std::string(header::raw_properties);
+  settling_[pending->id] = pending;
+  publish_copy(pending);
 }
 
 void Consumer::start_handlers() {

@@ -17,6 +17,7 @@
 #include "retryloop/topology/plan.hpp"
 #include "retryloop/topology/topology_json.hpp"
 #include "support/harness.hpp"
+#include "support/process.hpp"
 
 using namespace retryloop;
 using namespace std::chrono_literals;
@@ -543,7 +544,6 @@ TEST_CASE("Closing every connection from the broker mid-stream recovers by itsel
   auto broker = std::make_unique<Broker>(loop);
   const auto service = make_service(test::unique_name("closeall"),
                                     R"("mode": "republish", "delays": ["200ms"], "max_attempts": 3)");
-  std::mutex mutex;
   std::set<std::string> acked;
   auto options = options_for(service);
   options.prefetch = 50;
@@ -666,4 +666,59 @@ TEST_CASE("The parking hooks tell of each parked message and of the depth crossi
   REQUIRE(loop.run_until([&] { return alerts.size() == 2; }, 10s));
   CHECK(alerts[1].depth == 3);
   stop(loop, c);
+}
+
+TEST_CASE("A message whose headers nest 1,000 deep is parked as poison, bytes kept, and the queue "
+          "goes on",
+          "[retry][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const auto service = make_service(test::unique_name("deep"),
+                                    R"("mode": "reject", "delays": ["1s"], "max_attempts": 3)");
+  Recorder recorder;
+  auto c = start(loop, options_for(service), [&](const consumer::Message& m) {
+    recorder.add(m);
+    return Outcome::ack();
+  });
+  const std::string queue = topology::input_queue_name(service);
+  // pika, an independent client, builds what retryloop's own encoder refuses to.
+  test::ChildProcess pika({"/usr/bin/python3", "-c", R"(
+import sys, pika
+sys.setrecursionlimit(100000)
+deep = inner = {}
+for _ in range(1000):
+    inner["d"] = {}
+    inner = inner["d"]
+connection = pika.BlockingConnection(pika.URLParameters(sys.argv[1]))
+channel = connection.channel()
+channel.confirm_delivery()
+channel.basic_publish("", sys.argv[2], b"deep \x00\xff body",
+                      pika.BasicProperties(message_id="deep", delivery_mode=2, headers=deep),
+                      mandatory=True)
+connection.close()
+)",
+                           test::broker_url(), queue});
+  REQUIRE(pika.wait() == 0);
+  broker.publish(service.input.exchange, "key", "after-deep", "{}");
+
+  REQUIRE(loop.run_until([&] { return c->metrics().parked_poison == 1 && c->metrics().acked == 1; },
+                         10s));
+  stop(loop, c);
+  CHECK(c->metrics().reconnects == 0);
+  CHECK(recorder.size() == 1);  // the handler never saw the undecodable one
+  CHECK(recorder.of("after-deep").size() == 1);
+  auto parked = broker.drain(topology::parking_queue_name(service.name));
+  REQUIRE(parked.size() == 1);
+  CHECK(parked[0].message.body == std::string("deep \x00\xff body", 12));
+  CHECK(header_string(parked[0], "retryloop-reason") == "poison");
+  CHECK_THAT(header_string(parked[0], "retryloop-error"), Catch::Contains("nest"));
+  const amqp::FieldValue* raw =
+      parked[0].message.properties.headers->find("retryloop-raw-properties");
+  REQUIRE(raw != nullptr);
+  REQUIRE(raw->get_if<amqp::ByteArray>() != nullptr);
+  // The original properties, message id and all 1,000 levels, are there byte for byte.
+  const std::string& bytes = raw->get_if<amqp::ByteArray>()->bytes;
+  CHECK(bytes.size() > 1000 * 6);
+  CHECK(bytes.find("deep") != std::string::npos);
+  CHECK(parked[0].message.properties.delivery_mode == 2);
 }

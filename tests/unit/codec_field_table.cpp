@@ -380,7 +380,8 @@ TEST_CASE("A table whose declared length overruns the data is truncated", "[code
   CHECK(decode_table(from_hex("00000010 01 6b 56"), t) == CodecError::truncated);
   CHECK(decode_table(from_hex("ffffffff"), t) == CodecError::truncated);
   FieldArray a;
-  Reader r(from_hex("00000100 56"));
+  const std::string bytes = from_hex("00000100 56");  // the Reader only views its input
+  Reader r(bytes);
   r.array(a);
   CHECK(r.error() == CodecError::truncated);
 }

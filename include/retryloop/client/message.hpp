@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <string>
+#include <system_error>
 
 #include "retryloop/amqp/methods.hpp"
 
@@ -12,6 +13,13 @@ namespace retryloop::client {
 struct Message {
   amqp::BasicProperties properties;
   std::string body;
+  /// Set when the broker delivered properties this client cannot decode although the frame
+  /// itself is sound (headers nested past the codec's limit, an unknown type letter): then
+  /// `properties` is empty and `raw_properties` holds the property flags and list exactly as
+  /// they arrived. The connection stays open; the application decides what to do (the retry
+  /// consumer parks such a message as poison).
+  std::error_code properties_error;
+  std::string raw_properties;
 };
 
 /// A message pushed to a consumer (basic.deliver).

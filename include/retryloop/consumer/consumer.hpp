@@ -209,6 +209,7 @@ class Consumer : public std::enable_shared_from_this<Consumer> {
   void schedule_reconnect();
 
   void on_delivery(client::Delivery&& delivery);
+  void park_undecodable(const std::shared_ptr<Pending>& pending, const client::Message& original);
   void start_handlers();
   void run_handler(const std::shared_ptr<Pending>& pending);
   void handler_done(const std::shared_ptr<Pending>& pending, Outcome outcome);

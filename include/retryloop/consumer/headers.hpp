@@ -24,6 +24,9 @@ inline constexpr std::string_view first_failure = "retryloop-first-failure";
 inline constexpr std::string_view parked_at = "retryloop-parked-at";
 inline constexpr std::string_view consumer = "retryloop-consumer";
 inline constexpr std::string_view replays = "retryloop-replays";
+/// A parked message whose properties could not be decoded: its property flags and list as they
+/// arrived, as a byte array.
+inline constexpr std::string_view raw_properties = "retryloop-raw-properties";
 }  // namespace header
 
 /// Longest `retryloop-error` kept; longer texts are cut at a UTF-8 character boundary.
