@@ -209,6 +209,7 @@ TEST_CASE("Reject mode with max_attempts 3 runs the handler 3 times a delay apar
   headers.append("tenant", "acme");
   headers.append("small", int16_t(-7));
   headers.append("raw", amqp::ByteArray{std::string("\x00\xff", 2)});
+  headers.append("latin1", std::string("caf\xe9 \xc3("));  // long string, not UTF-8
   properties.headers = headers;
   const std::string body("\x00\x01binary\xff\xfe", 10);
   broker.publish(service.input.exchange, "key", "m-1", body, properties);
@@ -248,6 +249,7 @@ TEST_CASE("Reject mode with max_attempts 3 runs the handler 3 times a delay apar
   CHECK(*h.find("tenant") == amqp::FieldValue("acme"));
   CHECK(*h.find("small") == amqp::FieldValue(int16_t(-7)));
   CHECK(*h.find("raw") == amqp::FieldValue(amqp::ByteArray{std::string("\x00\xff", 2)}));
+  CHECK(*h.find("latin1") == amqp::FieldValue(std::string("caf\xe9 \xc3(")));
 
   CHECK(broker.depth(topology::input_queue_name(service)) == 0);
   CHECK(broker.depth(topology::wait_queue_name(service.name, 300ms)) == 0);
