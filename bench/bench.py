@@ -46,8 +46,8 @@ def size(name, default, quick, full):
 
 
 SIZES = {
-    "consume": size("consume_n", 15000, 5000, 100000),
-    "consume_low_prefetch": size("consume_low_n", 3000, 2000, 100000),
+    "consume": size("consume_n", 10000, 5000, 100000),
+    "consume_low_prefetch": size("consume_low_n", 1000, 1000, 100000),
     "publish": size("publish_n", 10000, 5000, 100000),
     "publish_one": size("publish_one_n", 300, 100, 100000),
     "retry": size("retry_n", 3000, 1000, 10000),
@@ -193,10 +193,16 @@ class Bench:
         self.save()
         return row
 
-    def timed(self, command):
-        """Runs a contender; adds the broker's CPU over its measured window."""
-        with self.broker:
-            row = run(command)
+    def timed(self, command, count):
+        """Runs a contender; adds the broker's CPU over its measured window. A contender that
+        fails or hangs (at least 20 msg/s is expected) is recorded as failed; the run goes on."""
+        try:
+            with self.broker:
+                row = run(command, timeout=max(300, count / 20))
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            text = str(e).replace(self.url, "URL")[:500]
+            log(f"FAILED: {text}")
+            return {"failed": text, "messages": count}
         if row and "t0" in row:
             row["broker_cpu_seconds"] = round(self.broker.cpu_between(row["t0"], row["t1"]), 4)
         return row
@@ -216,13 +222,14 @@ class Bench:
                     for client in rotate(CLIENTS, r):
                         queue = f"bench.consume.{client}"
                         row = self.timed(peer_command(client, "consume", self.url, queue, count,
-                                                      prefetch))
+                                                      prefetch), count)
                         self.record(row, bench="consume", client=client, queue_type=queue_type,
                                     prefetch=prefetch, round=r + 1)
-                        log(f"consume {queue_type} prefetch {prefetch} round {r + 1}: "
-                            f"{client:15s} {row['rate']:9.0f} msg/s  client "
-                            f"{row['cpu_seconds'] / count * 1e6:6.1f} us/msg  broker "
-                            f"{row['broker_cpu_seconds'] / count * 1e6:6.1f} us/msg")
+                        if "failed" not in row:
+                            log(f"consume {queue_type} prefetch {prefetch} round {r + 1}: "
+                                f"{client:15s} {row['rate']:9.0f} msg/s  client "
+                                f"{row['cpu_seconds'] / count * 1e6:6.1f} us/msg  broker "
+                                f"{row['broker_cpu_seconds'] / count * 1e6:6.1f} us/msg")
         for client in CLIENTS:
             self.tool("reset", "--queue", f"bench.consume.{client}", "--delete-only")
 
@@ -258,10 +265,11 @@ class Bench:
                     queue = f"bench.publish.{client}"
                     self.tool("reset", "--queue", queue)
                     row = self.timed(peer_command(client, "publish", self.url, queue, count,
-                                                  window))
+                                                  window), count)
                     self.record(row, bench="publish", client=client, window=window, round=r + 1)
-                    log(f"publish window {window} round {r + 1}: {client:15s} "
-                        f"{row['rate']:9.0f} msg/s")
+                    if "failed" not in row:
+                        log(f"publish window {window} round {r + 1}: {client:15s} "
+                            f"{row['rate']:9.0f} msg/s")
                     self.tool("reset", "--queue", queue, "--delete-only")
 
     # ---- 4. The retry loop: the seed recipe against retryloop ----
@@ -301,19 +309,20 @@ class Bench:
                     if contender == "seed-pika":
                         self.seed_setup(name, 10, queue_type)
                         self.tool("fill", "--queue", name, "--count", count, "--fresh")
-                        row = self.timed(self.seed_command(name, count, fail))
+                        row = self.timed(self.seed_command(name, count, fail), count)
                         self.seed_drop(name)
                     else:
                         path = self.topology(name, queue_type, contender.split("-")[1], "10ms")
                         self.tool("fill", "--queue", name, "--count", count, "--fresh")
                         row = self.timed([TOOL, "retry", "--url", self.url, "--topology", path,
                                           "--service", name, "--count", str(count), "--fail",
-                                          str(fail), "--prefetch", str(RETRY_PREFETCH)])
+                                          str(fail), "--prefetch", str(RETRY_PREFETCH)], count)
                         self.drop_topology(path)
                     self.record(row, bench="retry", client=contender, queue_type=queue_type,
                                 round=r + 1, delay_ms=10)
-                    log(f"retry {queue_type} round {r + 1}: {contender:20s} "
-                        f"{row['rate']:8.0f} completed msg/s")
+                    if "failed" not in row:
+                        log(f"retry {queue_type} round {r + 1}: {contender:20s} "
+                            f"{row['rate']:8.0f} completed msg/s")
 
     def lateness(self):
         count, rate = SIZES["lateness"], SIZES["lateness_rate"]
@@ -395,10 +404,12 @@ class Bench:
                            "note": "wall time of `retryloop parking replay`, start to exit"}
                 else:
                     row = self.timed([PYTHON, os.path.join(HERE, "peers", "pika_bench.py"),
-                                      "replay", self.url, name + ".parking", name, str(count)])
+                                      "replay", self.url, name + ".parking", name, str(count)],
+                                     count)
                 self.drop_topology(path)
                 self.record(row, bench="replay", client=contender, round=r + 1)
-                log(f"replay round {r + 1}: {contender:10s} {row['rate']:8.0f} msg/s")
+                if "failed" not in row:
+                    log(f"replay round {r + 1}: {contender:10s} {row['rate']:8.0f} msg/s")
 
     def run_all(self):
         started = time.time()

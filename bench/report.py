@@ -35,7 +35,8 @@ class Report:
         self.targets = []
 
     def select(self, bench, **where):
-        return [r for r in self.rows if r.get("bench") == bench and
+        """Rows of a benchmark that match `where`; failed runs are left out (and listed)."""
+        return [r for r in self.rows if r.get("bench") == bench and "failed" not in r and
                 all(r.get(k) == v for k, v in where.items())]
 
     def values(self, bench, key="rate", **where):
@@ -382,6 +383,16 @@ class Report:
         self.out(f"![consume and ack throughput]({chart_name})")
         self.out()
         self.lines += body
+        failed = [r for r in self.rows if "failed" in r]
+        if failed:
+            self.out()
+            self.out("## Failed runs")
+            self.out()
+            self.out("Left out of the figures above:")
+            self.out()
+            for r in failed:
+                self.out(f"- {r.get('bench')} {r.get('client')} round {r.get('round')}: "
+                         f"{r['failed'].splitlines()[0][:300]}")
         with open(path_md, "w") as f:
             f.write("\n".join(self.lines).rstrip() + "\n")
 
@@ -433,9 +444,74 @@ def chart(data, path_png):
         os.remove(name)
 
 
+def readme_block(report, chart_path):
+    """The summary bench/README.md shows: headline figures, the targets, the chart."""
+    m = report.meta
+    load = [r["load"] for r in report.rows if "load" in r]
+    lines = [f"From the run of {m['started'][:16]}"
+             + (f", {m['total_seconds'] / 60:.0f} minutes for all of `bench/run`"
+                if m.get("total_seconds") else "")
+             + f", on {m['machine']['cpus']} CPUs"
+             + (f" kept busy by other work (load average median {med(load):.1f}, max "
+                f"{max(load):.1f}: the broker, which needs CPU for every message, was short of "
+                f"it, so absolute rates are low and spreads wide)" if load else "") + ".", ""]
+    consume = report.select("consume")
+    if consume:
+        lines += ["**Consume and ack** (issue \"Foundation\": retryloop at least 3x pika), "
+                  "persistent 1 KB messages, msg/s, median of "
+                  f"{m['rounds']} rounds (lowest–highest):", ""]
+        header = ["queue", "prefetch", "retryloop", "pika", "retryloop / pika", "best peer",
+                  "retryloop / best peer"]
+        body = []
+        for q in m["queue_types"]:
+            for p in m["prefetches"]:
+                ours = report.values("consume", client="retryloop", queue_type=q, prefetch=p)
+                pika = report.values("consume", client="pika", queue_type=q, prefetch=p)
+                peers = {c: med(report.values("consume", client=c, queue_type=q, prefetch=p))
+                         for c in PEERS}
+                peers = {c: v for c, v in peers.items() if v}
+                best = max(peers, key=peers.get) if peers else None
+                body.append([q, str(p), spread(ours), spread(pika),
+                             fmt_ratio(ratio(med(ours), med(pika))),
+                             f"{best} {peers[best]:.0f}" if best else "–",
+                             fmt_ratio(ratio(med(ours), peers.get(best)))])
+        lines += ["| " + " | ".join(header) + " |",
+                  "|---|" + "---:|" * (len(header) - 1)]
+        lines += ["| " + " | ".join(row) + " |" for row in body]
+        lines += ["", "Command: `BENCH_ONLY=consume bench/run` (add "
+                  "`BENCH_CLIENTS=retryloop,pika` for those two only).", ""]
+    ours = report.values("replay", client="retryloop")
+    loop = report.values("replay", client="pika-loop")
+    if ours and loop:
+        lines += [f"**Replay** (target: at least 10x the pika loop): `retryloop parking replay` "
+                  f"moved {m['sizes']['replay']:,} parked 1 KB messages at {spread(ours)} msg/s, "
+                  f"the pika get-publish-confirm-ack loop at {spread(loop)} msg/s: "
+                  f"**{med(ours) / med(loop):.1f}x**. Command: `BENCH_ONLY=replay bench/run`.", ""]
+    if report.targets:
+        lines += ["**Targets** (the reasons for each miss are in the report):", "",
+                  "| target | figure | |", "|---|---|---|"]
+        lines += [f"| {n} | {f} | {s} |" for n, f, s, _ in report.targets]
+        lines += [""]
+    lines += [f"![consume and ack throughput]({chart_path})"]
+    return "\n".join(lines)
+
+
 def write(path_json):
     with open(path_json) as f:
         data = json.load(f)
     base = path_json[:-len(".json")] if path_json.endswith(".json") else path_json
     chart(data, base + ".png")
-    Report(data).write(base + ".md", os.path.basename(base) + ".png")
+    report = Report(data)
+    report.write(base + ".md", os.path.basename(base) + ".png")
+    readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
+    results = os.path.join(os.path.dirname(readme), "results")
+    if os.path.abspath(base) == os.path.join(results, "latest") and os.path.exists(readme):
+        with open(readme) as f:
+            text = f.read()
+        begin, end = "<!-- figures:begin -->", "<!-- figures:end -->"
+        if begin in text and end in text:
+            head, rest = text.split(begin, 1)
+            tail = rest.split(end, 1)[1]
+            block = readme_block(report, "results/latest.png")
+            with open(readme, "w") as f:
+                f.write(head + begin + "\n" + block + "\n" + end + tail)

@@ -6,7 +6,6 @@
 //                           [--fresh] [--parked]
 //   bench_retryloop consume --url URL --queue Q --count N --prefetch P
 //   bench_retryloop publish --url URL --queue Q --count N --window W [--rate MSG_PER_S]
-//   bench_retryloop seed    --url URL --queue Q --count N --fail K --prefetch P
 //   bench_retryloop retry   --url URL --topology FILE --service S --count N --fail K [--lateness]
 //   bench_retryloop ttl     --url URL --queue Q --count N --delay-ms D
 //   bench_retryloop hold    --url URL --topology FILE --service S --count N --prefetch P
@@ -23,8 +22,6 @@
 //            ack, and the process's CPU time over the same window.
 //   publish  N messages with confirms, at most W unconfirmed (1: one at a time); --rate paces
 //            them and stamps each with the time it was sent (for `ttl`).
-//   seed     the seed recipe's consumer on retryloop's client, on the seed's queues (set up by
-//            pika_bench.py seed-setup): reject while x-death[0]'s count is below K, else ack.
 //   retry    the retry consumer on a service of FILE, handler on the loop: each message fails K
 //            times, then is acked; completed messages per second from the first delivery.
 //            --lateness: the time from each failure to the next delivery, minus the delay.
@@ -298,18 +295,7 @@ void print_rate(const char* what, long messages, const PublishResult& r, const A
       what, messages, args.prefetch, args.window, seconds, messages / seconds, r.cpu, r.t0, r.t1);
 }
 
-/// `count` of x-death[0], as the seed recipe reads it; 0 without x-death.
-int64_t first_death_count(const amqp::BasicProperties& properties) {
-  const amqp::FieldValue* deaths = properties.headers ? properties.headers->find("x-death") : nullptr;
-  const auto* array = deaths ? deaths->get_if<amqp::FieldArray>() : nullptr;
-  const auto* first = array && !array->empty() ? array->front().get_if<amqp::FieldTable>() : nullptr;
-  const amqp::FieldValue* count = first ? first->find("count") : nullptr;
-  return count ? count->as_int64().value_or(0) : 0;
-}
-
-/// consume, or with `seed` the seed recipe's consumer: reject (requeue=false) while x-death[0]'s
-/// count is below `fail`, else ack; N acks end it.
-void consume(uv_loop_t* loop, const Args& args, bool seed = false) {
+void consume(uv_loop_t* loop, const Args& args) {
   long received = 0;
   PublishResult r;
   double cpu0 = 0;
@@ -318,14 +304,10 @@ void consume(uv_loop_t* loop, const Args& args, bool seed = false) {
     check(channel->consume(
               args.queue, {},
               [&, connection, channel](Delivery&& delivery) {
-                if (received == 0 && r.t0 == 0) {
+                if (received == 0) {
                   CALLGRIND_ZERO_STATS;
                   r.t0 = wall_seconds();
                   cpu0 = cpu_seconds();
-                }
-                if (seed && first_death_count(delivery.message.properties) < args.fail) {
-                  channel->reject(delivery.delivery_tag, false);
-                  return;
                 }
                 channel->ack(delivery.delivery_tag);
                 if (++received == args.count) {
@@ -339,13 +321,6 @@ void consume(uv_loop_t* loop, const Args& args, bool seed = false) {
           "consume");
   });
   if (received != args.count) die("consumer stopped early");
-  if (seed) {
-    std::printf("{\"client\": \"seed-retryloop-client\", \"bench\": \"retry\", \"messages\": %ld, "
-                "\"fail\": %d, \"seconds\": %.4f, \"rate\": %.1f, \"cpu_seconds\": %.4f, "
-                "\"t0\": %.6f, \"t1\": %.6f}\n",
-                received, args.fail, r.t1 - r.t0, received / (r.t1 - r.t0), r.cpu, r.t0, r.t1);
-    return;
-  }
   print_rate("consume", received, r, args);
 }
 
@@ -574,8 +549,6 @@ int main(int argc, char** argv) {
     print_rate("publish", args.count, publish(loop, args, args.rate > 0), args);
   } else if (args.mode == "consume") {
     consume(loop, args);
-  } else if (args.mode == "seed") {
-    consume(loop, args, true);
   } else if (args.mode == "retry") {
     retry(loop, args);
   } else if (args.mode == "ttl") {

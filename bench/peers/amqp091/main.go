@@ -82,25 +82,22 @@ func publish(ch *amqp.Channel, queue string, count, window int) {
 	for i := range msg.Body {
 		msg.Body[i] = 'x'
 	}
+	// Confirms arrive in order on this channel, one per publish (NotifyPublish splits multiple
+	// acks); DeferredConfirmation.Wait can hang in this version (amqp091-go issue #182).
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, window))
 	t0, cpu0 := wallSeconds(), cpuSeconds()
-	inFlight := make([]*amqp.DeferredConfirmation, 0, window)
-	for i := 0; i < count; i++ {
-		if len(inFlight) == window {
-			if !inFlight[0].Wait() {
-				log.Fatal("publish was nacked")
+	published, confirmed := 0, 0
+	for confirmed < count {
+		for published < count && published-confirmed < window {
+			if err := ch.Publish("", queue, false, false, msg); err != nil {
+				log.Fatal(err)
 			}
-			inFlight = inFlight[1:]
+			published++
 		}
-		confirm, err := ch.PublishWithDeferredConfirm("", queue, false, false, msg)
-		if err != nil {
-			log.Fatal(err)
-		}
-		inFlight = append(inFlight, confirm)
-	}
-	for _, confirm := range inFlight {
-		if !confirm.Wait() {
+		if confirm := <-confirms; !confirm.Ack {
 			log.Fatal("publish was nacked")
 		}
+		confirmed++
 	}
 	report("publish", count, "window", window, t0, wallSeconds(), cpuSeconds()-cpu0)
 }
