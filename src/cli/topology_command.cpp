@@ -238,8 +238,13 @@ std::string result_note(const ActionResult& r, bool counts) {
       }
       return r.error.reply_text;
     case Outcome::failed:
-      if (r.exists.value_or(false) && r.error.reply_code == access_refused) {
+      if (r.exists.value_or(false) && r.error.reply_code == access_refused &&
+          (r.action.kind == ActionKind::declare_queue ||
+           r.action.kind == ActionKind::declare_exchange)) {
         return "exists; comparing its arguments was refused (403: it takes configure permission)";
+      }
+      if (r.error.reply_code == access_refused && !r.error.needed_permission().empty()) {
+        return r.error.reply_text + "; " + r.error.needed_permission() + " is needed";
       }
       return r.error.reply_code != 0 ? r.error.reply_text : r.error.message();
     case Outcome::exists:

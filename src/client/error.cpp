@@ -1,5 +1,7 @@
 #include "retryloop/client/error.hpp"
 
+#include <string_view>
+
 #include "retryloop/amqp/methods.hpp"
 
 namespace retryloop::client {
@@ -57,6 +59,34 @@ class ClientCategory : public std::error_category {
   }
 };
 
+/// What `method` needs on a `kind` ("queue" or "exchange") named `name` that the broker refused.
+std::string permission_for(std::string_view method, std::string_view kind,
+                           const std::string& name) {
+  const std::string on = " permission on " + std::string(kind) + " '" + name + "'";
+  const bool queue = kind == "queue";
+  if (method == "basic.consume" || method == "basic.get" || method == "queue.purge") {
+    return "read" + on;
+  }
+  if (method == "basic.publish") return "write" + on;
+  if (method == "queue.delete" || method == "exchange.delete") return "configure" + on;
+  if (method == "queue.bind" || method == "queue.unbind") {
+    return (queue ? "write" : "read") + on;
+  }
+  if (method == "exchange.bind" || method == "exchange.unbind") {
+    return "write" + on + " (as the destination) or read (as the source)";
+  }
+  if (method == "queue.declare") {
+    return queue ? "configure" + on + " (and read, for a new queue with a dead-letter exchange)"
+                 : "write" + on + " (the dead-letter exchange of a new queue)";
+  }
+  if (method == "exchange.declare") {
+    return "configure" + on +
+           " (and read, for a new exchange with an alternate exchange; or write, when it is "
+           "the alternate exchange of a new exchange)";
+  }
+  return {};
+}
+
 }  // namespace
 
 const std::error_category& client_category() noexcept {
@@ -83,7 +113,36 @@ std::string Error::message() const {
     text += " in ";
     text += method ? method : (std::to_string(class_id) + "." + std::to_string(method_id));
   }
+  const std::string needed = needed_permission();
+  if (!needed.empty()) text += ", which needs " + needed;
   return text;
+}
+
+std::string Error::needed_permission() const {
+  if (reply_code != 403 || class_id == 0) return {};
+  const char* method = amqp::method_name(class_id, method_id);
+  if (method == nullptr) return {};
+  // RabbitMQ 3.10: "ACCESS_REFUSED - access to queue 'q' in vhost '/' refused for user 'u'".
+  // Later versions start with the permission ("read access to ..."): nothing to add then.
+  constexpr std::string_view access_to = "access to ";
+  const size_t at = reply_text.find(access_to);
+  if (at == std::string::npos) return {};
+  const std::string_view before = std::string_view(reply_text).substr(0, at);
+  for (std::string_view word : {"configure ", "write ", "read "}) {
+    if (before.size() >= word.size() && before.substr(before.size() - word.size()) == word) {
+      return {};
+    }
+  }
+  const std::string_view rest = std::string_view(reply_text).substr(at + access_to.size());
+  for (std::string_view kind : {"queue", "exchange"}) {
+    const std::string prefix = std::string(kind) + " '";
+    if (rest.substr(0, prefix.size()) != prefix) continue;
+    const size_t end = rest.find("' in vhost '", prefix.size());
+    if (end == std::string_view::npos) return {};
+    return permission_for(method, kind,
+                          std::string(rest.substr(prefix.size(), end - prefix.size())));
+  }
+  return {};
 }
 
 }  // namespace retryloop::client

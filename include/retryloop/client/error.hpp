@@ -51,9 +51,14 @@ struct Error {
 
   explicit operator bool() const { return static_cast<bool>(code); }
 
-  /// One line for logs and users: the error, the reply code and text, and the method that
-  /// failed when the broker named one.
+  /// One line for logs and users: the error, the reply code and text, the method that failed
+  /// when the broker named one, and for a 403 the permission that method needs.
   std::string message() const;
+
+  /// For a 403 ACCESS_REFUSED whose text names the resource but not the permission (RabbitMQ
+  /// 3.10 says "access to queue 'q' in vhost '/' refused for user 'u'"): what the failed method
+  /// needs on that resource, for example "read permission on queue 'q'". Empty otherwise.
+  std::string needed_permission() const;
 };
 
 }  // namespace retryloop::client
