@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "tls_session.hpp"
+
 namespace retryloop::client {
 namespace {
 
@@ -15,6 +17,9 @@ constexpr uint32_t key_of() {
 }
 
 constexpr size_t kReadBufferSize = 64 * 1024;
+constexpr size_t kTlsPlainBufferSize = 64 * 1024;
+/// Plaintext encrypted per write over TLS: bounds the session's buffers, keeps them in cache.
+constexpr size_t kTlsWriteChunk = 256 * 1024;
 constexpr uint32_t kDefaultFrameMax = 131072;
 constexpr uint16_t kDefaultChannelMax = 2047;
 constexpr uint64_t kCloseTimeoutMs = 5000;
@@ -74,7 +79,17 @@ Connection::~Connection() {
 Error Connection::connect(ConnectCallback callback) {
   if (state_ != State::idle) return Error(ClientError::invalid_argument, "connect called twice");
   if (options_.uri.tls) {
-    return Error(ClientError::tls_failed, "amqps:// is not supported by this build");
+    const Uri& uri = options_.uri;
+    const TlsOptions& tls = options_.tls;
+    detail::TlsSettings settings;
+    settings.ca_file = tls.ca_file.value_or(uri.ca_file.value_or(std::string()));
+    settings.verify_peer = tls.verify_peer.value_or(uri.verify_peer.value_or(true));
+    settings.server_name = tls.server_name.value_or(uri.server_name.value_or(uri.host));
+    if (settings.server_name.empty()) settings.server_name = uri.host;
+    bool ipv6 = uri.host.find(':') != std::string::npos;
+    settings.peer = (ipv6 ? "[" + uri.host + "]" : uri.host) + ":" + std::to_string(uri.port);
+    if (Error error = detail::TlsSession::create(settings, tls_)) return error;
+    tls_plain_.resize(kTlsPlainBufferSize);
   }
   on_connect_ = std::move(callback);
   self_ = shared_from_this();
@@ -169,9 +184,38 @@ void Connection::on_connected(int status) {
     });
     return;
   }
-  state_ = State::handshaking;
   last_read_ms_ = uv_now(loop_);
   start_reading();
+  if (tls_) {
+    state_ = State::tls_handshaking;
+    last_connect_error_ = "the TLS handshake did not finish";
+    advance_tls_handshake();
+    return;
+  }
+  state_ = State::handshaking;
+  out_.append(amqp::kProtocolHeader.data(), amqp::kProtocolHeader.size());
+  flush();
+}
+
+void Connection::advance_tls_handshake() {
+  bool done = false;
+  if (Error error = tls_->handshake(done)) {
+    finish(error);  // sends the alert, if any
+    return;
+  }
+  if (!done) {
+    flush();  // the handshake's next message, if any
+    return;
+  }
+  if (auto* log = logger()) {
+    log->debug("TLS with {}: {}", options_.uri.redacted(), tls_->description());
+    if (!tls_->verifies_peer()) {
+      log->warn("TLS to {} does not verify the broker's certificate (verify_none)",
+                options_.uri.redacted());
+    }
+  }
+  state_ = State::handshaking;
+  last_connect_error_.clear();
   out_.append(amqp::kProtocolHeader.data(), amqp::kProtocolHeader.size());
   flush();
 }
@@ -193,17 +237,58 @@ void Connection::on_read(ssize_t nread, const uv_buf_t* buf) {
   if (nread == 0) return;
   if (nread < 0) {
     if (state_ == State::closed) return;
-    std::string why = nread == UV_EOF ? "broker closed the socket" : uv_strerror(static_cast<int>(nread));
-    if (state_ == State::closing) {
-      finish(Error(ClientError::closed_by_client));
-    } else if (state_ == State::handshaking) {
-      finish(Error(ClientError::connection_lost, why + " during the handshake"));
-    } else {
-      finish(Error(ClientError::connection_lost, why));
-    }
+    on_socket_end(nread == UV_EOF ? "broker closed the socket"
+                                  : uv_strerror(static_cast<int>(nread)));
     return;
   }
-  handle_bytes(std::string_view(buf->base, static_cast<size_t>(nread)));
+  std::string_view bytes(buf->base, static_cast<size_t>(nread));
+  if (tls_) {
+    handle_tls_bytes(bytes);
+  } else {
+    handle_bytes(bytes);
+  }
+}
+
+void Connection::on_socket_end(const std::string& why) {
+  if (state_ == State::closing) {
+    finish(Error(ClientError::closed_by_client));
+  } else if (state_ == State::tls_handshaking) {
+    finish(Error(ClientError::connection_lost, why + " during the TLS handshake"));
+  } else if (state_ == State::handshaking) {
+    finish(Error(ClientError::connection_lost, why + " during the handshake"));
+  } else {
+    finish(Error(ClientError::connection_lost, why));
+  }
+}
+
+void Connection::handle_tls_bytes(std::string_view ciphertext) {
+  auto keep_alive = shared_from_this();
+  last_read_ms_ = uv_now(loop_);
+  tls_->feed(ciphertext);
+  if (state_ == State::tls_handshaking) {
+    advance_tls_handshake();
+    if (state_ != State::handshaking) return;  // still handshaking, or failed
+  }
+  // Decrypt into one buffer, and hand each full buffer to the frame parser.
+  for (;;) {
+    size_t size = 0;
+    bool closed = false;
+    Error error = tls_->read(tls_plain_.data(), tls_plain_.size(), size, closed);
+    if (size > 0) {
+      handle_bytes(std::string_view(tls_plain_.data(), size));
+      if (state_ == State::closed) return;
+    }
+    if (error) {
+      finish(error);
+      return;
+    }
+    if (closed) {
+      on_socket_end("broker ended the TLS session");
+      return;
+    }
+    if (size < tls_plain_.size()) break;
+  }
+  flush();  // anything TLS itself has to answer
 }
 
 void Connection::handle_bytes(std::string_view bytes) {
@@ -460,6 +545,7 @@ void Connection::close(CompletionCallback callback) {
       return;
     case State::resolving:
     case State::connecting:
+    case State::tls_handshaking:
     case State::handshaking:
       if (callback) on_closed_.push_back(std::move(callback));
       finish(Error(ClientError::closed_by_client));
@@ -489,19 +575,47 @@ void Connection::flush() {
 }
 
 void Connection::start_write() {
-  if (write_in_flight_ || out_.empty() || !tcp_initialized_) return;
+  if (write_in_flight_ || !tcp_initialized_) return;
   if (state_ == State::closed || state_ == State::resolving || state_ == State::connecting) return;
-  writing_.swap(out_);
-  out_.clear();
+  uv_buf_t buf;
+  if (tls_) {
+    // Frames wait in out_ until the TLS handshake is done. Then, as in the plain path, out_
+    // becomes writing_, which is encrypted straight from there one chunk per write; the
+    // records go out from the session's buffer.
+    if (state_ != State::tls_handshaking && tls_->pending() == 0) {
+      if (writing_offset_ == writing_.size()) {
+        writing_.clear();
+        writing_offset_ = 0;
+        writing_.swap(out_);
+      }
+      size_t size = std::min(kTlsWriteChunk, writing_.size() - writing_offset_);
+      if (size > 0) {
+        if (Error error = tls_->write(std::string_view(writing_).substr(writing_offset_, size))) {
+          finish(error);
+          return;
+        }
+        writing_offset_ += size;
+      }
+    }
+    if (tls_->pending() == 0) return;
+    std::string_view records = tls_->take_pending();
+    tls_writing_ = records.size();
+    buf = uv_buf_init(const_cast<char*>(records.data()), static_cast<unsigned int>(records.size()));
+  } else {
+    if (out_.empty()) return;
+    writing_.swap(out_);
+    out_.clear();
+    buf = uv_buf_init(writing_.data(), static_cast<unsigned int>(writing_.size()));
+  }
   write_in_flight_ = true;
   last_write_ms_ = uv_now(loop_);
   write_req_.data = this;
-  uv_buf_t buf = uv_buf_init(writing_.data(), static_cast<unsigned int>(writing_.size()));
   int rc = uv_write(&write_req_, reinterpret_cast<uv_stream_t*>(&tcp_), &buf, 1,
                     [](uv_write_t* req, int status) {
                       auto* self = static_cast<Connection*>(req->data);
                       self->write_in_flight_ = false;
-                      self->writing_.clear();
+                      if (!self->tls_) self->writing_.clear();
+                      self->tls_writing_ = 0;
                       if (status < 0) {
                         if (self->state_ != State::closed) {
                           self->finish(Error(ClientError::connection_lost,
@@ -513,6 +627,8 @@ void Connection::start_write() {
                     });
   if (rc < 0) {
     write_in_flight_ = false;
+    if (!tls_) writing_.clear();
+    tls_writing_ = 0;
     finish(Error(ClientError::connection_lost, std::string("write failed: ") + uv_strerror(rc)));
   }
 }
@@ -526,10 +642,23 @@ void Connection::finish(const Error& error) {
   if (error.code != make_error_code(ClientError::closed_by_client)) {
     if (auto* log = logger()) log->warn("connection to {} ended: {}", options_.uri.redacted(), error.message());
   }
-  // Best effort: get a pending close or close-ok out before the socket goes.
-  if (tcp_initialized_ && !write_in_flight_ && !out_.empty()) {
-    uv_buf_t buf = uv_buf_init(out_.data(), static_cast<unsigned int>(out_.size()));
-    uv_try_write(reinterpret_cast<uv_stream_t*>(&tcp_), &buf, 1);
+  // Best effort: get a pending close or close-ok out before the socket goes; over TLS, then
+  // close_notify (or the alert of a failed handshake).
+  if (tcp_initialized_ && !write_in_flight_) {
+    std::string_view bytes = out_;
+    if (tls_) {
+      if (previous == State::handshaking || previous == State::open || previous == State::closing) {
+        tls_->write(std::string_view(writing_).substr(writing_offset_));
+        tls_->write(out_);
+      }
+      tls_->shutdown();
+      bytes = tls_->take_pending();
+    }
+    if (!bytes.empty()) {
+      uv_buf_t buf =
+          uv_buf_init(const_cast<char*>(bytes.data()), static_cast<unsigned int>(bytes.size()));
+      uv_try_write(reinterpret_cast<uv_stream_t*>(&tcp_), &buf, 1);
+    }
   }
   out_.clear();
   close_handles();
@@ -542,7 +671,7 @@ void Connection::finish(const Error& error) {
   for (auto& channel : channels) channel->terminate(error);
 
   if (previous == State::resolving || previous == State::connecting ||
-      previous == State::handshaking) {
+      previous == State::tls_handshaking || previous == State::handshaking) {
     ConnectCallback callback = std::move(on_connect_);
     if (callback) callback(error);
   } else if (previous == State::open) {

@@ -23,8 +23,30 @@ class logger;
 
 namespace retryloop::client {
 
+namespace detail {
+class TlsSession;
+}
+
+/// TLS settings for `amqps://` URIs (ignored for `amqp://`). Each unset field takes the URI's
+/// query option (`cacertfile`, `verify`, `server_name_indication`), else the default below.
+struct TlsOptions {
+  /// PEM file with the CA certificates that may sign the broker's certificate. Default: the
+  /// system's trust store (OpenSSL's default paths). A file that cannot be read fails connect()
+  /// at once with tls_failed.
+  std::optional<std::string> ca_file;
+  /// Whether to check the broker's certificate: its chain up to a trusted CA, and that it names
+  /// `server_name`. Default: on. Off only when set to false here or by `verify=verify_none`,
+  /// and then anyone between the client and the broker can read and change the traffic.
+  std::optional<bool> verify_peer;
+  /// The name the certificate must carry, also sent as SNI (an IP address is checked against
+  /// the certificate's IP entries and not sent). Default: the URI's host.
+  std::optional<std::string> server_name;
+};
+
 struct ConnectionOptions {
   Uri uri;
+  /// Used when `uri.tls` is set (amqps://).
+  TlsOptions tls;
   /// Heartbeat to ask for, in seconds; 0 turns heartbeats off. Unset: the URI's `heartbeat`, or
   /// else whatever the broker proposes (RabbitMQ: 60).
   std::optional<uint16_t> heartbeat_seconds;
@@ -32,7 +54,7 @@ struct ConnectionOptions {
   uint32_t frame_max = 0;
   /// Most channels to ask for; 0: the URI's value or 2047.
   uint16_t channel_max = 0;
-  /// Limit for resolving, connecting and the AMQP handshake together.
+  /// Limit for resolving, connecting, the TLS handshake and the AMQP handshake together.
   std::chrono::milliseconds connect_timeout{30000};
   /// Largest message body accepted from the broker; larger ones end the connection with
   /// message_too_large instead of allocating without bound.
@@ -72,9 +94,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
-  /// Resolves, connects, authenticates with PLAIN and opens the vhost. `callback` fires once:
-  /// empty Error when the connection is open, otherwise why it failed (authentication_failed,
-  /// vhost_refused, connect_failed, connect_timeout, ...).
+  /// Resolves, connects, runs the TLS handshake (amqps://), authenticates with PLAIN and opens
+  /// the vhost. `callback` fires once: empty Error when the connection is open, otherwise why
+  /// it failed (authentication_failed, vhost_refused, connect_failed, connect_timeout,
+  /// tls_failed with the certificate problem, ...). When connect() itself returns an error
+  /// (called twice, a CA file that cannot be read), the callback never fires.
   Error connect(ConnectCallback callback);
 
   /// Opens a channel on the lowest free channel number.
@@ -95,8 +119,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const Uri& uri() const { return options_.uri; }
   uv_loop_t* loop() const { return loop_; }
   spdlog::logger* logger() const { return options_.logger.get(); }
-  /// Bytes waiting to be written to the socket (grows while the broker blocks us).
-  size_t buffered_bytes() const { return out_.size() + writing_.size(); }
+  /// Bytes waiting to be written to the socket (grows while the broker blocks us); over TLS,
+  /// the frames not yet encrypted plus the encrypted bytes being written.
+  size_t buffered_bytes() const {
+    return out_.size() + writing_.size() - writing_offset_ + tls_writing_;
+  }
 
   // ---- used by Channel ----
 
@@ -112,7 +139,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint64_t max_body_size() const { return options_.max_body_size; }
 
  private:
-  enum class State { idle, resolving, connecting, handshaking, open, closing, closed };
+  enum class State {
+    idle,
+    resolving,
+    connecting,
+    tls_handshaking,
+    handshaking,
+    open,
+    closing,
+    closed
+  };
 
   Connection(uv_loop_t* loop, ConnectionOptions options);
 
@@ -121,6 +157,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void on_connected(int status);
   void start_reading();
   void on_read(ssize_t nread, const uv_buf_t* buf);
+  void on_socket_end(const std::string& why);
+  void handle_tls_bytes(std::string_view ciphertext);
+  void advance_tls_handshake();
   void handle_bytes(std::string_view bytes);
   void write_socket(std::string_view bytes);
   void start_write();
@@ -164,6 +203,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint64_t last_read_ms_ = 0;
   uint64_t last_write_ms_ = 0;
   std::string last_connect_error_;
+
+  // amqps:// only: writing_ holds frames being encrypted, writing_offset_ how far; what
+  // arrives is decrypted into tls_plain_ for the parser. tls_writing_ counts the encrypted bytes
+  // of the write in flight.
+  std::unique_ptr<detail::TlsSession> tls_;
+  size_t writing_offset_ = 0;
+  std::vector<char> tls_plain_;
+  size_t tls_writing_ = 0;
 
   std::vector<std::shared_ptr<Channel>> channels_;
 
