@@ -1,0 +1,897 @@
+#include "fault_harness.hpp"
+
+#include <signal.h>
+#include <catch2/catch.hpp>
+
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <utility>
+
+#include "retryloop/topology/declarer.hpp"
+#include "retryloop/topology/duration.hpp"
+#include "retryloop/topology/topology_json.hpp"
+
+namespace retryloop::test::fault {
+
+using client::Error;
+using consumer::Outcome;
+
+const char* to_string(Expect expect) {
+  switch (expect) {
+    case Expect::acked:
+      return "acked";
+    case Expect::parked_exhausted:
+      return "parked (exhausted)";
+    case Expect::parked_permanent:
+      return "parked (permanent)";
+    case Expect::parked_poison:
+      return "parked (poison)";
+    case Expect::parked_unrouted:
+      return "parked (no reason: alternate exchange)";
+    case Expect::queued:
+      return "queued";
+  }
+  return "?";
+}
+
+namespace {
+
+/// The retryloop-reason a parked message must carry; "" for one the alternate exchange routed.
+std::optional<std::string> parked_reason(Expect expect) {
+  switch (expect) {
+    case Expect::parked_exhausted:
+      return "exhausted";
+    case Expect::parked_permanent:
+      return "permanent";
+    case Expect::parked_poison:
+      return "poison";
+    case Expect::parked_unrouted:
+      return "";
+    default:
+      return std::nullopt;
+  }
+}
+
+std::string getenv_or_fail(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') {
+    FAIL(name << " is not set: run the fault suite against a broker of its own, through "
+                 "scripts/test or scripts/with-broker");
+  }
+  return value;
+}
+
+template <class T>
+struct Waiting {
+  bool done = false;
+  Error error;
+  T value{};
+};
+
+}  // namespace
+
+Expect expect_without_wait_queue(const Script& script, int64_t next_attempt) {
+  switch (script.kind) {
+    case Kind::success:
+      return Expect::acked;
+    case Kind::permanent:
+      return Expect::parked_permanent;
+    case Kind::poison:
+      return Expect::parked_poison;
+    case Kind::fail_then_ack:
+    case Kind::exhausted:
+      if (next_attempt > script.fail_times) return Expect::acked;
+      return next_attempt >= max_attempts ? Expect::parked_exhausted : Expect::parked_unrouted;
+  }
+  return Expect::acked;
+}
+
+Outcome run_script(const consumer::Message& message, bool outage) {
+  nlohmann::json body = nlohmann::json::parse(message.body, nullptr, false);
+  if (body.is_discarded() || !body.is_object()) return Outcome::poison("body is not a JSON object");
+  if (auto sleep = body.find("sleep_ms");
+      !outage && sleep != body.end() && sleep->is_number_unsigned()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(sleep->get<uint64_t>()));
+  }
+  if (auto why = body.find("permanent"); why != body.end()) {
+    return Outcome::permanent(why->is_string() ? why->get<std::string>() : why->dump());
+  }
+  if (outage) return Outcome::retry("downstream is down");
+  if (auto fail = body.find("fail_times"); fail != body.end() && fail->is_number_integer()) {
+    if (message.attempt <= fail->get<int64_t>()) {
+      return Outcome::retry("simulated failure " + std::to_string(message.attempt));
+    }
+  }
+  return Outcome::ack();
+}
+
+// ---- lanes -------------------------------------------------------------------------------------
+
+Lane::Lane(const std::string& fault, topology::RetryMode mode_, topology::QueueType queue_type_)
+    : mode(mode_), queue_type(queue_type_) {
+  const std::string name =
+      unique_name(fault + "." + (mode == topology::RetryMode::reject ? "rej" : "rep") + "." +
+                  (queue_type == topology::QueueType::classic ? "cl" : "qu"));
+  const nlohmann::json file = {
+      {"services",
+       {{{"name", name},
+         {"queue_type", topology::to_string(queue_type)},
+         {"input", {{"exchange", name + ".in"}, {"type", "direct"}, {"bindings", {"key"}}}},
+         {"retry",
+          {{"mode", topology::to_string(mode)},
+           {"delays", {topology::duration_label(retry_delay)}},
+           {"max_attempts", max_attempts}}}}}}};
+  topology::ParseResult parsed = topology::parse_topology(file.dump());
+  std::string problems;
+  for (const auto& line : parsed.messages())
+    problems += line + "\n";
+  INFO(problems);
+  REQUIRE(parsed.ok());
+  service = parsed.topology->services.at(0);
+  topology_path = (std::filesystem::temp_directory_path() / (name + ".json")).string();
+  std::ofstream(topology_path) << file.dump(2);
+
+  for (int i = 0; i < messages_per_lane; ++i) {
+    Script script;
+    script.id = name + "/" + std::to_string(i);
+    const std::string id = "\"id\": \"" + script.id + "\"";
+    const std::string sleep = ", \"sleep_ms\": " + std::to_string(handler_sleep_ms);
+    switch (i % 10) {
+      case 0:
+        script.kind = Kind::poison;
+        script.body = "poison " + script.id;
+        script.expect = Expect::parked_poison;
+        break;
+      case 1:
+        script.kind = Kind::permanent;
+        script.body = "{" + id + ", \"permanent\": \"no such customer\"" + sleep + "}";
+        script.expect = Expect::parked_permanent;
+        break;
+      case 2:
+        script.kind = Kind::exhausted;
+        script.fail_times = 9;
+        script.expect = Expect::parked_exhausted;
+        break;
+      case 3:
+      case 4:
+        script.kind = Kind::fail_then_ack;
+        script.fail_times = 1;
+        break;
+      case 5:
+        script.kind = Kind::fail_then_ack;
+        script.fail_times = 2;
+        break;
+      default:
+        script.kind = Kind::success;
+        break;
+    }
+    if (script.body.empty()) {
+      script.body =
+          "{" + id + ", \"fail_times\": " + std::to_string(script.fail_times) + sleep + "}";
+    }
+    expected[script.id] = script.expect;
+    scripts.push_back(std::move(script));
+  }
+}
+
+Lane::~Lane() {
+  std::error_code ignored;
+  std::filesystem::remove(topology_path, ignored);
+}
+
+size_t Lane::expected_count(Expect expect) const {
+  return size_t(std::count_if(expected.begin(), expected.end(),
+                              [expect](const auto& entry) { return entry.second == expect; }));
+}
+
+size_t Lane::expected_parked() const {
+  size_t n = 0;
+  for (const auto& [id, expect] : expected)
+    n += parked_reason(expect) ? 1 : 0;
+  return n;
+}
+
+std::vector<std::unique_ptr<Lane>> make_lanes(const std::string& fault) {
+  std::vector<std::unique_ptr<Lane>> lanes;
+  for (auto mode : {topology::RetryMode::reject, topology::RetryMode::republish}) {
+    for (auto type : {topology::QueueType::classic, topology::QueueType::quorum}) {
+      lanes.push_back(std::make_unique<Lane>(fault, mode, type));
+    }
+  }
+  return lanes;
+}
+
+// ---- evidence ----------------------------------------------------------------------------------
+
+void Ledger::add(const consumer::Message& message, consumer::OutcomeKind outcome) {
+  add(Call{std::string(message.message_id()), message.attempt, message.redelivered, outcome});
+}
+
+void Ledger::add(Call call) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  calls_.push_back(std::move(call));
+}
+
+std::vector<Ledger::Call> Ledger::calls() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return calls_;
+}
+
+size_t Ledger::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return calls_.size();
+}
+
+std::multiset<std::string> Ledger::acks() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::multiset<std::string> ids;
+  for (const auto& call : calls_) {
+    if (call.outcome == consumer::OutcomeKind::ack) ids.insert(call.id);
+  }
+  return ids;
+}
+
+void add_demo_output(Ledger& ledger, const std::string& output) {
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    auto json = nlohmann::json::parse(line, nullptr, false);
+    if (!json.is_object()) continue;
+    Ledger::Call call;
+    if (json["id"].is_string()) call.id = json["id"].get<std::string>();
+    call.attempt = json.value("attempt", int64_t(0));
+    const std::string outcome = json.value("outcome", "");
+    if (outcome == "ack") {
+      call.outcome = consumer::OutcomeKind::ack;
+    } else if (outcome == "retry") {
+      call.outcome = consumer::OutcomeKind::retry;
+    } else if (outcome == "permanent") {
+      call.outcome = consumer::OutcomeKind::permanent;
+    } else if (outcome == "poison") {
+      call.outcome = consumer::OutcomeKind::poison;
+    } else {
+      continue;
+    }
+    ledger.add(std::move(call));
+  }
+}
+
+void Gate::close() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  closed_ = true;
+}
+
+void Gate::open() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    closed_ = false;
+  }
+  changed_.notify_all();
+}
+
+void Gate::pass() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  ++waiting_;
+  changed_.wait(lock, [this] { return !closed_; });
+  --waiting_;
+}
+
+int Gate::waiting() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return waiting_;
+}
+
+// ---- processes
+// -------------------------------------------------------------------------------------
+
+bool poll_until(TestLoop& loop, std::chrono::milliseconds timeout,
+                const std::function<bool()>& done, std::chrono::milliseconds interval) {
+  const auto until = Clock::now() + timeout;
+  for (;;) {
+    if (done()) return true;
+    if (Clock::now() >= until) return false;
+    loop.run_for(interval);
+  }
+}
+
+int run_async(TestLoop& loop, std::vector<std::string> argv, std::chrono::milliseconds timeout,
+              std::string* output) {
+  ChildProcess child(std::move(argv));
+  const bool exited = poll_until(
+      loop, timeout, [&] { return !child.running(); }, 20ms);
+  if (!exited) child.signal(SIGKILL);
+  const int code = child.wait(10000);
+  if (output != nullptr) *output = child.out() + child.err();
+  return exited ? code : -1;
+}
+
+int ctl_async(TestLoop& loop, std::vector<std::string> args, std::string* output) {
+  args.insert(args.begin(), getenv_or_fail("RETRYLOOP_TEST_CTL"));
+  return run_async(loop, std::move(args), 120s, output);
+}
+
+int broker_script_async(TestLoop& loop, const std::string& command, std::string* output) {
+  return run_async(loop,
+                   {std::string(RETRYLOOP_SOURCE_DIR) + "/scripts/broker", command,
+                    getenv_or_fail("RETRYLOOP_TEST_BROKER_DIR")},
+                   180s, output);
+}
+
+std::vector<std::string> elect_leaderless_quorum_queues(TestLoop& loop,
+                                                        const std::vector<const Lane*>& lanes) {
+  std::string names;
+  for (const Lane* lane : lanes) {
+    if (lane->queue_type != topology::QueueType::quorum) continue;
+    for (const auto& queue : {lane->input_queue(), lane->wait_queue(), lane->parking_queue()}) {
+      names += std::string(names.empty() ? "" : ", ") + "<<\"" + queue + "\">>";
+    }
+  }
+  if (names.empty()) return {};
+  // Ra names a quorum queue's server "<vhost, percent-encoded>_<queue>". A server that answers
+  // with a leader is left alone; any other answer (no leader known, a timeout) gets an election.
+  const std::string program =
+      "Elect = fun(Q) -> S = {binary_to_atom(<<\"%2F_\", Q/binary>>, utf8), node()}, "
+      "case catch ra:members(S, 5000) of {ok, _, {_, _}} -> false; "
+      "_ -> catch ra:trigger_election(S), true end end, "
+      "io:format(\"~s~n\", [[[Q, \" \"] || Q <- [" +
+      names + "], Elect(Q)]]).";
+  std::string output;
+  const int code = ctl_async(loop, {"eval", program}, &output);
+  INFO(output);
+  CHECK(code == 0);
+  std::vector<std::string> elected;
+  std::istringstream words(output.substr(0, output.find('\n')));
+  for (std::string word; words >> word;) {
+    if (word != "ok") elected.push_back(word);
+  }
+  return elected;
+}
+
+// ---- probe
+// ---------------------------------------------------------------------------------------
+
+Probe::Probe(TestLoop& loop, std::string url) : loop_(loop), url_(std::move(url)) {}
+
+Probe::~Probe() {
+  close();
+}
+
+void Probe::close() {
+  if (!connection_) return;
+  auto closed = std::make_shared<bool>(false);
+  connection_->close([closed](const Error&) { *closed = true; });
+  loop_.run_until([closed] { return *closed; }, 10s);
+  connection_.reset();
+}
+
+std::shared_ptr<client::Connection> Probe::connection() {
+  if (connection_ && connection_->is_open()) return connection_;
+  if (connection_) close();
+  client::ConnectionOptions options;
+  options.uri = client::parse_uri(url_);
+  options.connect_timeout = 5s;
+  options.connection_name = "fault suite probe";
+  auto connection = client::Connection::create(loop_.get(), options);
+  auto state = std::make_shared<Waiting<bool>>();
+  if (connection->connect([state](const Error& error) {
+        state->error = error;
+        state->done = true;
+      })) {
+    return nullptr;
+  }
+  loop_.run_until([state] { return state->done; }, 10s);
+  connection_ = connection;
+  if (!state->done || state->error) {
+    close();
+    return nullptr;
+  }
+  return connection_;
+}
+
+std::shared_ptr<client::Channel> Probe::channel(Error& error) {
+  auto connection = this->connection();
+  if (!connection) {
+    error = Error(client::ClientError::connect_failed, "cannot connect to the broker");
+    return nullptr;
+  }
+  auto state = std::make_shared<Waiting<std::shared_ptr<client::Channel>>>();
+  error = connection->open_channel([state](const Error& e, std::shared_ptr<client::Channel> c) {
+    state->error = e;
+    state->value = std::move(c);
+    state->done = true;
+  });
+  if (error) return nullptr;
+  if (!loop_.run_until([state] { return state->done; }, 10s)) {
+    error = Error(client::ClientError::connection_lost, "no channel.open-ok within 10 s");
+    close();
+    return nullptr;
+  }
+  error = state->error;
+  return error ? nullptr : state->value;
+}
+
+namespace {
+
+/// Waits for one callback-reported operation on a probe channel.
+Error wait_op(TestLoop& loop, const std::function<Error(client::CompletionCallback)>& start) {
+  auto state = std::make_shared<Waiting<bool>>();
+  Error immediate = start([state](const Error& error) {
+    state->error = error;
+    state->done = true;
+  });
+  if (immediate) return immediate;
+  if (!loop.run_until([state] { return state->done; }, 30s)) {
+    return Error(client::ClientError::connection_lost, "no answer within 30 s");
+  }
+  return state->error;
+}
+
+void close_channel(TestLoop& loop, const std::shared_ptr<client::Channel>& channel) {
+  if (!channel || !channel->is_open()) return;
+  auto done = std::make_shared<bool>(false);
+  if (channel->close([done](const Error&) { *done = true; })) return;
+  loop.run_until([done] { return *done; }, 10s);
+}
+
+}  // namespace
+
+Probe::Depth Probe::depth(const std::string& queue) {
+  Depth depth;
+  Error error;
+  auto ch = channel(error);
+  if (!ch) return depth;
+  client::QueueOptions passive;
+  passive.passive = true;
+  auto info = std::make_shared<client::QueueInfo>();
+  error = wait_op(loop_, [&](client::CompletionCallback done) {
+    return ch->queue_declare(queue, passive,
+                             [info, done](const Error& e, const client::QueueInfo& i) {
+                               *info = i;
+                               done(e);
+                             });
+  });
+  if (error.reply_code == 404) {
+    depth.ok = true;
+    depth.missing = true;
+    return depth;
+  }
+  close_channel(loop_, ch);
+  if (error) return depth;
+  depth.ok = true;
+  depth.messages = info->message_count;
+  depth.consumers = info->consumer_count;
+  return depth;
+}
+
+bool Probe::drain(const std::string& queue, std::vector<client::GetResult>& out) {
+  Error error;
+  auto ch = channel(error);
+  if (!ch) return false;
+  for (;;) {
+    auto got = std::make_shared<std::optional<client::GetResult>>();
+    error = wait_op(loop_, [&](client::CompletionCallback done) {
+      return ch->get(queue, false,
+                     [got, done](const Error& e, std::optional<client::GetResult>&& r) {
+                       *got = std::move(r);
+                       done(e);
+                     });
+    });
+    if (error.reply_code == 404) return true;
+    if (error) return false;
+    if (!*got) break;
+    if (ch->ack((*got)->delivery_tag)) return false;
+    out.push_back(std::move(**got));
+  }
+  close_channel(loop_, ch);
+  return true;
+}
+
+client::Error Probe::apply(const topology::Plan& plan) {
+  auto connection = this->connection();
+  if (!connection)
+    return Error(client::ClientError::connect_failed, "cannot connect to the broker");
+  auto report = std::make_shared<topology::Report>();
+  Error error = wait_op(loop_, [&](client::CompletionCallback done) {
+    return topology::apply(connection, plan, [report, done](const topology::Report& r) {
+      *report = r;
+      done({});
+    });
+  });
+  if (error) return error;
+  if (report->connection_error) return report->connection_error;
+  for (const auto& result : report->results) {
+    if (result.outcome == topology::Outcome::drifted ||
+        result.outcome == topology::Outcome::failed ||
+        result.outcome == topology::Outcome::missing ||
+        result.outcome == topology::Outcome::not_run) {
+      Error problem = result.error;
+      problem.reply_text = topology::describe(result.action) + ": " +
+                           topology::to_string(result.outcome) + " " + problem.reply_text;
+      if (!problem.code) problem.code = make_error_code(client::ClientError::invalid_argument);
+      return problem;
+    }
+  }
+  return {};
+}
+
+client::Error Probe::remove(const topology::Plan& plan) {
+  auto connection = this->connection();
+  if (!connection)
+    return Error(client::ClientError::connect_failed, "cannot connect to the broker");
+  topology::DeleteOptions options;
+  options.execute = true;
+  options.force = true;
+  auto report = std::make_shared<topology::Report>();
+  Error error = wait_op(loop_, [&](client::CompletionCallback done) {
+    return topology::remove(connection, plan, options, [report, done](const topology::Report& r) {
+      *report = r;
+      done({});
+    });
+  });
+  if (error) return error;
+  return report->connection_error;
+}
+
+client::Error Probe::declare_queue(const std::string& name, const amqp::FieldTable& arguments) {
+  Error error;
+  auto ch = channel(error);
+  if (!ch) return error;
+  client::QueueOptions options;
+  options.arguments = arguments;
+  error = wait_op(loop_, [&](client::CompletionCallback done) {
+    return ch->queue_declare(name, options,
+                             [done](const Error& e, const client::QueueInfo&) { done(e); });
+  });
+  close_channel(loop_, ch);
+  return error;
+}
+
+client::Error Probe::bind_queue(const std::string& queue, const std::string& exchange,
+                                const std::string& routing_key) {
+  Error error;
+  auto ch = channel(error);
+  if (!ch) return error;
+  error = wait_op(loop_, [&](client::CompletionCallback done) {
+    return ch->queue_bind(queue, exchange, routing_key, {}, done);
+  });
+  close_channel(loop_, ch);
+  return error;
+}
+
+client::Error Probe::delete_queue(const std::string& name, bool if_empty) {
+  Error error;
+  auto ch = channel(error);
+  if (!ch) return error;
+  error = wait_op(loop_, [&](client::CompletionCallback done) {
+    return ch->queue_delete(name, false, if_empty, [done](const Error& e, uint32_t) { done(e); });
+  });
+  close_channel(loop_, ch);
+  return error;
+}
+
+size_t Probe::publish(const std::string& exchange, const std::string& routing_key,
+                      const std::vector<std::pair<std::string, std::string>>& id_and_body) {
+  Error error;
+  auto ch = channel(error);
+  if (!ch) return 0;
+  error = wait_op(loop_, [&](client::CompletionCallback done) { return ch->confirm_select(done); });
+  if (error) return 0;
+  struct Counts {
+    size_t settled = 0;
+    size_t ok = 0;
+  };
+  auto counts = std::make_shared<Counts>();
+  size_t sent = 0;
+  for (const auto& [id, body] : id_and_body) {
+    amqp::BasicProperties properties;
+    properties.message_id = id;
+    properties.delivery_mode = 2;
+    if (ch->publish(exchange, routing_key, properties, body, client::Mandatory::yes,
+                    [counts](const client::PublishOutcome& outcome) {
+                      ++counts->settled;
+                      if (outcome.ok()) ++counts->ok;
+                    })) {
+      break;
+    }
+    ++sent;
+  }
+  loop_.run_until([&] { return counts->settled == sent; }, 60s);
+  close_channel(loop_, ch);
+  return counts->ok;
+}
+
+// ---- consumers
+// -----------------------------------------------------------------------------------
+
+LaneConsumer::LaneConsumer(TestLoop& loop, Lane& lane, const std::string& url, Ledger& ledger,
+                           Gate* gate, bool outage)
+    : loop_(loop) {
+  consumer::ConsumerOptions options;
+  options.service = lane.service;
+  options.connection.uri = client::parse_uri(url);
+  options.prefetch = consumer_prefetch;
+  options.concurrency = consumer_concurrency;
+  options.recovery = consumer::Backoff{100ms, 1000ms, 2.0, 0.1};
+  options.logger = std::make_shared<spdlog::logger>(lane.label(), lane.log);
+  options.logger->set_level(spdlog::level::info);
+  consumer_ = consumer::Consumer::create(loop.get(), options,
+                                         [&ledger, gate, outage](const consumer::Message& message) {
+                                           if (gate != nullptr) gate->pass();
+                                           Outcome outcome = run_script(message, outage);
+                                           ledger.add(message, outcome.kind);
+                                           return outcome;
+                                         });
+}
+
+LaneConsumer::~LaneConsumer() {
+  if (started_ && !*stopped_) {
+    consumer_->stop_now();
+    loop_.run_until([stopped = stopped_] { return *stopped; }, 30s);
+  }
+}
+
+void LaneConsumer::start() {
+  auto ready = ready_;
+  auto stopped = stopped_;
+  consumer_->set_ready_handler([ready] { *ready = true; });
+  consumer_->set_stopped_handler([stopped](const Error&) { *stopped = true; });
+  REQUIRE_FALSE(consumer_->start());
+  started_ = true;
+}
+
+void LaneConsumer::stop() {
+  if (!started_ || *stopped_) return;
+  consumer_->stop(10s);
+  REQUIRE(loop_.run_until([stopped = stopped_] { return *stopped; }, 30s));
+}
+
+std::unique_ptr<ChildProcess> start_demo_consumer(const Lane& lane, const std::string& url) {
+  return std::make_unique<ChildProcess>(std::vector<std::string>{
+      built_program("examples/demo_consumer"), "--url", url, "--topology", lane.topology_path,
+      "--service", lane.service.name, "--concurrency", std::to_string(consumer_concurrency),
+      "--prefetch", std::to_string(consumer_prefetch)});
+}
+
+// ---- the run
+// -------------------------------------------------------------------------------------
+
+void set_up(Probe& probe, const std::vector<std::unique_ptr<Lane>>& lanes) {
+  for (const auto& lane : lanes) {
+    Error error = probe.apply(lane->plan());
+    INFO(lane->label() << ": " << error.message());
+    REQUIRE_FALSE(error);
+  }
+  for (const auto& lane : lanes) {
+    std::vector<std::pair<std::string, std::string>> messages;
+    for (const auto& script : lane->scripts)
+      messages.emplace_back(script.id, script.body);
+    INFO(lane->label());
+    REQUIRE(probe.publish(lane->service.input.exchange, "key", messages) == messages.size());
+  }
+}
+
+bool wait_quiet(TestLoop& loop, Probe& probe, const std::vector<QuietCheck>& checks,
+                std::chrono::milliseconds timeout) {
+  // Gives up early once nothing has moved for this long while every loop looks empty.
+  constexpr auto stable_limit = 8s;
+  std::string last_signature;
+  auto last_change = Clock::now();
+  bool complete = false;
+  poll_until(
+      loop, timeout,
+      [&] {
+        bool all_complete = true;
+        bool all_empty = true;
+        std::string signature;
+        for (const auto& check : checks) {
+          const Lane& lane = *check.lane;
+          const auto acks = check.acks();
+          const bool idle = check.idle();
+          const auto input = probe.depth(lane.input_queue());
+          const auto wait = probe.depth(lane.wait_queue());
+          const auto parking = probe.depth(lane.parking_queue());
+          signature += std::to_string(acks.size()) + "/" + std::to_string(input.messages) + "/" +
+                       std::to_string(wait.messages) + "/" + std::to_string(parking.messages) +
+                       (idle ? "i" : "b") + (input.ok && wait.ok && parking.ok ? "" : "?") + " ";
+          const bool empty = idle && input.ok && input.messages == 0 && wait.ok &&
+                             wait.messages == 0 && parking.ok;
+          bool done = empty && parking.messages >= lane.expected_parked();
+          for (const auto& [id, expect] : lane.expected) {
+            if (!done) break;
+            if (expect == Expect::acked && acks.count(id) == 0) done = false;
+          }
+          all_empty = all_empty && empty;
+          all_complete = all_complete && done;
+        }
+        if (signature != last_signature) {
+          last_signature = signature;
+          last_change = Clock::now();
+        }
+        if (all_complete) {
+          complete = true;
+          return true;
+        }
+        if (all_empty && Clock::now() - last_change >= stable_limit) {
+          WARN("the loops are empty but incomplete, and nothing moved for 8 s: " << signature);
+          return true;
+        }
+        return false;
+      },
+      250ms);
+  if (!complete) WARN("not quiet: " << last_signature);
+  return complete;
+}
+
+Tally classify(Probe& probe, const Lane& lane, const std::multiset<std::string>& acks) {
+  struct Seen {
+    size_t acks = 0;
+    std::vector<std::string> parked;  // reasons
+    std::vector<std::string> queued;  // queue names
+  };
+  std::map<std::string, Seen> seen;
+  Tally tally;
+  tally.published = lane.scripts.size();
+  for (const auto& id : acks)
+    ++seen[id].acks;
+
+  const std::vector<std::string> loop_queues = {lane.input_queue(), lane.wait_queue()};
+  for (const auto& queue : loop_queues) {
+    std::vector<client::GetResult> messages;
+    const bool drained = probe.drain(queue, messages);
+    if (!drained) tally.problems.push_back("could not drain " + queue);
+    for (const auto& m : messages) {
+      const std::string id = m.message.properties.message_id.value_or("");
+      seen[id].queued.push_back(queue);
+    }
+  }
+  {
+    std::vector<client::GetResult> messages;
+    if (!probe.drain(lane.parking_queue(), messages)) {
+      tally.problems.push_back("could not drain " + lane.parking_queue());
+    }
+    for (const auto& m : messages) {
+      const std::string id = m.message.properties.message_id.value_or("");
+      std::string reason;
+      if (m.message.properties.headers) {
+        if (const amqp::FieldValue* value =
+                m.message.properties.headers->find("retryloop-reason")) {
+          reason = value->as_string() ? std::string(*value->as_string()) : "(not a string)";
+        }
+      }
+      seen[id].parked.push_back(reason);
+    }
+  }
+
+  auto describe = [](const Seen& s) {
+    std::string text = "acked " + std::to_string(s.acks) + "x";
+    for (const auto& reason : s.parked)
+      text += ", parked (" + (reason.empty() ? "no reason" : reason) + ")";
+    for (const auto& queue : s.queued)
+      text += ", in " + queue;
+    return text;
+  };
+  for (const auto& [id, s] : seen) {
+    if (s.acks > 0) ++tally.acked;
+    if (!s.parked.empty()) ++tally.parked;
+    if (!s.queued.empty()) ++tally.queued;
+    auto expected = lane.expected.find(id);
+    if (expected == lane.expected.end()) {
+      ++tally.unexpected;
+      tally.problems.push_back("unknown id \"" + id + "\": " + describe(s));
+      continue;
+    }
+    const Expect expect = expected->second;
+    const size_t copies = s.acks + s.parked.size() + s.queued.size();
+    if (copies == 0) continue;  // counted as lost below
+    bool right = false;
+    size_t extra = 0;
+    if (expect == Expect::acked) {
+      right = s.acks > 0 && s.parked.empty() && s.queued.empty();
+      extra = s.acks - 1;
+    } else if (expect == Expect::queued) {
+      right = s.acks == 0 && s.parked.empty() && !s.queued.empty();
+      extra = s.queued.size() - 1;
+    } else {
+      const std::string reason = *parked_reason(expect);
+      right = s.acks == 0 && s.queued.empty() && !s.parked.empty() &&
+              std::all_of(s.parked.begin(), s.parked.end(),
+                          [&](const std::string& r) { return r == reason; });
+      extra = s.parked.size() - 1;
+    }
+    if (right) {
+      tally.duplicated += extra;
+      if (extra > 0) tally.duplicates.push_back(id + ": " + describe(s));
+    } else {
+      ++tally.unexpected;
+      tally.problems.push_back(id + ": expected " + to_string(expect) + ", got " + describe(s));
+    }
+  }
+  for (const auto& [id, expect] : lane.expected) {
+    auto it = seen.find(id);
+    if (it == seen.end() ||
+        it->second.acks + it->second.parked.size() + it->second.queued.size() == 0) {
+      ++tally.lost;
+      tally.problems.push_back(id + ": LOST (expected " + to_string(expect) +
+                               ", never acked and in no queue)");
+    }
+  }
+  return tally;
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void note(const std::string& text) {
+  std::printf("  note: %s\n", text.c_str());
+  std::fflush(stdout);
+  if (const char* path = std::getenv("RETRYLOOP_FAULT_REPORT"); path != nullptr && *path != '\0') {
+    std::ofstream(path, std::ios::app) << "  note: " << text << "\n";
+  }
+}
+
+void report(const std::string& fault, const Lane& lane, const Tally& tally, double seconds,
+            size_t allowed_duplicates) {
+  static bool header_printed = false;
+  char header[256];
+  std::snprintf(header, sizeof header, "%-30s %-9s %-7s %9s %6s %6s %6s %4s %4s %10s %7s", "fault",
+                "mode", "queue", "published", "acked", "parked", "queued", "lost", "dup",
+                "unexpected", "seconds");
+  char row[256];
+  std::snprintf(row, sizeof row, "%-30s %-9s %-7s %9zu %6zu %6zu %6zu %4zu %4zu %10zu %7.1f",
+                fault.c_str(), lane.mode_name().c_str(), lane.queue_type_name().c_str(),
+                tally.published, tally.acked, tally.parked, tally.queued, tally.lost,
+                tally.duplicated, tally.unexpected, seconds);
+  if (!header_printed) {
+    std::printf("%s\n", header);
+    header_printed = true;
+  }
+  std::printf("%s\n", row);
+  std::fflush(stdout);
+  if (const char* path = std::getenv("RETRYLOOP_FAULT_REPORT"); path != nullptr && *path != '\0') {
+    const bool fresh = !std::filesystem::exists(path) || std::filesystem::file_size(path) == 0;
+    std::ofstream out(path, std::ios::app);
+    if (fresh) out << header << "\n";
+    out << row << "\n";
+  }
+
+  std::string problems;
+  for (size_t i = 0; i < tally.problems.size() && i < 30; ++i)
+    problems += tally.problems[i] + "\n";
+  if (tally.problems.size() > 30) {
+    problems += "... and " + std::to_string(tally.problems.size() - 30) + " more\n";
+  }
+  if (tally.duplicated > allowed_duplicates) {
+    problems += "duplicated (at most " + std::to_string(allowed_duplicates) + " allowed):\n";
+    for (size_t i = 0; i < tally.duplicates.size() && i < 30; ++i) {
+      problems += "  " + tally.duplicates[i] + "\n";
+    }
+  }
+  std::string log;
+  if (tally.lost != 0 || tally.unexpected != 0 || tally.duplicated > allowed_duplicates) {
+    for (const auto& line : lane.log->last_formatted(150))
+      log += line;
+  }
+  INFO(fault << ", " << lane.label() << " (service " << lane.service.name << ")\n"
+             << problems << (log.empty() ? "" : "the consumers' last log lines:\n" + log));
+  CHECK(tally.lost == 0);
+  CHECK(tally.unexpected == 0);
+  CHECK(tally.duplicated <= allowed_duplicates);
+}
+
+void tear_down(Probe& probe, const std::vector<std::unique_ptr<Lane>>& lanes) {
+  for (const auto& lane : lanes) {
+    Error error = probe.remove(topology::make_delete_plan(topology::Topology{{lane->service}}));
+    if (error)
+      WARN("could not delete the objects of " << lane->service.name << ": " << error.message());
+  }
+}
+
+}  // namespace retryloop::test::fault

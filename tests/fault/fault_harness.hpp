@@ -1,0 +1,302 @@
+#pragma once
+
+// The fault suite's harness. A run publishes a scripted workload through four services at once
+// (reject and republish mode, classic and quorum queues: one "lane" each), injects one fault while
+// the messages flow, waits until every loop is quiet, drains every queue, and classifies each
+// message id against what its script predicts.
+
+#include <uv.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <spdlog/sinks/ringbuffer_sink.h>
+
+#include "retryloop/client/connection.hpp"
+#include "retryloop/consumer/consumer.hpp"
+#include "retryloop/topology/plan.hpp"
+#include "retryloop/topology/topology.hpp"
+#include "support/harness.hpp"
+#include "support/process.hpp"
+
+namespace retryloop::test::fault {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+// ---- the workload ----------------------------------------------------------------------------
+
+/// Messages per lane, and the retry settings every lane uses.
+inline constexpr int messages_per_lane = 200;
+inline constexpr std::chrono::milliseconds retry_delay{200};
+inline constexpr int max_attempts = 3;
+inline constexpr uint16_t consumer_prefetch = 20;
+inline constexpr uint32_t consumer_concurrency = 2;
+/// Each handler call sleeps this long, so that a first pass over a lane takes a few seconds and a
+/// fault lands mid-stream (starting rabbitmqctl alone takes a second or two).
+inline constexpr int handler_sleep_ms = 25;
+
+/// Where a message should end up once the loop is quiet.
+enum class Expect {
+  acked,             ///< the handler said ack (possibly after some retries)
+  parked_exhausted,  ///< in parking, retryloop-reason=exhausted
+  parked_permanent,  ///< in parking, retryloop-reason=permanent
+  parked_poison,     ///< in parking, retryloop-reason=poison
+  parked_unrouted,   ///< in parking without retryloop-reason: a retry that found no wait queue,
+                     ///< routed there by the wait exchange's alternate exchange
+  queued,            ///< still in the input queue (nothing consumed it)
+};
+const char* to_string(Expect expect);
+
+/// What a message's body asks of the handler (the body format of examples/demo_consumer).
+enum class Kind { success, fail_then_ack, exhausted, permanent, poison };
+
+struct Script {
+  std::string id;
+  Kind kind = Kind::success;
+  /// Attempts that fail before the ack (fail_then_ack), or more than max_attempts (exhausted).
+  int fail_times = 0;
+  std::string body;
+  Expect expect = Expect::acked;
+};
+
+/// The expected end of a message whose next handler call is attempt `next_attempt`, when a retry
+/// can no longer reach a wait queue (every retry from that attempt on lands in parking unrouted).
+Expect expect_without_wait_queue(const Script& script, int64_t next_attempt);
+
+/// What the handler does with a message, the same rules as examples/demo_consumer. With `outage`
+/// every message that is not permanent or poison fails (a broken downstream), without sleeping.
+consumer::Outcome run_script(const consumer::Message& message, bool outage = false);
+
+// ---- lanes -----------------------------------------------------------------------------------
+
+/// One service under test: its topology (also written to a file for the processes) and its
+/// scripted messages.
+struct Lane {
+  Lane(const std::string& fault, topology::RetryMode mode, topology::QueueType queue_type);
+  ~Lane();
+  Lane(const Lane&) = delete;
+  Lane& operator=(const Lane&) = delete;
+
+  std::string mode_name() const { return topology::to_string(mode); }
+  std::string queue_type_name() const { return topology::to_string(queue_type); }
+  std::string label() const { return mode_name() + "/" + queue_type_name(); }
+  const std::string& input_queue() const { return topology::input_queue_name(service); }
+  std::string wait_queue() const { return topology::wait_queue_name(service.name, retry_delay); }
+  std::string parking_queue() const { return topology::parking_queue_name(service.name); }
+  topology::Plan plan() const { return topology::make_plan(topology::Topology{{service}}); }
+  size_t expected_count(Expect expect) const;
+  size_t expected_parked() const;
+
+  topology::RetryMode mode;
+  topology::QueueType queue_type;
+  topology::Service service;
+  std::string topology_path;
+  std::vector<Script> scripts;
+  /// Message id -> prediction; starts as each script's `expect`, and a fault may revise it
+  /// (only the wait-queue deletion does, from what was handled before it).
+  std::map<std::string, Expect> expected;
+  /// The last lines the lane's in-process consumers logged, shown when the lane fails.
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> log =
+      std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(300);
+};
+
+/// The four lanes of a fault run: reject and republish, each with classic and quorum queues.
+std::vector<std::unique_ptr<Lane>> make_lanes(const std::string& fault);
+
+// ---- evidence of acks --------------------------------------------------------------------------
+
+/// Every handler call an in-process consumer made, with the outcome it returned. Thread-safe.
+class Ledger {
+ public:
+  struct Call {
+    std::string id;
+    int64_t attempt = 0;
+    bool redelivered = false;
+    consumer::OutcomeKind outcome = consumer::OutcomeKind::ack;
+    Clock::time_point at = Clock::now();
+  };
+  void add(const consumer::Message& message, consumer::OutcomeKind outcome);
+  /// For outcomes known from elsewhere (demo_consumer's output).
+  void add(Call call);
+  std::vector<Call> calls() const;
+  size_t size() const;
+  /// Ids the handler acked, once per ack.
+  std::multiset<std::string> acks() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<Call> calls_;
+};
+
+/// demo_consumer's output lines as ledger calls (the id field is null for poison bodies).
+void add_demo_output(Ledger& ledger, const std::string& output);
+
+/// Holds handlers back while closed (counts those waiting); opening lets them all through.
+class Gate {
+ public:
+  void close();
+  void open();
+  void pass();
+  int waiting() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  bool closed_ = false;
+  int waiting_ = 0;
+};
+
+// ---- the broker, asked without failing the test
+// ----------------------------------------------------
+
+/// Polls at the top level: runs the loop for `interval`, then checks `done` (which may use a
+/// Probe, so it must not be called from inside the loop). Returns whether `done` became true
+/// within `timeout`.
+bool poll_until(TestLoop& loop, std::chrono::milliseconds timeout,
+                const std::function<bool()>& done, std::chrono::milliseconds interval = 100ms);
+
+/// Runs a program while the loop keeps running (consumers and proxies stay live); returns its
+/// exit code (-1 on timeout, after killing it). Its output goes to `output` when given.
+int run_async(TestLoop& loop, std::vector<std::string> argv, std::chrono::milliseconds timeout,
+              std::string* output = nullptr);
+/// rabbitmqctl of the test broker, run as with run_async.
+int ctl_async(TestLoop& loop, std::vector<std::string> args, std::string* output = nullptr);
+/// scripts/broker COMMAND on the test broker's directory, run as with run_async.
+int broker_script_async(TestLoop& loop, const std::string& command, std::string* output = nullptr);
+
+/// RabbitMQ 3.10 sometimes restarts a single-node quorum queue without ever electing its leader
+/// (rabbitmq-server issue #10070): every operation on it waits forever and its messages are out
+/// of reach, though not lost. This does what an operator does about it: for each quorum queue of
+/// the lanes that has no leader, `ra:trigger_election`. Returns the queues it had to elect
+/// (empty when all had a leader).
+std::vector<std::string> elect_leaderless_quorum_queues(TestLoop& loop,
+                                                        const std::vector<const Lane*>& lanes);
+
+/// A connection for looking at and changing the broker that reconnects when a fault has closed
+/// it. Every call reports failure instead of failing the test, so it can be used while the
+/// broker is down.
+class Probe {
+ public:
+  Probe(TestLoop& loop, std::string url);
+  ~Probe();
+
+  struct Depth {
+    bool ok = false;       ///< the broker answered
+    bool missing = false;  ///< the queue does not exist (ok is true, messages 0)
+    uint32_t messages = 0;
+    uint32_t consumers = 0;
+  };
+  Depth depth(const std::string& queue);
+  /// Every message of `queue` (get and ack), in order; false when the broker failed meanwhile
+  /// (what was taken is in `out`) and true for a missing queue.
+  bool drain(const std::string& queue, std::vector<client::GetResult>& out);
+  client::Error apply(const topology::Plan& plan);
+  /// Deletes the objects of `plan` (a delete plan), messages and all.
+  client::Error remove(const topology::Plan& plan);
+  client::Error declare_queue(const std::string& name, const amqp::FieldTable& arguments);
+  client::Error bind_queue(const std::string& queue, const std::string& exchange,
+                           const std::string& routing_key);
+  client::Error delete_queue(const std::string& name, bool if_empty);
+  /// Publishes persistent messages with mandatory and confirms, pipelined; returns how many were
+  /// confirmed and routed.
+  size_t publish(const std::string& exchange, const std::string& routing_key,
+                 const std::vector<std::pair<std::string, std::string>>& id_and_body);
+  void close();
+
+ private:
+  std::shared_ptr<client::Connection> connection();
+  std::shared_ptr<client::Channel> channel(client::Error& error);
+
+  TestLoop& loop_;
+  std::string url_;
+  std::shared_ptr<client::Connection> connection_;
+};
+
+// ---- consumers ---------------------------------------------------------------------------------
+
+/// A retry consumer in this process, on the test loop, whose handler runs the lane's scripts on
+/// worker threads and records every outcome in `ledger`.
+class LaneConsumer {
+ public:
+  LaneConsumer(TestLoop& loop, Lane& lane, const std::string& url, Ledger& ledger,
+               Gate* gate = nullptr, bool outage = false);
+  ~LaneConsumer();
+  /// Starts it; returns at once (it connects and declares on the loop).
+  void start();
+  bool ready() const { return *ready_; }
+  /// Graceful stop; waits until it has stopped.
+  void stop();
+  const consumer::Consumer& get() const { return *consumer_; }
+  bool idle() const { return consumer_->is_consuming() && consumer_->in_flight() == 0; }
+
+ private:
+  TestLoop& loop_;
+  std::shared_ptr<consumer::Consumer> consumer_;
+  std::shared_ptr<bool> ready_ = std::make_shared<bool>(false);
+  std::shared_ptr<bool> stopped_ = std::make_shared<bool>(false);
+  bool started_ = false;
+};
+
+/// examples/demo_consumer for a lane.
+std::unique_ptr<ChildProcess> start_demo_consumer(const Lane& lane, const std::string& url);
+
+// ---- the run -----------------------------------------------------------------------------------
+
+/// Creates the lanes' objects, then publishes every lane's messages (all confirmed and routed).
+void set_up(Probe& probe, const std::vector<std::unique_ptr<Lane>>& lanes);
+
+/// Whether a lane's loop is quiet: its input and wait queues are empty (a deleted wait queue
+/// counts as empty), `idle` holds, and the outcomes the script predicts are all in (every
+/// predicted ack seen, at least the predicted number parked). When a fault has lost messages the
+/// last condition never holds: then the loop counts as quiet once nothing has changed for a
+/// while, and the classification shows what is missing.
+struct QuietCheck {
+  Lane* lane;
+  std::function<bool()> idle;
+  std::function<std::multiset<std::string>()> acks;
+};
+bool wait_quiet(TestLoop& loop, Probe& probe, const std::vector<QuietCheck>& checks,
+                std::chrono::milliseconds timeout = 120s);
+
+/// The counts of one lane's run.
+struct Tally {
+  size_t published = 0;
+  size_t acked = 0;       ///< ids acked (and nowhere else)
+  size_t parked = 0;      ///< ids in parking (and nowhere else)
+  size_t queued = 0;      ///< ids still in the input queue
+  size_t lost = 0;        ///< predicted acked or parked, and neither acked nor in any queue
+  size_t duplicated = 0;  ///< extra copies: acks or parked copies beyond the first
+  size_t unexpected = 0;  ///< in another place than predicted, or an id nobody published
+  std::vector<std::string> problems;    ///< one line per lost or unexpected id
+  std::vector<std::string> duplicates;  ///< one line per duplicated id
+};
+
+/// Drains the lane's input, wait and parking queues and classifies every id against
+/// `lane.expected`, with `acks` as the evidence of acks.
+Tally classify(Probe& probe, const Lane& lane, const std::multiset<std::string>& acks);
+
+/// Prints a note under the table (and appends it to $RETRYLOOP_FAULT_REPORT when set).
+void note(const std::string& text);
+
+/// Prints one table row (and appends it to $RETRYLOOP_FAULT_REPORT when set), then checks the
+/// run: 0 lost, 0 unexpected, and at most `allowed_duplicates` duplicates (the at-least-once
+/// window of this fault).
+void report(const std::string& fault, const Lane& lane, const Tally& tally, double seconds,
+            size_t allowed_duplicates);
+
+/// Deletes a lane's objects so that later faults restart a lighter broker.
+void tear_down(Probe& probe, const std::vector<std::unique_ptr<Lane>>& lanes);
+
+double seconds_since(Clock::time_point start);
+
+}  // namespace retryloop::test::fault
