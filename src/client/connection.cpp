@@ -1,5 +1,6 @@
 #include "retryloop/client/connection.hpp"
 
+#include <signal.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -61,6 +62,17 @@ amqp::FieldTable client_properties(const std::string& connection_name) {
   return properties;
 }
 
+/// A write to a socket the peer has reset raises SIGPIPE, whose default action kills the process,
+/// and libuv does not prevent that on Linux. Ignore it when it still has its default disposition;
+/// leave alone a handler (or an ignore) the application installed.
+void ignore_default_sigpipe() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) != 0) return;
+  if ((current.sa_flags & SA_SIGINFO) == 0 && current.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<Connection> Connection::create(uv_loop_t* loop, ConnectionOptions options) {
@@ -78,6 +90,7 @@ Connection::~Connection() {
 
 Error Connection::connect(ConnectCallback callback) {
   if (state_ != State::idle) return Error(ClientError::invalid_argument, "connect called twice");
+  ignore_default_sigpipe();
   if (options_.uri.tls) {
     const Uri& uri = options_.uri;
     const TlsOptions& tls = options_.tls;

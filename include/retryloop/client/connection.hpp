@@ -99,6 +99,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   /// it failed (authentication_failed, vhost_refused, connect_failed, connect_timeout,
   /// tls_failed with the certificate problem, ...). When connect() itself returns an error
   /// (called twice, a CA file that cannot be read), the callback never fires.
+  ///
+  /// Process-wide effect: SIGPIPE is set to ignored when it still has its default disposition,
+  /// so that a broker that resets the connection mid-write ends the connection with an error
+  /// instead of killing the process (libuv does not prevent SIGPIPE on Linux). A handler the
+  /// application installed is left as it is.
   Error connect(ConnectCallback callback);
 
   /// Opens a channel on the lowest free channel number.
