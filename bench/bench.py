@@ -200,7 +200,7 @@ class Bench:
             with self.broker:
                 row = run(command, timeout=max(300, count / 20))
         except (RuntimeError, subprocess.TimeoutExpired) as e:
-            text = str(e).replace(self.url, "URL")[:500]
+            text = str(e).replace(self.url, "URL").replace(BUILD, "BUILD").replace(ROOT, ".")[:500]
             log(f"FAILED: {text}")
             return {"failed": text, "messages": count}
         if row and "t0" in row:
