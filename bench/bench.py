@@ -412,18 +412,20 @@ class Bench:
 
     def run_all(self):
         started = time.time()
-        for name in BENCHMARKS:
-            t0 = time.time()
-            getattr(self, name)()
-            self.meta.setdefault("bench_seconds", {})[name] = round(time.time() - t0, 1)
-            log(f"-- {name} done in {time.time() - t0:.0f} s (load {os.getloadavg()[0]:.1f})")
+        try:
+            for name in BENCHMARKS:
+                t0 = time.time()
+                getattr(self, name)()
+                self.meta.setdefault("bench_seconds", {})[name] = round(time.time() - t0, 1)
+                log(f"-- {name} done in {time.time() - t0:.0f} s (load {os.getloadavg()[0]:.1f})")
+        finally:
+            shutil.rmtree(self.work, ignore_errors=True)
         self.meta["seconds"] = round(time.time() - started, 1)
         if os.environ.get("BENCH_STARTED"):
             self.meta["total_seconds"] = round(time.time() - float(os.environ["BENCH_STARTED"]), 1)
         self.meta["load_after"] = os.getloadavg()
         self.meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
         self.save()
-        shutil.rmtree(self.work, ignore_errors=True)
 
 
 def callgrind_total(path):
