@@ -14,6 +14,9 @@ struct TcpProxy::Pipe {
   uv_tcp_t upstream{};
   uv_connect_t connect_req{};
   bool upstream_connected = false;
+  /// The upstream closed while frozen: a frozen network delivers no FIN either, so the client
+  /// learns of it only at thaw.
+  bool upstream_ended = false;
   bool closing = false;
   int open_handles = 2;
   std::string to_upstream;  // read from the client, not yet forwarded
@@ -116,6 +119,11 @@ void TcpProxy::on_accept() {
                        [](uv_stream_t* stream, ssize_t n, const uv_buf_t* buf) {
                          auto* pp = static_cast<Pipe*>(stream->data);
                          if (n < 0) {
+                           if (pp->proxy->frozen_) {
+                             pp->upstream_ended = true;
+                             uv_read_stop(stream);
+                             return;
+                           }
                            pp->proxy->close_pipe(pp);
                            return;
                          }
@@ -131,6 +139,10 @@ void TcpProxy::thaw() {
   frozen_ = false;
   for (auto& pipe : pipes_) {
     if (pipe->closing) continue;
+    if (pipe->upstream_ended) {
+      close_pipe(pipe.get());
+      continue;
+    }
     if (pipe->upstream_connected) write_to(&pipe->upstream, pipe->to_upstream);
     write_to(&pipe->client, pipe->to_client);
   }
