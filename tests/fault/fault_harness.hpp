@@ -36,7 +36,7 @@ using Clock = std::chrono::steady_clock;
 // ---- the workload ----------------------------------------------------------------------------
 
 /// Messages per lane, and the retry settings every lane uses.
-inline constexpr int messages_per_lane = 200;
+inline constexpr int messages_per_lane = 300;
 inline constexpr std::chrono::milliseconds retry_delay{200};
 inline constexpr int max_attempts = 3;
 inline constexpr uint16_t consumer_prefetch = 20;
@@ -102,8 +102,9 @@ struct Lane {
   topology::Service service;
   std::string topology_path;
   std::vector<Script> scripts;
-  /// Message id -> prediction; starts as each script's `expect`, and a fault may revise it
-  /// (only the wait-queue deletion does, from what was handled before it).
+  /// Message id -> prediction; starts as each script's `expect`, and a fault may revise it: the
+  /// wait-queue deletion, from what was handled before it, and the topology mismatch, where
+  /// nothing is consumed.
   std::map<std::string, Expect> expected;
   /// The last lines the lane's in-process consumers logged, shown when the lane fails.
   std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> log =

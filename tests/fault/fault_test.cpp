@@ -168,6 +168,23 @@ void expect_ok(int exit_code, const std::string& output) {
   REQUIRE(exit_code == 0);
 }
 
+/// Brings the broker back however a test that stops or kills it ends, so that one failure does
+/// not fail every test after it.
+struct BrokerBackUp {
+  ~BrokerBackUp() {
+    const char* dir = std::getenv("RETRYLOOP_TEST_BROKER_DIR");
+    if (dir == nullptr) return;
+    const std::string broker = std::string(RETRYLOOP_SOURCE_DIR) + "/scripts/broker";
+    const std::string quiet = " >/dev/null 2>&1";
+    if (std::system((broker + " status " + dir + quiet).c_str()) != 0) {
+      std::system((broker + " restart " + dir + quiet).c_str());
+    }
+    if (const char* ctl = std::getenv("RETRYLOOP_TEST_CTL")) {
+      std::system((std::string(ctl) + " start_app" + quiet).c_str());
+    }
+  }
+};
+
 /// The memory watermark RabbitMQ starts with; restored however the test ends.
 struct RestoreWatermark {
   ~RestoreWatermark() { test::broker_ctl("set_vm_memory_high_watermark 0.4"); }
@@ -176,6 +193,7 @@ struct RestoreWatermark {
 }  // namespace
 
 TEST_CASE("A broker restart (stop_app then start_app) mid-loop loses nothing", "[fault]") {
+  BrokerBackUp back_up;
   InProcessRun run("restart");
   std::string output;
   run.start(test::broker_url());
@@ -190,6 +208,7 @@ TEST_CASE("A broker restart (stop_app then start_app) mid-loop loses nothing", "
 }
 
 TEST_CASE("A broker killed with SIGKILL and restarted mid-loop loses nothing", "[fault]") {
+  BrokerBackUp back_up;
   InProcessRun run("kill");
   std::string output;
   // The crash must hit the loop, not the creation of its queues: RabbitMQ 3.10 writes a new
@@ -366,12 +385,12 @@ TEST_CASE(
     CHECK(n > 0);
     unrouted += " " + lane->label() + " " + std::to_string(n);
   }
-  note("wait queue deleted: parked through the alternate exchange, without retryloop-reason:" +
-       unrouted);
   CHECK(run.wait_quiet());
   for (const auto& c : run.consumers)
     CHECK(c->get().metrics().reconnects == 0);
   run.finish("wait queue deleted");
+  note("wait queue deleted: parked through the alternate exchange, without retryloop-reason:" +
+       unrouted);
 }
 
 TEST_CASE("A consumer process killed with SIGKILL mid-handling and started again loses nothing",
@@ -470,7 +489,7 @@ TEST_CASE(
   }
 
   // The cause is fixed; the on-call engineer replays the exhausted ones. The replay goes through
-  // a proxy that freezes once a tenth of them have moved, so it is killed with copies in flight.
+  // a proxy that freezes once a few of them have moved, so it is killed with copies in flight.
   const size_t replay_window = 5;
   test::TcpProxy proxy(loop.get(), amqp_port());
   for (const auto& lane : lanes) {
@@ -495,9 +514,7 @@ TEST_CASE(
       ChildProcess replay(replay_command(url_with_port(proxy.port())));
       REQUIRE(poll_until(
           loop, 60s,
-          [&] {
-            return probe.depth(lane->input_queue()).messages >= exhausted / 10 || !replay.running();
-          },
+          [&] { return probe.depth(lane->input_queue()).messages >= 8 || !replay.running(); },
           2ms));
       proxy.freeze();
       const bool mid_run = replay.running();
