@@ -1,5 +1,7 @@
 #include "retryloop/parking/parked_message.hpp"
 
+#include <algorithm>
+#include <limits>
 #include <stdexcept>
 
 #include "retryloop/consumer/headers.hpp"
@@ -66,8 +68,9 @@ ParkedMessage read_parked(client::Message message, uint64_t position) {
 bool Filter::matches(const ParkedMessage& parked, uint64_t now_seconds) const {
   if (older_than) {
     if (!parked.parked_at || *parked.parked_at > now_seconds) return false;
-    const uint64_t age_ms = (now_seconds - *parked.parked_at) * 1000;
-    if (age_ms < uint64_t(older_than->count())) return false;
+    const uint64_t age_seconds = now_seconds - *parked.parked_at;
+    const uint64_t wanted_ms = uint64_t(std::max<int64_t>(older_than->count(), 0));
+    if (age_seconds < wanted_ms / 1000 + (wanted_ms % 1000 != 0)) return false;
   }
   if (where.empty()) return true;
   if (!parked.message.properties.headers) return false;
@@ -98,7 +101,8 @@ amqp::BasicProperties make_replay_copy(const amqp::BasicProperties& properties) 
   }
   headers.erase_if(
       [](const std::string& name) { return consumer::is_death_header(name) || is_parking_header(name); });
-  headers.set(std::string(header::replays), replays < 0 ? int64_t(1) : replays + 1);
+  const int64_t next = replays < 0 ? 1 : replays == std::numeric_limits<int64_t>::max() ? replays : replays + 1;
+  headers.set(std::string(header::replays), next);
   return copy;
 }
 

@@ -1,0 +1,110 @@
+// The parking tools' pure parts: decoding parked messages, filters and the replay copy.
+
+#include <catch2/catch.hpp>
+
+#include <limits>
+
+#include "retryloop/consumer/headers.hpp"
+#include "retryloop/parking/parked_message.hpp"
+
+using namespace retryloop;
+using namespace std::chrono_literals;
+namespace header = consumer::header;
+
+namespace {
+
+client::Message parked_message(amqp::FieldTable headers) {
+  client::Message message;
+  message.properties.message_id = "m-1";
+  message.properties.headers = std::move(headers);
+  return message;
+}
+
+int64_t replays_of(const amqp::BasicProperties& properties) {
+  REQUIRE(properties.headers);
+  const amqp::FieldValue* value = properties.headers->find(header::replays);
+  REQUIRE(value != nullptr);
+  return value->as_int64().value();
+}
+
+}  // namespace
+
+TEST_CASE("read_parked decodes the parking headers and tolerates wrong types", "[parking]") {
+  amqp::FieldTable headers;
+  headers.set(std::string(header::parked_at), amqp::Timestamp{1700000000});
+  headers.set(std::string(header::reason), std::string("exhausted"));
+  headers.set(std::string(header::attempts), int64_t(5));
+  headers.set(std::string(header::queue), int64_t(7));
+  const parking::ParkedMessage parked = parking::read_parked(parked_message(headers), 3);
+  CHECK(parked.position == 3);
+  CHECK(parked.message_id == "m-1");
+  CHECK(parked.parked_at == uint64_t(1700000000));
+  CHECK(parked.reason == "exhausted");
+  CHECK(parked.attempts == int64_t(5));
+  CHECK(parked.queue.empty());
+}
+
+TEST_CASE("older_than compares the age in whole milliseconds, without overflow", "[parking]") {
+  amqp::FieldTable headers;
+  headers.set(std::string(header::parked_at), amqp::Timestamp{1000});
+  const parking::ParkedMessage parked = parking::read_parked(parked_message(headers), 0);
+
+  parking::Filter filter;
+  filter.older_than = 1500ms;
+  CHECK_FALSE(filter.matches(parked, 1001));
+  CHECK(filter.matches(parked, 1002));
+  CHECK_FALSE(filter.matches(parked, 999));
+
+  filter.older_than = std::chrono::milliseconds(std::numeric_limits<int64_t>::max());
+  const uint64_t longest_seconds = uint64_t(std::numeric_limits<int64_t>::max()) / 1000;
+  CHECK_FALSE(filter.matches(parked, 1000 + longest_seconds));
+  CHECK(filter.matches(parked, 1000 + longest_seconds + 1));
+
+  amqp::FieldTable far_past;
+  far_past.set(std::string(header::parked_at), amqp::Timestamp{0});
+  filter.older_than = 24h;
+  CHECK(filter.matches(parking::read_parked(parked_message(far_past), 0),
+                       std::numeric_limits<uint64_t>::max()));
+}
+
+TEST_CASE("where filters match the header's text and parse_where names what is wrong",
+          "[parking]") {
+  amqp::FieldTable headers;
+  headers.set(std::string(header::reason), std::string("poison"));
+  headers.set(std::string(header::attempts), int64_t(2));
+  const parking::ParkedMessage parked = parking::read_parked(parked_message(headers), 0);
+
+  parking::Filter filter;
+  filter.where.push_back(parking::parse_where("retryloop-reason=poison"));
+  filter.where.push_back(parking::parse_where("retryloop-attempts=2"));
+  CHECK(filter.matches(parked, 0));
+  filter.where.push_back(parking::parse_where("tenant="));
+  CHECK_FALSE(filter.matches(parked, 0));
+
+  CHECK(parking::parse_where("a=b=c") == std::make_pair(std::string("a"), std::string("b=c")));
+  CHECK_THROWS_WITH(parking::parse_where("reason"), Catch::Contains("HEADER=VALUE"));
+  CHECK_THROWS_WITH(parking::parse_where("=x"), Catch::Contains("header name is empty"));
+}
+
+TEST_CASE("A replay copy starts fresh and counts replays up to the largest number", "[parking]") {
+  amqp::FieldTable headers;
+  headers.set("x-death", amqp::FieldArray{});
+  headers.set(std::string(header::reason), std::string("exhausted"));
+  headers.set(std::string(header::original_exchange), std::string("orders.in"));
+  headers.set("tenant", std::string("acme"));
+  amqp::BasicProperties properties;
+  properties.headers = headers;
+
+  const amqp::BasicProperties first = parking::make_replay_copy(properties);
+  CHECK(replays_of(first) == 1);
+  CHECK(first.headers->find("x-death") == nullptr);
+  CHECK(first.headers->find(header::reason) == nullptr);
+  CHECK(first.headers->find(header::original_exchange) != nullptr);
+  CHECK(first.headers->find("tenant") != nullptr);
+  CHECK(replays_of(parking::make_replay_copy(first)) == 2);
+
+  properties.headers->set(std::string(header::replays), std::numeric_limits<int64_t>::max());
+  CHECK(replays_of(parking::make_replay_copy(properties)) == std::numeric_limits<int64_t>::max());
+  properties.headers->set(std::string(header::replays), int64_t(-4));
+  CHECK(replays_of(parking::make_replay_copy(properties)) == 1);
+}
