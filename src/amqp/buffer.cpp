@@ -180,8 +180,7 @@ void Reader::table_at_depth(FieldTable& out, int depth) {
     std::string_view name = short_string_view();
     char type = static_cast<char>(u8());
     if (error_) break;
-    out.append(std::string(name), FieldValue());
-    value_at_depth(type, (out.end() - 1)->value, depth);
+    value_at_depth(type, out.append_void(name), depth);
     if (error_) break;
   }
   data_ = whole;
@@ -249,10 +248,11 @@ void Reader::value_at_depth(char type, FieldValue& out, int depth) {
       break;
     }
     case 'S':
-      s.emplace<std::string>(long_string_view());
+      // From a string: emplace<std::string>(view) would build and move a temporary variant.
+      s.emplace<std::string>(std::string(long_string_view()));
       break;
     case 'x':
-      s.emplace<ByteArray>().bytes.assign(long_string_view());
+      s.emplace<ByteArray>(ByteArray{std::string(long_string_view())});
       break;
     case 'A':
       array_at_depth(s.emplace<FieldArray>(), depth + 1);

@@ -38,6 +38,10 @@ void FieldTable::append(std::string name, FieldValue value) {
   entries_.push_back(FieldEntry{std::move(name), std::move(value)});
 }
 
+FieldValue& FieldTable::append_void(std::string_view name) {
+  return entries_.emplace_back(name).value;
+}
+
 bool FieldTable::erase(std::string_view name) {
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     if (it->name == name) {

@@ -4,6 +4,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -67,6 +68,10 @@ class FieldTable {
   /// Appends without looking for an existing entry (used by the decoder, which must keep
   /// whatever the peer sent).
   void append(std::string name, FieldValue value);
+
+  /// Appends an entry named `name` holding Void and returns its value, to be filled in place:
+  /// the decoder's way, which builds no temporary value to move.
+  FieldValue& append_void(std::string_view name);
 
   /// Removes the value named `name`; returns whether there was one.
   bool erase(std::string_view name);
@@ -155,6 +160,11 @@ class FieldValue {
 
 /// A named entry of a FieldTable.
 struct FieldEntry {
+  FieldEntry() = default;
+  FieldEntry(std::string name, FieldValue value) : name(std::move(name)), value(std::move(value)) {}
+  /// An entry holding Void, to be filled in place.
+  explicit FieldEntry(std::string_view name) : name(name) {}
+
   std::string name;
   FieldValue value;
   friend bool operator==(const FieldEntry& a, const FieldEntry& b) {
