@@ -100,14 +100,9 @@ std::string_view Message::message_id() const {
   return properties.message_id ? std::string_view(*properties.message_id) : std::string_view();
 }
 
-/// One delivery from receipt to settlement.
-struct Consumer::Pending {
-  uint64_t id = 0;
-  uint64_t generation = 0;
-  /// The consume channel it came from: its tag is acked there or nowhere.
-  std::shared_ptr<client::Channel> channel;
-  uint64_t delivery_tag = 0;
-  Message message;
+/// What a delivery gathers from the moment its handler starts. Kept apart so that the many
+/// deliveries waiting for a handler (up to the prefetch) hold only their message.
+struct Consumer::Handling {
   AttemptInfo info;
   uint64_t started_ns = 0;
   bool threw = false;
@@ -124,6 +119,18 @@ struct Consumer::Pending {
   bool paused = false;
   /// The outcome of a synchronous handler run on a worker thread.
   Outcome work_outcome;
+};
+
+/// One delivery from receipt to settlement.
+struct Consumer::Pending {
+  uint64_t id = 0;
+  uint64_t generation = 0;
+  /// The consume channel it came from: its tag is acked there or nowhere.
+  std::shared_ptr<client::Channel> channel;
+  uint64_t delivery_tag = 0;
+  Message message;
+  /// Set when its handler starts (or when it is parked undecoded).
+  std::unique_ptr<Handling> handling;
 };
 
 /// One connected attempt: a consuming connection and a publishing connection.
@@ -344,12 +351,13 @@ void Consumer::open_channels(const std::shared_ptr<Session>& session) {
                 if (error) return session_failed(session, error);
                 session->consume_channel = channel;
                 watch(channel);
-                Error e = channel->qos(options_.prefetch, [this, weak, session](const Error& error) {
-                  auto self = weak.lock();
-                  if (!self || session != session_ || session->ended) return;
-                  if (error) return session_failed(session, error);
-                  start_consuming(session);
-                });
+                Error e =
+                    channel->qos(options_.prefetch, [this, weak, session](const Error& error) {
+                      auto self = weak.lock();
+                      if (!self || session != session_ || session->ended) return;
+                      if (error) return session_failed(session, error);
+                      start_consuming(session);
+                    });
                 if (e) session_failed(session, e);
               });
           if (e) session_failed(session, e);
@@ -483,16 +491,22 @@ void Consumer::on_delivery(client::Delivery&& delivery) {
   message.exchange = std::move(delivery.exchange);
   message.routing_key = std::move(delivery.routing_key);
   message.redelivered = delivery.redelivered;
-  pending->info =
-      read_attempt_info(message.properties, topology::input_queue_name(options_.service),
-                        message.exchange, message.routing_key);
-  message.attempt = pending->info.attempt;
   if (delivery.message.properties_error) {
+    begin_handling(*pending);
     park_undecodable(pending, delivery.message);
     return;
   }
   waiting_.push_back(std::move(pending));
   start_handlers();
+}
+
+void Consumer::begin_handling(Pending& pending) {
+  pending.handling = std::make_unique<Handling>();
+  Message& message = pending.message;
+  pending.handling->info =
+      read_attempt_info(message.properties, topology::input_queue_name(options_.service),
+                        message.exchange, message.routing_key);
+  message.attempt = pending.handling->info.attempt;
 }
 
 void Consumer::park_undecodable(const std::shared_ptr<Pending>& pending,
@@ -503,12 +517,12 @@ void Consumer::park_undecodable(const std::shared_ptr<Pending>& pending,
   properties.delivery_mode = 2;
   properties.headers.emplace().set(std::string(header::raw_properties),
                                    amqp::ByteArray{original.raw_properties});
-  pending->outcome = OutcomeKind::poison;
-  pending->decision.action = Action::park;
-  pending->decision.reason = ParkReason::poison;
-  pending->decision.error = "its properties cannot be decoded (" +
-                            original.properties_error.message() + "); their bytes are in " +
-                            std::string(header::raw_properties);
+  pending->handling->outcome = OutcomeKind::poison;
+  pending->handling->decision.action = Action::park;
+  pending->handling->decision.reason = ParkReason::poison;
+  pending->handling->decision.error =
+      "its properties cannot be decoded (" + original.properties_error.message() +
+      "); their bytes are in " + std::string(header::raw_properties);
   settling_[pending->id] = pending;
   publish_copy(pending);
 }
@@ -526,7 +540,8 @@ void Consumer::start_handlers() {
 
 void Consumer::run_handler(const std::shared_ptr<Pending>& pending) {
   ++running_;
-  pending->started_ns = uv_hrtime();
+  begin_handling(*pending);
+  pending->handling->started_ns = uv_hrtime();
   if (async_handler_) {
     std::weak_ptr<Consumer> weak = weak_from_this();
     auto settled = std::make_shared<bool>(false);
@@ -550,31 +565,34 @@ void Consumer::run_handler(const std::shared_ptr<Pending>& pending) {
     return;
   }
   if (options_.handler_on_loop) {
-    Outcome outcome = invoke(*handler_, pending->message, pending->threw);
+    Outcome outcome = invoke(*handler_, pending->message, pending->handling->threw);
     handler_done(pending, std::move(outcome));
     return;
   }
   std::weak_ptr<Consumer> weak = weak_from_this();
   pool_->post(
       [pending, handler = handler_] {
-        pending->work_outcome = invoke(*handler, pending->message, pending->threw);
+        pending->handling->work_outcome =
+            invoke(*handler, pending->message, pending->handling->threw);
       },
       [weak, pending] {
-        if (auto self = weak.lock()) self->handler_done(pending, std::move(pending->work_outcome));
+        if (auto self = weak.lock())
+          self->handler_done(pending, std::move(pending->handling->work_outcome));
       });
 }
 
 void Consumer::handler_done(const std::shared_ptr<Pending>& pending, Outcome outcome) {
   --running_;
-  metrics_.handler_latency.record(std::chrono::nanoseconds(uv_hrtime() - pending->started_ns));
-  if (pending->threw) ++metrics_.handler_errors;
+  metrics_.handler_latency.record(
+      std::chrono::nanoseconds(uv_hrtime() - pending->handling->started_ns));
+  if (pending->handling->threw) ++metrics_.handler_errors;
   if (!is_live(*pending)) {
     ++metrics_.abandoned;
     log_outcome(*pending, "abandoned",
                 "its channel closed while the handler ran; the broker redelivers it");
   } else {
-    pending->outcome = outcome.kind;
-    pending->decision = decide(options_.service, pending->info, outcome);
+    pending->handling->outcome = outcome.kind;
+    pending->handling->decision = decide(options_.service, pending->handling->info, outcome);
     carry_out(pending);
   }
   start_handlers();
@@ -587,7 +605,7 @@ bool Consumer::is_live(const Pending& pending) const {
 }
 
 void Consumer::carry_out(const std::shared_ptr<Pending>& pending) {
-  const Decision& decision = pending->decision;
+  const Decision& decision = pending->handling->decision;
   switch (decision.action) {
     case Action::ack:
     case Action::drop:
@@ -626,15 +644,16 @@ void Consumer::publish_copy(const std::shared_ptr<Pending>& pending) {
     return;
   }
   if (blocked_) {
-    pending->paused = true;
+    pending->handling->paused = true;
     return;
   }
-  pending->paused = false;
-  const Decision& decision = pending->decision;
+  pending->handling->paused = false;
+  const Decision& decision = pending->handling->decision;
   const bool to_wait = decision.action == Action::publish_to_wait;
-  if (!pending->copy) {
+  if (!pending->handling->copy) {
     if (to_wait) {
-      pending->copy = make_retry_copy(pending->message.properties, pending->info, unix_seconds());
+      pending->handling->copy =
+          make_retry_copy(pending->message.properties, pending->handling->info, unix_seconds());
     } else {
       ParkingNote note;
       note.reason = decision.reason;
@@ -642,21 +661,22 @@ void Consumer::publish_copy(const std::shared_ptr<Pending>& pending) {
       note.queue = topology::input_queue_name(options_.service);
       note.consumer = options_.consumer_name;
       note.now_seconds = unix_seconds();
-      pending->copy = make_parking_copy(pending->message.properties, pending->info, note);
+      pending->handling->copy =
+          make_parking_copy(pending->message.properties, pending->handling->info, note);
     }
   }
   const std::string exchange = to_wait ? topology::wait_exchange_name(options_.service.name)
                                        : topology::parking_exchange_name(options_.service.name);
   const std::string& routing_key =
       to_wait ? decision.wait_routing_key : topology::input_queue_name(options_.service);
-  pending->published_at_ms = uv_now(loop_);
+  pending->handling->published_at_ms = uv_now(loop_);
   std::weak_ptr<Consumer> weak = weak_from_this();
   Error error = session_->publish_channel->publish(
-      exchange, routing_key, *pending->copy, pending->message.body, client::Mandatory::yes,
-      [weak, pending](const client::PublishOutcome& outcome) {
+      exchange, routing_key, *pending->handling->copy, pending->message.body,
+      client::Mandatory::yes, [weak, pending](const client::PublishOutcome& outcome) {
         auto self = weak.lock();
         if (!self) return;
-        pending->published_at_ms = 0;
+        pending->handling->published_at_ms = 0;
         if (outcome.ok()) {
           self->copy_confirmed(pending);
           return;
@@ -669,19 +689,21 @@ void Consumer::publish_copy(const std::shared_ptr<Pending>& pending) {
         }
         ++self->metrics_.publish_failures;
         const auto delay =
-            self->options_.publish_retry.delay(pending->publish_tries++, random_unit());
-        pending->retry_at_ms = uv_now(self->loop_) + uint64_t(delay.count());
+            self->options_.publish_retry.delay(pending->handling->publish_tries++, random_unit());
+        pending->handling->retry_at_ms = uv_now(self->loop_) + uint64_t(delay.count());
         std::string why = outcome.status == client::PublishStatus::returned
                               ? "returned: " + outcome.error.message()
-                              : std::string("nacked by the broker (a full queue with "
-                                            "reject-publish, or a broker error)");
+                              : std::string(
+                                    "nacked by the broker (a full queue with "
+                                    "reject-publish, or a broker error)");
         if (auto* log = self->options_.logger.get()) {
           log->warn(
               "service={} queue={} message_id={} attempt={} {} copy {}; the original stays "
               "unacked, publishing again in {} ms",
               self->options_.service.name, topology::input_queue_name(self->options_.service),
-              pending->message.message_id(), pending->info.attempt,
-              pending->decision.action == Action::park ? "parking" : "retry", why, delay.count());
+              pending->message.message_id(), pending->handling->info.attempt,
+              pending->handling->decision.action == Action::park ? "parking" : "retry", why,
+              delay.count());
         }
       });
   if (error) session_failed(session_, error);
@@ -695,7 +717,7 @@ void Consumer::copy_confirmed(const std::shared_ptr<Pending>& pending) {
     maybe_finish_stop();
     return;
   }
-  const Decision& decision = pending->decision;
+  const Decision& decision = pending->handling->decision;
   if (decision.action == Action::publish_to_wait) {
     ++metrics_.retried;
     log_outcome(*pending, "retry", decision.error);
@@ -719,7 +741,7 @@ void Consumer::copy_confirmed(const std::shared_ptr<Pending>& pending) {
       event.message_id = std::string(pending->message.message_id());
       event.reason = decision.reason;
       event.error = decision.error;
-      event.attempts = pending->info.attempt;
+      event.attempts = pending->handling->info.attempt;
       options_.on_parked(event);
     }
   }
@@ -730,7 +752,7 @@ void Consumer::log_outcome(const Pending& pending, const char* what,
                            const std::string& text) const {
   auto* log = options_.logger.get();
   if (log == nullptr) return;
-  const Decision& decision = pending.decision;
+  const Decision& decision = pending.handling->decision;
   const auto level = std::string_view(what) == "acked" ? spdlog::level::debug
                      : std::string_view(what) == "parked" || std::string_view(what) == "abandoned"
                          ? spdlog::level::warn
@@ -746,7 +768,7 @@ void Consumer::log_outcome(const Pending& pending, const char* what,
   }
   log->log(level, "service={} queue={} message_id={} attempt={} outcome={}{}{}{}",
            options_.service.name, topology::input_queue_name(options_.service),
-           pending.message.message_id(), pending.info.attempt, what, detail,
+           pending.message.message_id(), pending.handling->info.attempt, what, detail,
            text.empty() ? "" : " error=", text.empty() ? std::string() : "\"" + text + "\"");
 }
 
@@ -756,9 +778,10 @@ void Consumer::on_tick() {
   const uint64_t now = uv_now(loop_);
   if (state_ == State::stopping && stop_deadline_ms_ != 0 && now >= stop_deadline_ms_) {
     if (auto* log = options_.logger.get()) {
-      log->warn("service={} shutdown deadline passed with {} messages unsettled; they go back "
-                "to the queue",
-                options_.service.name, in_flight());
+      log->warn(
+          "service={} shutdown deadline passed with {} messages unsettled; they go back "
+          "to the queue",
+          options_.service.name, in_flight());
     }
     stop_deadline_ms_ = 0;
     stop_now();
@@ -771,26 +794,26 @@ void Consumer::on_tick() {
       log->info("service={} metrics {}", options_.service.name, metrics_.summary());
     }
   }
-  if (options_.parking_alert_threshold > 0 && state_ == State::running &&
-      !depth_check_in_flight_ &&
-      now - last_depth_check_ms_ >= (depth_check_soon_ ? 1000
-                                                       : uint64_t(options_.parking_check_interval.count()))) {
+  if (options_.parking_alert_threshold > 0 && state_ == State::running && !depth_check_in_flight_ &&
+      now - last_depth_check_ms_ >=
+          (depth_check_soon_ ? 1000 : uint64_t(options_.parking_check_interval.count()))) {
     check_parking_depth();
   }
   if (!session_ || blocked_) return;
   std::vector<std::shared_ptr<Pending>> due;
   for (const auto& [id, pending] : settling_) {
-    if (pending->published_at_ms != 0 &&
-        now - pending->published_at_ms >= uint64_t(options_.confirm_timeout.count())) {
+    if (pending->handling->published_at_ms != 0 &&
+        now - pending->handling->published_at_ms >= uint64_t(options_.confirm_timeout.count())) {
       session_failed(session_, Error(ClientError::connection_lost,
                                      "no publisher confirm within " +
                                          std::to_string(options_.confirm_timeout.count()) + " ms"));
       return;
     }
-    if (pending->retry_at_ms != 0 && now >= pending->retry_at_ms) due.push_back(pending);
+    if (pending->handling->retry_at_ms != 0 && now >= pending->handling->retry_at_ms)
+      due.push_back(pending);
   }
   for (const auto& pending : due) {
-    pending->retry_at_ms = 0;
+    pending->handling->retry_at_ms = 0;
     publish_copy(pending);
   }
 }
@@ -842,10 +865,12 @@ void Consumer::on_blocked(bool blocked) {
   const uint64_t now = uv_now(loop_);
   std::vector<std::shared_ptr<Pending>> paused;
   for (const auto& [id, pending] : settling_) {
-    if (pending->published_at_ms != 0) pending->published_at_ms = now;  // time blocked is not late
-    if (pending->paused) paused.push_back(pending);
+    if (pending->handling->published_at_ms != 0)
+      pending->handling->published_at_ms = now;  // time blocked is not late
+    if (pending->handling->paused) paused.push_back(pending);
   }
-  for (const auto& pending : paused) publish_copy(pending);
+  for (const auto& pending : paused)
+    publish_copy(pending);
 }
 
 void Consumer::stop(std::chrono::milliseconds deadline) {
@@ -872,7 +897,8 @@ void Consumer::stop(std::chrono::milliseconds deadline) {
     log->info("service={} stopping: {} handlers running, {} copies settling, {} waiting go back",
               options_.service.name, running_, settling_.size(), waiting_.size());
   }
-  for (const auto& pending : waiting_) pending->channel->nack(pending->delivery_tag, false, true);
+  for (const auto& pending : waiting_)
+    pending->channel->nack(pending->delivery_tag, false, true);
   waiting_.clear();
   std::weak_ptr<Consumer> weak = weak_from_this();
   session_->consume_channel->cancel(session_->consumer_tag, [weak](const Error&) {

@@ -192,6 +192,7 @@ class Consumer : public std::enable_shared_from_this<Consumer> {
 
  private:
   struct Pending;
+  struct Handling;
   struct Session;
   enum class State { idle, connecting, running, backing_off, stopping, stopped };
 
@@ -209,6 +210,7 @@ class Consumer : public std::enable_shared_from_this<Consumer> {
   void schedule_reconnect();
 
   void on_delivery(client::Delivery&& delivery);
+  void begin_handling(Pending& pending);
   void park_undecodable(const std::shared_ptr<Pending>& pending, const client::Message& original);
   void start_handlers();
   void run_handler(const std::shared_ptr<Pending>& pending);
