@@ -10,13 +10,13 @@
 //   bench_retryloop ttl     --url URL --queue Q --count N --delay-ms D
 //   bench_retryloop hold    --url URL --topology FILE --service S --count N --prefetch P
 //
-// `reset` deletes Q and (unless --delete-only) declares it again, durable, of the given type (a TTL queue that
-// dead-letters to Q2 through the default exchange with --ttl; bound to the fanout exchange FANOUT
-// with --exchange, so that one fill fills every client's queue). `fill` publishes N persistent
-// messages with the shared header table (an x-death array as after two trips through a retry
-// loop; --fresh leaves out the x- headers, as before a first failure; --parked adds the headers of
-// a parked message), pipelined with confirms; it is how every
-// queue is filled, outside the timed window. The other modes print one JSON line:
+// `reset` deletes Q and (unless --delete-only) declares it again, durable, of the given type (a TTL
+// queue that dead-letters to Q2 through the default exchange with --ttl; bound to the fanout
+// exchange FANOUT with --exchange, so that one fill fills every client's queue). `fill` publishes N
+// persistent messages with the shared header table (an x-death array as after two trips through a
+// retry loop; --fresh leaves out the x- headers, as before a first failure; --parked adds the
+// headers of a parked message), pipelined with confirms; it is how every queue is filled, outside
+// the timed window. The other modes print one JSON line:
 //
 //   consume  N deliveries acked one by one, no-op handler: time from the first delivery to the last
 //            ack, and the process's CPU time over the same window.
@@ -30,10 +30,10 @@
 //   hold     the retry consumer with a slow handler (500 ms a message) until N deliveries have
 //            arrived, nearly all of them held unacked; then the peak RSS of the process.
 
+#include <sys/resource.h>
 #include <retryloop/client/connection.hpp>
 #include <retryloop/consumer/consumer.hpp>
 #include <retryloop/topology/topology_json.hpp>
-#include <sys/resource.h>
 
 #if __has_include(<valgrind/callgrind.h>)
 #include <valgrind/callgrind.h>
@@ -99,8 +99,7 @@ double cpu_seconds() {
 }
 
 double wall_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 int64_t wall_us() {
@@ -139,7 +138,8 @@ amqp::BasicProperties message_properties(bool fresh, bool parked) {
   properties.content_type = "application/json";
   properties.message_id = "bench";
   properties.headers = realistic_headers();
-  if (fresh) properties.headers->erase_if([](const std::string& name) { return name.rfind("x-", 0) == 0; });
+  if (fresh)
+    properties.headers->erase_if([](const std::string& name) { return name.rfind("x-", 0) == 0; });
   if (parked) {
     auto& h = *properties.headers;
     h.append("retryloop-attempts", int64_t{5});
@@ -163,25 +163,26 @@ int64_t header_int(const amqp::BasicProperties& properties, const char* name) {
 }
 
 /// Runs `body` once the connection and a channel are open, then the loop until it ends.
-void with_channel(uv_loop_t* loop, const Args& args,
-                  const std::function<void(std::shared_ptr<Connection>, std::shared_ptr<Channel>)>&
-                      body) {
+void with_channel(
+    uv_loop_t* loop, const Args& args,
+    const std::function<void(std::shared_ptr<Connection>, std::shared_ptr<Channel>)>& body) {
   ConnectionOptions options;
   options.uri = parse_uri(args.url);
   auto connection = Connection::create(loop, options);
   connection->set_lost_handler([](const Error& e) { die("connection lost: " + e.message()); });
   check(connection->connect([connection, &body](const Error& e) {
     check(e, "connect");
-    check(connection->open_channel([connection, &body](const Error& e2, std::shared_ptr<Channel> c) {
-      check(e2, "channel");
-      c->set_close_handler([](const Error& e3) {
-        if (e3 && e3.code != ClientError::closed_by_client) {
-          die("channel closed: " + e3.message());
-        }
-      });
-      body(connection, std::move(c));
-    }),
-          "channel");
+    check(
+        connection->open_channel([connection, &body](const Error& e2, std::shared_ptr<Channel> c) {
+          check(e2, "channel");
+          c->set_close_handler([](const Error& e3) {
+            if (e3 && e3.code != ClientError::closed_by_client) {
+              die("channel closed: " + e3.message());
+            }
+          });
+          body(connection, std::move(c));
+        }),
+        "channel");
   }),
         "connect");
   uv_run(loop, UV_RUN_DEFAULT);
@@ -189,31 +190,38 @@ void with_channel(uv_loop_t* loop, const Args& args,
 
 void reset(uv_loop_t* loop, const Args& args) {
   with_channel(loop, args, [&](auto connection, auto channel) {
-    check(channel->queue_delete(args.queue, false, false, [&, connection, channel](const Error& e, uint32_t) {
-      check(e, "queue.delete");
-      if (args.delete_only) return connection->close();
-      QueueOptions options;
-      if (args.type == "quorum") options.arguments.append("x-queue-type", "quorum");
-      if (args.ttl > 0) {
-        options.arguments.append("x-message-ttl", int64_t{args.ttl});
-        options.arguments.append("x-dead-letter-exchange", "");
-        options.arguments.append("x-dead-letter-routing-key", args.dead_letter_to);
-      }
-      check(channel->queue_declare(args.queue, options, [&, connection, channel](const Error& e2, const QueueInfo&) {
-        check(e2, "queue.declare");
-        if (args.exchange.empty()) return connection->close();
-        check(channel->exchange_declare(args.exchange, "fanout", {}, [&, connection, channel](const Error& e3) {
-          check(e3, "exchange.declare");
-          check(channel->queue_bind(args.queue, args.exchange, "", {}, [connection](const Error& e4) {
-            check(e4, "queue.bind");
-            connection->close();
-          }),
-                "queue.bind");
-        }),
-              "exchange.declare");
-      }),
-            "queue.declare");
-    }),
+    check(channel->queue_delete(
+              args.queue, false, false,
+              [&, connection, channel](const Error& e, uint32_t) {
+                check(e, "queue.delete");
+                if (args.delete_only) return connection->close();
+                QueueOptions options;
+                if (args.type == "quorum") options.arguments.append("x-queue-type", "quorum");
+                if (args.ttl > 0) {
+                  options.arguments.append("x-message-ttl", int64_t{args.ttl});
+                  options.arguments.append("x-dead-letter-exchange", "");
+                  options.arguments.append("x-dead-letter-routing-key", args.dead_letter_to);
+                }
+                check(channel->queue_declare(
+                          args.queue, options,
+                          [&, connection, channel](const Error& e2, const QueueInfo&) {
+                            check(e2, "queue.declare");
+                            if (args.exchange.empty()) return connection->close();
+                            check(channel->exchange_declare(
+                                      args.exchange, "fanout", {},
+                                      [&, connection, channel](const Error& e3) {
+                                        check(e3, "exchange.declare");
+                                        check(channel->queue_bind(args.queue, args.exchange, "", {},
+                                                                  [connection](const Error& e4) {
+                                                                    check(e4, "queue.bind");
+                                                                    connection->close();
+                                                                  }),
+                                              "queue.bind");
+                                      }),
+                                  "exchange.declare");
+                          }),
+                      "queue.declare");
+              }),
           "queue.delete");
   });
 }
@@ -241,7 +249,8 @@ PublishResult publish(uv_loop_t* loop, const Args& args, bool stamp) {
   std::function<void()> publish_more = [&] {
     long allowed = args.count;
     if (args.rate > 0) {
-      double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       allowed = std::min<long>(args.count, static_cast<long>(elapsed * args.rate) + 1);
     }
     while (published < allowed && published - confirmed < args.window) {
@@ -255,7 +264,8 @@ PublishResult publish(uv_loop_t* loop, const Args& args, bool stamp) {
                             if (++confirmed == args.count) {
                               result.t1 = wall_seconds();
                               result.cpu = cpu_seconds() - cpu0;
-                              if (args.rate > 0) uv_close(reinterpret_cast<uv_handle_t*>(&pacer), nullptr);
+                              if (args.rate > 0)
+                                uv_close(reinterpret_cast<uv_handle_t*>(&pacer), nullptr);
                               conn->close();
                             } else {
                               publish_more();
@@ -275,8 +285,8 @@ PublishResult publish(uv_loop_t* loop, const Args& args, bool stamp) {
       if (args.rate > 0) {
         uv_timer_init(loop, &pacer);
         pacer.data = &publish_more;
-        uv_timer_start(&pacer, [](uv_timer_t* t) { (*static_cast<std::function<void()>*>(t->data))(); },
-                       5, 5);
+        uv_timer_start(
+            &pacer, [](uv_timer_t* t) { (*static_cast<std::function<void()>*>(t->data))(); }, 5, 5);
       }
       publish_more();
     }),
@@ -336,8 +346,9 @@ std::string percentiles_json(std::vector<double> values) {
     return values[std::min(values.size() - 1, static_cast<size_t>(q * values.size()))];
   };
   char text[200];
-  std::snprintf(text, sizeof text, "{\"p50\": %.2f, \"p99\": %.2f, \"max\": %.2f, \"samples\": %zu}",
-                at(0.5), at(0.99), values.back(), values.size());
+  std::snprintf(text, sizeof text,
+                "{\"p50\": %.2f, \"p99\": %.2f, \"max\": %.2f, \"samples\": %zu}", at(0.5),
+                at(0.99), values.back(), values.size());
   return text;
 }
 
@@ -381,10 +392,14 @@ void retry(uv_loop_t* loop, const Args& args) {
     if (++completed == args.count) {
       r.t1 = wall_seconds();
       r.cpu = cpu_seconds() - cpu0;
-      uv_timer_start(&stopper, [](uv_timer_t* t) {
-        (*static_cast<std::shared_ptr<consumer::Consumer>*>(t->data))->stop(std::chrono::seconds(10));
-        uv_close(reinterpret_cast<uv_handle_t*>(t), nullptr);
-      }, 0, 0);
+      uv_timer_start(
+          &stopper,
+          [](uv_timer_t* t) {
+            (*static_cast<std::shared_ptr<consumer::Consumer>*>(t->data))
+                ->stop(std::chrono::seconds(10));
+            uv_close(reinterpret_cast<uv_handle_t*>(t), nullptr);
+          },
+          0, 0);
     }
     return consumer::Outcome::ack();
   };
@@ -394,10 +409,11 @@ void retry(uv_loop_t* loop, const Args& args) {
   uv_run(loop, UV_RUN_DEFAULT);
   if (completed != args.count) die("retry consumer stopped early");
   double seconds = r.t1 - r.t0;
-  std::printf("{\"client\": \"retryloop-%s\", \"bench\": \"%s\", \"messages\": %ld, \"fail\": %d, "
-              "\"seconds\": %.4f, \"rate\": %.1f, \"cpu_seconds\": %.4f, \"t0\": %.6f, \"t1\": %.6f",
-              topology::to_string(options.service.retry.mode), args.lateness ? "lateness" : "retry",
-              completed, args.fail, seconds, completed / seconds, r.cpu, r.t0, r.t1);
+  std::printf(
+      "{\"client\": \"retryloop-%s\", \"bench\": \"%s\", \"messages\": %ld, \"fail\": %d, "
+      "\"seconds\": %.4f, \"rate\": %.1f, \"cpu_seconds\": %.4f, \"t0\": %.6f, \"t1\": %.6f",
+      topology::to_string(options.service.retry.mode), args.lateness ? "lateness" : "retry",
+      completed, args.fail, seconds, completed / seconds, r.cpu, r.t0, r.t1);
   if (args.lateness) std::printf(", \"late_ms\": %s", percentiles_json(late_ms).c_str());
   std::printf("}\n");
 }
@@ -418,9 +434,10 @@ void ttl(uv_loop_t* loop, const Args& args) {
               [](const Error& e, const std::string&) { check(e, "basic.consume"); }),
           "consume");
   });
-  std::printf("{\"client\": \"broker-ttl\", \"bench\": \"lateness\", \"messages\": %ld, "
-              "\"late_ms\": %s}\n",
-              received, percentiles_json(late_ms).c_str());
+  std::printf(
+      "{\"client\": \"broker-ttl\", \"bench\": \"lateness\", \"messages\": %ld, "
+      "\"late_ms\": %s}\n",
+      received, percentiles_json(late_ms).c_str());
 }
 
 long status_kb(const char* field) {
@@ -438,11 +455,11 @@ void hold(uv_loop_t* loop, const Args& args) {
   options.connection.uri = parse_uri(args.url);
   options.prefetch = static_cast<uint16_t>(args.prefetch);
   long rss_start = status_kb("VmRSS:");
-  auto service_consumer = consumer::Consumer::create(
-      loop, options, consumer::Handler([](const consumer::Message&) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(500));
-        return consumer::Outcome::ack();
-      }));
+  auto service_consumer =
+      consumer::Consumer::create(loop, options, consumer::Handler([](const consumer::Message&) {
+                                   std::this_thread::sleep_for(std::chrono::milliseconds(500));
+                                   return consumer::Outcome::ack();
+                                 }));
   long held = 0, peak = 0;
   uv_timer_t poll{};
   uv_timer_init(loop, &poll);
@@ -453,21 +470,25 @@ void hold(uv_loop_t* loop, const Args& args) {
     long count;
   } state{service_consumer, &held, &peak, args.count};
   poll.data = &state;
-  uv_timer_start(&poll, [](uv_timer_t* t) {
-    auto* s = static_cast<State*>(t->data);
-    if (static_cast<long>(s->consumer->metrics().delivered) < s->count) return;
-    *s->held = static_cast<long>(s->consumer->in_flight());
-    *s->peak = status_kb("VmHWM:");
-    s->consumer->stop_now();
-    uv_close(reinterpret_cast<uv_handle_t*>(t), nullptr);
-  }, 10, 10);
+  uv_timer_start(
+      &poll,
+      [](uv_timer_t* t) {
+        auto* s = static_cast<State*>(t->data);
+        if (static_cast<long>(s->consumer->metrics().delivered) < s->count) return;
+        *s->held = static_cast<long>(s->consumer->in_flight());
+        *s->peak = status_kb("VmHWM:");
+        s->consumer->stop_now();
+        uv_close(reinterpret_cast<uv_handle_t*>(t), nullptr);
+      },
+      10, 10);
   check(service_consumer->start(), "consumer start");
   service_consumer.reset();
   uv_run(loop, UV_RUN_DEFAULT);
   state.consumer.reset();
-  std::printf("{\"client\": \"retryloop\", \"bench\": \"memory\", \"held\": %ld, \"prefetch\": %d, "
-              "\"size\": %ld, \"rss_start_kb\": %ld, \"peak_rss_kb\": %ld}\n",
-              held, args.prefetch, args.size, rss_start, peak);
+  std::printf(
+      "{\"client\": \"retryloop\", \"bench\": \"memory\", \"held\": %ld, \"prefetch\": %d, "
+      "\"size\": %ld, \"rss_start_kb\": %ld, \"peak_rss_kb\": %ld}\n",
+      held, args.prefetch, args.size, rss_start, peak);
 }
 
 }  // namespace

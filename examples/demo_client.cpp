@@ -86,8 +86,9 @@ struct Demo {
       std::string body = "message " + std::to_string(i) + " of " + std::to_string(count);
       check(channel->publish("", queue, properties, body, Mandatory::yes,
                              [this, i](const PublishOutcome& outcome) {
-                               std::printf("publish %d confirmed: %s\n", i,
-                                           outcome.ok() ? "acked" : outcome.error.message().c_str());
+                               std::printf(
+                                   "publish %d confirmed: %s\n", i,
+                                   outcome.ok() ? "acked" : outcome.error.message().c_str());
                                ++confirmed;
                              }),
             "basic.publish");
@@ -116,7 +117,8 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--count") == 0 && i + 1 < argc) {
       demo.count = std::atoi(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: demo_client --url amqp://user:pass@host:port/vhost [--count N]\n");
+      std::fprintf(stderr,
+                   "usage: demo_client --url amqp://user:pass@host:port/vhost [--count N]\n");
       return 1;
     }
   }

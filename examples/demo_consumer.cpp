@@ -17,10 +17,10 @@
 #include <retryloop/consumer/consumer.hpp>
 #include <retryloop/topology/topology_json.hpp>
 
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -38,13 +38,13 @@ std::mutex output_mutex;
 std::string clock_time() {
   const auto now = std::chrono::system_clock::now();
   const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()) %
-                  1000;
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()) % 1000;
   std::tm local{};
   localtime_r(&seconds, &local);
   char text[32];
-  std::snprintf(text, sizeof text, "%02d:%02d:%02d.%03d", local.tm_hour, local.tm_min,
-                local.tm_sec, static_cast<int>(ms.count()));
+  std::snprintf(text, sizeof text, "%02d:%02d:%02d.%03d", local.tm_hour, local.tm_min, local.tm_sec,
+                static_cast<int>(ms.count()));
   return text;
 }
 
@@ -96,7 +96,8 @@ int main(int argc, char** argv) {
 
   topology::ParseResult parsed = topology::load_topology(topology_file);
   if (!parsed.ok()) {
-    for (const auto& line : parsed.messages()) std::fprintf(stderr, "%s\n", line.c_str());
+    for (const auto& line : parsed.messages())
+      std::fprintf(stderr, "%s\n", line.c_str());
     return 2;
   }
   consumer::ConsumerOptions options;
@@ -118,9 +119,9 @@ int main(int argc, char** argv) {
     Outcome outcome = decide(message, id);
     if (!quiet) {
       nlohmann::ordered_json line = {{"time", clock_time()},
-                             {"id", id},
-                             {"attempt", message.attempt},
-                             {"outcome", consumer::to_string(outcome.kind)}};
+                                     {"id", id},
+                                     {"attempt", message.attempt},
+                                     {"outcome", consumer::to_string(outcome.kind)}};
       std::lock_guard<std::mutex> lock(output_mutex);
       std::printf("%s\n", line.dump().c_str());
       std::fflush(stdout);

@@ -65,8 +65,9 @@ int main(int argc, char** argv) {
   options.metrics_interval = 10s;
   options.logger = spdlog::stderr_color_mt("payments");
   options.on_parked = [](const consumer::ParkedEvent& event) {
-    spdlog::get("payments")->critical("page on-call: {} parked ({}): {}", event.message_id,
-                                      consumer::to_string(event.reason), event.error);
+    spdlog::get("payments")
+        ->critical("page on-call: {} parked ({}): {}", event.message_id,
+                   consumer::to_string(event.reason), event.error);
   };
 
   uv_loop_t* loop = uv_default_loop();

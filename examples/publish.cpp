@@ -1,12 +1,13 @@
 // Publishes messages with publisher confirms and mandatory routing, one per body given on the
 // command line, or one per line of standard input when none is given:
 //
-//   publish --url URL --exchange demo.in --routing-key demo '{"id": 1}' '{"id": 2, "fail_times": 2}'
-//   producer | publish --url URL --exchange demo.in --routing-key demo
+//   publish --url URL --exchange demo.in --routing-key demo '{"id": 1}' '{"id": 2, "fail_times":
+//   2}' producer | publish --url URL --exchange demo.in --routing-key demo
 //
 // Messages are persistent. The message id is --message-id (one body only), else the body's "id"
-// when the body is a JSON object that has one, else a generated one. Exits 0 only when every message was confirmed and
-// routed; 1 for usage errors; 3 when any was returned, nacked or lost; 4 for connection errors.
+// when the body is a JSON object that has one, else a generated one. Exits 0 only when every
+// message was confirmed and routed; 1 for usage errors; 3 when any was returned, nacked or lost; 4
+// for connection errors.
 
 #include <retryloop/client/connection.hpp>
 

@@ -20,12 +20,12 @@
 #define CALLGRIND_DUMP_STATS
 #endif
 
-static void die(const char *what) {
+static void die(const char* what) {
   fprintf(stderr, "bench_rabbitmq_c: %s\n", what);
   exit(1);
 }
 
-static void check_reply(amqp_rpc_reply_t reply, const char *what) {
+static void check_reply(amqp_rpc_reply_t reply, const char* what) {
   if (reply.reply_type != AMQP_RESPONSE_NORMAL) die(what);
 }
 
@@ -48,12 +48,12 @@ static amqp_field_value_t routing_key_value;
 static amqp_table_entry_t header_entries[5];
 
 static amqp_table_t realistic_headers(void) {
-  static const char *queues[2] = {"orders.wait.30s", "orders"};
-  static const char *reasons[2] = {"expired", "rejected"};
+  static const char* queues[2] = {"orders.wait.30s", "orders"};
+  static const char* reasons[2] = {"expired", "rejected"};
   routing_key_value.kind = AMQP_FIELD_KIND_UTF8;
   routing_key_value.value.bytes = amqp_cstring_bytes("order.created");
   for (int i = 0; i < 2; ++i) {
-    amqp_table_entry_t *f = death_fields[i];
+    amqp_table_entry_t* f = death_fields[i];
     f[0].key = amqp_cstring_bytes("count");
     f[0].value.kind = AMQP_FIELD_KIND_I64;
     f[0].value.value.i64 = 2;
@@ -77,9 +77,9 @@ static amqp_table_t realistic_headers(void) {
     death_entries[i].value.table.num_entries = 6;
     death_entries[i].value.table.entries = f;
   }
-  static const char *names[5] = {"x-death", "x-first-death-exchange", "x-first-death-queue",
+  static const char* names[5] = {"x-death", "x-first-death-exchange", "x-first-death-queue",
                                  "x-first-death-reason", "trace-id"};
-  static const char *values[5] = {NULL, "orders.in", "orders", "rejected",
+  static const char* values[5] = {NULL, "orders.in", "orders", "rejected",
                                   "4bf92f3577b34da6a3ce929d0e0e4736"};
   for (int i = 0; i < 5; ++i) {
     header_entries[i].key = amqp_cstring_bytes(names[i]);
@@ -93,12 +93,12 @@ static amqp_table_t realistic_headers(void) {
   return table;
 }
 
-static amqp_connection_state_t open_connection(const char *url_text) {
+static amqp_connection_state_t open_connection(const char* url_text) {
   struct amqp_connection_info info;
-  char *url = strdup(url_text);
+  char* url = strdup(url_text);
   if (amqp_parse_url(url, &info) != AMQP_STATUS_OK) die("bad URL");
   amqp_connection_state_t conn = amqp_new_connection();
-  amqp_socket_t *socket = amqp_tcp_socket_new(conn);
+  amqp_socket_t* socket = amqp_tcp_socket_new(conn);
   if (!socket || amqp_socket_open(socket, info.host, info.port) != AMQP_STATUS_OK) die("connect");
   check_reply(amqp_login(conn, info.vhost[0] ? info.vhost : "/", 0, 131072, 0,
                          AMQP_SASL_METHOD_PLAIN, info.user, info.password),
@@ -108,15 +108,15 @@ static amqp_connection_state_t open_connection(const char *url_text) {
   return conn;
 }
 
-static void report(const char *bench, long count, long setting, double t0, double t1,
-                   double cpu) {
-  printf("{\"client\": \"rabbitmq-c\", \"bench\": \"%s\", \"messages\": %ld, \"%s\": %ld, "
-         "\"seconds\": %.4f, \"rate\": %.1f, \"cpu_seconds\": %.4f, \"t0\": %.6f, \"t1\": %.6f}\n",
-         bench, count, strcmp(bench, "consume") == 0 ? "prefetch" : "window", setting, t1 - t0,
-         count / (t1 - t0), cpu, t0, t1);
+static void report(const char* bench, long count, long setting, double t0, double t1, double cpu) {
+  printf(
+      "{\"client\": \"rabbitmq-c\", \"bench\": \"%s\", \"messages\": %ld, \"%s\": %ld, "
+      "\"seconds\": %.4f, \"rate\": %.1f, \"cpu_seconds\": %.4f, \"t0\": %.6f, \"t1\": %.6f}\n",
+      bench, count, strcmp(bench, "consume") == 0 ? "prefetch" : "window", setting, t1 - t0,
+      count / (t1 - t0), cpu, t0, t1);
 }
 
-static void consume(amqp_connection_state_t conn, const char *queue, long count, long prefetch) {
+static void consume(amqp_connection_state_t conn, const char* queue, long count, long prefetch) {
   amqp_basic_qos(conn, 1, 0, (uint16_t)prefetch, 0);
   check_reply(amqp_get_rpc_reply(conn), "basic.qos");
   amqp_basic_consume(conn, 1, amqp_cstring_bytes(queue), amqp_empty_bytes, 0, 0, 0,
@@ -139,7 +139,7 @@ static void consume(amqp_connection_state_t conn, const char *queue, long count,
   report("consume", count, prefetch, t0, wall_seconds(), cpu_seconds() - cpu0);
 }
 
-static void publish(amqp_connection_state_t conn, const char *queue, long count, long window) {
+static void publish(amqp_connection_state_t conn, const char* queue, long count, long window) {
   amqp_confirm_select(conn, 1);
   check_reply(amqp_get_rpc_reply(conn), "confirm.select");
   char body[1024];
@@ -167,13 +167,13 @@ static void publish(amqp_connection_state_t conn, const char *queue, long count,
     if (amqp_simple_wait_frame(conn, &frame) != AMQP_STATUS_OK) die("wait for confirm");
     if (frame.frame_type != AMQP_FRAME_METHOD) continue;
     if (frame.payload.method.id != AMQP_BASIC_ACK_METHOD) die("publish was not acked");
-    amqp_basic_ack_t *ack = frame.payload.method.decoded;
+    amqp_basic_ack_t* ack = frame.payload.method.decoded;
     confirmed = ack->multiple ? (long)ack->delivery_tag : confirmed + 1;
   }
   report("publish", count, window, t0, wall_seconds(), cpu_seconds() - cpu0);
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   if (argc != 6) die("usage: bench_rabbitmq_c consume|publish URL QUEUE COUNT PREFETCH|WINDOW");
   amqp_connection_state_t conn = open_connection(argv[2]);
   if (strcmp(argv[1], "consume") == 0) {

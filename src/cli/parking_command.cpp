@@ -3,9 +3,9 @@
 
 #include "parking_command.hpp"
 
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 #include <uv.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -163,7 +163,8 @@ nlohmann::json value_json(const amqp::FieldValue& value);
 
 nlohmann::json table_json(const amqp::FieldTable& table) {
   nlohmann::json out = nlohmann::json::object();
-  for (const auto& entry : table) out[entry.name] = value_json(entry.value);
+  for (const auto& entry : table)
+    out[entry.name] = value_json(entry.value);
   return out;
 }
 
@@ -171,7 +172,8 @@ nlohmann::json value_json(const amqp::FieldValue& value) {
   if (const auto* table = value.get_if<amqp::FieldTable>()) return table_json(*table);
   if (const auto* array = value.get_if<amqp::FieldArray>()) {
     nlohmann::json out = nlohmann::json::array();
-    for (const auto& item : *array) out.push_back(value_json(item));
+    for (const auto& item : *array)
+      out.push_back(value_json(item));
     return out;
   }
   if (const auto* flag = value.get_if<bool>()) return *flag;
@@ -243,7 +245,8 @@ nlohmann::json message_json(const parking::ParkedMessage& parked, uint64_t now) 
 void print_messages(const std::vector<parking::ParkedMessage>& messages, bool json) {
   const uint64_t now = unix_seconds();
   if (json) {
-    for (const auto& parked : messages) std::cout << dump(message_json(parked, now)) << "\n";
+    for (const auto& parked : messages)
+      std::cout << dump(message_json(parked, now)) << "\n";
     return;
   }
   Table table;
@@ -251,19 +254,19 @@ void print_messages(const std::vector<parking::ParkedMessage>& messages, bool js
              "SIZE", "BODY"});
   for (const auto& parked : messages) {
     const bool dated = parked.parked_at && *parked.parked_at <= now;
-    table.add({std::to_string(parked.position + 1), preview(parked.message_id, 36),
-               parked.parked_at ? iso_time(*parked.parked_at) : "-",
-               dated ? age_text(now - *parked.parked_at) : "-",
-               parked.reason.empty() ? "-" : parked.reason,
-               parked.attempts ? std::to_string(*parked.attempts) : "-",
-               parked.error.empty() ? "-" : preview(parked.error, 40),
-               parked.original_exchange.empty() && parked.original_routing_key.empty()
-                   ? "-"
-                   : preview((parked.original_exchange.empty() ? "(default)"
-                                                               : parked.original_exchange) +
-                                 " / " + parked.original_routing_key,
-                             40),
-               std::to_string(parked.message.body.size()), preview(parked.message.body, 40)});
+    table.add(
+        {std::to_string(parked.position + 1), preview(parked.message_id, 36),
+         parked.parked_at ? iso_time(*parked.parked_at) : "-",
+         dated ? age_text(now - *parked.parked_at) : "-",
+         parked.reason.empty() ? "-" : parked.reason,
+         parked.attempts ? std::to_string(*parked.attempts) : "-",
+         parked.error.empty() ? "-" : preview(parked.error, 40),
+         parked.original_exchange.empty() && parked.original_routing_key.empty()
+             ? "-"
+             : preview((parked.original_exchange.empty() ? "(default)" : parked.original_exchange) +
+                           " / " + parked.original_routing_key,
+                       40),
+         std::to_string(parked.message.body.size()), preview(parked.message.body, 40)});
   }
   table.print(std::cout, "");
 }
@@ -298,9 +301,10 @@ parking::Filter make_filter(const ParkingArgs& args) {
 /// Exit code for an operation's error: a connection failure is 4, the rest 3.
 int error_exit(const client::Error& error, const std::string& what) {
   std::cerr << "retryloop: " << what << ": " << error.message() << "\n";
-  const bool connection = error.code == client::make_error_code(client::ClientError::connection_lost) ||
-                          error.code == client::make_error_code(client::ClientError::heartbeat_timeout) ||
-                          error.code == client::make_error_code(client::ClientError::connection_closed);
+  const bool connection =
+      error.code == client::make_error_code(client::ClientError::connection_lost) ||
+      error.code == client::make_error_code(client::ClientError::heartbeat_timeout) ||
+      error.code == client::make_error_code(client::ClientError::connection_closed);
   return connection ? exit_connection : exit_broker_refused;
 }
 
@@ -309,19 +313,19 @@ int run_list(const ParkingArgs& args) {
   return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
     parking::ListOptions options;
     options.limit = args.limit;
-    client::Error error = parking::list(
-        connection, service, options,
-        [&args, &service, done](const client::Error& error,
-                                std::vector<parking::ParkedMessage> messages) {
-          if (error) return done(error_exit(error, "parking list " + service.name));
-          if (messages.empty() && !args.json) {
-            std::cout << "parking queue " << topology::parking_queue_name(service.name)
-                      << " is empty\n";
-          } else {
-            print_messages(messages, args.json);
-          }
-          done(exit_ok);
-        });
+    client::Error error =
+        parking::list(connection, service, options,
+                      [&args, &service, done](const client::Error& error,
+                                              std::vector<parking::ParkedMessage> messages) {
+                        if (error) return done(error_exit(error, "parking list " + service.name));
+                        if (messages.empty() && !args.json) {
+                          std::cout << "parking queue "
+                                    << topology::parking_queue_name(service.name) << " is empty\n";
+                        } else {
+                          print_messages(messages, args.json);
+                        }
+                        done(exit_ok);
+                      });
     if (error) done(error_exit(error, "parking list"));
   });
 }
@@ -330,7 +334,8 @@ int run_stats(const ParkingArgs& args) {
   const topology::Service service = load_service(args);
   return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
     client::Error error = parking::stats(
-        connection, service, [&args, &service, done](const client::Error& error, const parking::Stats& stats) {
+        connection, service,
+        [&args, &service, done](const client::Error& error, const parking::Stats& stats) {
           if (error) return done(error_exit(error, "parking stats " + service.name));
           const uint64_t now = unix_seconds();
           const std::string queue = topology::parking_queue_name(service.name);
@@ -344,8 +349,9 @@ int run_stats(const ParkingArgs& args) {
             out["queue"] = queue;
             out["depth"] = stats.depth;
             out["scanned"] = stats.scanned;
-            out["oldest_parked_at"] =
-                stats.oldest_parked_at ? nlohmann::json(iso_time(*stats.oldest_parked_at)) : nullptr;
+            out["oldest_parked_at"] = stats.oldest_parked_at
+                                          ? nlohmann::json(iso_time(*stats.oldest_parked_at))
+                                          : nullptr;
             out["oldest_age_seconds"] = age ? nlohmann::json(*age) : nullptr;
             out["by_reason"] = stats.by_reason;
             out["by_error"] = nlohmann::json::array();
@@ -442,8 +448,8 @@ class ProgressReporter {
     timer_.data = this;
     const uint64_t every = tty_ ? 200 : 5000;
     uv_timer_start(
-        &timer_, [](uv_timer_t* t) { static_cast<ProgressReporter*>(t->data)->show(false); },
-        every, every);
+        &timer_, [](uv_timer_t* t) { static_cast<ProgressReporter*>(t->data)->show(false); }, every,
+        every);
   }
   void update(const parking::Progress& progress) { progress_ = progress; }
   double seconds() const { return double(uv_hrtime() - started_) / 1e9; }
@@ -499,12 +505,12 @@ int run_replay(const ParkingArgs& args) {
   options.to_queue = args.to_queue;
   options.dry_run = args.dry_run;
   options.window = args.window;
-  const std::string target = args.to_queue.empty() ? topology::input_queue_name(service)
-                                                   : args.to_queue;
+  const std::string target =
+      args.to_queue.empty() ? topology::input_queue_name(service) : args.to_queue;
   return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
     auto handle = std::make_shared<std::shared_ptr<parking::Replay>>();
-    auto reporter = args.dry_run ? nullptr
-                                 : std::make_shared<ProgressReporter>(connection->loop(), "moved");
+    auto reporter =
+        args.dry_run ? nullptr : std::make_shared<ProgressReporter>(connection->loop(), "moved");
     auto interrupts = std::make_shared<Interrupts>(
         connection->loop(),
         [handle] {
@@ -515,7 +521,8 @@ int run_replay(const ParkingArgs& args) {
         [connection] { connection->close(); });
     client::Error error = parking::replay(
         connection, service, options,
-        [&args, &service, &target, done, reporter, interrupts](const parking::ReplayResult& result) {
+        [&args, &service, &target, done, reporter,
+         interrupts](const parking::ReplayResult& result) {
           interrupts->close();
           const double seconds = reporter ? reporter->seconds() : 0;
           if (reporter) reporter->close();
@@ -531,11 +538,12 @@ int run_replay(const ParkingArgs& args) {
             return done(error_exit(result.error, "parking replay " + service.name));
           }
           char rate[64] = "";
-          if (seconds > 0) std::snprintf(rate, sizeof rate, " in %.1f s, %.0f msg/s", seconds, double(p.moved) / seconds);
+          if (seconds > 0)
+            std::snprintf(rate, sizeof rate, " in %.1f s, %.0f msg/s", seconds,
+                          double(p.moved) / seconds);
           std::cerr << "replay " << topology::parking_queue_name(service.name) << " -> queue "
-                    << target << ": moved " << p.moved << ", skipped " << p.skipped
-                    << ", failed " << p.failed << rate
-                    << (result.interrupted ? " (interrupted)" : "") << "\n";
+                    << target << ": moved " << p.moved << ", skipped " << p.skipped << ", failed "
+                    << p.failed << rate << (result.interrupted ? " (interrupted)" : "") << "\n";
           if (result.error) return done(error_exit(result.error, "parking replay " + service.name));
           if (result.interrupted) return done(exit_interrupted);
           done(p.failed == 0 ? exit_ok : exit_broker_refused);
@@ -599,16 +607,17 @@ void add_filters(CLI::App& command, ParkingArgs& args, const char* verb) {
                       "must hold), e.g. retryloop-reason=poison")
       ->type_name("HEADER=VALUE");
   command
-      .add_option("--older-than", args.older_than,
-                  std::string("Only ") + verb + " messages parked longer ago than this (30s, 5m, 2h, 7d)")
+      .add_option(
+          "--older-than", args.older_than,
+          std::string("Only ") + verb + " messages parked longer ago than this (30s, 5m, 2h, 7d)")
       ->type_name("DURATION");
 }
 
 }  // namespace
 
 void add_parking_commands(CLI::App& app, int& exit_code) {
-  CLI::App* group = app.add_subcommand(
-      "parking", "Inspect, count, replay and purge a service's parked messages");
+  CLI::App* group =
+      app.add_subcommand("parking", "Inspect, count, replay and purge a service's parked messages");
   group->footer(parking_exit_codes_help);
   group->require_subcommand(1);
 
@@ -636,8 +645,9 @@ void add_parking_commands(CLI::App& app, int& exit_code) {
       "alert on it.",
       stats_args);
   stats->add_flag("--json", stats_args->json, "Print one JSON object");
-  stats->add_option("--fail-above", stats_args->fail_above,
-                    "Exit 5 when the parking depth is above N")
+  stats
+      ->add_option("--fail-above", stats_args->fail_above,
+                   "Exit 5 when the parking depth is above N")
       ->check(CLI::NonNegativeNumber)
       ->type_name("N");
   stats->callback([args = stats_args, &exit_code] { exit_code = run_stats(*args); });
@@ -659,8 +669,9 @@ void add_parking_commands(CLI::App& app, int& exit_code) {
       ->type_name("QUEUE");
   replay->add_flag("--dry-run", replay_args->dry_run, "List what would move; move nothing");
   replay->add_flag("--json", replay_args->json, "With --dry-run: JSON lines, as list --json");
-  replay->add_option("--window", replay_args->window,
-                     "Copies awaiting confirms at once (default 500)")
+  replay
+      ->add_option("--window", replay_args->window,
+                   "Copies awaiting confirms at once (default 500)")
       ->check(CLI::Range(1, 65535))
       ->type_name("N");
   replay->callback([args = replay_args, &exit_code] { exit_code = run_replay(*args); });

@@ -119,8 +119,7 @@ Error Channel::exchange_declare(std::string_view name, std::string_view type,
   return call_simple(m, key_of<amqp::ExchangeDeclareOk>(), std::move(callback));
 }
 
-Error Channel::exchange_delete(std::string_view name, bool if_unused,
-                               CompletionCallback callback) {
+Error Channel::exchange_delete(std::string_view name, bool if_unused, CompletionCallback callback) {
   amqp::ExchangeDelete m;
   m.exchange = name;
   m.if_unused = if_unused;
@@ -237,8 +236,8 @@ Error Channel::qos(uint16_t prefetch_count, CompletionCallback callback) {
   return call_simple(m, key_of<amqp::BasicQosOk>(), std::move(callback));
 }
 
-Error Channel::consume(std::string_view queue, ConsumeOptions options,
-                       DeliveryHandler on_delivery, ConsumeCallback callback) {
+Error Channel::consume(std::string_view queue, ConsumeOptions options, DeliveryHandler on_delivery,
+                       ConsumeCallback callback) {
   amqp::BasicConsume m;
   m.queue = queue;
   m.consumer_tag = options.consumer_tag;
@@ -304,8 +303,8 @@ Error Channel::reject(uint64_t delivery_tag, bool requeue) {
 
 Error Channel::confirm_select(CompletionCallback callback) {
   if (confirm_mode_) return Error(ClientError::invalid_argument, "already in confirm mode");
-  Error error = call_simple(amqp::ConfirmSelect{}, key_of<amqp::ConfirmSelectOk>(),
-                            std::move(callback));
+  Error error =
+      call_simple(amqp::ConfirmSelect{}, key_of<amqp::ConfirmSelectOk>(), std::move(callback));
   // The broker numbers publishes from the moment it handles confirm.select, which is before any
   // publish sent after this call.
   if (!error) confirm_mode_ = true;
@@ -668,7 +667,8 @@ void Channel::handle_confirm(uint64_t tag, bool multiple, bool ack) {
     ++first_pending_sequence_;
   }
   auto self = shared_from_this();
-  for (auto& [callback, outcome] : ready) callback(outcome);
+  for (auto& [callback, outcome] : ready)
+    callback(outcome);
 }
 
 void Channel::terminate(const Error& reason) {

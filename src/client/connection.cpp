@@ -166,9 +166,9 @@ void Connection::start_resolve() {
 void Connection::try_next_address() {
   if (state_ != State::connecting) return;
   if (next_address_ == nullptr) {
-    finish(Error(ClientError::connect_failed, options_.uri.host + ":" +
-                                                  std::to_string(options_.uri.port) + ": " +
-                                                  last_connect_error_));
+    finish(Error(
+        ClientError::connect_failed,
+        options_.uri.host + ":" + std::to_string(options_.uri.port) + ": " + last_connect_error_));
     return;
   }
   const addrinfo* address = next_address_;
@@ -179,9 +179,10 @@ void Connection::try_next_address() {
   ++open_handles_;
   uv_tcp_nodelay(&tcp_, 1);
   connect_req_.data = this;
-  int rc = uv_tcp_connect(&connect_req_, &tcp_, address->ai_addr, [](uv_connect_t* req, int status) {
-    static_cast<Connection*>(req->data)->on_connected(status);
-  });
+  int rc =
+      uv_tcp_connect(&connect_req_, &tcp_, address->ai_addr, [](uv_connect_t* req, int status) {
+        static_cast<Connection*>(req->data)->on_connected(status);
+      });
   if (rc < 0) on_connected(rc);
 }
 
@@ -653,7 +654,8 @@ void Connection::finish(const Error& error) {
   state_ = State::closed;
   close_error_ = error;
   if (error.code != make_error_code(ClientError::closed_by_client)) {
-    if (auto* log = logger()) log->warn("connection to {} ended: {}", options_.uri.redacted(), error.message());
+    if (auto* log = logger())
+      log->warn("connection to {} ended: {}", options_.uri.redacted(), error.message());
   }
   // Best effort: get a pending close or close-ok out before the socket goes; over TLS, then
   // close_notify (or the alert of a failed handshake).
@@ -681,7 +683,8 @@ void Connection::finish(const Error& error) {
     if (channel) channels.push_back(std::move(channel));
   }
   channels_.clear();
-  for (auto& channel : channels) channel->terminate(error);
+  for (auto& channel : channels)
+    channel->terminate(error);
 
   if (previous == State::resolving || previous == State::connecting ||
       previous == State::tls_handshaking || previous == State::handshaking) {
@@ -692,7 +695,8 @@ void Connection::finish(const Error& error) {
     if (handler) handler(error);
   }
   std::vector<CompletionCallback> closed = std::move(on_closed_);
-  for (auto& callback : closed) callback(Error{});
+  for (auto& callback : closed)
+    callback(Error{});
 }
 
 void Connection::close_handle(uv_handle_t* handle) {

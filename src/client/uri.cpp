@@ -62,8 +62,8 @@ void apply_query(Uri& uri, std::string_view query) {
     } else if (key == "channel_max") {
       uri.channel_max = parse_number<uint16_t>(value, "channel_max", 1, 65535);
     } else if (key == "connection_timeout") {
-      uri.connect_timeout =
-          std::chrono::milliseconds(parse_number<uint32_t>(value, "connection_timeout", 1, 86400000));
+      uri.connect_timeout = std::chrono::milliseconds(
+          parse_number<uint32_t>(value, "connection_timeout", 1, 86400000));
     } else if (key == "cacertfile") {
       uri.ca_file = value;
     } else if (key == "verify") {
@@ -120,8 +120,9 @@ Uri parse_uri(std::string_view text) {
     authority = authority.substr(at + 1);
     size_t colon = userinfo.find(':');
     uri.user = percent_decode(userinfo.substr(0, colon), "user name");
-    uri.password =
-        colon == std::string_view::npos ? "" : percent_decode(userinfo.substr(colon + 1), "password");
+    uri.password = colon == std::string_view::npos
+                       ? ""
+                       : percent_decode(userinfo.substr(colon + 1), "password");
   }
 
   std::string_view host = authority;

@@ -9,8 +9,7 @@ bool starts_with(std::string_view text, std::string_view prefix) {
   return text.substr(0, prefix.size()) == prefix;
 }
 
-std::optional<std::string_view> string_field(const amqp::FieldTable& table,
-                                              std::string_view name) {
+std::optional<std::string_view> string_field(const amqp::FieldTable& table, std::string_view name) {
   const amqp::FieldValue* value = table.find(name);
   return value != nullptr ? value->as_string() : std::nullopt;
 }
@@ -37,8 +36,8 @@ void read_x_death(const amqp::FieldValue& x_death, std::string_view queue, Attem
                   std::string& exchange, std::optional<std::string>& routing_key) {
   const auto* entries = x_death.get_if<amqp::FieldArray>();
   if (entries == nullptr) {
-    note_malformed(info, std::string("x-death is not an array (type '") + x_death.type_letter() +
-                             "')");
+    note_malformed(info,
+                   std::string("x-death is not an array (type '") + x_death.type_letter() + "')");
     return;
   }
   bool found = false;
@@ -55,8 +54,8 @@ void read_x_death(const amqp::FieldValue& x_death, std::string_view queue, Attem
     const amqp::FieldValue* count = entry->find("count");
     std::optional<int64_t> n = count != nullptr ? count->as_int64() : std::nullopt;
     if (!n || *n < 0) {
-      note_malformed(info, "x-death[" + std::to_string(i) +
-                               "].count is not a non-negative integer");
+      note_malformed(info,
+                     "x-death[" + std::to_string(i) + "].count is not a non-negative integer");
       continue;
     }
     // RabbitMQ keeps one entry per {queue, reason}; the first is the most recent.
@@ -172,7 +171,8 @@ std::string truncate_utf8(std::string_view text, size_t max_bytes) {
   if (text.size() <= max_bytes) return std::string(text);
   size_t end = max_bytes;
   // Step back over continuation bytes (10xxxxxx) to the start of the cut character.
-  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80)
+    --end;
   return std::string(text.substr(0, end));
 }
 

@@ -45,8 +45,7 @@ const char* to_string(Action action) {
   return "unknown";
 }
 
-Decision decide(const topology::Service& service, const AttemptInfo& info,
-                const Outcome& outcome) {
+Decision decide(const topology::Service& service, const AttemptInfo& info, const Outcome& outcome) {
   switch (outcome.kind) {
     case OutcomeKind::ack:
       return Decision{Action::ack, {}, ParkReason::exhausted, {}};

@@ -17,7 +17,8 @@ WorkerPool::WorkerPool(uv_loop_t* loop, size_t max_threads)
       std::lock_guard<std::mutex> lock(handle->shared->mutex);
       finished.swap(handle->shared->finished);
     }
-    for (auto& done : finished) done();
+    for (auto& done : finished)
+      done();
   });
   shared_->async = &handle_->async;
 }

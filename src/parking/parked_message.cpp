@@ -88,7 +88,8 @@ std::pair<std::string, std::string> parse_where(const std::string& text) {
   if (equals == std::string::npos) {
     throw std::invalid_argument("--where \"" + text + "\": write HEADER=VALUE");
   }
-  if (equals == 0) throw std::invalid_argument("--where \"" + text + "\": the header name is empty");
+  if (equals == 0)
+    throw std::invalid_argument("--where \"" + text + "\": the header name is empty");
   return {text.substr(0, equals), text.substr(equals + 1)};
 }
 
@@ -99,9 +100,12 @@ amqp::BasicProperties make_replay_copy(const amqp::BasicProperties& properties) 
   if (const amqp::FieldValue* previous = headers.find(header::replays)) {
     replays = previous->as_int64().value_or(0);
   }
-  headers.erase_if(
-      [](const std::string& name) { return consumer::is_death_header(name) || is_parking_header(name); });
-  const int64_t next = replays < 0 ? 1 : replays == std::numeric_limits<int64_t>::max() ? replays : replays + 1;
+  headers.erase_if([](const std::string& name) {
+    return consumer::is_death_header(name) || is_parking_header(name);
+  });
+  const int64_t next = replays < 0                                      ? 1
+                       : replays == std::numeric_limits<int64_t>::max() ? replays
+                                                                        : replays + 1;
   headers.set(std::string(header::replays), next);
   return copy;
 }

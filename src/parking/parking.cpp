@@ -59,7 +59,8 @@ void queue_depths(const std::shared_ptr<client::Connection>& connection,
           client::QueueOptions passive;
           passive.passive = true;
           Error e = channel->queue_declare(
-              queue, passive, [state, queue, channel](const Error& error, const client::QueueInfo& info) {
+              queue, passive,
+              [state, queue, channel](const Error& error, const client::QueueInfo& info) {
                 if (!error) {
                   state->depths[queue] = info.message_count;
                   channel->close();
@@ -110,7 +111,8 @@ Error stats(const std::shared_ptr<client::Connection>& connection, const topolog
       connection, topology::parking_queue_name(service.name), default_window,
       [counts](ParkedMessage& parked) {
         Stats& stats = counts->stats;
-        if (parked.parked_at && (!stats.oldest_parked_at || *parked.parked_at < *stats.oldest_parked_at)) {
+        if (parked.parked_at &&
+            (!stats.oldest_parked_at || *parked.parked_at < *stats.oldest_parked_at)) {
           stats.oldest_parked_at = parked.parked_at;
         }
         ++stats.by_reason[parked.reason.empty() ? "(none)" : parked.reason];
@@ -197,48 +199,49 @@ Error replay(const std::shared_ptr<client::Connection>& connection,
              const topology::Service& service, ReplayOptions options, ReplayCallback callback,
              std::shared_ptr<Replay>* handle, ProgressHandler on_progress) {
   if (!connection || !connection->is_open()) return Error(ClientError::not_open);
-  std::string target = options.to_queue.empty() ? topology::input_queue_name(service)
-                                                : options.to_queue;
+  std::string target =
+      options.to_queue.empty() ? topology::input_queue_name(service) : options.to_queue;
   auto run = std::make_shared<ReplayRun>(std::move(options), target);
   if (handle != nullptr) *handle = run;
   const std::string parking = topology::parking_queue_name(service.name);
   // The target must exist: a copy to a missing queue would only come back as a return.
-  queue_depths(connection, {target}, [connection, run, parking, target,
-                                      callback = std::move(callback),
-                                      on_progress = std::move(on_progress)](
-                                         std::map<std::string, uint32_t> depths) mutable {
-    if (run->stopped_) {  // interrupted before it began
-      run->result_.interrupted = true;
-      if (callback) callback(run->result_);
-      return;
-    }
-    if (depths.count(target) == 0) {
-      run->result_.error = Error(ClientError::not_found, "the target queue " + target + " does not exist");
-      if (callback) callback(run->result_);
-      return;
-    }
-    std::shared_ptr<Walker> walker;
-    Error error = Walker::start(
-        connection, parking, run->options_.window,
-        [run](ParkedMessage& parked) { return run->decide(parked); },
-        [run, callback](const Error& error, const Progress& progress, bool interrupted) {
-          run->result_.progress = run->merge(progress);
-          run->result_.interrupted = interrupted;
+  queue_depths(
+      connection, {target},
+      [connection, run, parking, target, callback = std::move(callback),
+       on_progress = std::move(on_progress)](std::map<std::string, uint32_t> depths) mutable {
+        if (run->stopped_) {  // interrupted before it began
+          run->result_.interrupted = true;
+          if (callback) callback(run->result_);
+          return;
+        }
+        if (depths.count(target) == 0) {
+          run->result_.error =
+              Error(ClientError::not_found, "the target queue " + target + " does not exist");
+          if (callback) callback(run->result_);
+          return;
+        }
+        std::shared_ptr<Walker> walker;
+        Error error = Walker::start(
+            connection, parking, run->options_.window,
+            [run](ParkedMessage& parked) { return run->decide(parked); },
+            [run, callback](const Error& error, const Progress& progress, bool interrupted) {
+              run->result_.progress = run->merge(progress);
+              run->result_.interrupted = interrupted;
+              run->result_.error = error;
+              if (callback) callback(run->result_);
+            },
+            [run, on_progress](const Progress& progress) {
+              const Progress& merged = run->merge(progress);
+              if (on_progress) on_progress(merged);
+            },
+            &walker);
+        if (error) {
           run->result_.error = error;
           if (callback) callback(run->result_);
-        },
-        [run, on_progress](const Progress& progress) {
-          const Progress& merged = run->merge(progress);
-          if (on_progress) on_progress(merged);
-        },
-        &walker);
-    if (error) {
-      run->result_.error = error;
-      if (callback) callback(run->result_);
-      return;
-    }
-    run->walker_ = walker;
-  });
+          return;
+        }
+        run->walker_ = walker;
+      });
   return {};
 }
 

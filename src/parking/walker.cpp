@@ -13,9 +13,10 @@ constexpr uint64_t kTickMs = 250;
 
 }  // namespace
 
-Walker::Walker(std::shared_ptr<client::Connection> connection, std::string queue,
-               uint16_t window)
-    : connection_(std::move(connection)), queue_(std::move(queue)), window_(window == 0 ? 1 : window) {}
+Walker::Walker(std::shared_ptr<client::Connection> connection, std::string queue, uint16_t window)
+    : connection_(std::move(connection)),
+      queue_(std::move(queue)),
+      window_(window == 0 ? 1 : window) {}
 
 Error Walker::start(const std::shared_ptr<client::Connection>& connection, std::string queue,
                     uint16_t window, Visitor visitor, DoneCallback done,
@@ -60,9 +61,9 @@ void Walker::on_channel(std::shared_ptr<client::Channel> channel) {
         if (!self || self->reported_) return;
         if (error) {
           if (error.reply_code == 404) {
-            return self->fail(Error(ClientError::not_found,
-                                    "queue " + self->queue_ +
-                                        " does not exist (run `retryloop topology apply`)"));
+            return self->fail(Error(
+                ClientError::not_found,
+                "queue " + self->queue_ + " does not exist (run `retryloop topology apply`)"));
           }
           return self->fail(error);
         }

@@ -38,8 +38,8 @@ class Walker : public std::enable_shared_from_this<Walker> {
       std::function<void(const client::Error& error, const Progress& progress, bool interrupted)>;
 
   static client::Error start(const std::shared_ptr<client::Connection>& connection,
-                             std::string queue, uint16_t window, Visitor visitor,
-                             DoneCallback done, ProgressHandler on_progress = {},
+                             std::string queue, uint16_t window, Visitor visitor, DoneCallback done,
+                             ProgressHandler on_progress = {},
                              std::shared_ptr<Walker>* handle = nullptr);
 
   /// Reads no more; what is in flight settles, then `done` fires with interrupted = true.

@@ -23,7 +23,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ParseResult result = parse_topology(text, "fuzz.json");
   if (!result.ok()) {
     check(!result.errors.empty());
-    for (const auto& error : result.errors) check(!error.message.empty());
+    for (const auto& error : result.errors)
+      check(!error.message.empty());
     check(result.messages().size() == result.errors.size());
     return 0;
   }

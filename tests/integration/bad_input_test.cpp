@@ -36,8 +36,8 @@ Attempt connect_to(const std::string& script, bool close_after,
   {
     test::FakeServer server(loop.get(), script, close_after);
     client::ConnectionOptions options;
-    options.uri = client::parse_uri("amqp://guest:guest@127.0.0.1:" +
-                                    std::to_string(server.port()) + "/");
+    options.uri =
+        client::parse_uri("amqp://guest:guest@127.0.0.1:" + std::to_string(server.port()) + "/");
     options.connect_timeout = timeout;
     auto connection = client::Connection::create(loop.get(), options);
     REQUIRE_FALSE(connection->connect([&](const Error& error) {
@@ -52,9 +52,13 @@ Attempt connect_to(const std::string& script, bool close_after,
   return attempt;
 }
 
-std::string golden_start() { return amqp::test::from_hex(amqp::test::kConnectionStart310); }
+std::string golden_start() {
+  return amqp::test::from_hex(amqp::test::kConnectionStart310);
+}
 
-bool is(const Error& error, ClientError code) { return error.code == make_error_code(code); }
+bool is(const Error& error, ClientError code) {
+  return error.code == make_error_code(code);
+}
 
 }  // namespace
 
@@ -72,8 +76,8 @@ TEST_CASE("A server that answers with garbage ends the connection with a protoco
   CHECK_THAT(bad_end.error.message(), Catch::Contains("frame end"));
 
   // A frame header announcing 4 GiB: refused from the header alone, nothing allocated.
-  Attempt huge = connect_to(std::string("\x01\x00\x00\xff\xff\xff\xff", 7) + std::string(64, 'x'),
-                            false);
+  Attempt huge =
+      connect_to(std::string("\x01\x00\x00\xff\xff\xff\xff", 7) + std::string(64, 'x'), false);
   INFO(huge.error.message());
   CHECK(is(huge.error, ClientError::protocol_error));
 
@@ -144,25 +148,30 @@ TEST_CASE("Wrong parking command lines give a clear message and their documented
     return std::make_pair(code, child.err() + child.out());
   };
   const std::string url = test::broker_url();
-  const std::string wrong_password = "amqp://guest:not-the-password@" + url.substr(url.find('@') + 1);
+  const std::string wrong_password =
+      "amqp://guest:not-the-password@" + url.substr(url.find('@') + 1);
 
   auto [unknown_flag, unknown_flag_text] = run({"list", "--bogus", "-t", file.string(), name});
   CHECK(unknown_flag == 1);
   CHECK_THAT(unknown_flag_text, Catch::Contains("--bogus"));
 
-  auto [bad_url, bad_url_text] = run({"list", "-t", file.string(), name, "--url", "amqp://h:notaport/"});
+  auto [bad_url, bad_url_text] =
+      run({"list", "-t", file.string(), name, "--url", "amqp://h:notaport/"});
   CHECK(bad_url == 1);
   CHECK_THAT(bad_url_text, Catch::Contains("URL"));
 
-  auto [missing, missing_text] = run({"stats", "-t", "/nonexistent/topology.json", name, "--url", url});
+  auto [missing, missing_text] =
+      run({"stats", "-t", "/nonexistent/topology.json", name, "--url", url});
   CHECK(missing == 2);
   CHECK_THAT(missing_text, Catch::Contains("/nonexistent/topology.json"));
 
-  auto [unknown, unknown_text] = run({"stats", "-t", file.string(), "no-such-service", "--url", url});
+  auto [unknown, unknown_text] =
+      run({"stats", "-t", file.string(), "no-such-service", "--url", url});
   CHECK(unknown == 1);
   CHECK_THAT(unknown_text, Catch::Contains("no-such-service"));
 
-  auto [password, password_text] = run({"list", "-t", file.string(), name, "--url", wrong_password});
+  auto [password, password_text] =
+      run({"list", "-t", file.string(), name, "--url", wrong_password});
   CHECK(password == 4);
   CHECK_THAT(password_text, Catch::Contains("user name or password"));
   CHECK_THAT(password_text, !Catch::Contains("not-the-password"));

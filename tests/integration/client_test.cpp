@@ -55,7 +55,9 @@ std::optional<GetResult> get_one(TestLoop& loop, Channel& channel, const std::st
   return result;
 }
 
-uint16_t broker_port() { return parse_uri(test::broker_url()).port; }
+uint16_t broker_port() {
+  return parse_uri(test::broker_url()).port;
+}
 
 }  // namespace
 
@@ -126,9 +128,8 @@ TEST_CASE("A client connects, declares, publishes, consumes, acks and closes cle
   }));
   REQUIRE(loop.run_until([&] { return deleted; }));
   CHECK(purged == 0);
-  REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) {
-    return channel->exchange_delete(exchange, false, cb);
-  }));
+  REQUIRE_FALSE(test::wait(
+      loop, [&](CompletionCallback cb) { return channel->exchange_delete(exchange, false, cb); }));
   REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) { return channel->close(cb); }));
   CHECK_FALSE(channel->is_open());
   CHECK(channel->ack(1).code == make_error_code(ClientError::closed_by_client));
@@ -243,11 +244,12 @@ TEST_CASE("A missing queue reports 404 for passive declare, consume and get",
   channel = test::open_channel(loop, *connection);
   Error consume_error;
   done = false;
-  REQUIRE_FALSE(channel->consume(queue, {}, [](Delivery&&) {},
-                                 [&](const Error& e, const std::string&) {
-                                   consume_error = e;
-                                   done = true;
-                                 }));
+  REQUIRE_FALSE(channel->consume(
+      queue, {}, [](Delivery&&) {},
+      [&](const Error& e, const std::string&) {
+        consume_error = e;
+        done = true;
+      }));
   REQUIRE(loop.run_until([&] { return done; }));
   CHECK(consume_error.reply_code == 404);
 
@@ -275,11 +277,12 @@ TEST_CASE("Deleting a queue cancels its consumer and the application is told",
   ConsumeOptions options;
   options.on_cancel = [&](const std::string& tag) { cancelled = tag; };
   std::string tag;
-  REQUIRE_FALSE(channel->consume(queue, options, [](Delivery&&) {},
-                                 [&](const Error& e, const std::string& t) {
-                                   REQUIRE_FALSE(e);
-                                   tag = t;
-                                 }));
+  REQUIRE_FALSE(channel->consume(
+      queue, options, [](Delivery&&) {},
+      [&](const Error& e, const std::string& t) {
+        REQUIRE_FALSE(e);
+        tag = t;
+      }));
   REQUIRE(loop.run_until([&] { return !tag.empty(); }));
 
   auto other = test::open_channel(loop, *connection);
@@ -379,7 +382,8 @@ TEST_CASE("A 10 MB message crosses a connection with frame_max 4096 intact",
   REQUIRE_FALSE(
       test::wait(loop, [&](CompletionCallback cb) { return channel->confirm_select(cb); }));
   std::string body(10 * 1024 * 1024, '\0');
-  for (size_t i = 0; i < body.size(); ++i) body[i] = static_cast<char>((i * 2654435761u) >> 13);
+  for (size_t i = 0; i < body.size(); ++i)
+    body[i] = static_cast<char>((i * 2654435761u) >> 13);
   auto outcome = publish_and_wait(loop, *channel, "", queue, body, Mandatory::yes);
   REQUIRE(outcome.ok());
   auto got = get_one(loop, *channel, queue);
@@ -406,13 +410,13 @@ TEST_CASE("Ack, nack and reject settle single and multiple deliveries", "[client
   }
   std::vector<Delivery> deliveries;
   auto consumer = test::open_channel(loop, *connection);
-  REQUIRE_FALSE(consumer->consume(queue, {}, [&](Delivery&& d) { deliveries.push_back(std::move(d)); },
-                                  {}));
+  REQUIRE_FALSE(
+      consumer->consume(queue, {}, [&](Delivery&& d) { deliveries.push_back(std::move(d)); }, {}));
   REQUIRE(loop.run_until([&] { return deliveries.size() == 6; }));
-  CHECK_FALSE(consumer->ack(deliveries[1].delivery_tag, true));                // 0 and 1
-  CHECK_FALSE(consumer->reject(deliveries[2].delivery_tag, false));            // 2 dropped
-  CHECK_FALSE(consumer->nack(deliveries[4].delivery_tag, true, true));          // 3, 4 back
-  CHECK_FALSE(consumer->nack(deliveries[5].delivery_tag, false, false));        // 5 dropped
+  CHECK_FALSE(consumer->ack(deliveries[1].delivery_tag, true));           // 0 and 1
+  CHECK_FALSE(consumer->reject(deliveries[2].delivery_tag, false));       // 2 dropped
+  CHECK_FALSE(consumer->nack(deliveries[4].delivery_tag, true, true));    // 3, 4 back
+  CHECK_FALSE(consumer->nack(deliveries[5].delivery_tag, false, false));  // 5 dropped
   REQUIRE(loop.run_until([&] { return deliveries.size() == 8; }));
   CHECK(deliveries[6].redelivered);
   CHECK(deliveries[6].message.body == "3");
@@ -422,7 +426,8 @@ TEST_CASE("Ack, nack and reject settle single and multiple deliveries", "[client
   CHECK(test::queue_depth(loop, *connection, queue) == 0);
 
   // purge reports the count; unbind and exchange bindings work.
-  for (int i = 0; i < 3; ++i) REQUIRE(publish_and_wait(loop, *channel, "", queue, "p").ok());
+  for (int i = 0; i < 3; ++i)
+    REQUIRE(publish_and_wait(loop, *channel, "", queue, "p").ok());
   uint32_t purged = 0;
   bool done = false;
   REQUIRE_FALSE(channel->queue_purge(queue, [&](const Error& e, uint32_t n) {
@@ -459,9 +464,8 @@ TEST_CASE("Ack, nack and reject settle single and multiple deliveries", "[client
         PublishStatus::returned);
   CHECK(test::queue_depth(loop, *connection, queue) == 1);
   for (auto& name : {source, destination}) {
-    REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) {
-      return channel->exchange_delete(name, false, cb);
-    }));
+    REQUIRE_FALSE(test::wait(
+        loop, [&](CompletionCallback cb) { return channel->exchange_delete(name, false, cb); }));
   }
   REQUIRE_FALSE(channel->queue_delete(queue, false, false, {}));
   test::close(loop, connection);
@@ -555,7 +559,8 @@ TEST_CASE("A memory alarm blocks publishing and the application is told, then un
   CHECK_FALSE(confirmed);
 
   REQUIRE(test::broker_ctl("set_vm_memory_high_watermark 0.4") == 0);
-  REQUIRE(loop.run_until([&] { return events.size() >= 2 && confirmed; }, std::chrono::seconds(20)));
+  REQUIRE(
+      loop.run_until([&] { return events.size() >= 2 && confirmed; }, std::chrono::seconds(20)));
   CHECK_FALSE(events[1].first);
   CHECK_FALSE(connection->is_blocked());
   REQUIRE_FALSE(channel->queue_delete(queue, false, false, {}));

@@ -1,8 +1,8 @@
 // The consumer as a separate process (examples/demo_consumer): killed with SIGKILL mid-stream and
 // started again, it loses nothing; SIGTERM stops it gracefully.
 
-#include <catch2/catch.hpp>
 #include <signal.h>
+#include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -34,9 +34,9 @@ struct TopologyFile {
   topology::Service service;
 
   TopologyFile(const std::string& name, const std::string& retry) {
-    const std::string json = R"({"services": [{"name": ")" + name + R"(", "input": {"exchange": ")" +
-                             name + R"(.in", "type": "direct", "bindings": ["key"]}, "retry": {)" +
-                             retry + "}}]}";
+    const std::string json =
+        R"({"services": [{"name": ")" + name + R"(", "input": {"exchange": ")" + name +
+        R"(.in", "type": "direct", "bindings": ["key"]}, "retry": {)" + retry + "}}]}";
     path = (std::filesystem::temp_directory_path() / (name + ".json")).string();
     std::ofstream(path) << json;
     topology::ParseResult parsed = topology::parse_topology(json);
@@ -149,7 +149,8 @@ TEST_CASE("A consumer killed with SIGKILL mid-stream and started again loses not
   INFO(second.err());
 
   std::set<std::string> acked = acked_ids(first_output);
-  for (const auto& id : acked_ids(second.out())) acked.insert(id);
+  for (const auto& id : acked_ids(second.out()))
+    acked.insert(id);
   std::set<std::string> missing;
   for (const auto& id : expect_acked)
     if (acked.count(id) == 0) missing.insert(id);

@@ -32,12 +32,13 @@ namespace {
 /// A service with unique names: input exchange `<name>.in` (direct, key `key`).
 topology::Service make_service(const std::string& name, const std::string& retry,
                                const std::string& extra = "") {
-  std::string json = R"({"services": [{"name": ")" + name + R"(", "input": {"exchange": ")" +
-                     name + R"(.in", "type": "direct", "bindings": ["key"]}, "retry": {)" + retry +
-                     "}" + (extra.empty() ? "" : ", " + extra) + "}]}";
+  std::string json = R"({"services": [{"name": ")" + name + R"(", "input": {"exchange": ")" + name +
+                     R"(.in", "type": "direct", "bindings": ["key"]}, "retry": {)" + retry + "}" +
+                     (extra.empty() ? "" : ", " + extra) + "}]}";
   topology::ParseResult parsed = topology::parse_topology(json);
   std::string problems;
-  for (const auto& line : parsed.messages()) problems += line + "\n";
+  for (const auto& line : parsed.messages())
+    problems += line + "\n";
   INFO(problems);
   REQUIRE(parsed.ok());
   return parsed.topology->services.at(0);
@@ -56,8 +57,8 @@ class Recorder {
  public:
   void add(const consumer::Message& message) {
     std::lock_guard<std::mutex> lock(mutex_);
-    calls_.push_back(Call{std::string(message.message_id()), message.attempt,
-                          message.redelivered, Clock::now()});
+    calls_.push_back(Call{std::string(message.message_id()), message.attempt, message.redelivered,
+                          Clock::now()});
   }
   std::vector<Call> calls() const {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -175,7 +176,8 @@ Outcome scripted(const consumer::Message& message) {
   if (id.substr(0, 9) == "permanent") return Outcome::permanent("no such customer");
   if (id.substr(0, 6) == "poison") return Outcome::poison("cannot decode the body");
   size_t colon = id.rfind(':');
-  int64_t fail_times = colon == std::string_view::npos ? 0 : std::stoll(std::string(id.substr(colon + 1)));
+  int64_t fail_times =
+      colon == std::string_view::npos ? 0 : std::stoll(std::string(id.substr(colon + 1)));
   if (message.attempt <= fail_times) {
     return Outcome::retry("failure " + std::to_string(message.attempt));
   }
@@ -184,13 +186,14 @@ Outcome scripted(const consumer::Message& message) {
 
 }  // namespace
 
-TEST_CASE("Reject mode with max_attempts 3 runs the handler 3 times a delay apart, then parks it "
-          "byte-identical",
-          "[retry][integration]") {
+TEST_CASE(
+    "Reject mode with max_attempts 3 runs the handler 3 times a delay apart, then parks it "
+    "byte-identical",
+    "[retry][integration]") {
   TestLoop loop;
   Broker broker(loop);
-  const auto service =
-      make_service(test::unique_name("rj"), R"("mode": "reject", "delays": ["300ms"], "max_attempts": 3)");
+  const auto service = make_service(test::unique_name("rj"),
+                                    R"("mode": "reject", "delays": ["300ms"], "max_attempts": 3)");
   Recorder recorder;
   auto c = start(loop, options_for(service), [&](const consumer::Message& m) {
     recorder.add(m);
@@ -219,7 +222,8 @@ TEST_CASE("Reject mode with max_attempts 3 runs the handler 3 times a delay apar
 
   auto calls = recorder.of("m-1");
   REQUIRE(calls.size() == 3);
-  for (size_t i = 0; i < calls.size(); ++i) CHECK(calls[i].attempt == int64_t(i) + 1);
+  for (size_t i = 0; i < calls.size(); ++i)
+    CHECK(calls[i].attempt == int64_t(i) + 1);
   for (size_t i = 1; i < calls.size(); ++i) {
     auto gap = std::chrono::duration_cast<std::chrono::milliseconds>(calls[i].at - calls[i - 1].at);
     CHECK(gap >= 300ms);
@@ -263,9 +267,9 @@ TEST_CASE("Republish mode walks the backoff tiers and the attempt count survives
           "[retry][integration]") {
   TestLoop loop;
   Broker broker(loop);
-  const auto service = make_service(
-      test::unique_name("rp"),
-      R"("mode": "republish", "delays": ["100ms", "300ms", "1s"], "max_attempts": 5)");
+  const auto service =
+      make_service(test::unique_name("rp"),
+                   R"("mode": "republish", "delays": ["100ms", "300ms", "1s"], "max_attempts": 5)");
   Recorder recorder;
   auto c = start(loop, options_for(service), [&](const consumer::Message& m) {
     recorder.add(m);
@@ -327,21 +331,23 @@ TEST_CASE("Permanent and poison outcomes park on the first attempt", "[retry][in
     reasons[*p.message.properties.message_id] = header_string(p, "retryloop-reason");
     CHECK(header_int(p, "retryloop-attempts") == 1);
   }
-  CHECK(reasons == std::map<std::string, std::string>{{"permanent-1", "permanent"},
-                                                      {"poison-1", "poison"}});
+  CHECK(reasons ==
+        std::map<std::string, std::string>{{"permanent-1", "permanent"}, {"poison-1", "poison"}});
   CHECK(c->metrics().parked_permanent == 1);
   CHECK(c->metrics().parked_poison == 1);
 }
 
-TEST_CASE("A second queue on the input exchange gets each message exactly once, however many "
-          "retries",
-          "[retry][integration]") {
+TEST_CASE(
+    "A second queue on the input exchange gets each message exactly once, however many "
+    "retries",
+    "[retry][integration]") {
   const std::string mode = GENERATE(std::string("reject"), std::string("republish"));
   INFO("mode " << mode);
   TestLoop loop;
   Broker broker(loop);
-  const auto service = make_service(test::unique_name("iso"), R"("mode": ")" + mode +
-                                                                  R"(", "delays": ["100ms"], "max_attempts": 4)");
+  const auto service =
+      make_service(test::unique_name("iso"),
+                   R"("mode": ")" + mode + R"(", "delays": ["100ms"], "max_attempts": 4)");
   Recorder recorder;
   auto c = start(loop, options_for(service), [&](const consumer::Message& m) {
     recorder.add(m);
@@ -366,15 +372,17 @@ TEST_CASE("A second queue on the input exchange gets each message exactly once, 
   CHECK(recorder.size() == 15);
   auto copies = broker.drain(audit);
   std::multiset<std::string> seen;
-  for (const auto& m : copies) seen.insert(*m.message.properties.message_id);
+  for (const auto& m : copies)
+    seen.insert(*m.message.properties.message_id);
   CHECK(seen == std::multiset<std::string>(ids.begin(), ids.end()));
   CHECK(broker.depth(topology::input_queue_name(service)) == 0);
   CHECK(broker.depth(topology::parking_queue_name(service.name)) == 0);
 }
 
-TEST_CASE("A forged x-death neither crashes nor loops: the message is handled once and parked as "
-          "poison if it fails",
-          "[retry][integration]") {
+TEST_CASE(
+    "A forged x-death neither crashes nor loops: the message is handled once and parked as "
+    "poison if it fails",
+    "[retry][integration]") {
   TestLoop loop;
   Broker broker(loop);
   const auto service = make_service(test::unique_name("forged"),
@@ -402,7 +410,8 @@ TEST_CASE("A forged x-death neither crashes nor loops: the message is handled on
   loop.run_for(300ms);
   stop(loop, c);
   CHECK(recorder.size() == 3);  // once each: no loop
-  for (const auto& call : recorder.calls()) CHECK(call.attempt == 1);
+  for (const auto& call : recorder.calls())
+    CHECK(call.attempt == 1);
   auto parked = broker.drain(topology::parking_queue_name(service.name));
   REQUIRE(parked.size() == 2);
   for (const auto& p : parked) {
@@ -417,9 +426,9 @@ TEST_CASE("A parking copy the broker refuses leaves the original unacked and not
           "[retry][integration]") {
   TestLoop loop;
   Broker broker(loop);
-  const auto service =
-      make_service(test::unique_name("full"), R"("mode": "reject", "delays": ["1s"], "max_attempts": 2)",
-                   R"("parking": {"max_length": 1})");
+  const auto service = make_service(test::unique_name("full"),
+                                    R"("mode": "reject", "delays": ["1s"], "max_attempts": 2)",
+                                    R"("parking": {"max_length": 1})");
   auto options = options_for(service);
   options.publish_retry = consumer::Backoff{100ms, 200ms, 2.0, 0.0};
   auto c = start(loop, options, scripted);
@@ -539,13 +548,15 @@ TEST_CASE("A consumer whose queue is deleted is cancelled by the broker and reco
   CHECK(recorder.of("after-recovery").size() == 1);
 }
 
-TEST_CASE("Closing every connection from the broker mid-stream recovers by itself and loses "
-          "nothing",
-          "[retry][integration][broker-wide]") {
+TEST_CASE(
+    "Closing every connection from the broker mid-stream recovers by itself and loses "
+    "nothing",
+    "[retry][integration][broker-wide]") {
   TestLoop loop;
   auto broker = std::make_unique<Broker>(loop);
-  const auto service = make_service(test::unique_name("closeall"),
-                                    R"("mode": "republish", "delays": ["200ms"], "max_attempts": 3)");
+  const auto service =
+      make_service(test::unique_name("closeall"),
+                   R"("mode": "republish", "delays": ["200ms"], "max_attempts": 3)");
   std::set<std::string> acked;
   auto options = options_for(service);
   options.prefetch = 50;
@@ -598,8 +609,8 @@ TEST_CASE("Under a memory alarm acks keep flowing while retry copies wait, and r
           "[retry][integration][broker-wide]") {
   TestLoop loop;
   Broker broker(loop);
-  const auto service = make_service(test::unique_name("alarm"),
-                                    R"("mode": "republish", "delays": ["200ms"], "max_attempts": 3)");
+  const auto service = make_service(
+      test::unique_name("alarm"), R"("mode": "republish", "delays": ["200ms"], "max_attempts": 3)");
   broker.apply(service);
   for (int i = 0; i < 40; ++i) {
     broker.publish("", topology::input_queue_name(service),
@@ -664,15 +675,17 @@ TEST_CASE("The parking hooks tell of each parked message and of the depth crossi
 
   CHECK(broker.drain(parking).size() == 3);
   loop.run_for(500ms);  // the consumer sees the depth fall back
-  for (int i = 4; i <= 6; ++i) broker.publish(service.input.exchange, "key", "permanent-" + std::to_string(i), "{}");
+  for (int i = 4; i <= 6; ++i)
+    broker.publish(service.input.exchange, "key", "permanent-" + std::to_string(i), "{}");
   REQUIRE(loop.run_until([&] { return alerts.size() == 2; }, 10s));
   CHECK(alerts[1].depth == 3);
   stop(loop, c);
 }
 
-TEST_CASE("A message whose headers nest 1,000 deep is parked as poison, bytes kept, and the queue "
-          "goes on",
-          "[retry][integration]") {
+TEST_CASE(
+    "A message whose headers nest 1,000 deep is parked as poison, bytes kept, and the queue "
+    "goes on",
+    "[retry][integration]") {
   TestLoop loop;
   Broker broker(loop);
   const auto service = make_service(test::unique_name("deep"),

@@ -1,8 +1,8 @@
 // The parking tools against a real broker: list, stats, replay and purge, through the library
 // and through the retryloop command.
 
-#include <catch2/catch.hpp>
 #include <signal.h>
+#include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -45,8 +45,9 @@ struct ParkedService {
 
   ParkedService(TestLoop& l, const std::string& prefix) : loop(l) {
     const std::string name = test::unique_name(prefix);
-    const std::string json = R"({"services": [{"name": ")" + name + R"(", "input": {"exchange": ")" +
-                             name + R"(.in", "type": "direct", "bindings": ["key"]}, "retry": )" +
+    const std::string json = R"({"services": [{"name": ")" + name +
+                             R"(", "input": {"exchange": ")" + name +
+                             R"(.in", "type": "direct", "bindings": ["key"]}, "retry": )" +
                              R"({"mode": "reject", "delays": ["100ms"], "max_attempts": 3}}]})";
     file = (std::filesystem::temp_directory_path() / (name + ".json")).string();
     std::ofstream(file) << json;
@@ -143,7 +144,8 @@ struct ParkedService {
 
   std::vector<std::string> ids(const std::vector<parking::ParkedMessage>& messages) {
     std::vector<std::string> out;
-    for (const auto& m : messages) out.push_back(m.message_id);
+    for (const auto& m : messages)
+      out.push_back(m.message_id);
     return out;
   }
 
@@ -200,8 +202,8 @@ TEST_CASE("Replaying 10,000 parked messages delivers each once, fresh, and empti
     attempts.push_back(m.attempt);
     const amqp::FieldTable& h = m.headers();
     if (h.find("x-death") || h.find("x-first-death-queue") || h.find("retryloop-reason") ||
-        h.find("retryloop-attempts") || h.find("retryloop-error") || h.find("retryloop-parked-at") ||
-        !h.find("app") || h.find("retryloop-replays") == nullptr ||
+        h.find("retryloop-attempts") || h.find("retryloop-error") ||
+        h.find("retryloop-parked-at") || !h.find("app") || h.find("retryloop-replays") == nullptr ||
         *h.find("retryloop-replays")->as_int64() != 1) {
       headers_fresh = false;
     }
@@ -225,7 +227,8 @@ TEST_CASE("Replaying 10,000 parked messages delivers each once, fresh, and empti
 
   CHECK(handled.size() == count);
   size_t duplicates = 0;
-  for (const auto& [id, times] : handled) duplicates += times != 1;
+  for (const auto& [id, times] : handled)
+    duplicates += times != 1;
   CHECK(duplicates == 0);
   CHECK(headers_fresh);
   // Fresh on RabbitMQ 3.10 too: its old x-death said two failures, the consumer counts none.
@@ -265,7 +268,8 @@ TEST_CASE("replay --where moves only the matching messages and keeps the others 
   }
 }
 
-TEST_CASE("replay --dry-run and purge without --yes change nothing", "[parking][integration][cli]") {
+TEST_CASE("replay --dry-run and purge without --yes change nothing",
+          "[parking][integration][cli]") {
   TestLoop loop;
   ParkedService s(loop, "dry");
   s.park(50, [](size_t i) { return i < 20 ? "poison" : "permanent"; });
@@ -331,7 +335,8 @@ TEST_CASE("replay killed with SIGKILL halfway loses nothing and duplicates at mo
   ParkedService s(loop, "killreplay");
   const size_t count = 15000;
   const size_t window = 100;
-  s.park(count, [](size_t) { return "exhausted"; }, 1024);
+  s.park(
+      count, [](size_t) { return "exhausted"; }, 1024);
 
   auto replay = s.cli({"replay", "--window", std::to_string(window)});
   const auto until = std::chrono::steady_clock::now() + 60s;
@@ -359,6 +364,7 @@ TEST_CASE("replay killed with SIGKILL halfway loses nothing and duplicates at mo
   }
   CHECK(seen.size() == count);
   size_t duplicates = 0;
-  for (const auto& [id, times] : seen) duplicates += size_t(times - 1);
+  for (const auto& [id, times] : seen)
+    duplicates += size_t(times - 1);
   CHECK(duplicates <= window);
 }

@@ -45,7 +45,8 @@ std::string quote(const std::string& name) {
 std::string only(const std::vector<std::string>& names) {
   if (names.empty()) return "^$";
   std::string alternatives;
-  for (const auto& name : names) alternatives += (alternatives.empty() ? "" : "|") + name;
+  for (const auto& name : names)
+    alternatives += (alternatives.empty() ? "" : "|") + name;
   return "^(" + alternatives + ")$";
 }
 
@@ -127,10 +128,13 @@ class Users {
   }
   ~Users() {
     std::string list;
-    for (const auto& name : names_) list += (list.empty() ? "<<\"" : ", <<\"") + name + "\">>";
+    for (const auto& name : names_)
+      list += (list.empty() ? "<<\"" : ", <<\"") + name + "\">>";
     if (test::broker_ctl("eval '[rabbit_auth_backend_internal:delete_user(U, <<\"tests\">>) || "
-                         "U <- [" + list + "]].'") != 0) {
-      for (const auto& name : names_) test::broker_ctl("delete_user '" + name + "'");
+                         "U <- [" +
+                         list + "]].'") != 0) {
+      for (const auto& name : names_)
+        test::broker_ctl("delete_user '" + name + "'");
     }
   }
   Users(const Users&) = delete;
@@ -341,10 +345,11 @@ void consume_and_park(TestLoop& loop, Service& s, const std::string& url, bool d
   CHECK(s.depth(s.queue()) == 0);
 }
 
-TEST_CASE("A consumer that declares its topology works from an empty broker with exactly the "
-          "documented permissions, and stops with a 403 naming the resource and the permission "
-          "when one is missing",
-          "[integration][permissions]") {
+TEST_CASE(
+    "A consumer that declares its topology works from an empty broker with exactly the "
+    "documented permissions, and stops with a 403 naming the resource and the permission "
+    "when one is missing",
+    "[integration][permissions]") {
   TestLoop loop;
   // Each case declares a topology of its own from nothing: RabbitMQ checks some permissions
   // (the dead-letter and alternate exchanges) only when it creates a queue or exchange.
@@ -364,7 +369,8 @@ TEST_CASE("A consumer that declares its topology works from an empty broker with
   Error fatal = fatal_error(loop, no_configure.service, users.url(1), true);
   CHECK_THAT(fatal.message(), Catch::Contains("access to " + in) &&
                                   Catch::Contains("exchange.declare, which needs configure "
-                                                  "permission on " + in));
+                                                  "permission on " +
+                                                  in));
   fatal = fatal_error(loop, no_write.service, users.url(2), true);
   CHECK_THAT(fatal.message(),
              Catch::Contains("queue " + no_write.service.name + ".wait.200ms: ") &&
@@ -373,14 +379,15 @@ TEST_CASE("A consumer that declares its topology works from an empty broker with
                                  "'amq.default'"));
   const std::string read_in = "exchange '" + no_read.service.input.exchange + "'";
   fatal = fatal_error(loop, no_read.service, users.url(3), true);
-  CHECK_THAT(fatal.message(), Catch::Contains("access to " + read_in) &&
-                                  Catch::Contains("queue.bind, which needs read permission on " +
-                                                  read_in));
+  CHECK_THAT(fatal.message(),
+             Catch::Contains("access to " + read_in) &&
+                 Catch::Contains("queue.bind, which needs read permission on " + read_in));
 }
 
-TEST_CASE("A consumer that does not declare its topology needs only the permissions to read its "
-          "queue and write to its parking exchange (and wait exchange in republish mode)",
-          "[integration][permissions]") {
+TEST_CASE(
+    "A consumer that does not declare its topology needs only the permissions to read its "
+    "queue and write to its parking exchange (and wait exchange in republish mode)",
+    "[integration][permissions]") {
   TestLoop loop;
   Service reject(loop, "reject"), republish(loop, "republish");
   std::vector<Permissions> sets;
@@ -407,19 +414,22 @@ TEST_CASE("A consumer that does not declare its topology needs only the permissi
       s->publish(s->service.input.exchange, "key", "park-again");
     });
     CHECK_THAT(fatal.message(), Catch::Contains("basic.publish, which needs write permission on "
-                                                "exchange '" + s->parking() + "'"));
+                                                "exchange '" +
+                                                s->parking() + "'"));
     CHECK(s->drain(s->queue()) == std::vector<std::string>{"park-again"});
 
     // Without read on its queue it cannot consume.
     fatal = fatal_error(loop, s->service, users.url(user++), false);
     CHECK_THAT(fatal.message(), Catch::Contains("basic.consume, which needs read permission on "
-                                                "queue '" + s->queue() + "'"));
+                                                "queue '" +
+                                                s->queue() + "'"));
   }
 }
 
-TEST_CASE("retryloop topology apply, verify and delete work with exactly the documented "
-          "permissions and exit 3 naming what is missing with less",
-          "[integration][permissions]") {
+TEST_CASE(
+    "retryloop topology apply, verify and delete work with exactly the documented "
+    "permissions and exit 3 naming what is missing with less",
+    "[integration][permissions]") {
   TestLoop loop;
   Service s(loop, "reject");
   const Documented d = s.documented();
@@ -457,9 +467,9 @@ TEST_CASE("retryloop topology apply, verify and delete work with exactly the doc
   auto remove = s.cli({"topology", "delete", "--yes"}, users.url(delete_less_user));
   INFO(remove->out() << remove->err());
   CHECK(remove->wait() == 3);
-  CHECK_THAT(remove->out(), Catch::Contains("access to queue '" + s.parking() + "'") &&
-                                Catch::Contains("configure permission on queue '" + s.parking() +
-                                                "'"));
+  CHECK_THAT(remove->out(),
+             Catch::Contains("access to queue '" + s.parking() + "'") &&
+                 Catch::Contains("configure permission on queue '" + s.parking() + "'"));
   CHECK(s.depth(s.parking()) == 0);
 
   remove = s.cli({"topology", "delete", "--yes"}, users.url(delete_user));
@@ -468,9 +478,10 @@ TEST_CASE("retryloop topology apply, verify and delete work with exactly the doc
   CHECK_THAT(remove->out(), Catch::Contains("2 deleted"));
 }
 
-TEST_CASE("retryloop parking list, stats, replay and purge work with exactly the documented "
-          "permissions and exit 3 naming what is missing with less",
-          "[integration][permissions]") {
+TEST_CASE(
+    "retryloop parking list, stats, replay and purge work with exactly the documented "
+    "permissions and exit 3 naming what is missing with less",
+    "[integration][permissions]") {
   TestLoop loop;
   Service s(loop, "reject");
   s.apply();
@@ -485,7 +496,8 @@ TEST_CASE("retryloop parking list, stats, replay and purge work with exactly the
   CHECK(list->wait() == 3);
   CHECK_THAT(list->err(), Catch::Contains("access to queue '" + s.parking() + "'") &&
                               Catch::Contains("basic.consume, which needs read permission on "
-                                              "queue '" + s.parking() + "'"));
+                                              "queue '" +
+                                              s.parking() + "'"));
 
   list = s.cli({"parking", "list"}, users.url(read_user));
   INFO(list->out() << list->err());

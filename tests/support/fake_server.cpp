@@ -32,12 +32,14 @@ FakeServer::FakeServer(uv_loop_t* loop, std::string script, bool close_after)
 }
 
 FakeServer::~FakeServer() {
-  for (auto& client : clients_) close_client(client.get());
+  for (auto& client : clients_)
+    close_client(client.get());
   uv_close(reinterpret_cast<uv_handle_t*>(&listener_), [](uv_handle_t* handle) {
     static_cast<FakeServer*>(handle->data)->listener_closed_ = true;
   });
   // The handles live in this object: wait for their close callbacks before it goes.
-  while (open_clients_ > 0 || !listener_closed_) uv_run(loop_, UV_RUN_ONCE);
+  while (open_clients_ > 0 || !listener_closed_)
+    uv_run(loop_, UV_RUN_ONCE);
 }
 
 void FakeServer::on_accept() {

@@ -2,21 +2,22 @@
 
 #include <catch2/catch.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
 #include <array>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
-#include <sys/wait.h>
-#include <unistd.h>
 
 namespace retryloop::test {
 
 std::string broker_url() {
   const char* url = std::getenv("RETRYLOOP_TEST_URL");
   if (url == nullptr || *url == '\0') {
-    FAIL("RETRYLOOP_TEST_URL is not set: run the broker tests through scripts/test or "
-         "scripts/with-broker");
+    FAIL(
+        "RETRYLOOP_TEST_URL is not set: run the broker tests through scripts/test or "
+        "scripts/with-broker");
   }
   return url;
 }
@@ -32,7 +33,8 @@ int broker_ctl(const std::string& args, std::string* output) {
   std::array<char, 4096> buffer{};
   std::string text;
   size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) text.append(buffer.data(), n);
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+    text.append(buffer.data(), n);
   int status = pclose(pipe);
   if (output != nullptr) *output = text;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -43,7 +45,9 @@ std::string unique_name(const std::string& prefix) {
   return "test." + prefix + "." + std::to_string(getpid()) + "." + std::to_string(++counter);
 }
 
-TestLoop::TestLoop() { uv_loop_init(&loop_); }
+TestLoop::TestLoop() {
+  uv_loop_init(&loop_);
+}
 
 TestLoop::~TestLoop() {
   uv_walk(
@@ -171,8 +175,8 @@ void declare_queue(TestLoop& loop, client::Channel& channel, const std::string& 
                    client::QueueOptions options) {
   bool done = false;
   client::Error result;
-  client::Error immediate =
-      channel.queue_declare(name, options, [&](const client::Error& error, const client::QueueInfo&) {
+  client::Error immediate = channel.queue_declare(
+      name, options, [&](const client::Error& error, const client::QueueInfo&) {
         result = error;
         done = true;
       });
@@ -190,12 +194,12 @@ uint32_t queue_depth(TestLoop& loop, client::Connection& connection, const std::
   bool done = false;
   client::Error result;
   uint32_t depth = 0;
-  REQUIRE_FALSE(channel->queue_declare(queue, options,
-                                       [&](const client::Error& error, const client::QueueInfo& info) {
-                                         result = error;
-                                         depth = info.message_count;
-                                         done = true;
-                                       }));
+  REQUIRE_FALSE(channel->queue_declare(
+      queue, options, [&](const client::Error& error, const client::QueueInfo& info) {
+        result = error;
+        depth = info.message_count;
+        done = true;
+      }));
   REQUIRE(loop.run_until([&] { return done; }));
   INFO(result.message());
   REQUIRE_FALSE(result);
@@ -208,12 +212,12 @@ void publish_confirmed(TestLoop& loop, client::Channel& channel, const std::stri
                        const std::string& body) {
   bool done = false;
   client::PublishOutcome result;
-  client::Error immediate = channel.publish(exchange, routing_key, properties, body,
-                                            client::Mandatory::yes,
-                                            [&](const client::PublishOutcome& outcome) {
-                                              result = outcome;
-                                              done = true;
-                                            });
+  client::Error immediate =
+      channel.publish(exchange, routing_key, properties, body, client::Mandatory::yes,
+                      [&](const client::PublishOutcome& outcome) {
+                        result = outcome;
+                        done = true;
+                      });
   INFO(immediate.message());
   REQUIRE_FALSE(immediate);
   REQUIRE(loop.run_until([&] { return done; }));
@@ -229,12 +233,12 @@ std::vector<client::GetResult> drain_queue(TestLoop& loop, client::Connection& c
     bool done = false;
     client::Error result;
     std::optional<client::GetResult> got;
-    REQUIRE_FALSE(channel->get(queue, false,
-                               [&](const client::Error& error, std::optional<client::GetResult>&& r) {
-                                 result = error;
-                                 got = std::move(r);
-                                 done = true;
-                               }));
+    REQUIRE_FALSE(channel->get(
+        queue, false, [&](const client::Error& error, std::optional<client::GetResult>&& r) {
+          result = error;
+          got = std::move(r);
+          done = true;
+        }));
     REQUIRE(loop.run_until([&] { return done; }));
     INFO(result.message());
     REQUIRE_FALSE(result);

@@ -1,10 +1,10 @@
 #include "support/process.hpp"
 
-#include <catch2/catch.hpp>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -29,10 +29,10 @@ std::string slurp(const std::string& path) {
 
 ChildProcess::ChildProcess(std::vector<std::string> argv, std::vector<std::string> env) {
   static int counter = 0;
-  const std::string stem = (std::filesystem::temp_directory_path() /
-                            ("retryloop-child-" + std::to_string(getpid()) + "-" +
-                             std::to_string(++counter)))
-                               .string();
+  const std::string stem =
+      (std::filesystem::temp_directory_path() /
+       ("retryloop-child-" + std::to_string(getpid()) + "-" + std::to_string(++counter)))
+          .string();
   out_path_ = stem + ".out";
   err_path_ = stem + ".err";
 
@@ -50,10 +50,12 @@ ChildProcess::ChildProcess(std::vector<std::string> argv, std::vector<std::strin
     if (change.back() != '=') environment.push_back(change);
   }
   std::vector<char*> envp;
-  for (auto& entry : environment) envp.push_back(entry.data());
+  for (auto& entry : environment)
+    envp.push_back(entry.data());
   envp.push_back(nullptr);
   std::vector<char*> args;
-  for (auto& arg : argv) args.push_back(arg.data());
+  for (auto& arg : argv)
+    args.push_back(arg.data());
   args.push_back(nullptr);
 
   pid_ = fork();
@@ -102,8 +104,12 @@ int ChildProcess::wait(int timeout_ms) {
   return -1;
 }
 
-std::string ChildProcess::out() const { return slurp(out_path_); }
-std::string ChildProcess::err() const { return slurp(err_path_); }
+std::string ChildProcess::out() const {
+  return slurp(out_path_);
+}
+std::string ChildProcess::err() const {
+  return slurp(err_path_);
+}
 
 std::string built_program(const std::string& relative) {
   return (std::filesystem::path(RETRYLOOP_BINARY_DIR) / relative).string();

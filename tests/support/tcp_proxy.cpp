@@ -50,9 +50,10 @@ TcpProxy::TcpProxy(uv_loop_t* loop, uint16_t upstream_port)
   sockaddr_in address{};
   uv_ip4_addr("127.0.0.1", 0, &address);
   REQUIRE(uv_tcp_bind(&listener_, reinterpret_cast<const sockaddr*>(&address), 0) == 0);
-  REQUIRE(uv_listen(reinterpret_cast<uv_stream_t*>(&listener_), 16, [](uv_stream_t* server, int status) {
-            if (status == 0) static_cast<TcpProxy*>(server->data)->on_accept();
-          }) == 0);
+  REQUIRE(uv_listen(reinterpret_cast<uv_stream_t*>(&listener_), 16,
+                    [](uv_stream_t* server, int status) {
+                      if (status == 0) static_cast<TcpProxy*>(server->data)->on_accept();
+                    }) == 0);
   sockaddr_storage bound{};
   int length = sizeof(bound);
   uv_tcp_getsockname(&listener_, reinterpret_cast<sockaddr*>(&bound), &length);
@@ -62,7 +63,8 @@ TcpProxy::TcpProxy(uv_loop_t* loop, uint16_t upstream_port)
 TcpProxy::~TcpProxy() {
   close();
   // The handles live inside this object: wait for their close callbacks before it goes.
-  while (!pipes_.empty() || !listener_closed_) uv_run(loop_, UV_RUN_ONCE);
+  while (!pipes_.empty() || !listener_closed_)
+    uv_run(loop_, UV_RUN_ONCE);
 }
 
 void TcpProxy::on_accept() {
@@ -94,7 +96,8 @@ void TcpProxy::on_accept() {
                     return;
                   }
                   p->to_upstream.append(buf->base, static_cast<size_t>(n));
-                  if (!p->proxy->frozen_ && p->upstream_connected) write_to(&p->upstream, p->to_upstream);
+                  if (!p->proxy->frozen_ && p->upstream_connected)
+                    write_to(&p->upstream, p->to_upstream);
                 });
 
   sockaddr_in address{};
@@ -133,7 +136,9 @@ void TcpProxy::on_accept() {
                  });
 }
 
-void TcpProxy::freeze() { frozen_ = true; }
+void TcpProxy::freeze() {
+  frozen_ = true;
+}
 
 void TcpProxy::thaw() {
   frozen_ = false;
@@ -149,7 +154,8 @@ void TcpProxy::thaw() {
 }
 
 void TcpProxy::cut() {
-  for (auto& pipe : pipes_) close_pipe(pipe.get());
+  for (auto& pipe : pipes_)
+    close_pipe(pipe.get());
 }
 
 void TcpProxy::close_pipe(Pipe* pipe) {

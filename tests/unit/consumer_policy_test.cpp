@@ -74,11 +74,12 @@ TEST_CASE("A first delivery is attempt 1 and remembers where it was published", 
 TEST_CASE("The attempt counts the x-death entry of this queue and reason rejected, not entry 0",
           "[retry]") {
   FieldTable headers;
-  headers.append("x-death", FieldArray{FieldValue(death("orders.wait.30s", "expired", int64_t(7),
-                                                        "orders.wait", "30s")),
-                                       FieldValue(death("other", "rejected", int64_t(5))),
-                                       FieldValue(death("orders", "expired", int64_t(4))),
-                                       FieldValue(death("orders", "rejected", int64_t(2)))});
+  headers.append(
+      "x-death",
+      FieldArray{FieldValue(death("orders.wait.30s", "expired", int64_t(7), "orders.wait", "30s")),
+                 FieldValue(death("other", "rejected", int64_t(5))),
+                 FieldValue(death("orders", "expired", int64_t(4))),
+                 FieldValue(death("orders", "rejected", int64_t(2)))});
   AttemptInfo info = read_attempt_info(with_headers(headers), "orders", "", "orders");
   CHECK(info.rejected == 2);
   CHECK(info.attempt == 3);
@@ -147,8 +148,9 @@ TEST_CASE("Forged x-death headers never crash and are reported as malformed", "[
   SECTION("huge counts saturate instead of overflowing") {
     FieldTable headers;
     headers.append("retryloop-retries", std::numeric_limits<int64_t>::max());
-    headers.append("x-death", FieldArray{FieldValue(
-                                  death("orders", "rejected", std::numeric_limits<int64_t>::max()))});
+    headers.append(
+        "x-death",
+        FieldArray{FieldValue(death("orders", "rejected", std::numeric_limits<int64_t>::max()))});
     AttemptInfo info = read_attempt_info(with_headers(headers), "orders", "e", "k");
     CHECK(info.attempt == std::numeric_limits<int64_t>::max());
     CHECK(info.malformed.empty());
@@ -323,8 +325,10 @@ TEST_CASE("Backoff grows exponentially to its cap and jitters within its spread"
 TEST_CASE("The latency histogram reports bucket bounds for quantiles", "[retry]") {
   LatencyHistogram histogram;
   CHECK(histogram.quantile(0.5) == 0us);
-  for (int i = 0; i < 90; ++i) histogram.record(std::chrono::microseconds(800));
-  for (int i = 0; i < 10; ++i) histogram.record(std::chrono::milliseconds(40));
+  for (int i = 0; i < 90; ++i)
+    histogram.record(std::chrono::microseconds(800));
+  for (int i = 0; i < 10; ++i)
+    histogram.record(std::chrono::milliseconds(40));
   CHECK(histogram.count() == 100);
   CHECK(histogram.quantile(0.5) == 1000us);
   CHECK(histogram.quantile(0.9) == 1000us);

@@ -103,8 +103,8 @@ class FieldTable {
 class FieldValue {
  public:
   using Storage = std::variant<Void, bool, int8_t, uint8_t, int16_t, uint16_t, int32_t, uint32_t,
-                               int64_t, float, double, Decimal, std::string, ByteArray,
-                               FieldArray, Timestamp, FieldTable>;
+                               int64_t, float, double, Decimal, std::string, ByteArray, FieldArray,
+                               Timestamp, FieldTable>;
 
   FieldValue() = default;
   FieldValue(Void v) : storage_(v) {}

@@ -163,10 +163,9 @@ bool FrameParser::deliver(const unsigned char* frame, uint32_t payload_size, OnF
     error_ = make_error_code(CodecError::bad_frame_end);
     return false;
   }
-  FrameView view{static_cast<FrameType>(frame[0]),
-                 static_cast<uint16_t>((frame[1] << 8) | frame[2]),
-                 std::string_view(reinterpret_cast<const char*>(frame) + kFrameHeaderSize,
-                                  payload_size)};
+  FrameView view{
+      static_cast<FrameType>(frame[0]), static_cast<uint16_t>((frame[1] << 8) | frame[2]),
+      std::string_view(reinterpret_cast<const char*>(frame) + kFrameHeaderSize, payload_size)};
   if constexpr (std::is_same_v<decltype(on_frame(view)), bool>) {
     return on_frame(view);
   } else {
@@ -198,8 +197,8 @@ std::error_code FrameParser::feed(std::string_view chunk, OnFrame&& on_frame) {
     pending_.append(chunk.data() + pos, take);
     pos += take;
     if (pending_.size() < frame_size) return {};
-    bool go_on = deliver(reinterpret_cast<const unsigned char*>(pending_.data()), payload_size,
-                         on_frame);
+    bool go_on =
+        deliver(reinterpret_cast<const unsigned char*>(pending_.data()), payload_size, on_frame);
     pending_.clear();
     if (error_) return error_;
     if (!go_on) return {};

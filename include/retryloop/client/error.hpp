@@ -47,7 +47,8 @@ struct Error {
 
   Error() = default;
   Error(std::error_code c) : code(c) {}  // NOLINT: implicit by design
-  Error(ClientError c, std::string text = {}) : code(make_error_code(c)), reply_text(std::move(text)) {}
+  Error(ClientError c, std::string text = {})
+      : code(make_error_code(c)), reply_text(std::move(text)) {}
 
   explicit operator bool() const { return static_cast<bool>(code); }
 

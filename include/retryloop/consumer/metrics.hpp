@@ -13,9 +13,9 @@ class LatencyHistogram {
  public:
   /// Upper bounds of the buckets, in microseconds; the last bucket takes everything above.
   static constexpr std::array<uint64_t, 20> bounds_us = {
-      100,     250,     500,     1000,     2500,     5000,     10000,    25000,    50000, 100000,
-      250000,  500000,  1000000, 2500000,  5000000,  10000000, 20000000, 30000000, 60000000,
-      UINT64_MAX};
+      100,     250,      500,      1000,     2500,     5000,      10000,
+      25000,   50000,    100000,   250000,   500000,   1000000,   2500000,
+      5000000, 10000000, 20000000, 30000000, 60000000, UINT64_MAX};
 
   void record(std::chrono::nanoseconds latency);
 
@@ -36,18 +36,18 @@ class LatencyHistogram {
 
 /// Counters of one consumer since it was created (reconnects do not reset them).
 struct Metrics {
-  uint64_t delivered = 0;        ///< deliveries received
-  uint64_t redelivered = 0;      ///< of which the broker flagged as redelivered
-  uint64_t acked = 0;            ///< settled by ack (handler said ack)
-  uint64_t retried = 0;          ///< sent to a wait queue (rejected, or republished and confirmed)
+  uint64_t delivered = 0;    ///< deliveries received
+  uint64_t redelivered = 0;  ///< of which the broker flagged as redelivered
+  uint64_t acked = 0;        ///< settled by ack (handler said ack)
+  uint64_t retried = 0;      ///< sent to a wait queue (rejected, or republished and confirmed)
   uint64_t parked_exhausted = 0;
   uint64_t parked_permanent = 0;
   uint64_t parked_poison = 0;
-  uint64_t dropped = 0;          ///< acked on purpose without processing (handler said drop)
-  uint64_t handler_errors = 0;   ///< exceptions that escaped the handler
-  uint64_t publish_failures = 0; ///< retry or parking copies nacked or returned (tried again)
-  uint64_t abandoned = 0;        ///< results dropped because their channel died (redelivered)
-  uint64_t reconnects = 0;       ///< sessions re-established after a loss
+  uint64_t dropped = 0;           ///< acked on purpose without processing (handler said drop)
+  uint64_t handler_errors = 0;    ///< exceptions that escaped the handler
+  uint64_t publish_failures = 0;  ///< retry or parking copies nacked or returned (tried again)
+  uint64_t abandoned = 0;         ///< results dropped because their channel died (redelivered)
+  uint64_t reconnects = 0;        ///< sessions re-established after a loss
   LatencyHistogram handler_latency;
 
   uint64_t parked() const { return parked_exhausted + parked_permanent + parked_poison; }

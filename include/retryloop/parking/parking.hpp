@@ -131,7 +131,6 @@ using PurgeCallback = std::function<void(const client::Error& error, const Progr
 /// Deletes the parked messages that match `filter` (all, when it is empty), or only counts them
 /// unless `execute`. `progress.moved` is the number deleted (or that would be).
 client::Error purge(const std::shared_ptr<client::Connection>& connection,
-                    const topology::Service& service, PurgeOptions options,
-                    PurgeCallback callback);
+                    const topology::Service& service, PurgeOptions options, PurgeCallback callback);
 
 }  // namespace retryloop::parking
