@@ -18,7 +18,9 @@ const char* const exit_codes_help =
     "  1  usage error (unknown option, missing argument, bad --url)\n"
     "  2  the topology file is unreadable or invalid\n"
     "  3  the broker refused, differs from the file, or holds messages (delete)\n"
-    "  4  cannot connect to the broker, or the connection failed";
+    "  4  cannot connect to the broker, or the connection failed\n"
+    "  6  standard output could not be written (a closed pipe, a full disk): the command ran,\n"
+    "     its output is incomplete";
 
 void add_connection_option(CLI::App& command, ConnectionArgs& args) {
   command

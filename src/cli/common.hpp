@@ -26,6 +26,7 @@ enum ExitCode : int {
   exit_invalid_file = 2,    ///< the topology file is unreadable or invalid
   exit_broker_refused = 3,  ///< the broker refused, or differs from the file, or holds messages
   exit_connection = 4,      ///< could not connect, or the connection failed midway
+  exit_output = 6,          ///< standard output could not be written (closed pipe, full disk)
 };
 
 /// The exit-code table for --help footers.

@@ -36,6 +36,8 @@ const char* const parking_exit_codes_help =
     "  3    the broker refused (no parking queue, no target queue), or copies failed (replay)\n"
     "  4    cannot connect to the broker, or the connection failed\n"
     "  5    stats --fail-above: the parking depth is above the threshold\n"
+    "  6    standard output could not be written (a closed pipe, a full disk): the command\n"
+    "       ran, its output is incomplete\n"
     "  130  replay or purge interrupted (Ctrl-C); what was confirmed stays moved";
 
 struct ParkingArgs {

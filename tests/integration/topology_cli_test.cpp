@@ -46,9 +46,13 @@ std::string slurp(const fs::path& path) {
   return buffer.str();
 }
 
+/// Where the binary's standard output goes.
+enum class Output { captured, full_device, closed_pipe };
+
 /// Runs the binary with `args`; `url` (when not empty) becomes RETRYLOOP_URL, otherwise the
 /// variable is removed from the environment.
-Run run_cli(const std::vector<std::string>& args, const std::string& url = {}) {
+Run run_cli(const std::vector<std::string>& args, const std::string& url = {},
+            Output output = Output::captured) {
   static int counter = 0;
   std::string stem = "retryloop-cli-" + std::to_string(getpid()) + "-" + std::to_string(++counter);
   fs::path out_path = fs::temp_directory_path() / (stem + ".out");
@@ -71,10 +75,18 @@ Run run_cli(const std::vector<std::string>& args, const std::string& url = {}) {
     argv.push_back(s.data());
   argv.push_back(nullptr);
 
+  int pipe_ends[2] = {-1, -1};
+  if (output == Output::closed_pipe) {
+    REQUIRE(pipe(pipe_ends) == 0);
+    close(pipe_ends[0]);  // no reader: every write fails with EPIPE
+  }
   pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
-    int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int out = output == Output::closed_pipe ? pipe_ends[1]
+              : output == Output::full_device
+                  ? open("/dev/full", O_WRONLY)
+                  : open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (out < 0 || err < 0) _exit(127);
     dup2(out, 1);
@@ -82,6 +94,7 @@ Run run_cli(const std::vector<std::string>& args, const std::string& url = {}) {
     execve(binary.c_str(), argv.data(), envp.data());
     _exit(127);
   }
+  if (pipe_ends[1] >= 0) close(pipe_ends[1]);
   int status = 0;
   REQUIRE(waitpid(pid, &status, 0) == pid);
   Run run;
@@ -280,6 +293,21 @@ TEST_CASE("plan and export need no broker and print what apply would declare",
   CHECK(definitions["queues"][0]["vhost"] == "staging");
   Run from_url = run_cli({"topology", "export", file}, "amqp://guest:guest@127.0.0.1:1/production");
   CHECK(nlohmann::json::parse(from_url.out)["exchanges"][0]["vhost"] == "production");
+}
+
+TEST_CASE("Output that cannot be written exits 6, quietly for a closed pipe",
+          "[cli][integration]") {
+  std::string file = data_file("valid/all_features.json");
+  Run full = run_cli({"topology", "plan", file}, {}, Output::full_device);
+  CHECK(full.exit_code == 6);
+  CHECK(contains(full.err, "cannot write to standard output: No space left on device"));
+
+  Run closed = run_cli({"topology", "export", file}, {}, Output::closed_pipe);
+  CHECK(closed.exit_code == 6);
+  CHECK(closed.err.empty());
+
+  Run help = run_cli({"--help"}, {}, Output::full_device);
+  CHECK(help.exit_code == 6);
 }
 
 TEST_CASE("apply, verify and delete through the command line, with drift exiting 3",
