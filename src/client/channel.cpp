@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <functional>
 
 #include "retryloop/amqp/buffer.hpp"
@@ -280,10 +281,32 @@ Error Channel::get(std::string_view queue, bool no_ack, GetCallback callback) {
 }
 
 Error Channel::ack(uint64_t delivery_tag, bool multiple) {
+  if (auto error = check_open()) return error;
+  std::string& out = connection_->output();
+  // The open ack frame is the last one in the output and every tag below this one is settled:
+  // its frames, if any, precede it. A multiple ack through this tag then acks exactly the open
+  // frame's tags and this one.
+  const bool extend = !multiple && delivery_tag == settled_through_ + 1 && open_ack_end_ != 0 &&
+                      open_ack_end_ == out.size() &&
+                      open_ack_generation_ == connection_->output_generation();
   amqp::BasicAck m;
   m.delivery_tag = delivery_tag;
-  m.multiple = multiple;
-  return send_async(m);
+  m.multiple = multiple || extend;
+  std::string frame;
+  if (auto ec = amqp::append_method_frame(frame, id_, m)) {
+    return Error(ClientError::invalid_argument, std::string("basic.ack: ") + ec.message());
+  }
+  if (extend) {
+    out.replace(out.size() - frame.size(), frame.size(), frame);
+  } else {
+    out += frame;
+  }
+  note_settled(delivery_tag, multiple);
+  const bool covers_all_below = settled_through_ >= delivery_tag;
+  open_ack_end_ = covers_all_below ? out.size() : 0;
+  open_ack_generation_ = connection_->output_generation();
+  connection_->flush();
+  return {};
 }
 
 Error Channel::nack(uint64_t delivery_tag, bool multiple, bool requeue) {
@@ -291,14 +314,33 @@ Error Channel::nack(uint64_t delivery_tag, bool multiple, bool requeue) {
   m.delivery_tag = delivery_tag;
   m.multiple = multiple;
   m.requeue = requeue;
-  return send_async(m);
+  Error error = send_async(m);
+  if (!error) note_settled(delivery_tag, multiple);
+  return error;
 }
 
 Error Channel::reject(uint64_t delivery_tag, bool requeue) {
   amqp::BasicReject m;
   m.delivery_tag = delivery_tag;
   m.requeue = requeue;
-  return send_async(m);
+  Error error = send_async(m);
+  if (!error) note_settled(delivery_tag, false);
+  return error;
+}
+
+void Channel::note_settled(uint64_t delivery_tag, bool multiple) {
+  if (multiple) {
+    settled_through_ = std::max(settled_through_, delivery_tag);
+    settled_ahead_.erase(settled_ahead_.begin(), settled_ahead_.upper_bound(settled_through_));
+  } else if (delivery_tag == settled_through_ + 1) {
+    settled_through_ = delivery_tag;
+  } else if (delivery_tag > settled_through_) {
+    settled_ahead_.insert(delivery_tag);
+  }
+  while (!settled_ahead_.empty() && *settled_ahead_.begin() == settled_through_ + 1) {
+    settled_through_ = *settled_ahead_.begin();
+    settled_ahead_.erase(settled_ahead_.begin());
+  }
 }
 
 Error Channel::confirm_select(CompletionCallback callback) {

@@ -601,6 +601,7 @@ void Connection::start_write() {
         writing_.clear();
         writing_offset_ = 0;
         writing_.swap(out_);
+        ++output_generation_;
       }
       size_t size = std::min(kTlsWriteChunk, writing_.size() - writing_offset_);
       if (size > 0) {
@@ -619,6 +620,7 @@ void Connection::start_write() {
     if (out_.empty()) return;
     writing_.swap(out_);
     out_.clear();
+    ++output_generation_;
     buf = uv_buf_init(writing_.data(), static_cast<unsigned int>(writing_.size()));
   }
   write_in_flight_ = true;
@@ -676,6 +678,7 @@ void Connection::finish(const Error& error) {
     }
   }
   out_.clear();
+  ++output_generation_;
   close_handles();
 
   std::vector<std::shared_ptr<Channel>> channels;

@@ -472,6 +472,65 @@ TEST_CASE("Ack, nack and reject settle single and multiple deliveries", "[client
   CHECK(loop.drain());
 }
 
+TEST_CASE("Acks made together go out as one multiple ack that never covers an unsettled tag",
+          "[client][integration]") {
+  TestLoop loop;
+  auto connection = test::connect(loop, test::broker_url());
+  auto channel = test::open_channel(loop, *connection);
+  std::string queue = test::unique_name("coalesce");
+  test::declare_queue(loop, *channel, queue);
+  REQUIRE_FALSE(
+      test::wait(loop, [&](CompletionCallback cb) { return channel->confirm_select(cb); }));
+  constexpr int count = 40;
+  for (int i = 0; i < count; ++i) {
+    REQUIRE(publish_and_wait(loop, *channel, "", queue, std::to_string(i)).ok());
+  }
+  constexpr size_t ack_frame = 21;
+
+  // The first message stays with the handler: the acks of all the others must not cover it.
+  std::vector<Delivery> deliveries;
+  auto consumer = test::open_channel(loop, *connection);
+  REQUIRE_FALSE(
+      consumer->consume(queue, {}, [&](Delivery&& d) { deliveries.push_back(std::move(d)); }, {}));
+  REQUIRE(loop.run_until([&] { return deliveries.size() == count; }));
+  for (size_t i = 1; i < deliveries.size(); ++i)
+    CHECK_FALSE(consumer->ack(deliveries[i].delivery_tag));
+  CHECK(connection->buffered_bytes() >= (count - 2) * ack_frame);
+  REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) { return consumer->close(cb); }));
+  std::vector<GetResult> left = test::drain_queue(loop, *connection, queue);
+  REQUIRE(left.size() == 1);
+  CHECK(left[0].message.body == "0");
+
+  // In order, the acks fold into the frame still waiting in the output; a reject, a nack and
+  // an ack out of order in between start new frames and are never covered twice.
+  for (int i = 0; i < count; ++i) {
+    REQUIRE(publish_and_wait(loop, *channel, "", queue, std::to_string(i)).ok());
+  }
+  deliveries.clear();
+  consumer = test::open_channel(loop, *connection);
+  REQUIRE_FALSE(
+      consumer->consume(queue, {}, [&](Delivery&& d) { deliveries.push_back(std::move(d)); }, {}));
+  REQUIRE(loop.run_until([&] { return deliveries.size() == count; }));
+  for (int i = 0; i < 20; ++i)
+    CHECK_FALSE(consumer->ack(deliveries[i].delivery_tag));
+  CHECK(connection->buffered_bytes() <= 2 * ack_frame);
+  CHECK_FALSE(consumer->reject(deliveries[20].delivery_tag, false));
+  CHECK_FALSE(consumer->ack(deliveries[22].delivery_tag));
+  CHECK_FALSE(consumer->ack(deliveries[21].delivery_tag));
+  CHECK_FALSE(consumer->nack(deliveries[23].delivery_tag, false, true));  // back to the queue
+  for (int i = 24; i < count; ++i)
+    CHECK_FALSE(consumer->ack(deliveries[i].delivery_tag));
+  REQUIRE(loop.run_until([&] { return deliveries.size() == count + 1; }));
+  CHECK(deliveries[count].redelivered);
+  CHECK(deliveries[count].message.body == "23");
+  CHECK_FALSE(consumer->ack(deliveries[count].delivery_tag));
+  REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) { return consumer->close(cb); }));
+  CHECK(test::queue_depth(loop, *connection, queue) == 0);
+  REQUIRE_FALSE(channel->queue_delete(queue, false, false, {}));
+  test::close(loop, connection);
+  CHECK(loop.drain());
+}
+
 TEST_CASE("A peer that stops answering is declared dead after two heartbeat intervals",
           "[client][integration]") {
   TestLoop loop;

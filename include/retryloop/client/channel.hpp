@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -139,6 +140,11 @@ class Channel : public std::enable_shared_from_this<Channel> {
   /// Settles deliveries of this channel. A tag from another (or an earlier) channel must never be
   /// passed: the broker would close the channel with 406. On a closed channel these do nothing
   /// and return not_open, so a tag can never reach a channel it did not come from.
+  ///
+  /// Acks made before the output is written are coalesced: an ack of the lowest unsettled tag
+  /// extends the ack frame still waiting at the end of the output into one `multiple` ack, which
+  /// is sent only when every tag it covers has been settled by the application. The broker sees
+  /// the same acks in fewer frames; a message still being handled is never acked by it.
   Error ack(uint64_t delivery_tag, bool multiple = false);
   Error nack(uint64_t delivery_tag, bool multiple, bool requeue);
   Error reject(uint64_t delivery_tag, bool requeue);
@@ -209,6 +215,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
   Error handle_content_body(std::string_view payload);
   void dispatch_content();
   void handle_confirm(uint64_t tag, bool multiple, bool ack);
+  void note_settled(uint64_t delivery_tag, bool multiple);
   void settle(PendingPublish& pending, uint64_t sequence, PublishStatus status);
   void handle_return(ReturnedMessage&& returned);
   void reply_to_close(const amqp::ChannelClose& close);
@@ -236,6 +243,14 @@ class Channel : public std::enable_shared_from_this<Channel> {
   uint64_t first_pending_sequence_ = 1;
   size_t unconfirmed_ = 0;
   std::deque<PendingPublish> pending_;
+
+  /// Every delivery tag up to this one is settled; those above it settled out of order.
+  uint64_t settled_through_ = 0;
+  std::set<uint64_t> settled_ahead_;
+  /// Where the ack frame that a following ack may extend ends in the connection's output
+  /// (0: none), and the output generation it was appended in.
+  size_t open_ack_end_ = 0;
+  uint64_t open_ack_generation_ = 0;
 
   ReturnHandler on_return_;
   ChannelCloseHandler on_close_;

@@ -134,6 +134,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   /// The buffer that frames are appended to; call `flush` after appending.
   std::string& output() { return out_; }
+  /// Changes whenever the output buffer is handed to the socket, so that a channel can tell a
+  /// frame it appended is still in the buffer, unsent.
+  uint64_t output_generation() const { return output_generation_; }
   /// Writes the output buffer now, or after the write in flight (or the read being handled).
   void flush();
   /// Called by a channel once it is closed and must leave the channel table.
@@ -202,6 +205,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   amqp::FrameParser parser_;
   std::vector<char> read_buffer_;
   std::string out_;
+  uint64_t output_generation_ = 0;
   std::string writing_;
   bool write_in_flight_ = false;
   bool handling_read_ = false;
