@@ -292,14 +292,14 @@ Error Channel::ack(uint64_t delivery_tag, bool multiple) {
   amqp::BasicAck m;
   m.delivery_tag = delivery_tag;
   m.multiple = multiple || extend;
-  std::string frame;
-  if (auto ec = amqp::append_method_frame(frame, id_, m)) {
+  const size_t end = out.size();
+  if (auto ec = amqp::append_method_frame(out, id_, m)) {
     return Error(ClientError::invalid_argument, std::string("basic.ack: ") + ec.message());
   }
-  if (extend) {
-    out.replace(out.size() - frame.size(), frame.size(), frame);
-  } else {
-    out += frame;
+  if (extend) {  // the new frame replaces the open one, which has the same size
+    const size_t size = out.size() - end;
+    std::copy(out.begin() + end, out.end(), out.begin() + (end - size));
+    out.resize(end);
   }
   note_settled(delivery_tag, multiple);
   const bool covers_all_below = settled_through_ >= delivery_tag;
