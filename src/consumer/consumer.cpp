@@ -106,7 +106,6 @@ struct Consumer::Handling {
   AttemptInfo info;
   uint64_t started_ns = 0;
   bool threw = false;
-  OutcomeKind outcome = OutcomeKind::ack;
   Decision decision;
   /// The retry or parking copy's properties, built once.
   std::optional<amqp::BasicProperties> copy;
@@ -517,12 +516,11 @@ void Consumer::park_undecodable(const std::shared_ptr<Pending>& pending,
   properties.delivery_mode = 2;
   properties.headers.emplace().set(std::string(header::raw_properties),
                                    amqp::ByteArray{original.raw_properties});
-  pending->handling->outcome = OutcomeKind::poison;
-  pending->handling->decision.action = Action::park;
-  pending->handling->decision.reason = ParkReason::poison;
-  pending->handling->decision.error =
-      "its properties cannot be decoded (" + original.properties_error.message() +
-      "); their bytes are in " + std::string(header::raw_properties);
+  Decision& decision = pending->handling->decision;
+  decision.action = Action::park;
+  decision.reason = ParkReason::poison;
+  decision.error = "its properties cannot be decoded (" + original.properties_error.message() +
+                   "); their bytes are in " + std::string(header::raw_properties);
   settling_[pending->id] = pending;
   publish_copy(pending);
 }
@@ -591,7 +589,6 @@ void Consumer::handler_done(const std::shared_ptr<Pending>& pending, Outcome out
     log_outcome(*pending, "abandoned",
                 "its channel closed while the handler ran; the broker redelivers it");
   } else {
-    pending->handling->outcome = outcome.kind;
     pending->handling->decision = decide(options_.service, pending->handling->info, outcome);
     carry_out(pending);
   }
