@@ -31,7 +31,7 @@ void Writer::table_at_depth(const FieldTable& table, int depth) {
     value_at_depth(entry.value, depth);
     if (error_) return;
   }
-  patch_u32(at, static_cast<uint32_t>(out_.size() - at - 4));
+  patch_size(at);
 }
 
 void Writer::array_at_depth(const FieldArray& array, int depth) {
@@ -45,7 +45,7 @@ void Writer::array_at_depth(const FieldArray& array, int depth) {
     value_at_depth(value, depth);
     if (error_) return;
   }
-  patch_u32(at, static_cast<uint32_t>(out_.size() - at - 4));
+  patch_size(at);
 }
 
 void Writer::value_at_depth(const FieldValue& value, int depth) {

@@ -36,6 +36,9 @@ class CodecCategory final : public std::error_category {
         return "malformed content header (class, weight or property flags)";
       case CodecError::unexpected_frame:
         return "frame or method arrived where the protocol does not allow it";
+      case CodecError::value_too_long:
+        return "long string, table, array or frame payload is longer than 4 GiB, the most its "
+               "32-bit length can say";
     }
     return "unknown amqp codec error " + std::to_string(value);
   }

@@ -30,11 +30,11 @@ std::error_code append_header_frame(std::string& out, uint16_t channel, uint64_t
   w.u16(0);
   w.u64(body_size);
   properties.encode(w);
+  w.patch_size(start + 3);
   if (w.error()) {
     out.resize(start);
     return w.error();
   }
-  w.patch_u32(start + 3, static_cast<uint32_t>(out.size() - start - kFrameHeaderSize));
   w.u8(kFrameEnd);
   return {};
 }

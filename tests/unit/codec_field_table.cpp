@@ -1,3 +1,5 @@
+#include <sys/mman.h>
+
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -433,6 +435,27 @@ TEST_CASE("A table entry name over 255 bytes fails to encode", "[codec]") {
   FieldTable decoded;
   REQUIRE_FALSE(decode_table(encode_table(ok), decoded));
   CHECK(decoded == ok);
+}
+
+TEST_CASE("A long string over 4 GiB fails to encode instead of wrapping its length", "[codec]") {
+  // Address space only: the pages are never touched, so no memory is used.
+  const size_t size = size_t{std::numeric_limits<uint32_t>::max()} + 1;
+  void* pages = mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  REQUIRE(pages != MAP_FAILED);
+  std::string out;
+  Writer w(out);
+  w.long_string(std::string_view(static_cast<const char*>(pages), size));
+  CHECK(w.error() == CodecError::value_too_long);
+  CHECK(out.empty());
+  w.long_string(std::string_view(static_cast<const char*>(pages), 3));
+  CHECK(w.error() == CodecError::value_too_long);  // sticky
+  munmap(pages, size);
+
+  std::string fits;
+  Writer ok(fits);
+  ok.long_string("abc");
+  CHECK_FALSE(ok.error());
+  CHECK(fits == std::string("\0\0\0\3abc", 7));
 }
 
 TEST_CASE("The Writer's error is sticky", "[codec]") {

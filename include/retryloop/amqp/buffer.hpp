@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -58,8 +59,12 @@ class Writer {
     u8(static_cast<uint8_t>(s.size()));
     raw(s);
   }
-  /// 32-bit length + bytes.
+  /// 32-bit length + bytes; sets CodecError::value_too_long past 4 GiB.
   void long_string(std::string_view s) {
+    if (s.size() > std::numeric_limits<uint32_t>::max()) {
+      fail(CodecError::value_too_long);
+      return;
+    }
     u32(static_cast<uint32_t>(s.size()));
     raw(s);
   }
@@ -71,7 +76,17 @@ class Writer {
   /// A type letter and the value.
   void field_value(const FieldValue& value);
 
-  /// Overwrites 4 bytes at `offset` (for sizes known only after the body is written).
+  /// Overwrites 4 bytes at `offset` with the size of what was written after them (a table, an
+  /// array or a frame payload); sets CodecError::value_too_long past 4 GiB.
+  void patch_size(size_t offset) {
+    const size_t size = out_.size() - offset - 4;
+    if (size > std::numeric_limits<uint32_t>::max()) {
+      fail(CodecError::value_too_long);
+      return;
+    }
+    patch_u32(offset, static_cast<uint32_t>(size));
+  }
+  /// Overwrites 4 bytes at `offset`.
   void patch_u32(size_t offset, uint32_t v) {
     out_[offset] = static_cast<char>(v >> 24);
     out_[offset + 1] = static_cast<char>(v >> 16);

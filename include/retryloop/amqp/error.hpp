@@ -19,6 +19,7 @@ enum class CodecError {
   string_too_long,     ///< a short string over 255 bytes was given to the encoder
   bad_content_header,  ///< a content header frame is malformed (class, flags, size)
   unexpected_frame,    ///< a frame arrived where the protocol does not allow it
+  value_too_long,  ///< a long string, table, array or frame payload over 4 GiB given to the encoder
 };
 
 /// The error category of CodecError; its messages name what is wrong in plain words.

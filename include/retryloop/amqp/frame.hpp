@@ -82,11 +82,11 @@ std::error_code append_method_frame(std::string& out, uint16_t channel, const Me
   w.u16(Method::class_id);
   w.u16(Method::method_id);
   method.encode(w);
+  w.patch_size(start + 3);
   if (w.error()) {
     out.resize(start);
     return w.error();
   }
-  w.patch_u32(start + 3, static_cast<uint32_t>(out.size() - start - kFrameHeaderSize));
   w.u8(kFrameEnd);
   return {};
 }
