@@ -19,6 +19,8 @@ constexpr uint32_t key_of() {
 }
 
 constexpr size_t kMaxBodyReserve = 64 * 1024 * 1024;
+/// Acks held at most, on a channel with no prefetch limit.
+constexpr uint32_t kHeldAcksWithoutPrefetch = 256;
 
 size_t fingerprint(std::string_view exchange, std::string_view routing_key, std::string_view body) {
   std::hash<std::string_view> hash;
@@ -234,7 +236,9 @@ Error Channel::queue_delete(std::string_view queue, bool if_unused, bool if_empt
 Error Channel::qos(uint16_t prefetch_count, CompletionCallback callback) {
   amqp::BasicQos m;
   m.prefetch_count = prefetch_count;
-  return call_simple(m, key_of<amqp::BasicQosOk>(), std::move(callback));
+  Error error = call_simple(m, key_of<amqp::BasicQosOk>(), std::move(callback));
+  if (!error) prefetch_ = prefetch_count;
+  return error;
 }
 
 Error Channel::consume(std::string_view queue, ConsumeOptions options, DeliveryHandler on_delivery,
@@ -282,34 +286,31 @@ Error Channel::get(std::string_view queue, bool no_ack, GetCallback callback) {
 
 Error Channel::ack(uint64_t delivery_tag, bool multiple) {
   if (auto error = check_open()) return error;
-  std::string& out = connection_->output();
-  // The open ack frame is the last one in the output and every tag below this one is settled:
-  // its frames, if any, precede it. A multiple ack through this tag then acks exactly the open
-  // frame's tags and this one.
-  const bool extend = !multiple && delivery_tag == settled_through_ + 1 && open_ack_end_ != 0 &&
-                      open_ack_end_ == out.size() &&
-                      open_ack_generation_ == connection_->output_generation();
-  amqp::BasicAck m;
-  m.delivery_tag = delivery_tag;
-  m.multiple = multiple || extend;
-  const size_t end = out.size();
-  if (auto ec = amqp::append_method_frame(out, id_, m)) {
-    return Error(ClientError::invalid_argument, std::string("basic.ack: ") + ec.message());
-  }
-  if (extend) {  // the new frame replaces the open one, which has the same size
-    const size_t size = out.size() - end;
-    std::copy(out.begin() + end, out.end(), out.begin() + (end - size));
-    out.resize(end);
-  }
+  // Once this ack is made, is every tag up to it settled? Then it joins the held ack: a
+  // multiple ack through the highest such tag acks exactly what the application settled.
+  const bool joins_held = multiple || delivery_tag == settled_through_ + 1;
   note_settled(delivery_tag, multiple);
-  const bool covers_all_below = settled_through_ >= delivery_tag;
-  open_ack_end_ = covers_all_below ? out.size() : 0;
-  open_ack_generation_ = connection_->output_generation();
+  if (!joins_held) {
+    amqp::BasicAck m;
+    m.delivery_tag = delivery_tag;
+    return send_async(m);
+  }
+  held_ack_multiple_ = held_ack_multiple_ || multiple || held_acks_ > 0;
+  held_ack_through_ = std::max(held_ack_through_, delivery_tag);
+  ++held_acks_;
+  if (!listed_as_holding_acks_) {
+    listed_as_holding_acks_ = true;
+    connection_->hold_acks(id_);
+  }
+  const uint32_t limit =
+      prefetch_ == 0 ? kHeldAcksWithoutPrefetch : std::max<uint32_t>(1, prefetch_ / 4u);
+  if (held_acks_ >= limit) send_held_ack();
   connection_->flush();
   return {};
 }
 
 Error Channel::nack(uint64_t delivery_tag, bool multiple, bool requeue) {
+  if (multiple) send_held_ack();  // or the nack would cover tags the application acked
   amqp::BasicNack m;
   m.delivery_tag = delivery_tag;
   m.multiple = multiple;
@@ -326,6 +327,22 @@ Error Channel::reject(uint64_t delivery_tag, bool requeue) {
   Error error = send_async(m);
   if (!error) note_settled(delivery_tag, false);
   return error;
+}
+
+void Channel::release_held_acks() {
+  listed_as_holding_acks_ = false;
+  send_held_ack();
+}
+
+void Channel::send_held_ack() {
+  if (held_acks_ == 0) return;
+  amqp::BasicAck m;
+  m.delivery_tag = held_ack_through_;
+  m.multiple = held_ack_multiple_;
+  held_acks_ = 0;
+  held_ack_through_ = 0;
+  held_ack_multiple_ = false;
+  if (state_ == State::open) amqp::append_method_frame(connection_->output(), id_, m);
 }
 
 void Channel::note_settled(uint64_t delivery_tag, bool multiple) {
@@ -365,10 +382,22 @@ Error Channel::publish(std::string_view exchange, std::string_view routing_key,
   m.routing_key = routing_key;
   m.mandatory = mandatory == Mandatory::yes;
   std::error_code ec = amqp::append_method_frame(out, id_, m);
+  const size_t header_start = out.size();
   if (!ec) ec = amqp::append_header_frame(out, id_, body.size(), properties);
   if (ec) {
     out.resize(rollback);
     return Error(ClientError::invalid_argument, std::string("basic.publish: ") + ec.message());
+  }
+  // Unlike the body, the properties cannot be split: a larger frame would make the broker close
+  // the whole connection.
+  const size_t header_size = out.size() - header_start;
+  const uint32_t frame_max = connection_->tuning().frame_max;
+  if (frame_max != 0 && header_size > frame_max) {
+    out.resize(rollback);
+    return Error(ClientError::invalid_argument,
+                 "basic.publish: the properties and headers take a " + std::to_string(header_size) +
+                     "-byte frame, over the frame_max of " + std::to_string(frame_max) +
+                     " bytes agreed with the broker");
   }
   amqp::append_body_frames(out, id_, body, connection_->tuning().frame_max);
   if (confirm_mode_) {
@@ -388,6 +417,7 @@ Error Channel::close(CompletionCallback callback) {
   if (state_ == State::closing || state_ == State::closed || connection_ == nullptr) {
     return close_reason_ ? close_reason_ : Error(ClientError::not_open);
   }
+  send_held_ack();
   amqp::ChannelClose m;
   m.reply_code = 200;
   m.reply_text = "Goodbye";
@@ -721,6 +751,7 @@ void Channel::terminate(const Error& reason) {
   connection_ = nullptr;
   content_kind_ = ContentKind::none;
   consumers_.clear();
+  held_acks_ = 0;  // the broker requeues what they would have acked
 
   std::deque<Rpc> rpcs = std::move(rpcs_);
   rpcs_.clear();

@@ -113,6 +113,9 @@ Error Connection::connect(ConnectCallback callback) {
   uv_timer_init(loop_, &heartbeat_timer_);
   heartbeat_timer_.data = this;
   ++open_handles_;
+  uv_timer_init(loop_, &ack_timer_);
+  ack_timer_.data = this;
+  ++open_handles_;
 
   uint64_t timeout_ms = static_cast<uint64_t>(
       (options_.uri.connect_timeout ? *options_.uri.connect_timeout : options_.connect_timeout)
@@ -566,6 +569,7 @@ void Connection::close(CompletionCallback callback) {
       return;
     case State::open: {
       if (callback) on_closed_.push_back(std::move(callback));
+      release_held_acks();
       amqp::ConnectionClose close;
       close.reply_code = 200;
       close.reply_text = "Goodbye";
@@ -588,9 +592,35 @@ void Connection::flush() {
   start_write();
 }
 
+void Connection::hold_acks(uint16_t channel_id) {
+  channels_holding_acks_.push_back(channel_id);
+  if (options_.ack_delay.count() > 0 &&
+      !uv_is_active(reinterpret_cast<uv_handle_t*>(&ack_timer_))) {
+    uv_timer_start(
+        &ack_timer_,
+        [](uv_timer_t* timer) {
+          auto* self = static_cast<Connection*>(timer->data);
+          self->release_held_acks();
+          self->flush();
+        },
+        static_cast<uint64_t>(options_.ack_delay.count()), 0);
+  }
+}
+
+void Connection::release_held_acks() {
+  std::vector<uint16_t> ids;
+  ids.swap(channels_holding_acks_);
+  for (uint16_t id : ids) {
+    if (id < channels_.size() && channels_[id]) channels_[id]->release_held_acks();
+  }
+  ids.clear();
+  if (channels_holding_acks_.empty()) channels_holding_acks_.swap(ids);  // keeps the capacity
+}
+
 void Connection::start_write() {
   if (write_in_flight_ || !tcp_initialized_) return;
   if (state_ == State::closed || state_ == State::resolving || state_ == State::connecting) return;
+  if (options_.ack_delay.count() == 0) release_held_acks();
   uv_buf_t buf;
   if (tls_) {
     // Frames wait in out_ until the TLS handshake is done. Then, as in the plain path, out_
@@ -601,7 +631,6 @@ void Connection::start_write() {
         writing_.clear();
         writing_offset_ = 0;
         writing_.swap(out_);
-        ++output_generation_;
       }
       size_t size = std::min(kTlsWriteChunk, writing_.size() - writing_offset_);
       if (size > 0) {
@@ -620,7 +649,6 @@ void Connection::start_write() {
     if (out_.empty()) return;
     writing_.swap(out_);
     out_.clear();
-    ++output_generation_;
     buf = uv_buf_init(writing_.data(), static_cast<unsigned int>(writing_.size()));
   }
   write_in_flight_ = true;
@@ -678,7 +706,6 @@ void Connection::finish(const Error& error) {
     }
   }
   out_.clear();
-  ++output_generation_;
   close_handles();
 
   std::vector<std::shared_ptr<Channel>> channels;
@@ -713,6 +740,7 @@ void Connection::close_handles() {
   }
   close_handle(reinterpret_cast<uv_handle_t*>(&connect_timer_));
   close_handle(reinterpret_cast<uv_handle_t*>(&heartbeat_timer_));
+  close_handle(reinterpret_cast<uv_handle_t*>(&ack_timer_));
   if (tcp_initialized_) {
     tcp_initialized_ = false;
     close_handle(reinterpret_cast<uv_handle_t*>(&tcp_));

@@ -392,6 +392,18 @@ TEST_CASE("A 10 MB message crosses a connection with frame_max 4096 intact",
   CHECK(got->message.body == body);
   CHECK(got->message_count == 0);
   CHECK_FALSE(get_one(loop, *channel, queue));  // basic.get-empty
+
+  // Properties cannot be split across frames: headers that need a larger frame fail at once,
+  // and the connection, which the broker would have closed, stays usable.
+  amqp::BasicProperties big = persistent();
+  big.headers = amqp::FieldTable{};
+  big.headers->append("padding", std::string(5000, 'p'));
+  Error error =
+      channel->publish("", queue, big, "body", Mandatory::no, [](const PublishOutcome&) {});
+  CHECK(error.code == make_error_code(ClientError::invalid_argument));
+  CHECK(error.message().find("over the frame_max of 4096") != std::string::npos);
+  REQUIRE(publish_and_wait(loop, *channel, "", queue, "after").ok());
+  CHECK(get_one(loop, *channel, queue)->message.body == "after");
   REQUIRE_FALSE(channel->queue_delete(queue, false, false, {}));
   test::close(loop, connection);
   CHECK(loop.drain());
@@ -501,8 +513,8 @@ TEST_CASE("Acks made together go out as one multiple ack that never covers an un
   REQUIRE(left.size() == 1);
   CHECK(left[0].message.body == "0");
 
-  // In order, the acks fold into the frame still waiting in the output; a reject, a nack and
-  // an ack out of order in between start new frames and are never covered twice.
+  // In order, the acks are held as one; a reject, a nack and an ack out of order in between
+  // go out on their own and are never covered twice.
   for (int i = 0; i < count; ++i) {
     REQUIRE(publish_and_wait(loop, *channel, "", queue, std::to_string(i)).ok());
   }
@@ -528,6 +540,117 @@ TEST_CASE("Acks made together go out as one multiple ack that never covers an un
   CHECK(test::queue_depth(loop, *connection, queue) == 0);
   REQUIRE_FALSE(channel->queue_delete(queue, false, false, {}));
   test::close(loop, connection);
+  CHECK(loop.drain());
+}
+
+TEST_CASE(
+    "Held acks go out after the ack delay, at a quarter of the prefetch, and before a "
+    "multiple nack or a close",
+    "[client][integration]") {
+  TestLoop loop;
+  auto direct = test::connect(loop, test::broker_url());
+  auto channel = test::open_channel(loop, *direct);
+  std::string queue = test::unique_name("held-acks");
+  test::declare_queue(loop, *channel, queue);
+  REQUIRE_FALSE(
+      test::wait(loop, [&](CompletionCallback cb) { return channel->confirm_select(cb); }));
+  auto fill = [&](int count) {
+    for (int i = 0; i < count; ++i) {
+      REQUIRE(publish_and_wait(loop, *channel, "", queue, std::to_string(i)).ok());
+    }
+  };
+  auto depth_becomes = [&](uint32_t depth) {  // the broker requeues once it sees the cut
+    for (int i = 0; i < 100; ++i) {
+      if (test::queue_depth(loop, *direct, queue) == depth) return true;
+      loop.run_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  };
+  test::TcpProxy proxy(loop.get(), broker_port());
+  ConnectionOptions options;
+  options.uri = parse_uri(test::broker_url());
+  options.uri.host = "127.0.0.1";
+  options.uri.port = proxy.port();
+
+  // Within the delay the ack is held: a connection cut now loses it, and the broker requeues.
+  // After the delay it has gone out, and the cut loses nothing.
+  options.ack_delay = std::chrono::milliseconds(300);
+  fill(2);
+  for (bool wait_out_the_delay : {false, true}) {
+    INFO("waited out the delay: " << wait_out_the_delay);
+    auto connection = test::connect(loop, options);
+    auto consumer = test::open_channel(loop, *connection);
+    std::vector<Delivery> deliveries;
+    REQUIRE_FALSE(consumer->consume(queue, {},
+                                    [&](Delivery&& d) { deliveries.push_back(std::move(d)); }, {}));
+    REQUIRE(loop.run_until([&] { return deliveries.size() == 2; }));
+    CHECK_FALSE(consumer->ack(deliveries[0].delivery_tag));
+    CHECK(connection->buffered_bytes() == 0);
+    if (wait_out_the_delay) loop.run_for(std::chrono::milliseconds(600));
+    bool lost = false;
+    connection->set_lost_handler([&](const Error&) { lost = true; });
+    proxy.cut();
+    REQUIRE(loop.run_until([&] { return lost; }));
+    CHECK(depth_becomes(wait_out_the_delay ? 1 : 2));
+  }
+  REQUIRE(test::drain_queue(loop, *direct, queue).size() == 1);
+
+  // With a delay of a minute, prefetch 8 would stall after 8 deliveries if acks waited for it:
+  // every 2 acks (a quarter) go out at once, so all 40 arrive well within the test's limit.
+  options.ack_delay = std::chrono::minutes(1);
+  fill(40);
+  auto connection = test::connect(loop, options);
+  auto consumer = test::open_channel(loop, *connection);
+  REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) { return consumer->qos(8, cb); }));
+  int delivered = 0;
+  REQUIRE_FALSE(consumer->consume(queue, {},
+                                  [&](Delivery&& d) {
+                                    ++delivered;
+                                    CHECK_FALSE(consumer->ack(d.delivery_tag));
+                                  },
+                                  {}));
+  REQUIRE(loop.run_until([&] { return delivered == 40; }, std::chrono::seconds(10)));
+  REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) { return consumer->close(cb); }));
+  CHECK(test::queue_depth(loop, *direct, queue) == 0);
+
+  // A multiple nack first sends the held acks, so it requeues only what was not acked (had it
+  // gone first, it would requeue all ten, and the ack after it would be refused with 406).
+  fill(10);
+  std::vector<Delivery> deliveries;
+  auto settler = test::open_channel(loop, *connection);
+  REQUIRE_FALSE(
+      settler->consume(queue, {}, [&](Delivery&& d) { deliveries.push_back(std::move(d)); }, {}));
+  REQUIRE(loop.run_until([&] { return deliveries.size() == 10; }));
+  for (int i = 0; i < 5; ++i)
+    CHECK_FALSE(settler->ack(deliveries[i].delivery_tag));
+  CHECK_FALSE(settler->nack(deliveries[9].delivery_tag, true, true));
+  REQUIRE(loop.run_until([&] { return deliveries.size() == 15; }));
+  for (size_t i = 10; i < 15; ++i) {
+    CHECK(deliveries[i].redelivered);
+    CHECK(deliveries[i].message.body == std::to_string(i - 5));
+  }
+  loop.run_for(std::chrono::milliseconds(100));
+  CHECK(deliveries.size() == 15);
+
+  // channel.close and connection.close send the held acks first: nothing comes back.
+  for (size_t i = 10; i < 15; ++i)
+    CHECK_FALSE(settler->ack(deliveries[i].delivery_tag));
+  REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) { return settler->close(cb); }));
+  CHECK(test::queue_depth(loop, *direct, queue) == 0);
+  fill(3);
+  deliveries.clear();
+  settler = test::open_channel(loop, *connection);
+  REQUIRE_FALSE(
+      settler->consume(queue, {}, [&](Delivery&& d) { deliveries.push_back(std::move(d)); }, {}));
+  REQUIRE(loop.run_until([&] { return deliveries.size() == 3; }));
+  for (auto& d : deliveries)
+    CHECK_FALSE(settler->ack(d.delivery_tag));
+  test::close(loop, connection);
+  CHECK(depth_becomes(0));
+
+  REQUIRE_FALSE(channel->queue_delete(queue, false, false, {}));
+  test::close(loop, direct);
+  proxy.close();
   CHECK(loop.drain());
 }
 

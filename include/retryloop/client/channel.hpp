@@ -141,10 +141,14 @@ class Channel : public std::enable_shared_from_this<Channel> {
   /// passed: the broker would close the channel with 406. On a closed channel these do nothing
   /// and return not_open, so a tag can never reach a channel it did not come from.
   ///
-  /// Acks made before the output is written are coalesced: an ack of the lowest unsettled tag
-  /// extends the ack frame still waiting at the end of the output into one `multiple` ack, which
-  /// is sent only when every tag it covers has been settled by the application. The broker sees
-  /// the same acks in fewer frames; a message still being handled is never acked by it.
+  /// Acks are held and sent as one `multiple` ack. An ack is held when every tag up to it is
+  /// settled once it is made, so the multiple ack covers only what the application settled; a
+  /// message still being handled is never acked by it. Held acks go out with the next write
+  /// (ConnectionOptions::ack_delay 0), or after at most `ack_delay`; earlier when a quarter of
+  /// the prefetch count is held (so the broker never runs out of credit waiting for them), and
+  /// before a multiple nack, channel.close and connection.close. An ack out of order is sent
+  /// with the next write. If the connection fails first, the broker requeues held messages, as
+  /// it does every unacked one.
   Error ack(uint64_t delivery_tag, bool multiple = false);
   Error nack(uint64_t delivery_tag, bool multiple, bool requeue);
   Error reject(uint64_t delivery_tag, bool requeue);
@@ -176,6 +180,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
 
   /// Sends channel.open; `callback` fires when open-ok arrives.
   void open(CompletionCallback callback);
+  /// Appends the held ack, if any, to the output: the connection is about to write, or the
+  /// ack delay is over.
+  void release_held_acks();
   /// Handles one frame for this channel; returns a protocol error to tear the connection down.
   Error handle_frame(const amqp::FrameView& frame);
   /// Fails everything pending with `reason`; the channel is dead afterwards.
@@ -216,6 +223,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
   void dispatch_content();
   void handle_confirm(uint64_t tag, bool multiple, bool ack);
   void note_settled(uint64_t delivery_tag, bool multiple);
+  void send_held_ack();
   void settle(PendingPublish& pending, uint64_t sequence, PublishStatus status);
   void handle_return(ReturnedMessage&& returned);
   void reply_to_close(const amqp::ChannelClose& close);
@@ -247,10 +255,14 @@ class Channel : public std::enable_shared_from_this<Channel> {
   /// Every delivery tag up to this one is settled; those above it settled out of order.
   uint64_t settled_through_ = 0;
   std::set<uint64_t> settled_ahead_;
-  /// Where the ack frame that a following ack may extend ends in the connection's output
-  /// (0: none), and the output generation it was appended in.
-  size_t open_ack_end_ = 0;
-  uint64_t open_ack_generation_ = 0;
+  /// The ack held back (see ack()): through which tag, how many acks it stands for, and
+  /// whether it must be sent as multiple. Listed: the connection will call release_held_acks().
+  uint64_t held_ack_through_ = 0;
+  uint32_t held_acks_ = 0;
+  bool held_ack_multiple_ = false;
+  bool listed_as_holding_acks_ = false;
+  /// From the last qos(); 0: no limit.
+  uint16_t prefetch_ = 0;
 
   ReturnHandler on_return_;
   ChannelCloseHandler on_close_;

@@ -59,6 +59,10 @@ struct ConnectionOptions {
   /// Largest message body accepted from the broker; larger ones end the connection with
   /// message_too_large instead of allocating without bound.
   uint64_t max_body_size = 512ull * 1024 * 1024;
+  /// How long a channel may hold an ack back to send it with the acks after it, as one
+  /// `multiple` ack (see Channel::ack). 0: held acks go out with the next write, which merges
+  /// only the acks made while handling one read.
+  std::chrono::milliseconds ack_delay{1};
   /// Shown in the broker's connection list.
   std::string connection_name;
   /// Where the library logs; nullptr: nowhere.
@@ -134,9 +138,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   /// The buffer that frames are appended to; call `flush` after appending.
   std::string& output() { return out_; }
-  /// Changes whenever the output buffer is handed to the socket, so that a channel can tell a
-  /// frame it appended is still in the buffer, unsent.
-  uint64_t output_generation() const { return output_generation_; }
+  /// Called by a channel that starts holding an ack back: the connection calls its
+  /// release_held_acks() before the next write (ack_delay 0) or when the delay is over.
+  void hold_acks(uint16_t channel_id);
   /// Writes the output buffer now, or after the write in flight (or the read being handled).
   void flush();
   /// Called by a channel once it is closed and must leave the channel table.
@@ -176,6 +180,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Error on_start(std::string_view payload);
   Error on_tune(std::string_view payload);
   void on_heartbeat_tick();
+  void release_held_acks();
   void finish(const Error& error);
   void close_handles();
   void close_handle(uv_handle_t* handle);
@@ -198,6 +203,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uv_connect_t connect_req_{};
   uv_timer_t connect_timer_{};
   uv_timer_t heartbeat_timer_{};
+  uv_timer_t ack_timer_{};
   uv_write_t write_req_{};
   int open_handles_ = 0;
   std::shared_ptr<Connection> self_;
@@ -205,7 +211,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   amqp::FrameParser parser_;
   std::vector<char> read_buffer_;
   std::string out_;
-  uint64_t output_generation_ = 0;
   std::string writing_;
   bool write_in_flight_ = false;
   bool handling_read_ = false;
@@ -222,6 +227,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   size_t tls_writing_ = 0;
 
   std::vector<std::shared_ptr<Channel>> channels_;
+  /// Channels that hold an ack back (see hold_acks).
+  std::vector<uint16_t> channels_holding_acks_;
 
   ConnectCallback on_connect_;
   ConnectionLostHandler on_lost_;
