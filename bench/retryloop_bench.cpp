@@ -4,7 +4,7 @@
 //                           [--ttl MS --dead-letter-to Q2] [--delete-only]
 //   bench_retryloop fill    --url URL (--queue Q | --exchange FANOUT) --count N [--size BYTES]
 //                           [--fresh] [--parked]
-//   bench_retryloop consume --url URL --queue Q --count N --prefetch P
+//   bench_retryloop consume --url URL --queue Q --count N --prefetch P [--ack-delay MS]
 //   bench_retryloop publish --url URL --queue Q --count N --window W [--rate MSG_PER_S]
 //   bench_retryloop retry   --url URL --topology FILE --service S --count N --fail K [--lateness]
 //   bench_retryloop ttl     --url URL --queue Q --count N --delay-ms D
@@ -80,6 +80,7 @@ struct Args {
   bool delete_only = false;
   bool lateness = false;
   long timeout_s = 900;
+  long ack_delay_ms = -1;  ///< -1: the library's default
 };
 
 [[noreturn]] void die(const std::string& what) {
@@ -168,6 +169,7 @@ void with_channel(
     const std::function<void(std::shared_ptr<Connection>, std::shared_ptr<Channel>)>& body) {
   ConnectionOptions options;
   options.uri = parse_uri(args.url);
+  if (args.ack_delay_ms >= 0) options.ack_delay = std::chrono::milliseconds(args.ack_delay_ms);
   auto connection = Connection::create(loop, options);
   connection->set_lost_handler([](const Error& e) { die("connection lost: " + e.message()); });
   check(connection->connect([connection, &body](const Error& e) {
@@ -547,6 +549,8 @@ int main(int argc, char** argv) {
       args.fail = std::atoi(value);
     } else if (flag == "--prefetch") {
       args.prefetch = std::atoi(value);
+    } else if (flag == "--ack-delay") {
+      args.ack_delay_ms = std::atol(value);
     } else if (flag == "--timeout") {
       args.timeout_s = std::atol(value);
     } else {
