@@ -161,17 +161,18 @@ class Broker:
     def cpu_between(self, t0, t1):
         return self.cpu_at(t1) - self.cpu_at(t0)
 
-    def wait_quiet(self, busy=0.05, window=0.5, limit=60.0):
-        """Waits until the broker uses less than `busy` of a core over `window` seconds: filling a
-        queue, or the contender before, leaves the broker work (a classic queue writes its index
-        for a second or two after a fill) that would otherwise land in the next contender's
-        window. Returns the seconds waited; gives up after `limit`."""
+    def wait_quiet(self, busy=0.05, window=0.5, windows=4, limit=60.0):
+        """Waits until the broker has used less than `busy` of a core in each of `windows`
+        windows of `window` seconds in a row: filling a queue, or the contender before, leaves
+        the broker work that would otherwise land in the next contender's window (a classic
+        queue that has been idle for a second writes its index out, for a second or two after a
+        fill). Returns the seconds waited; gives up after `limit`."""
         start = time.time()
-        while time.time() - start < limit:
+        quiet = 0
+        while quiet < windows and time.time() - start < limit:
             before = self.cpu()
             time.sleep(window)
-            if self.cpu() - before < busy * window:
-                break
+            quiet = quiet + 1 if self.cpu() - before < busy * window else 0
         return round(time.time() - start, 2)
 
 
