@@ -7,6 +7,7 @@
 //   bench_retryloop consume --url URL --queue Q --count N --prefetch P [--ack-delay MS]
 //   bench_retryloop publish --url URL --queue Q --count N --window W [--rate MSG_PER_S]
 //   bench_retryloop retry   --url URL --topology FILE --service S --count N --fail K [--lateness]
+//                           [--ack-delay MS]
 //   bench_retryloop ttl     --url URL --queue Q --count N --delay-ms D
 //   bench_retryloop hold    --url URL --topology FILE --service S --count N --prefetch P
 //
@@ -358,6 +359,8 @@ void retry(uv_loop_t* loop, const Args& args) {
   consumer::ConsumerOptions options;
   options.service = load_service(args);
   options.connection.uri = parse_uri(args.url);
+  if (args.ack_delay_ms >= 0)
+    options.connection.ack_delay = std::chrono::milliseconds(args.ack_delay_ms);
   options.prefetch = static_cast<uint16_t>(args.prefetch);
   options.handler_on_loop = true;
   const double delay_ms =
