@@ -295,7 +295,6 @@ Error Channel::ack(uint64_t delivery_tag, bool multiple) {
     m.delivery_tag = delivery_tag;
     return send_async(m);
   }
-  held_ack_multiple_ = held_ack_multiple_ || multiple || held_acks_ > 0;
   held_ack_through_ = std::max(held_ack_through_, delivery_tag);
   ++held_acks_;
   if (!listed_as_holding_acks_) {
@@ -336,12 +335,12 @@ void Channel::release_held_acks() {
 
 void Channel::send_held_ack() {
   if (held_acks_ == 0) return;
+  // Every tag up to held_ack_through_ is settled, so `multiple` acks exactly the held ones.
   amqp::BasicAck m;
   m.delivery_tag = held_ack_through_;
-  m.multiple = held_ack_multiple_;
+  m.multiple = true;
   held_acks_ = 0;
   held_ack_through_ = 0;
-  held_ack_multiple_ = false;
   if (state_ == State::open) amqp::append_method_frame(connection_->output(), id_, m);
 }
 
@@ -399,7 +398,7 @@ Error Channel::publish(std::string_view exchange, std::string_view routing_key,
                      "-byte frame, over the frame_max of " + std::to_string(frame_max) +
                      " bytes agreed with the broker");
   }
-  amqp::append_body_frames(out, id_, body, connection_->tuning().frame_max);
+  amqp::append_body_frames(out, id_, body, frame_max);
   if (confirm_mode_) {
     PendingPublish pending;
     pending.callback = std::move(on_confirm);

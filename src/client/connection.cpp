@@ -608,13 +608,10 @@ void Connection::hold_acks(uint16_t channel_id) {
 }
 
 void Connection::release_held_acks() {
-  std::vector<uint16_t> ids;
-  ids.swap(channels_holding_acks_);
-  for (uint16_t id : ids) {
+  for (uint16_t id : channels_holding_acks_) {
     if (id < channels_.size() && channels_[id]) channels_[id]->release_held_acks();
   }
-  ids.clear();
-  if (channels_holding_acks_.empty()) channels_holding_acks_.swap(ids);  // keeps the capacity
+  channels_holding_acks_.clear();
 }
 
 void Connection::start_write() {

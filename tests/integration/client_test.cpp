@@ -39,6 +39,13 @@ PublishOutcome publish_and_wait(TestLoop& loop, Channel& channel, const std::str
   return result;
 }
 
+/// Publishes `count` messages with the bodies "0", "1", ... to `queue`, each confirmed.
+void publish_numbered(TestLoop& loop, Channel& channel, const std::string& queue, int count) {
+  for (int i = 0; i < count; ++i) {
+    REQUIRE(publish_and_wait(loop, channel, "", queue, std::to_string(i)).ok());
+  }
+}
+
 std::optional<GetResult> get_one(TestLoop& loop, Channel& channel, const std::string& queue,
                                  bool no_ack = true) {
   bool done = false;
@@ -417,9 +424,7 @@ TEST_CASE("Ack, nack and reject settle single and multiple deliveries", "[client
   test::declare_queue(loop, *channel, queue);
   REQUIRE_FALSE(
       test::wait(loop, [&](CompletionCallback cb) { return channel->confirm_select(cb); }));
-  for (int i = 0; i < 6; ++i) {
-    REQUIRE(publish_and_wait(loop, *channel, "", queue, std::to_string(i)).ok());
-  }
+  publish_numbered(loop, *channel, queue, 6);
   std::vector<Delivery> deliveries;
   auto consumer = test::open_channel(loop, *connection);
   REQUIRE_FALSE(
@@ -494,9 +499,7 @@ TEST_CASE("Acks made together go out as one multiple ack that never covers an un
   REQUIRE_FALSE(
       test::wait(loop, [&](CompletionCallback cb) { return channel->confirm_select(cb); }));
   constexpr int count = 40;
-  for (int i = 0; i < count; ++i) {
-    REQUIRE(publish_and_wait(loop, *channel, "", queue, std::to_string(i)).ok());
-  }
+  publish_numbered(loop, *channel, queue, count);
   constexpr size_t ack_frame = 21;
 
   // The first message stays with the handler: the acks of all the others must not cover it.
@@ -515,9 +518,7 @@ TEST_CASE("Acks made together go out as one multiple ack that never covers an un
 
   // In order, the acks are held as one; a reject, a nack and an ack out of order in between
   // go out on their own and are never covered twice.
-  for (int i = 0; i < count; ++i) {
-    REQUIRE(publish_and_wait(loop, *channel, "", queue, std::to_string(i)).ok());
-  }
+  publish_numbered(loop, *channel, queue, count);
   deliveries.clear();
   consumer = test::open_channel(loop, *connection);
   REQUIRE_FALSE(
@@ -554,11 +555,6 @@ TEST_CASE(
   test::declare_queue(loop, *channel, queue);
   REQUIRE_FALSE(
       test::wait(loop, [&](CompletionCallback cb) { return channel->confirm_select(cb); }));
-  auto fill = [&](int count) {
-    for (int i = 0; i < count; ++i) {
-      REQUIRE(publish_and_wait(loop, *channel, "", queue, std::to_string(i)).ok());
-    }
-  };
   auto depth_becomes = [&](uint32_t depth) {  // the broker requeues once it sees the cut
     for (int i = 0; i < 100; ++i) {
       if (test::queue_depth(loop, *direct, queue) == depth) return true;
@@ -575,7 +571,7 @@ TEST_CASE(
   // Within the delay the ack is held: a connection cut now loses it, and the broker requeues.
   // After the delay it has gone out, and the cut loses nothing.
   options.ack_delay = std::chrono::milliseconds(300);
-  fill(2);
+  publish_numbered(loop, *channel, queue, 2);
   for (bool wait_out_the_delay : {false, true}) {
     INFO("waited out the delay: " << wait_out_the_delay);
     auto connection = test::connect(loop, options);
@@ -598,7 +594,7 @@ TEST_CASE(
   // With a delay of a minute, prefetch 8 would stall after 8 deliveries if acks waited for it:
   // every 2 acks (a quarter) go out at once, so all 40 arrive well within the test's limit.
   options.ack_delay = std::chrono::minutes(1);
-  fill(40);
+  publish_numbered(loop, *channel, queue, 40);
   auto connection = test::connect(loop, options);
   auto consumer = test::open_channel(loop, *connection);
   REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) { return consumer->qos(8, cb); }));
@@ -615,7 +611,7 @@ TEST_CASE(
 
   // A multiple nack first sends the held acks, so it requeues only what was not acked (had it
   // gone first, it would requeue all ten, and the ack after it would be refused with 406).
-  fill(10);
+  publish_numbered(loop, *channel, queue, 10);
   std::vector<Delivery> deliveries;
   auto settler = test::open_channel(loop, *connection);
   REQUIRE_FALSE(
@@ -637,7 +633,7 @@ TEST_CASE(
     CHECK_FALSE(settler->ack(deliveries[i].delivery_tag));
   REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) { return settler->close(cb); }));
   CHECK(test::queue_depth(loop, *direct, queue) == 0);
-  fill(3);
+  publish_numbered(loop, *channel, queue, 3);
   deliveries.clear();
   settler = test::open_channel(loop, *connection);
   REQUIRE_FALSE(

@@ -181,7 +181,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
   /// Sends channel.open; `callback` fires when open-ok arrives.
   void open(CompletionCallback callback);
   /// Appends the held ack, if any, to the output: the connection is about to write, or the
-  /// ack delay is over.
+  /// ack delay is over. Never calls back into the connection.
   void release_held_acks();
   /// Handles one frame for this channel; returns a protocol error to tear the connection down.
   Error handle_frame(const amqp::FrameView& frame);
@@ -255,11 +255,10 @@ class Channel : public std::enable_shared_from_this<Channel> {
   /// Every delivery tag up to this one is settled; those above it settled out of order.
   uint64_t settled_through_ = 0;
   std::set<uint64_t> settled_ahead_;
-  /// The ack held back (see ack()): through which tag, how many acks it stands for, and
-  /// whether it must be sent as multiple. Listed: the connection will call release_held_acks().
+  /// The ack held back (see ack()): through which tag, and how many acks it stands for.
+  /// Listed: the connection will call release_held_acks().
   uint64_t held_ack_through_ = 0;
   uint32_t held_acks_ = 0;
-  bool held_ack_multiple_ = false;
   bool listed_as_holding_acks_ = false;
   /// From the last qos(); 0: no limit.
   uint16_t prefetch_ = 0;
