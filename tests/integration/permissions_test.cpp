@@ -104,7 +104,8 @@ class Users {
                              {"write", p.write},
                              {"read", p.read}});
     }
-    const auto file = std::filesystem::temp_directory_path() / (names_.at(0) + ".json");
+    // In the broker's directory: rabbitmqctl may run in a root of its own that sees only that.
+    const auto file = std::filesystem::path(test::broker_dir()) / (names_.at(0) + ".json");
     std::ofstream(file) << nlohmann::json{{"users", users}, {"permissions", permissions}}.dump();
     std::string output;
     const int rc = test::broker_ctl("import_definitions '" + file.string() + "'", &output);
@@ -295,6 +296,24 @@ Error fatal_error(TestLoop& loop, const topology::Service& service, const std::s
   return run.fatal;
 }
 
+/// Whether an error text names the permission that `method` lacked on `object` (e.g. "queue 'q'"):
+/// RabbitMQ 4.x says it itself ("read access to queue 'q' ... in basic.consume"); for 3.10, whose
+/// text leaves it out, the client adds it ("in basic.consume, which needs read permission on ...").
+bool names_permission(const std::string& text, const std::string& method,
+                      const std::string& permission, const std::string& object) {
+  auto has = [&](const std::string& part) { return text.find(part) != std::string::npos; };
+  return (has(permission + " access to " + object) && has(" in " + method)) ||
+         has(" in " + method + ", which needs " + permission + " permission on " + object);
+}
+
+/// Whether a report names the permission lacked on `object`, in the broker's words (4.x) or the
+/// client's (3.10).
+bool says_permission(const std::string& text, const std::string& permission,
+                     const std::string& object) {
+  return text.find(permission + " access to " + object) != std::string::npos ||
+         text.find(permission + " permission on " + object) != std::string::npos;
+}
+
 }  // namespace
 
 TEST_CASE("A 403 names the permission the refused method needs, unless the broker already does",
@@ -367,21 +386,16 @@ TEST_CASE(
 
   const std::string in = "exchange '" + no_configure.service.input.exchange + "'";
   Error fatal = fatal_error(loop, no_configure.service, users.url(1), true);
-  CHECK_THAT(fatal.message(), Catch::Contains("access to " + in) &&
-                                  Catch::Contains("exchange.declare, which needs configure "
-                                                  "permission on " +
-                                                  in));
+  CHECK_THAT(fatal.message(), Catch::Contains("access to " + in));
+  CHECK(names_permission(fatal.message(), "exchange.declare", "configure", in));
   fatal = fatal_error(loop, no_write.service, users.url(2), true);
-  CHECK_THAT(fatal.message(),
-             Catch::Contains("queue " + no_write.service.name + ".wait.200ms: ") &&
-                 Catch::Contains("access to exchange 'amq.default'") &&
-                 Catch::Contains("queue.declare, which needs write permission on exchange "
-                                 "'amq.default'"));
+  CHECK_THAT(fatal.message(), Catch::Contains("queue " + no_write.service.name + ".wait.200ms: ") &&
+                                  Catch::Contains("access to exchange 'amq.default'"));
+  CHECK(names_permission(fatal.message(), "queue.declare", "write", "exchange 'amq.default'"));
   const std::string read_in = "exchange '" + no_read.service.input.exchange + "'";
   fatal = fatal_error(loop, no_read.service, users.url(3), true);
-  CHECK_THAT(fatal.message(),
-             Catch::Contains("access to " + read_in) &&
-                 Catch::Contains("queue.bind, which needs read permission on " + read_in));
+  CHECK_THAT(fatal.message(), Catch::Contains("access to " + read_in));
+  CHECK(names_permission(fatal.message(), "queue.bind", "read", read_in));
 }
 
 TEST_CASE(
@@ -413,16 +427,13 @@ TEST_CASE(
       REQUIRE(loop.run_until([&] { return run.ready || run.stopped; }));
       s->publish(s->service.input.exchange, "key", "park-again");
     });
-    CHECK_THAT(fatal.message(), Catch::Contains("basic.publish, which needs write permission on "
-                                                "exchange '" +
-                                                s->parking() + "'"));
+    CHECK(names_permission(fatal.message(), "basic.publish", "write",
+                           "exchange '" + s->parking() + "'"));
     CHECK(s->drain(s->queue()) == std::vector<std::string>{"park-again"});
 
     // Without read on its queue it cannot consume.
     fatal = fatal_error(loop, s->service, users.url(user++), false);
-    CHECK_THAT(fatal.message(), Catch::Contains("basic.consume, which needs read permission on "
-                                                "queue '" +
-                                                s->queue() + "'"));
+    CHECK(names_permission(fatal.message(), "basic.consume", "read", "queue '" + s->queue() + "'"));
   }
 }
 
@@ -442,8 +453,8 @@ TEST_CASE(
   auto apply = s.cli({"topology", "apply"}, users.url(apply_less_user));
   INFO(apply->out() << apply->err());
   CHECK(apply->wait() == 3);
-  CHECK_THAT(apply->out(), Catch::Contains("access to exchange 'amq.default'") &&
-                               Catch::Contains("write permission on exchange 'amq.default'"));
+  CHECK_THAT(apply->out(), Catch::Contains("access to exchange 'amq.default'"));
+  CHECK(says_permission(apply->out(), "write", "exchange 'amq.default'"));
 
   apply = s.cli({"topology", "apply"}, users.url(apply_user));
   INFO(apply->out() << apply->err());
@@ -467,9 +478,8 @@ TEST_CASE(
   auto remove = s.cli({"topology", "delete", "--yes"}, users.url(delete_less_user));
   INFO(remove->out() << remove->err());
   CHECK(remove->wait() == 3);
-  CHECK_THAT(remove->out(),
-             Catch::Contains("access to queue '" + s.parking() + "'") &&
-                 Catch::Contains("configure permission on queue '" + s.parking() + "'"));
+  CHECK_THAT(remove->out(), Catch::Contains("access to queue '" + s.parking() + "'"));
+  CHECK(says_permission(remove->out(), "configure", "queue '" + s.parking() + "'"));
   CHECK(s.depth(s.parking()) == 0);
 
   remove = s.cli({"topology", "delete", "--yes"}, users.url(delete_user));
@@ -494,10 +504,7 @@ TEST_CASE(
   auto list = s.cli({"parking", "list"}, users.url(nothing_user));
   INFO(list->out() << list->err());
   CHECK(list->wait() == 3);
-  CHECK_THAT(list->err(), Catch::Contains("access to queue '" + s.parking() + "'") &&
-                              Catch::Contains("basic.consume, which needs read permission on "
-                                              "queue '" +
-                                              s.parking() + "'"));
+  CHECK(names_permission(list->err(), "basic.consume", "read", "queue '" + s.parking() + "'"));
 
   list = s.cli({"parking", "list"}, users.url(read_user));
   INFO(list->out() << list->err());
@@ -515,9 +522,7 @@ TEST_CASE(
   auto replay = s.cli({"parking", "replay"}, users.url(read_user));
   INFO(replay->out() << replay->err());
   CHECK(replay->wait() == 3);
-  CHECK_THAT(replay->err(), Catch::Contains("access to exchange 'amq.default'") &&
-                                Catch::Contains("basic.publish, which needs write permission on "
-                                                "exchange 'amq.default'"));
+  CHECK(names_permission(replay->err(), "basic.publish", "write", "exchange 'amq.default'"));
   CHECK(s.depth(s.parking()) == 2);
   CHECK(s.depth(s.queue()) == 0);
 

@@ -537,7 +537,8 @@ TEST_CASE("Exported definitions imported into an empty vhost give objects verify
                                   R"("parking": {"max_length": 1000, "ttl": "14d"})") +
                      ", " + headers);
   Plan plan = make_plan(t);
-  auto file = std::filesystem::temp_directory_path() / (vhost + ".json");
+  // In the broker's directory: rabbitmqctl may run in a root of its own that sees only that.
+  auto file = std::filesystem::path(test::broker_dir()) / (vhost + ".json");
   {
     std::ofstream out(file);
     out << export_definitions(plan, vhost).dump(2);

@@ -22,6 +22,23 @@ std::string broker_url() {
   return url;
 }
 
+std::string broker_dir() {
+  const char* dir = std::getenv("RETRYLOOP_TEST_BROKER_DIR");
+  if (dir == nullptr || *dir == '\0') {
+    FAIL("RETRYLOOP_TEST_BROKER_DIR is not set: run the broker tests through scripts/with-broker");
+  }
+  return dir;
+}
+
+std::string broker_version() {
+  const char* version = std::getenv("RETRYLOOP_TEST_RABBITMQ");
+  return version != nullptr && *version != '\0' ? version : "3.10";
+}
+
+bool broker_is_4x() {
+  return broker_version().rfind("3.", 0) != 0;
+}
+
 int broker_ctl(const std::string& args, std::string* output) {
   const char* ctl = std::getenv("RETRYLOOP_TEST_CTL");
   if (ctl == nullptr || *ctl == '\0') {

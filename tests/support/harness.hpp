@@ -15,6 +15,16 @@ namespace retryloop::test {
 /// The broker URL from RETRYLOOP_TEST_URL; fails the test when it is not set.
 std::string broker_url();
 
+/// The test broker's directory (RETRYLOOP_TEST_BROKER_DIR); its tools can read files put there,
+/// also when they run in a root of their own (RabbitMQ 4.0).
+std::string broker_dir();
+
+/// The test broker's RabbitMQ version as scripts/broker names it: "3.10" or "4.0".
+std::string broker_version();
+
+/// Whether the test broker is RabbitMQ 4.0 or later.
+bool broker_is_4x();
+
 /// Runs `rabbitmqctl -n <test node> ARGS` through RETRYLOOP_TEST_CTL and returns its exit code;
 /// stdout and stderr go to `output` when given.
 int broker_ctl(const std::string& args, std::string* output = nullptr);
