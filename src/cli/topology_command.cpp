@@ -272,7 +272,38 @@ std::string result_note(const ActionResult& r, bool counts) {
   std::string note = counts ? queue_counts(r, false) : "";
   std::string shared = shared_note(r.action);
   if (!shared.empty()) note += (note.empty() ? "" : "; ") + shared;
+  for (const auto& missing : r.defaults_missing) {
+    note += (note.empty() ? "" : "; ") + std::string("declared without ") + missing.argument +
+            " (new ones get " + missing.wanted + ")";
+  }
   return note;
+}
+
+/// What an object declared without retryloop's default arguments means, and how to move it on.
+void print_defaults_hint(const Report& report) {
+  bool version = false, parking_limit = false, limit = false;
+  for (const auto& r : report.results) {
+    for (const auto& missing : r.defaults_missing) {
+      if (missing.argument == "x-queue-version") version = true;
+      if (missing.argument == "x-delivery-limit") {
+        (r.action.role == topology::Role::parking_queue ? parking_limit : limit) = true;
+      }
+    }
+  }
+  if (version) {
+    std::cout << "Classic queues declared without x-queue-version are version 1 on RabbitMQ 3.x "
+                 "unless a policy says otherwise; a policy with \"queue-version\": 2 converts "
+                 "them in place (docs/topology.md, \"Older queues\").\n";
+  }
+  if (parking_limit) {
+    std::cout << "A quorum parking queue declared without x-delivery-limit has RabbitMQ 4.x's "
+                 "default limit of 20, and every read of a parked message counts toward it: set "
+                 "a policy with \"delivery-limit\" (docs/topology.md, \"Older queues\").\n";
+  }
+  if (limit) {
+    std::cout << "A quorum queue declared without x-delivery-limit has RabbitMQ 4.x's default "
+                 "limit of 20, and none on 3.x (docs/topology.md, \"Older queues\").\n";
+  }
 }
 
 void print_results(const Report& report, bool counts) {
@@ -306,6 +337,10 @@ nlohmann::json report_json(const std::string& command, const std::string& file,
     }
     if (r.messages) j["messages"] = *r.messages;
     if (r.consumers) j["consumers"] = *r.consumers;
+    for (const auto& missing : r.defaults_missing) {
+      j["defaults_missing"].push_back(
+          {{"argument", missing.argument}, {"new_objects_get", missing.wanted}});
+    }
     results.push_back(std::move(j));
   }
   nlohmann::json out = {{"command", command},
@@ -381,6 +416,7 @@ int run_report(const TopologyArgs& args, const std::string& command) {
   }
   print_results(result, command == "verify");
   std::cout << "\n";
+  print_defaults_hint(result);
   if (command == "apply") {
     std::string text = summary(result, {{Outcome::created, "created"},
                                         {Outcome::existed, "already existed"},

@@ -235,6 +235,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
         // plan's arguments. That window, and the configure permission the declare needs, are the
         // price of seeing drift at all; VerifyOptions::compare_arguments = false avoids both.
         // The 404 closed the channel: declare on a fresh one.
+        declaring_ = r.action.arguments;
         with_channel([self = shared_from_this(), exists] { self->declare_current(exists); });
         return;
       case ActionKind::bind_queue:
@@ -248,6 +249,11 @@ class Runner : public std::enable_shared_from_this<Runner> {
     auto on_result = [self, existed](const Error& error, const QueueInfo* info) {
       if (!self->survived(error)) return;
       ActionResult& r = self->current();
+      if (error && existed && self->drop_missing_default(error)) {
+        // Declared again without the default the object lacks, on a fresh channel.
+        self->with_channel([self, existed] { self->declare_current(existed); });
+        return;
+      }
       if (error) {
         self->record_failure(error);
       } else {
@@ -264,19 +270,38 @@ class Runner : public std::enable_shared_from_this<Runner> {
     if (a.kind == ActionKind::declare_queue) {
       client::QueueOptions options;
       options.durable = a.durable;
-      options.arguments = a.arguments;
+      options.arguments = declaring_;
       immediate = channel_->queue_declare(
           a.name, options,
           [on_result](const Error& error, const QueueInfo& info) { on_result(error, &info); });
     } else {
       client::ExchangeOptions options;
       options.durable = a.durable;
-      options.arguments = a.arguments;
+      options.arguments = declaring_;
       immediate = channel_->exchange_declare(
           a.name, a.exchange_type, options,
           [on_result](const Error& error) { on_result(error, nullptr); });
     }
     if (immediate) on_result(immediate, nullptr);
+  }
+
+  /// When a 406 says that the existing object lacks one of the action's default arguments, notes
+  /// it, leaves it out of the next declare and returns true.
+  bool drop_missing_default(const Error& error) {
+    if (error.reply_code != precondition_failed) return false;
+    auto drift = parse_inequivalent_arg(error.reply_text);
+    if (!drift || drift->actual != not_set) return false;
+    ActionResult& r = current();
+    const auto& defaults = r.action.defaults;
+    if (std::find(defaults.begin(), defaults.end(), drift->argument) == defaults.end()) {
+      return false;
+    }
+    const amqp::FieldValue* wanted = declaring_.find(drift->argument);
+    if (wanted == nullptr) return false;
+    drift->wanted = format_value(*wanted);
+    declaring_.erase(drift->argument);
+    r.defaults_missing.push_back(std::move(*drift));
+    return true;
   }
 
   void bind_current() {
@@ -401,6 +426,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
   ReportCallback callback_;
   Report report_;
   std::vector<bool> exists_;
+  amqp::FieldTable declaring_;
   size_t index_ = 0;
   int phase_ = 0;
   bool finished_ = false;

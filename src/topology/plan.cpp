@@ -16,8 +16,22 @@ amqp::FieldValue integer(int64_t value) {
   return amqp::FieldValue(value);
 }
 
-void add_quorum_type(const Service& service, amqp::FieldTable& arguments) {
-  if (service.queue_type == QueueType::quorum) arguments.append("x-queue-type", "quorum");
+/// The queue type; classic queues are version 2 (the only version from RabbitMQ 4.0 on, and
+/// twice as fast to consume from on 3.10), as a default an existing version 1 queue keeps.
+void add_queue_type(const Service& service, Action& queue) {
+  if (service.queue_type == QueueType::quorum) {
+    queue.arguments.append("x-queue-type", "quorum");
+  } else {
+    queue.arguments.append("x-queue-version", integer(2));
+    queue.defaults.push_back("x-queue-version");
+  }
+}
+
+/// A quorum queue's delivery limit, which the broker never reaches (broker_delivery_limit).
+void add_delivery_limit(const Service& service, Action& queue) {
+  if (service.queue_type != QueueType::quorum) return;
+  queue.arguments.append("x-delivery-limit", integer(broker_delivery_limit));
+  queue.defaults.push_back("x-delivery-limit");
 }
 
 /// Quorum queues dead-letter at-least-once only with reject-publish overflow; classic queues
@@ -95,7 +109,8 @@ Plan make_plan(const Topology& topology) {
     // Parking: the end of the line, so it exists before anything can route to it.
     plan.actions.push_back(exchange_action(s, Role::parking_exchange, parking, "fanout"));
     Action parking_queue = queue_action(s, Role::parking_queue, parking_queue_name(s.name));
-    add_quorum_type(s, parking_queue.arguments);
+    add_queue_type(s, parking_queue);
+    add_delivery_limit(s, parking_queue);
     if (s.parking.max_length) {
       parking_queue.arguments.append("x-max-length", integer(*s.parking.max_length));
       parking_queue.arguments.append("x-overflow", "reject-publish");
@@ -114,7 +129,7 @@ Plan make_plan(const Topology& topology) {
     for (auto delay : delays) {
       const std::string name = wait_queue_name(s.name, delay);
       Action wait_queue = queue_action(s, Role::wait_queue, name);
-      add_quorum_type(s, wait_queue.arguments);
+      add_queue_type(s, wait_queue);
       wait_queue.arguments.append("x-message-ttl", integer(delay.count()));
       // Through the default exchange straight back to Q: no other queue sees the retry.
       wait_queue.arguments.append("x-dead-letter-exchange", "");
@@ -135,7 +150,8 @@ Plan make_plan(const Topology& topology) {
       plan.actions.push_back(std::move(input));
     }
     Action input_queue = queue_action(s, Role::input_queue, q);
-    add_quorum_type(s, input_queue.arguments);
+    add_queue_type(s, input_queue);
+    add_delivery_limit(s, input_queue);
     input_queue.arguments.append("x-dead-letter-exchange", wait);
     if (!s.retry.delays.empty()) {
       input_queue.arguments.append("x-dead-letter-routing-key",

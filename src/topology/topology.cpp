@@ -174,7 +174,25 @@ class Validator {
     check_input(p + ".input", service);
     check_retry(p + ".retry", service);
     check_parking(p + ".parking", service);
+    check_delivery_limit(p + ".delivery_limit", service);
     return name_ok;
+  }
+
+  void check_delivery_limit(const std::string& p, const Service& service) {
+    if (!service.delivery_limit) return;
+    if (service.queue_type != QueueType::quorum) {
+      add(service.name, p,
+          "applies to quorum queues only (classic queues have no delivery limit); set "
+          "\"queue_type\": \"quorum\" or leave it out");
+    } else if (*service.delivery_limit < 1) {
+      add(service.name, p,
+          "must be at least 1, not " + std::to_string(*service.delivery_limit) +
+              " (leave it out for the default, " + std::to_string(default_delivery_limit) + ")");
+    } else if (*service.delivery_limit >= broker_delivery_limit) {
+      add(service.name, p,
+          "must be below " + std::to_string(broker_delivery_limit) +
+              ", the limit retryloop gives the queue itself so that the broker never acts on it");
+    }
   }
 
   void check_input(const std::string& p, const Service& service) {

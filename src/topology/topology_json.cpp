@@ -415,8 +415,10 @@ class Reader {
 
   Service read_service(const json& value, const std::string& p) {
     Service service;
-    if (!expect_object(value, p, {"name", "queue", "queue_type", "input", "retry", "parking"},
-                       "{\"name\": \"orders\", \"input\": {...}, \"retry\": {...}}")) {
+    if (!expect_object(
+            value, p,
+            {"name", "queue", "queue_type", "delivery_limit", "input", "retry", "parking"},
+            "{\"name\": \"orders\", \"input\": {...}, \"retry\": {...}}")) {
       return service;
     }
     service.name = read_string(value, "name", p, true);
@@ -428,6 +430,12 @@ class Reader {
     service.queue_type =
         read_enum(value, "queue_type", p, false, QueueType::classic,
                   {{"classic", QueueType::classic}, {"quorum", QueueType::quorum}});
+    if (value.contains("delivery_limit")) {
+      service.delivery_limit = 1;
+      if (auto limit = read_integer(value, "delivery_limit", p, false, INT32_MAX)) {
+        service.delivery_limit = *limit;
+      }
+    }
     if (const json* input = field(value, "input", p, true)) {
       service.input = read_input(*input, child(p, "input"));
     }

@@ -361,6 +361,67 @@ TEST_CASE("Verify passes after apply, creates nothing, and names drifted argumen
   test::close(loop, connection);
 }
 
+/// The plan as a release without queue versions and default delivery limits declared it.
+Plan without_defaults(Plan plan) {
+  for (auto& action : plan.actions) {
+    for (const auto& name : action.defaults)
+      action.arguments.erase(name);
+    action.defaults.clear();
+  }
+  return plan;
+}
+
+void check_older_queues(const std::string& queue_type) {
+  TestLoop loop;
+  auto connection = test::connect(loop, test::broker_url());
+  std::string name = test::unique_name("older");
+  Topology t = parse(service_json(name, R"("delays": ["30s"], "max_attempts": 5)",
+                                  R"("queue_type": ")" + queue_type + R"(")"));
+  Plan plan = make_plan(t);
+  REQUIRE(run_apply(loop, connection, without_defaults(plan)).ok());
+
+  for (const Report& report :
+       {run_apply(loop, connection, plan), run_verify(loop, connection, plan)}) {
+    INFO(dump(report));
+    CHECK(report.ok());
+    CHECK(report.count(Outcome::created) == 0);
+    for (const auto& r : report.results) {
+      INFO(describe(r.action));
+      CHECK(r.outcome != Outcome::drifted);
+      std::vector<std::string> missing;
+      for (const auto& drift : r.defaults_missing) {
+        missing.push_back(drift.argument);
+        CHECK(drift.actual == "(not set)");
+        CHECK(drift.wanted == format_value(*r.action.arguments.find(drift.argument)));
+      }
+      CHECK(missing == r.action.defaults);
+    }
+  }
+  if (queue_type == "classic") {
+    CHECK(result_for(run_verify(loop, connection, plan), ActionKind::declare_queue, name)
+              .defaults_missing.at(0)
+              .argument == "x-queue-version");
+  }
+
+  run_delete(loop, connection, make_delete_plan(t), {true, true});
+  delete_exchange(loop, *connection, name + ".in");
+  test::close(loop, connection);
+}
+
+TEST_CASE(
+    "Classic queues an older release declared without x-queue-version are used as they are, and "
+    "apply and verify say what they lack",
+    "[topology][integration]") {
+  check_older_queues("classic");
+}
+
+TEST_CASE(
+    "Quorum queues an older release declared without x-delivery-limit are used as they are, and "
+    "apply and verify say what they lack",
+    "[topology][integration]") {
+  check_older_queues("quorum");
+}
+
 TEST_CASE(
     "Verify without comparing arguments only looks objects up: it creates nothing, needs no "
     "configure permission, and does not see drift",

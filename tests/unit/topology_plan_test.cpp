@@ -95,17 +95,19 @@ TEST_CASE("A classic reject-mode service declares parking, then wait, then input
                              "bind_queue orders <- orders.in orders",
                          });
   CHECK(find(plan, ActionKind::declare_exchange, "orders.parking").exchange_type == "fanout");
-  CHECK(args(find(plan, ActionKind::declare_queue, "orders.parking").arguments).empty());
+  CHECK(args(find(plan, ActionKind::declare_queue, "orders.parking").arguments) ==
+        Strings{"x-queue-version=2(l)"});
 
   const Action& wait_exchange = find(plan, ActionKind::declare_exchange, "orders.wait");
   CHECK(wait_exchange.exchange_type == "direct");
   CHECK(args(wait_exchange.arguments) == Strings{"alternate-exchange=orders.parking(S)"});
 
   CHECK(args(find(plan, ActionKind::declare_queue, "orders.wait.30s").arguments) ==
-        Strings{"x-message-ttl=30000(l)", "x-dead-letter-exchange=\"\"(S)",
+        Strings{"x-queue-version=2(l)", "x-message-ttl=30000(l)", "x-dead-letter-exchange=\"\"(S)",
                 "x-dead-letter-routing-key=orders(S)"});
   CHECK(args(find(plan, ActionKind::declare_queue, "orders").arguments) ==
-        Strings{"x-dead-letter-exchange=orders.wait(S)", "x-dead-letter-routing-key=30s(S)"});
+        Strings{"x-queue-version=2(l)", "x-dead-letter-exchange=orders.wait(S)",
+                "x-dead-letter-routing-key=30s(S)"});
   CHECK(find(plan, ActionKind::declare_exchange, "orders.in").exchange_type == "direct");
   for (const auto& a : plan.actions) {
     CHECK(a.durable);
@@ -119,7 +121,7 @@ TEST_CASE("The wait queue dead-letters to the service's own queue, not to the in
   const Action& wait = find(plan, ActionKind::declare_queue, "orders.wait.30s");
   CHECK(format_value(*wait.arguments.find("x-dead-letter-exchange")) == "\"\"");
   CHECK(format_value(*wait.arguments.find("x-dead-letter-routing-key")) == "orders.v2");
-  CHECK(find(plan, ActionKind::declare_queue, "orders.v2").arguments.size() == 2);
+  CHECK(find(plan, ActionKind::declare_queue, "orders.v2").arguments.size() == 3);
 }
 
 TEST_CASE(
@@ -155,27 +157,54 @@ TEST_CASE("Quorum services get quorum queues with at-least-once dead-lettering",
       "orders", R"("queue_type": "quorum", "parking": {"max_length": 100, "ttl": "7d"})",
       R"("mode": "republish", "delays": ["5s", "1m"], "max_attempts": 4)"))));
   CHECK(args(find(plan, ActionKind::declare_queue, "orders").arguments) ==
-        Strings{"x-queue-type=quorum(S)", "x-dead-letter-exchange=orders.wait(S)",
-                "x-dead-letter-routing-key=5s(S)", "x-dead-letter-strategy=at-least-once(S)",
-                "x-overflow=reject-publish(S)"});
+        Strings{"x-queue-type=quorum(S)", "x-delivery-limit=1000000(l)",
+                "x-dead-letter-exchange=orders.wait(S)", "x-dead-letter-routing-key=5s(S)",
+                "x-dead-letter-strategy=at-least-once(S)", "x-overflow=reject-publish(S)"});
   CHECK(args(find(plan, ActionKind::declare_queue, "orders.wait.1m").arguments) ==
         Strings{"x-queue-type=quorum(S)", "x-message-ttl=60000(l)",
                 "x-dead-letter-exchange=\"\"(S)", "x-dead-letter-routing-key=orders(S)",
                 "x-dead-letter-strategy=at-least-once(S)", "x-overflow=reject-publish(S)"});
-  // The parking queue dead-letters nowhere: no strategy, overflow only for its length limit.
+  // The parking queue dead-letters nowhere: no strategy, overflow only for its length limit,
+  // and, like the service queue, a delivery limit the broker never reaches.
   CHECK(args(find(plan, ActionKind::declare_queue, "orders.parking").arguments) ==
-        Strings{"x-queue-type=quorum(S)", "x-max-length=100(l)", "x-overflow=reject-publish(S)",
-                "x-message-ttl=604800000(l)"});
+        Strings{"x-queue-type=quorum(S)", "x-delivery-limit=1000000(l)", "x-max-length=100(l)",
+                "x-overflow=reject-publish(S)", "x-message-ttl=604800000(l)"});
+}
+
+TEST_CASE(
+    "Queue versions and delivery limits are defaults an existing queue may lack, and the file's "
+    "delivery limit is the consumer's, not the queue's",
+    "[topology]") {
+  Plan classic = make_plan(parse(one(service_json("orders", ""))));
+  for (const auto& a : classic.actions) {
+    INFO(describe(a));
+    CHECK(a.defaults ==
+          (a.kind == ActionKind::declare_queue ? Strings{"x-queue-version"} : Strings{}));
+  }
+
+  Plan quorum = make_plan(parse(one(service_json("orders", R"("queue_type": "quorum")"))));
+  CHECK(find(quorum, ActionKind::declare_queue, "orders").defaults == Strings{"x-delivery-limit"});
+  CHECK(find(quorum, ActionKind::declare_queue, "orders.parking").defaults ==
+        Strings{"x-delivery-limit"});
+  CHECK(find(quorum, ActionKind::declare_queue, "orders.wait.30s").defaults.empty());
+  CHECK(find(quorum, ActionKind::declare_queue, "orders.wait.30s")
+            .arguments.find("x-delivery-limit") == nullptr);
+
+  Plan explicit_limit = make_plan(
+      parse(one(service_json("orders", R"("queue_type": "quorum", "delivery_limit": 5)"))));
+  const Action& q = find(explicit_limit, ActionKind::declare_queue, "orders");
+  CHECK(q.defaults == Strings{"x-delivery-limit"});
+  CHECK(format_value(*q.arguments.find("x-delivery-limit")) == "1000000");
 }
 
 TEST_CASE("Parking limits refuse new messages rather than drop old ones", "[topology]") {
   Plan plan =
       make_plan(parse(one(service_json("orders", R"("parking": {"max_length": 1000000})"))));
   CHECK(args(find(plan, ActionKind::declare_queue, "orders.parking").arguments) ==
-        Strings{"x-max-length=1000000(l)", "x-overflow=reject-publish(S)"});
+        Strings{"x-queue-version=2(l)", "x-max-length=1000000(l)", "x-overflow=reject-publish(S)"});
   Plan ttl_only = make_plan(parse(one(service_json("orders", R"("parking": {"ttl": "14d"})"))));
   CHECK(args(find(ttl_only, ActionKind::declare_queue, "orders.parking").arguments) ==
-        Strings{"x-message-ttl=1209600000(l)"});
+        Strings{"x-queue-version=2(l)", "x-message-ttl=1209600000(l)"});
 }
 
 TEST_CASE("No plan ever sets x-expires or drop-head, and integers are always int64", "[topology]") {

@@ -47,6 +47,10 @@ const std::vector<Expected> invalid_files = {
     {"service_not_object.json", "services[0]", R"~(must be an object)~"},
     {"unknown_service_key.json", "services[0].queue_typ", R"~(did you mean "queue_type")~"},
     {"missing_name.json", "services[0].name", R"~(is missing)~"},
+    {"delivery_limit_classic.json", "services[0].delivery_limit",
+     R"~(applies to quorum queues only)~"},
+    {"delivery_limit_zero.json", "services[0].delivery_limit", R"~(must be at least 1, not 0)~"},
+    {"delivery_limit_string.json", "services[0].delivery_limit", R"~(must be a whole number)~"},
     {"empty_name.json", "services[0].name", R"~(must not be empty)~"},
     {"name_not_string.json", "services[0].name", R"~(must be a string)~"},
     {"name_too_long.json", "services[0].name", R"~(256 bytes long; RabbitMQ allows at most 255)~"},
@@ -302,6 +306,7 @@ TEST_CASE("Fields left out take their defaults", "[topology]") {
   CHECK(s.retry.max_attempts == 5);
   CHECK_FALSE(s.parking.max_length);
   CHECK_FALSE(s.parking.ttl);
+  CHECK_FALSE(s.delivery_limit);
 }
 
 TEST_CASE("Every field of the format is read into the model", "[topology]") {
@@ -319,6 +324,7 @@ TEST_CASE("Every field of the format is read into the model", "[topology]") {
 
   const Service& payments = services[1];
   CHECK(payments.queue_type == QueueType::quorum);
+  CHECK(payments.delivery_limit == 10);
   CHECK(payments.input.type == ExchangeType::headers);
   REQUIRE(payments.input.bindings.size() == 2);
   CHECK(payments.input.bindings[0].match == HeadersMatch::all);

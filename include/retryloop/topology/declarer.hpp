@@ -68,6 +68,9 @@ struct ActionResult {
   /// Queues, when the broker reported them (declare-ok): messages ready and consumers.
   std::optional<uint32_t> messages;
   std::optional<uint32_t> consumers;
+  /// apply and verify: default arguments (Action::defaults) that the existing object was declared
+  /// without (`actual` "(not set)"). It is used as it is: the outcome does not count them.
+  std::vector<Drift> defaults_missing;
 };
 
 struct Report {

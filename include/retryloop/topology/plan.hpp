@@ -50,6 +50,11 @@ struct Action {
   /// declare_exchange, declare_queue, bind_queue; for delete_queue, the arguments the queue is
   /// declared with (its `x-queue-type` decides how it can be deleted).
   amqp::FieldTable arguments;
+  /// Names of arguments in `arguments` that retryloop gives the objects it creates but does not
+  /// require of an existing one (`x-queue-version`, a default `x-delivery-limit`): an object
+  /// declared without them, as older releases did, is used as it is, and apply and verify say
+  /// so (ActionResult::defaults_missing). Changing them on a live queue takes a policy.
+  std::vector<std::string> defaults;
 };
 
 /// Ordered so that every object an action refers to is declared by an earlier action: per

@@ -68,6 +68,17 @@ struct Parking {
   std::optional<std::chrono::milliseconds> ttl;
 };
 
+/// Service::delivery_limit when the file sets none: RabbitMQ 4.x's own default for quorum queues.
+constexpr int64_t default_delivery_limit = 20;
+
+/// The `x-delivery-limit` of every quorum queue retryloop consumes or reads: so high that the
+/// broker never acts on it. Past its limit the broker dead-letters a message: from the service
+/// queue into the wait queue and back, where RabbitMQ drops it as a dead-letter cycle (no
+/// rejection in it), and from the parking queue, which dead-letters nowhere, straight to the
+/// floor (every read of a parked message counts). Without the argument 4.x applies a limit of 20;
+/// -1 means unlimited only from 4.0 on, while 3.x drops the message at its first return.
+constexpr int64_t broker_delivery_limit = 1000000;
+
 /// One service: an input queue and its retry loop. Every other name is derived from `name`.
 struct Service {
   std::string name;
@@ -75,6 +86,11 @@ struct Service {
   /// also means `name` (see input_queue_name).
   std::string queue;
   QueueType queue_type = QueueType::classic;
+  /// Quorum queues only: a delivery that this many earlier deliveries of the same message went
+  /// back unsettled (consumer crashes, stalls, requeues; the broker's `x-delivery-count`) is
+  /// parked by the consumer, reason `delivery_limit`, without running its handler. The queue's
+  /// own limit is broker_delivery_limit. nullopt: default_delivery_limit.
+  std::optional<int64_t> delivery_limit;
   Input input;
   Retry retry;
   Parking parking;
