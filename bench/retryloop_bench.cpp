@@ -199,7 +199,14 @@ void reset(uv_loop_t* loop, const Args& args) {
                 check(e, "queue.delete");
                 if (args.delete_only) return connection->close();
                 QueueOptions options;
-                if (args.type == "quorum") options.arguments.append("x-queue-type", "quorum");
+                // Classic queues as retryloop declares them (version 2), or the version 1 that
+                // RabbitMQ 3.x makes by default, to show the difference.
+                if (args.type == "quorum") {
+                  options.arguments.append("x-queue-type", "quorum");
+                } else {
+                  options.arguments.append("x-queue-version",
+                                           int64_t{args.type == "classic-v1" ? 1 : 2});
+                }
                 if (args.ttl > 0) {
                   options.arguments.append("x-message-ttl", int64_t{args.ttl});
                   options.arguments.append("x-dead-letter-exchange", "");
