@@ -17,7 +17,7 @@ class CodecCategory final : public std::error_category {
       case CodecError::bad_frame_end:
         return "frame end octet is not 0xCE";
       case CodecError::frame_too_large:
-        return "frame is larger than the negotiated frame_max";
+        return "frame is larger than the largest frame accepted";
       case CodecError::unknown_frame_type:
         return "unknown frame type (not method, header, body or heartbeat)";
       case CodecError::protocol_header:

@@ -122,6 +122,12 @@ std::string service_summary(const topology::Service& s) {
                      " mode, " + (delays.size() == 1 ? "delay " : "delays ") + join(delays) +
                      (delays.size() > 1 ? " (the last repeats)" : "") + ", at most " +
                      plural(static_cast<size_t>(s.retry.max_attempts), "attempt");
+  if (s.queue_type == topology::QueueType::quorum) {
+    text += ", parked after " +
+            plural(static_cast<size_t>(s.delivery_limit.value_or(topology::default_delivery_limit)),
+                   "unsettled delivery", "unsettled deliveries") +
+            " (delivery_limit)";
+  }
   return text;
 }
 
@@ -279,6 +285,23 @@ std::string result_note(const ActionResult& r, bool counts) {
   return note;
 }
 
+/// A missing input queue whose wait queues exist: what happens to the retries waiting there.
+void print_missing_queue_hint(const Report& report) {
+  for (const auto& q : report.results) {
+    if (q.action.role != topology::Role::input_queue || q.outcome != Outcome::missing) continue;
+    const bool waiting =
+        std::any_of(report.results.begin(), report.results.end(), [&](const ActionResult& r) {
+          return r.action.role == topology::Role::wait_queue && r.exists.value_or(false) &&
+                 r.action.services == q.action.services;
+        });
+    if (!waiting) continue;
+    std::cout << "Queue " << q.action.name
+              << " is missing but its wait queues exist: a retry waiting there whose delay ends "
+                 "before the queue is back is dropped by the broker (docs/topology.md, \"Safety "
+                 "rules\"). Run `retryloop topology apply` now.\n";
+  }
+}
+
 /// What an object declared without retryloop's default arguments means, and how to move it on.
 void print_defaults_hint(const Report& report) {
   bool version = false, parking_limit = false, limit = false;
@@ -417,6 +440,7 @@ int run_report(const TopologyArgs& args, const std::string& command) {
   print_results(result, command == "verify");
   std::cout << "\n";
   print_defaults_hint(result);
+  print_missing_queue_hint(result);
   if (command == "apply") {
     std::string text = summary(result, {{Outcome::created, "created"},
                                         {Outcome::existed, "already existed"},

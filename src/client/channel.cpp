@@ -22,13 +22,23 @@ constexpr size_t kMaxBodyReserve = 64 * 1024 * 1024;
 /// Acks held at most, on a channel with no prefetch limit.
 constexpr uint32_t kHeldAcksWithoutPrefetch = 256;
 
-size_t fingerprint(std::string_view exchange, std::string_view routing_key, std::string_view body) {
-  std::hash<std::string_view> hash;
-  size_t h = hash(exchange);
-  h ^= hash(routing_key) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  h ^= hash(body) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  return h;
+/// Exchange, routing key, body and encoded properties, each after its 8-byte length, so that no
+/// two different messages have the same identity. The properties come last so that the rest can
+/// be compared alone.
+std::string publish_identity(std::string_view exchange, std::string_view routing_key,
+                             std::string_view properties, std::string_view body) {
+  std::string identity;
+  identity.reserve(32 + exchange.size() + routing_key.size() + properties.size() + body.size());
+  for (std::string_view part : {exchange, routing_key, body, properties}) {
+    const uint64_t size = part.size();
+    identity.append(reinterpret_cast<const char*>(&size), sizeof size);
+    identity.append(part);
+  }
+  return identity;
 }
+
+/// Bytes of a content header payload before the property flags: class, weight, body size.
+constexpr size_t kHeaderFixedSize = 12;
 
 Error protocol_error(std::string text) {
   return Error(ClientError::protocol_error, std::move(text));
@@ -393,7 +403,7 @@ Error Channel::publish(std::string_view exchange, std::string_view routing_key,
   const uint32_t frame_max = connection_->tuning().frame_max;
   if (frame_max != 0 && header_size > frame_max) {
     out.resize(rollback);
-    return Error(ClientError::invalid_argument,
+    return Error(ClientError::properties_too_large,
                  "basic.publish: the properties and headers take a " + std::to_string(header_size) +
                      "-byte frame, over the frame_max of " + std::to_string(frame_max) +
                      " bytes agreed with the broker");
@@ -403,7 +413,14 @@ Error Channel::publish(std::string_view exchange, std::string_view routing_key,
     PendingPublish pending;
     pending.callback = std::move(on_confirm);
     pending.mandatory = m.mandatory;
-    if (pending.mandatory) pending.fingerprint = fingerprint(exchange, routing_key, body);
+    if (pending.mandatory) {
+      const size_t properties_start = header_start + amqp::kFrameHeaderSize + kHeaderFixedSize;
+      pending.identity =
+          publish_identity(exchange, routing_key,
+                           std::string_view(out).substr(
+                               properties_start, header_start + header_size - 1 - properties_start),
+                           body);
+    }
     pending_.push_back(std::move(pending));
     ++next_sequence_;
     ++unconfirmed_;
@@ -627,7 +644,10 @@ Error Channel::handle_content_header(std::string_view payload) {
   target->properties = std::move(header_.properties);
   target->properties_error = properties_error;
   target->raw_properties.clear();
-  if (properties_error) target->raw_properties.assign(payload.substr(12));
+  if (properties_error) target->raw_properties.assign(payload.substr(kHeaderFixedSize));
+  if (content_kind_ == ContentKind::returned) {
+    returned_properties_.assign(payload.substr(kHeaderFixedSize));
+  }
   target->body.clear();
   target->body.reserve(std::min<uint64_t>(header_.body_size, kMaxBodyReserve));
   body_remaining_ = header_.body_size;
@@ -690,20 +710,34 @@ void Channel::dispatch_content() {
 
 void Channel::handle_return(ReturnedMessage&& returned) {
   if (confirm_mode_) {
-    // A return carries no sequence number. Returns come in publish order and before the
-    // matching ack, so the earliest unconfirmed mandatory publish with the same exchange,
-    // routing key and body is the one returned.
-    size_t print = fingerprint(returned.exchange, returned.routing_key, returned.message.body);
+    // Returns come in publish order, each before its own ack, and the broker returns a message
+    // with the properties it was given; see publish() for why this match is exact.
+    const std::string identity = publish_identity(returned.exchange, returned.routing_key,
+                                                  returned_properties_, returned.message.body);
+    // Should the broker have re-encoded the properties, the rest must still match.
+    const size_t without_properties = identity.size() - 8 - returned_properties_.size();
+    PendingPublish* match = nullptr;
+    PendingPublish* same_but_properties = nullptr;
     for (auto& pending : pending_) {
-      if (!pending.settled && pending.mandatory && !pending.returned &&
-          pending.fingerprint == print) {
-        pending.returned = true;
-        pending.return_error = Error(ClientError::unroutable, returned.reply_text);
-        pending.return_error.reply_code = returned.reply_code;
+      if (pending.settled || !pending.mandatory || pending.returned) continue;
+      if (pending.identity == identity) {
+        match = &pending;
         break;
       }
+      if (same_but_properties == nullptr &&
+          pending.identity.compare(0, without_properties, identity, 0, without_properties) == 0) {
+        same_but_properties = &pending;
+      }
+    }
+    if (match == nullptr) match = same_but_properties;
+    if (match != nullptr) {
+      match->returned = true;
+      match->identity = std::string();
+      match->return_error = Error(ClientError::unroutable, returned.reply_text);
+      match->return_error.reply_code = returned.reply_code;
     }
   }
+  returned_properties_.clear();
   if (on_return_) on_return_(returned);
 }
 
@@ -720,6 +754,7 @@ void Channel::handle_confirm(uint64_t tag, bool multiple, bool ack) {
     PendingPublish& pending = pending_[seq - first_pending_sequence_];
     if (pending.settled) continue;
     pending.settled = true;
+    pending.identity = std::string();
     --unconfirmed_;
     PublishOutcome outcome;
     outcome.sequence = seq;

@@ -317,7 +317,13 @@ void Connection::handle_bytes(std::string_view bytes) {
   handling_read_ = false;
   if (state_ == State::closed) return;
   if (ec) {
-    fail_protocol(Error(ClientError::protocol_error, ec.message()));
+    std::string text = ec.message();
+    if (ec == amqp::CodecError::frame_too_large) {
+      text += " (a frame of " + std::to_string(parser_.refused_frame_size()) +
+              " bytes; frames up to " + std::to_string(parser_.max_frame_size()) +
+              " bytes are accepted, frame_max " + std::to_string(tuning_.frame_max) + ")";
+    }
+    fail_protocol(Error(ClientError::protocol_error, std::move(text)));
     return;
   }
   flush();
@@ -488,7 +494,7 @@ Error Connection::on_tune(std::string_view payload) {
   ok.frame_max = tuning_.frame_max;
   ok.heartbeat = tuning_.heartbeat_seconds;
   amqp::append_method_frame(out_, 0, ok);
-  parser_.set_max_frame_size(tuning_.frame_max);
+  parser_.set_max_frame_size(amqp::inbound_frame_limit(tune.frame_max, tuning_.frame_max));
   channels_.assign(size_t{tuning_.channel_max} + 1, nullptr);
 
   amqp::ConnectionOpen open;

@@ -54,6 +54,8 @@ class ClientCategory : public std::error_category {
         return "topology drift";
       case ClientError::consumer_cancelled:
         return "the broker cancelled the consumer";
+      case ClientError::properties_too_large:
+        return "the properties need a content header frame larger than frame_max";
     }
     return "unknown client error";
   }

@@ -116,6 +116,8 @@ struct Consumer::Handling {
   uint64_t published_at_ms = 0;
   /// Held back while the broker blocks publishing.
   bool paused = false;
+  /// The parking copy was made again without the original's headers (it did not fit).
+  bool stripped = false;
   /// The outcome of a synchronous handler run on a worker thread.
   Outcome work_outcome;
 };
@@ -168,6 +170,14 @@ Consumer::~Consumer() = default;
 
 size_t Consumer::in_flight() const {
   return waiting_.size() + running_ + settling_.size();
+}
+
+size_t Consumer::handlers_running() const {
+  return pool_ ? pool_->running() : 0;
+}
+
+bool Consumer::wait_for_handlers(std::chrono::milliseconds timeout) const {
+  return pool_ ? pool_->wait_idle(timeout) : true;
 }
 
 Error Consumer::start() {
@@ -316,6 +326,13 @@ void Consumer::declare_topology(const std::shared_ptr<Session>& session) {
             if (result.outcome == topology::Outcome::created) {
               log->info("service={} created {}", self->options_.service.name,
                         topology::describe(result.action));
+            }
+            for (const auto& missing : result.defaults_missing) {
+              log->warn(
+                  "service={} {} was declared without {} (new ones get {}); used as it is, see "
+                  "docs/topology.md, \"Older queues\"",
+                  self->options_.service.name, topology::describe(result.action), missing.argument,
+                  missing.wanted);
             }
           }
         }
@@ -499,6 +516,23 @@ void Consumer::on_delivery(client::Delivery&& delivery) {
   start_handlers();
 }
 
+std::string Consumer::over_delivery_limit(const AttemptInfo& info) const {
+  const char* what =
+      " (its consumer crashed, stalled or gave it back each time); its handler was "
+      "not run again";
+  if (info.delivery_limited > 0) {
+    return "the broker dead-lettered it for going back unsettled more often than the queue's "
+           "delivery limit" +
+           std::string(what);
+  }
+  if (options_.service.queue_type != topology::QueueType::quorum) return {};
+  const int64_t limit = options_.service.delivery_limit.value_or(topology::default_delivery_limit);
+  if (info.delivery_count < limit) return {};
+  return "delivered " + std::to_string(info.delivery_count) +
+         " times before without being settled, the service's delivery_limit is " +
+         std::to_string(limit) + what;
+}
+
 void Consumer::begin_handling(Pending& pending) {
   pending.handling = std::make_unique<Handling>();
   Message& message = pending.message;
@@ -537,8 +571,16 @@ void Consumer::start_handlers() {
 }
 
 void Consumer::run_handler(const std::shared_ptr<Pending>& pending) {
-  ++running_;
   begin_handling(*pending);
+  if (std::string why = over_delivery_limit(pending->handling->info); !why.empty()) {
+    Decision& decision = pending->handling->decision;
+    decision.action = Action::park;
+    decision.reason = ParkReason::delivery_limit;
+    decision.error = std::move(why);
+    carry_out(pending);
+    return;
+  }
+  ++running_;
   pending->handling->started_ns = uv_hrtime();
   if (async_handler_) {
     std::weak_ptr<Consumer> weak = weak_from_this();
@@ -703,7 +745,101 @@ void Consumer::publish_copy(const std::shared_ptr<Pending>& pending) {
               delay.count());
         }
       });
-  if (error) session_failed(session_, error);
+  if (error.code == make_error_code(ClientError::properties_too_large)) {
+    copy_too_large(pending, error);
+  } else if (error) {
+    session_failed(session_, error);
+  }
+}
+
+void Consumer::copy_too_large(const std::shared_ptr<Pending>& pending, const Error& error) {
+  // The same message would fail the same way after any reconnect, so it must end here. First
+  // retryloop-error is shortened, half at a time, to what fits.
+  Handling& handling = *pending->handling;
+  amqp::BasicProperties& copy = *handling.copy;
+  amqp::FieldValue* value = copy.headers ? copy.headers->find(header::error) : nullptr;
+  std::string* text = value ? value->get_if<std::string>() : nullptr;
+  if (text != nullptr && !text->empty()) {
+    *text = truncate_utf8(*text, text->size() / 2);
+    publish_copy(pending);
+    return;
+  }
+  auto* log = options_.logger.get();
+  const bool to_wait = handling.decision.action == Action::publish_to_wait;
+  ++metrics_.copies_too_large;
+  if (to_wait) {
+    // A retry by reject instead: Q dead-letters it into its first wait queue inside the broker,
+    // where no frame_max applies, and it comes back with every byte and one more attempt counted
+    // by x-death, so the attempt cap still ends it (in parking, below).
+    settling_.erase(pending->id);
+    if (pending->channel->reject(pending->delivery_tag, false)) {
+      ++metrics_.abandoned;
+    } else {
+      ++metrics_.retried;
+      if (log) {
+        log->warn(
+            "service={} queue={} message_id={} attempt={} outcome=retry via=reject "
+            "error=\"its retry copy cannot be published ({})\"",
+            options_.service.name, topology::input_queue_name(options_.service),
+            pending->message.message_id(), handling.info.attempt, error.message());
+      }
+    }
+    maybe_finish_stop();
+    return;
+  }
+  // A reject would bring it back through the wait queue, to fail again. It is parked without the
+  // original's headers (or raw property bytes) that do not fit, and retryloop-error says so.
+  if (copy.headers && copy.headers->size() > 0 && !handling.stripped) {
+    handling.stripped = true;
+    amqp::BasicProperties bare = pending->message.properties;
+    bare.headers.reset();
+    ParkingNote note;
+    note.reason = handling.decision.reason;
+    note.error = "its headers were removed, the copy needs a header frame over frame_max (" +
+                 error.message() + "); " + handling.decision.error;
+    note.queue = topology::input_queue_name(options_.service);
+    note.consumer = options_.consumer_name;
+    note.now_seconds = unix_seconds();
+    handling.copy = make_parking_copy(bare, handling.info, note);
+    if (log) {
+      log->error(
+          "service={} queue={} message_id={} attempt={} parking copy too large ({}); "
+          "parking it without its headers",
+          options_.service.name, topology::input_queue_name(options_.service),
+          pending->message.message_id(), handling.info.attempt, error.message());
+    }
+    publish_copy(pending);
+    return;
+  }
+  // Not even that fits (frame_max far below what the remaining properties need): the original
+  // is rejected; the broker's dead-lettering keeps it whole.
+  settling_.erase(pending->id);
+  if (pending->channel->reject(pending->delivery_tag, false)) ++metrics_.abandoned;
+  if (log) {
+    log->error(
+        "service={} queue={} message_id={} attempt={} no parking copy fits ({}); rejected "
+        "to the wait queue",
+        options_.service.name, topology::input_queue_name(options_.service),
+        pending->message.message_id(), handling.info.attempt, error.message());
+  }
+  maybe_finish_stop();
+}
+
+void Consumer::count_parked(ParkReason reason) {
+  switch (reason) {
+    case ParkReason::exhausted:
+      ++metrics_.parked_exhausted;
+      break;
+    case ParkReason::permanent:
+      ++metrics_.parked_permanent;
+      break;
+    case ParkReason::poison:
+      ++metrics_.parked_poison;
+      break;
+    case ParkReason::delivery_limit:
+      ++metrics_.parked_delivery_limit;
+      break;
+  }
 }
 
 void Consumer::copy_confirmed(const std::shared_ptr<Pending>& pending) {
@@ -719,17 +855,7 @@ void Consumer::copy_confirmed(const std::shared_ptr<Pending>& pending) {
     ++metrics_.retried;
     log_outcome(*pending, "retry", decision.error);
   } else {
-    switch (decision.reason) {
-      case ParkReason::exhausted:
-        ++metrics_.parked_exhausted;
-        break;
-      case ParkReason::permanent:
-        ++metrics_.parked_permanent;
-        break;
-      case ParkReason::poison:
-        ++metrics_.parked_poison;
-        break;
-    }
+    count_parked(decision.reason);
     log_outcome(*pending, "parked", decision.error);
     depth_check_soon_ = true;
     if (options_.on_parked) {
@@ -935,13 +1061,12 @@ void Consumer::close_handles() {
     uv_close(reinterpret_cast<uv_handle_t*>(&sigint_), on_closed);
     uv_close(reinterpret_cast<uv_handle_t*>(&sigterm_), on_closed);
   }
-  if (pool_) pool_->close([this] { on_handle_closed(); });
+  if (pool_) pool_->close(options_.handler_exit_timeout, [this] { on_handle_closed(); });
 }
 
 void Consumer::on_handle_closed() {
   if (--open_handles_ != 0) return;
-  state_ = State::stopped;
-  pool_.reset();
+  state_ = State::stopped;  // pool_ stays, for wait_for_handlers()
   std::shared_ptr<Consumer> keep_alive = std::move(self_);
   StoppedHandler handler = std::move(on_stopped_);
   if (handler) handler(fatal_error_);

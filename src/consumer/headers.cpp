@@ -1,5 +1,6 @@
 #include "retryloop/consumer/headers.hpp"
 
+#include <algorithm>
 #include <limits>
 
 namespace retryloop::consumer {
@@ -31,7 +32,7 @@ void note_malformed(AttemptInfo& info, std::string what) {
   info.malformed += what;
 }
 
-/// Reads the x-death entry for {queue, rejected} into `info`.
+/// Reads the x-death entries for {queue, rejected} and {queue, delivery_limit} into `info`.
 void read_x_death(const amqp::FieldValue& x_death, std::string_view queue, AttemptInfo& info,
                   std::string& exchange, std::optional<std::string>& routing_key) {
   const auto* entries = x_death.get_if<amqp::FieldArray>();
@@ -47,10 +48,15 @@ void read_x_death(const amqp::FieldValue& x_death, std::string_view queue, Attem
       note_malformed(info, "x-death[" + std::to_string(i) + "] is not a table");
       continue;
     }
-    if (found || string_field(*entry, "queue") != queue ||
-        string_field(*entry, "reason") != std::string_view("rejected")) {
+    if (string_field(*entry, "queue") != queue) continue;
+    if (string_field(*entry, "reason") == std::string_view("delivery_limit")) {
+      const amqp::FieldValue* count = entry->find("count");
+      if (auto n = count != nullptr ? count->as_int64() : std::nullopt; n && *n > 0) {
+        info.delivery_limited = std::max(info.delivery_limited, *n);
+      }
       continue;
     }
+    if (found || string_field(*entry, "reason") != std::string_view("rejected")) continue;
     const amqp::FieldValue* count = entry->find("count");
     std::optional<int64_t> n = count != nullptr ? count->as_int64() : std::nullopt;
     if (!n || *n < 0) {
@@ -68,6 +74,18 @@ void read_x_death(const amqp::FieldValue& x_death, std::string_view queue, Attem
       }
     }
     if (auto time = time_field(*entry, "time")) info.first_failure = time;
+    if (auto expiration = string_field(*entry, "original-expiration")) {
+      info.original_expiration = std::string(*expiration);
+    }
+  }
+}
+
+/// Moves a per-message TTL out of the copy's properties into its header.
+void keep_expiration(amqp::BasicProperties& copy, amqp::FieldTable& headers,
+                     const AttemptInfo& info) {
+  copy.expiration.reset();
+  if (info.original_expiration && headers.find(header::original_expiration) == nullptr) {
+    headers.set(std::string(header::original_expiration), *info.original_expiration);
   }
 }
 
@@ -81,6 +99,8 @@ const char* to_string(ParkReason reason) {
       return "permanent";
     case ParkReason::poison:
       return "poison";
+    case ParkReason::delivery_limit:
+      return "delivery_limit";
   }
   return "unknown";
 }
@@ -96,9 +116,13 @@ AttemptInfo read_attempt_info(const amqp::BasicProperties& properties, std::stri
   AttemptInfo info;
   info.original_exchange = delivery_exchange;
   info.original_routing_key = delivery_routing_key;
+  info.original_expiration = properties.expiration;
   if (!properties.headers) return info;
   const amqp::FieldTable& headers = *properties.headers;
 
+  if (const amqp::FieldValue* count = headers.find(header::delivery_count)) {
+    info.delivery_count = std::max<int64_t>(count->as_int64().value_or(0), 0);
+  }
   if (const amqp::FieldValue* retries = headers.find(header::retries)) {
     std::optional<int64_t> n = retries->as_int64();
     if (n && *n >= 0) {
@@ -126,6 +150,10 @@ AttemptInfo read_attempt_info(const amqp::BasicProperties& properties, std::stri
     info.original_routing_key = std::string(*key);
   }
   if (auto first = time_field(headers, header::first_failure)) info.first_failure = first;
+  if (properties.expiration) info.original_expiration = properties.expiration;  // over x-death
+  if (auto expiration = string_field(headers, header::original_expiration)) {
+    info.original_expiration = std::string(*expiration);
+  }
 
   info.attempt = saturating_add(saturating_add(1, info.rejected), info.retries);
   return info;
@@ -136,7 +164,9 @@ amqp::BasicProperties make_retry_copy(const amqp::BasicProperties& properties,
   amqp::BasicProperties copy = properties;
   amqp::FieldTable& headers = copy.headers ? *copy.headers : copy.headers.emplace();
   headers.erase_if(is_death_header);
-  headers.set(std::string(header::retries), saturating_add(info.retries, 1));
+  headers.erase(header::delivery_count);
+  // Every attempt so far, the broker's rejections included: stripping x-death drops them.
+  headers.set(std::string(header::retries), info.attempt);
   if (headers.find(header::original_exchange) == nullptr) {
     headers.set(std::string(header::original_exchange), info.original_exchange);
   }
@@ -147,6 +177,7 @@ amqp::BasicProperties make_retry_copy(const amqp::BasicProperties& properties,
     headers.set(std::string(header::first_failure),
                 amqp::Timestamp{info.first_failure.value_or(now_seconds)});
   }
+  keep_expiration(copy, headers, info);
   return copy;
 }
 
@@ -164,6 +195,8 @@ amqp::BasicProperties make_parking_copy(const amqp::BasicProperties& properties,
               amqp::Timestamp{info.first_failure.value_or(note.now_seconds)});
   headers.set(std::string(header::parked_at), amqp::Timestamp{note.now_seconds});
   headers.set(std::string(header::consumer), note.consumer);
+  headers.erase(header::delivery_count);
+  keep_expiration(copy, headers, info);
   return copy;
 }
 

@@ -41,10 +41,13 @@ std::string Metrics::summary() const {
          " acked=" + std::to_string(acked) + " retried=" + std::to_string(retried) +
          " parked_exhausted=" + std::to_string(parked_exhausted) +
          " parked_permanent=" + std::to_string(parked_permanent) +
-         " parked_poison=" + std::to_string(parked_poison) + " dropped=" + std::to_string(dropped) +
+         " parked_poison=" + std::to_string(parked_poison) +
+         " parked_delivery_limit=" + std::to_string(parked_delivery_limit) +
+         " dropped=" + std::to_string(dropped) +
          " handler_errors=" + std::to_string(handler_errors) +
          " publish_failures=" + std::to_string(publish_failures) +
          " abandoned=" + std::to_string(abandoned) + " reconnects=" + std::to_string(reconnects) +
+         " copies_too_large=" + std::to_string(copies_too_large) +
          " latency_p50=" + ms(handler_latency.quantile(0.5)) +
          " latency_p99=" + ms(handler_latency.quantile(0.99)) +
          " latency_max=" + ms(handler_latency.max());

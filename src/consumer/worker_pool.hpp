@@ -2,6 +2,7 @@
 
 #include <uv.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -14,9 +15,9 @@
 namespace retryloop::consumer::detail {
 
 /// Threads for blocking handlers, started on demand up to a limit. A job runs on a worker
-/// thread; its `done` runs afterwards on the loop thread. Closing abandons jobs still running:
-/// they finish on their own thread and their `done` never runs, so a stuck handler cannot hold
-/// the loop open.
+/// thread; its `done` runs afterwards on the loop thread. Closing waits, for a bounded time, for
+/// the jobs still running; a job still running after that is abandoned: it finishes on its own
+/// thread and its `done` never runs, so a stuck handler cannot hold the loop open for ever.
 class WorkerPool {
  public:
   using Job = std::function<void()>;
@@ -27,30 +28,46 @@ class WorkerPool {
   WorkerPool& operator=(const WorkerPool&) = delete;
 
   void post(Job job, Done done);
-  /// Takes no more jobs, lets idle threads exit, and closes the wake-up handle; `on_closed`
-  /// runs from its close callback. The pool may be destroyed after that.
-  void close(std::function<void()> on_closed);
+  /// Takes no more jobs (queued ones are dropped, their `done` never runs), lets idle threads
+  /// exit, waits up to `wait` for the running jobs to return, and closes its handles;
+  /// `on_closed` runs from the last close callback, on the loop thread. The pool may be
+  /// destroyed after that.
+  void close(std::chrono::milliseconds wait, std::function<void()> on_closed);
+
+  /// Jobs running now. Any thread.
+  size_t running() const;
+  /// Blocks the calling thread until no job runs or `timeout` passes; returns whether none
+  /// runs. Any thread (jobs never need the loop).
+  bool wait_idle(std::chrono::milliseconds timeout) const;
 
  private:
   struct Shared {
-    std::mutex mutex;
+    mutable std::mutex mutex;
     std::condition_variable wake;
+    mutable std::condition_variable idle_changed;
     std::deque<std::pair<Job, Done>> jobs;
     std::vector<Done> finished;
     bool closing = false;
     size_t threads = 0;
     size_t idle = 0;
+    size_t active = 0;
+    /// Null once the handle is closing: workers no longer wake the loop.
     uv_async_t* async = nullptr;
   };
-  /// Owns the async handle until its close callback.
+  /// Owns the handles until their close callbacks.
   struct Handle {
     uv_async_t async{};
+    uv_timer_t timer{};
+    bool timer_started = false;
+    int open = 0;
     std::shared_ptr<Shared> shared;
     std::function<void()> on_closed;
   };
 
   static void run_worker(const std::shared_ptr<Shared>& shared);
+  static void finish_close(Handle* handle);
 
+  uv_loop_t* loop_;
   size_t max_threads_;
   std::shared_ptr<Shared> shared_;
   Handle* handle_;

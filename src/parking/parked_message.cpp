@@ -101,12 +101,21 @@ amqp::BasicProperties make_replay_copy(const amqp::BasicProperties& properties) 
     replays = previous->as_int64().value_or(0);
   }
   headers.erase_if([](const std::string& name) {
-    return consumer::is_death_header(name) || is_parking_header(name);
+    return consumer::is_death_header(name) || is_parking_header(name) ||
+           name == consumer::header::delivery_count;
   });
   const int64_t next = replays < 0                                      ? 1
                        : replays == std::numeric_limits<int64_t>::max() ? replays
                                                                         : replays + 1;
   headers.set(std::string(header::replays), next);
+  // Not restored: a TTL that ran from the first publish would expire the replayed message
+  // anywhere (and silently in a queue that dead-letters nowhere). The header keeps the value.
+  if (copy.expiration) {
+    if (headers.find(header::original_expiration) == nullptr) {
+      headers.set(std::string(header::original_expiration), *copy.expiration);
+    }
+    copy.expiration.reset();
+  }
   return copy;
 }
 

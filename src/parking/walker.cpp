@@ -129,6 +129,13 @@ void Walker::restart_consumer() {
       self->restarting_ = false;
       return self->maybe_done();
     }
+    // The old consumer's deliveries have all arrived; a new one is sent a full window at once.
+    // Starting it only when no copy is in flight keeps the copies awaiting confirms within the
+    // window.
+    if (self->publishes_in_flight_ > 0) {
+      self->consume_when_settled_ = true;
+      return;
+    }
     self->consume();
   });
   if (error) fail(error);
@@ -177,6 +184,14 @@ void Walker::move(uint64_t delivery_tag, Decision&& decision, std::string&& body
           ++self->held_by_consumer_;
         }
         if (self->on_progress_) self->on_progress_(self->progress_);
+        if (self->consume_when_settled_ && self->publishes_in_flight_ == 0) {
+          self->consume_when_settled_ = false;
+          if (self->reading_done_ || self->reported_) {
+            self->restarting_ = false;
+          } else {
+            self->consume();
+          }
+        }
         self->maybe_done();
       });
   if (error) {

@@ -29,7 +29,8 @@ struct Decision {
 /// Reads a queue once, from its head to the depth it had at the start, and carries out a
 /// decision per message (the shared rules of parking.hpp). Kept messages are held unacked until
 /// the channel closes; when they fill half the window, the consumer is restarted, so that held
-/// messages never stall the reading (prefetch counts per consumer).
+/// messages never stall the reading (prefetch counts per consumer). The new consumer starts once
+/// no copy is in flight, so that at most `window` copies ever await their confirms.
 class Walker : public std::enable_shared_from_this<Walker> {
  public:
   using Visitor = std::function<Decision(ParkedMessage& message)>;
@@ -70,6 +71,8 @@ class Walker : public std::enable_shared_from_this<Walker> {
   std::string consumer_tag_;
   bool consuming_ = false;
   bool restarting_ = false;
+  /// The old consumer is cancelled; the new one starts once no copy is in flight.
+  bool consume_when_settled_ = false;
   bool reading_done_ = false;
   bool interrupted_ = false;
   bool reported_ = false;

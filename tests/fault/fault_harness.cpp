@@ -15,6 +15,7 @@
 #include <thread>
 #include <utility>
 
+#include "retryloop/amqp/frame.hpp"
 #include "retryloop/topology/declarer.hpp"
 #include "retryloop/topology/duration.hpp"
 #include "retryloop/topology/topology_json.hpp"
@@ -115,8 +116,9 @@ Outcome run_script(const consumer::Message& message, bool outage) {
 
 // ---- lanes -------------------------------------------------------------------------------------
 
-Lane::Lane(const std::string& fault, topology::RetryMode mode_, topology::QueueType queue_type_)
-    : mode(mode_), queue_type(queue_type_) {
+Lane::Lane(const std::string& fault, topology::RetryMode mode_, topology::QueueType queue_type_,
+           std::chrono::milliseconds delay_)
+    : mode(mode_), queue_type(queue_type_), delay(delay_) {
   const std::string name =
       unique_name(fault + "." + (mode == topology::RetryMode::reject ? "rej" : "rep") + "." +
                   (queue_type == topology::QueueType::classic ? "cl" : "qu"));
@@ -127,7 +129,7 @@ Lane::Lane(const std::string& fault, topology::RetryMode mode_, topology::QueueT
          {"input", {{"exchange", name + ".in"}, {"type", "direct"}, {"bindings", {"key"}}}},
          {"retry",
           {{"mode", topology::to_string(mode)},
-           {"delays", {topology::duration_label(retry_delay)}},
+           {"delays", {topology::duration_label(delay)}},
            {"max_attempts", max_attempts}}}}}}};
   topology::ParseResult parsed = topology::parse_topology(file.dump());
   std::string problems;
@@ -199,11 +201,12 @@ size_t Lane::expected_parked() const {
   return n;
 }
 
-std::vector<std::unique_ptr<Lane>> make_lanes(const std::string& fault) {
+std::vector<std::unique_ptr<Lane>> make_lanes(const std::string& fault,
+                                              std::chrono::milliseconds delay) {
   std::vector<std::unique_ptr<Lane>> lanes;
   for (auto mode : {topology::RetryMode::reject, topology::RetryMode::republish}) {
     for (auto type : {topology::QueueType::classic, topology::QueueType::quorum}) {
-      lanes.push_back(std::make_unique<Lane>(fault, mode, type));
+      lanes.push_back(std::make_unique<Lane>(fault, mode, type, delay));
     }
   }
   return lanes;
@@ -577,7 +580,8 @@ client::Error Probe::delete_queue(const std::string& name, bool if_empty) {
 }
 
 size_t Probe::publish(const std::string& exchange, const std::string& routing_key,
-                      const std::vector<std::pair<std::string, std::string>>& id_and_body) {
+                      const std::vector<std::pair<std::string, std::string>>& id_and_body,
+                      const std::vector<size_t>& header_frame_size) {
   Error error;
   auto ch = channel(error);
   if (!ch) return 0;
@@ -593,6 +597,16 @@ size_t Probe::publish(const std::string& exchange, const std::string& routing_ke
     amqp::BasicProperties properties;
     properties.message_id = id;
     properties.delivery_mode = 2;
+    const size_t frame_size = sent < header_frame_size.size() ? header_frame_size[sent] : 0;
+    if (frame_size != 0) {
+      properties.headers = amqp::FieldTable{};
+      properties.headers->append("padding", std::string());
+      std::string frame;
+      REQUIRE_FALSE(amqp::append_header_frame(frame, 1, body.size(), properties));
+      REQUIRE(frame.size() <= frame_size);
+      properties.headers = amqp::FieldTable{};
+      properties.headers->append("padding", std::string(frame_size - frame.size(), 'p'));
+    }
     if (ch->publish(exchange, routing_key, properties, body, client::Mandatory::yes,
                     [counts](const client::PublishOutcome& outcome) {
                       ++counts->settled;
@@ -670,10 +684,14 @@ void set_up(Probe& probe, const std::vector<std::unique_ptr<Lane>>& lanes) {
   }
   for (const auto& lane : lanes) {
     std::vector<std::pair<std::string, std::string>> messages;
-    for (const auto& script : lane->scripts)
+    std::vector<size_t> header_frame_size;
+    for (const auto& script : lane->scripts) {
       messages.emplace_back(script.id, script.body);
+      header_frame_size.push_back(script.header_frame_size);
+    }
     INFO(lane->label());
-    REQUIRE(probe.publish(lane->service.input.exchange, "key", messages) == messages.size());
+    REQUIRE(probe.publish(lane->service.input.exchange, "key", messages, header_frame_size) ==
+            messages.size());
   }
 }
 

@@ -67,6 +67,8 @@ struct Script {
   int fail_times = 0;
   std::string body;
   Expect expect = Expect::acked;
+  /// When not 0: a header pads its content header frame to this size, overhead included.
+  size_t header_frame_size = 0;
 };
 
 /// The expected end of a message whose next handler call is attempt `next_attempt`, when a retry
@@ -82,7 +84,8 @@ consumer::Outcome run_script(const consumer::Message& message, bool outage = fal
 /// One service under test: its topology (also written to a file for the processes) and its
 /// scripted messages.
 struct Lane {
-  Lane(const std::string& fault, topology::RetryMode mode, topology::QueueType queue_type);
+  Lane(const std::string& fault, topology::RetryMode mode, topology::QueueType queue_type,
+       std::chrono::milliseconds delay = retry_delay);
   ~Lane();
   Lane(const Lane&) = delete;
   Lane& operator=(const Lane&) = delete;
@@ -91,7 +94,7 @@ struct Lane {
   std::string queue_type_name() const { return topology::to_string(queue_type); }
   std::string label() const { return mode_name() + "/" + queue_type_name(); }
   const std::string& input_queue() const { return topology::input_queue_name(service); }
-  std::string wait_queue() const { return topology::wait_queue_name(service.name, retry_delay); }
+  std::string wait_queue() const { return topology::wait_queue_name(service.name, delay); }
   std::string parking_queue() const { return topology::parking_queue_name(service.name); }
   topology::Plan plan() const { return topology::make_plan(topology::Topology{{service}}); }
   size_t expected_count(Expect expect) const;
@@ -99,6 +102,8 @@ struct Lane {
 
   topology::RetryMode mode;
   topology::QueueType queue_type;
+  /// The lane's one retry delay (retry_delay unless a fault needs retries to wait longer).
+  std::chrono::milliseconds delay;
   topology::Service service;
   std::string topology_path;
   std::vector<Script> scripts;
@@ -112,7 +117,8 @@ struct Lane {
 };
 
 /// The four lanes of a fault run: reject and republish, each with classic and quorum queues.
-std::vector<std::unique_ptr<Lane>> make_lanes(const std::string& fault);
+std::vector<std::unique_ptr<Lane>> make_lanes(const std::string& fault,
+                                              std::chrono::milliseconds delay = retry_delay);
 
 // ---- evidence of acks --------------------------------------------------------------------------
 
@@ -210,8 +216,11 @@ class Probe {
   client::Error delete_queue(const std::string& name, bool if_empty);
   /// Publishes persistent messages with mandatory and confirms, pipelined; returns how many were
   /// confirmed and routed.
+  /// `header_frame_size[i]`, when given and not 0, pads message i's content header frame to that
+  /// size with a header.
   size_t publish(const std::string& exchange, const std::string& routing_key,
-                 const std::vector<std::pair<std::string, std::string>>& id_and_body);
+                 const std::vector<std::pair<std::string, std::string>>& id_and_body,
+                 const std::vector<size_t>& header_frame_size = {});
   void close();
 
  private:

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -32,8 +33,14 @@ namespace {
 
 /// A run with one in-process consumer per lane.
 struct InProcessRun {
-  explicit InProcessRun(const std::string& fault, bool gated = false) {
+  /// `adjust`, when given, changes each lane (its scripts) before anything is published.
+  explicit InProcessRun(const std::string& fault, bool gated = false,
+                        const std::function<void(Lane&)>& adjust = {}) {
     lanes = make_lanes(fault);
+    if (adjust) {
+      for (auto& lane : lanes)
+        adjust(*lane);
+    }
     for (size_t i = 0; i < lanes.size(); ++i) {
       ledgers.push_back(std::make_unique<Ledger>());
       gates.push_back(gated ? std::make_unique<Gate>() : nullptr);
@@ -393,6 +400,105 @@ TEST_CASE(
        unrouted);
 }
 
+TEST_CASE(
+    "A service queue deleted while retries wait (a redeploy): what becomes of the waiting "
+    "retries",
+    "[fault][!mayfail]") {
+  // A known loss (docs/topology.md, "Safety rules"): the wait queues dead-letter through the
+  // default exchange, which drops a retry whose queue is gone. The lane prints what happened and
+  // fails its checks until the topology routes such retries to parking.
+  TestLoop loop;
+  Probe probe(loop, test::broker_url());
+  // Retries wait 3 s here, so that the queue can be deleted while they wait.
+  const std::chrono::milliseconds delay = 3s;
+  auto lanes = make_lanes("qdel", delay);
+  set_up(probe, lanes);
+  const auto started = Clock::now();
+  std::vector<std::unique_ptr<Ledger>> ledgers;
+  std::vector<std::unique_ptr<LaneConsumer>> consumers;
+  for (const auto& lane : lanes) {
+    ledgers.push_back(std::make_unique<Ledger>());
+    consumers.push_back(
+        std::make_unique<LaneConsumer>(loop, *lane, test::broker_url(), *ledgers.back()));
+    consumers.back()->start();
+  }
+  REQUIRE(poll_until(loop, 60s, [&] {
+    for (size_t i = 0; i < lanes.size(); ++i) {
+      if (ledgers[i]->size() < messages_per_lane / 3) return false;
+      if (probe.depth(lanes[i]->wait_queue()).messages < 10) return false;
+    }
+    return true;
+  }));
+
+  // The redeploy: the consumers stop, the operator moves the queue's messages aside (they are
+  // not what this fault is about) and deletes the queue while retries wait.
+  for (auto& c : consumers)
+    c->stop();
+  std::vector<std::vector<std::pair<std::string, std::string>>> aside(lanes.size());
+  std::vector<uint32_t> waiting(lanes.size(), 0);
+  std::vector<uint32_t> parked_before(lanes.size(), 0);
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    const Lane& lane = *lanes[i];
+    parked_before[i] = probe.depth(lane.parking_queue()).messages;
+    INFO(lane.label());
+    bool deleted = false;
+    for (int tries = 0; tries < 20 && !deleted; ++tries) {
+      std::vector<client::GetResult> taken;
+      REQUIRE(probe.drain(lane.input_queue(), taken));
+      for (const auto& m : taken) {
+        aside[i].emplace_back(m.message.properties.message_id.value_or(""), m.message.body);
+      }
+      waiting[i] = probe.depth(lane.wait_queue()).messages;
+      // Classic: if-empty, so a retry that came back meanwhile stops it. Quorum queues refuse
+      // if-empty; the drain just before is all there is.
+      deleted =
+          !probe.delete_queue(lane.input_queue(), lane.queue_type == topology::QueueType::classic);
+    }
+    REQUIRE(deleted);
+    CHECK(waiting[i] > 0);
+  }
+
+  // Their delay ends while the queue is gone.
+  poll_until(loop, delay + 2s, [] { return false; });
+  std::vector<uint32_t> still_waiting(lanes.size(), 0);
+  std::vector<uint32_t> parked_meanwhile(lanes.size(), 0);
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    still_waiting[i] = probe.depth(lanes[i]->wait_queue()).messages;
+    parked_meanwhile[i] = probe.depth(lanes[i]->parking_queue()).messages - parked_before[i];
+  }
+
+  // The new deploy declares the queue again, the messages set aside go back, consumers start.
+  std::vector<QuietCheck> checks;
+  std::vector<std::unique_ptr<LaneConsumer>> second;
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    INFO(lanes[i]->label());
+    REQUIRE_FALSE(probe.apply(lanes[i]->plan()));
+    REQUIRE(probe.publish("", lanes[i]->input_queue(), aside[i]) == aside[i].size());
+    second.push_back(
+        std::make_unique<LaneConsumer>(loop, *lanes[i], test::broker_url(), *ledgers[i]));
+    second.back()->start();
+    LaneConsumer* c = second.back().get();
+    Ledger* ledger = ledgers[i].get();
+    checks.push_back(
+        {lanes[i].get(), [c] { return c->idle(); }, [ledger] { return ledger->acks(); }});
+  }
+  wait_quiet(loop, probe, checks);
+  for (auto& c : second)
+    c->stop();
+  const double seconds = seconds_since(started);
+  std::string counts;
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    Tally tally = classify(probe, *lanes[i], ledgers[i]->acks());
+    counts += " " + lanes[i]->label() + ": " + std::to_string(waiting[i]) + " waiting, " +
+              std::to_string(still_waiting[i]) + " still waiting after the delay, " +
+              std::to_string(parked_meanwhile[i]) + " parked meanwhile, " +
+              std::to_string(tally.lost) + " lost;";
+    report("service queue deleted", *lanes[i], tally, seconds, 0);
+  }
+  note("service queue deleted while retries wait:" + counts);
+  tear_down(probe, lanes);
+}
+
 TEST_CASE("A consumer process killed with SIGKILL mid-handling and started again loses nothing",
           "[fault]") {
   TestLoop loop;
@@ -648,4 +754,48 @@ TEST_CASE("A topology mismatch at start-up stops the consumer with exit 3 and co
     report("topology mismatch at start", *lane, tally, seconds, 0);
   }
   tear_down(probe, lanes);
+}
+
+TEST_CASE("A message at the frame size limit ends in a defined place without a reconnect loop",
+          "[fault]") {
+  // First in each queue: a message whose content header frame is exactly frame_max (131072, the
+  // most a client may publish; on a quorum queue the broker adds x-delivery-count, so the consumer
+  // gets a larger frame) that the handler acks, then one it fails until it is exhausted, whose
+  // retry and parking copies cannot fit frame_max with retryloop's headers added. Behind them,
+  // 100 ordinary messages.
+  constexpr size_t ordinary = 100;
+  InProcessRun run("frame-limit", false, [&](Lane& lane) {
+    lane.scripts.resize(ordinary);
+    const std::string name = lane.scripts.front().id.substr(0, lane.scripts.front().id.find('/'));
+    Script acked;
+    acked.id = name + "/big-ack";
+    acked.kind = Kind::success;
+    acked.body = "{\"id\": \"" + acked.id + "\", \"fail_times\": 0}";
+    acked.header_frame_size = 131072;
+    Script exhausted;
+    exhausted.id = name + "/big-exhausted";
+    exhausted.kind = Kind::exhausted;
+    exhausted.fail_times = 9;
+    exhausted.body = "{\"id\": \"" + exhausted.id + "\", \"fail_times\": 9}";
+    exhausted.expect = Expect::parked_exhausted;
+    exhausted.header_frame_size = 131072;
+    lane.scripts.insert(lane.scripts.begin(), {acked, exhausted});
+    lane.expected.clear();
+    for (const auto& script : lane.scripts)
+      lane.expected[script.id] = script.expect;
+  });
+  run.start(test::broker_url());
+  CHECK(run.wait_quiet());
+  std::vector<consumer::Metrics> metrics;
+  for (const auto& c : run.consumers)
+    metrics.push_back(c->get().metrics());
+  run.finish("message at frame_max");
+  for (size_t i = 0; i < run.lanes.size(); ++i) {
+    INFO(run.lanes[i]->label() << ": " << metrics[i].summary());
+    CHECK(metrics[i].reconnects <= 1);
+    CHECK(metrics[i].copies_too_large >= 1);
+    note("message at frame_max, " + run.lanes[i]->label() + ": " +
+         std::to_string(metrics[i].reconnects) + " reconnects, " +
+         std::to_string(metrics[i].copies_too_large) + " copies too large");
+  }
 }

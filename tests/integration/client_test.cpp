@@ -407,7 +407,7 @@ TEST_CASE("A 10 MB message crosses a connection with frame_max 4096 intact",
   big.headers->append("padding", std::string(5000, 'p'));
   Error error =
       channel->publish("", queue, big, "body", Mandatory::no, [](const PublishOutcome&) {});
-  CHECK(error.code == make_error_code(ClientError::invalid_argument));
+  CHECK(error.code == make_error_code(ClientError::properties_too_large));
   CHECK(error.message().find("over the frame_max of 4096") != std::string::npos);
   REQUIRE(publish_and_wait(loop, *channel, "", queue, "after").ok());
   CHECK(get_one(loop, *channel, queue)->message.body == "after");
@@ -741,6 +741,147 @@ TEST_CASE("A memory alarm blocks publishing and the application is told, then un
       loop.run_until([&] { return events.size() >= 2 && confirmed; }, std::chrono::seconds(20)));
   CHECK_FALSE(events[1].first);
   CHECK_FALSE(connection->is_blocked());
+  REQUIRE_FALSE(channel->queue_delete(queue, false, false, {}));
+  test::close(loop, connection);
+  CHECK(loop.drain());
+}
+
+namespace {
+
+/// Properties with one header "h" padded so that their content header frame is `frame_size`
+/// bytes, overhead included.
+amqp::BasicProperties properties_for_frame(size_t frame_size) {
+  amqp::BasicProperties properties = persistent();
+  properties.headers = amqp::FieldTable{};
+  properties.headers->append("h", std::string());
+  std::string probe;
+  REQUIRE_FALSE(amqp::append_header_frame(probe, 1, 4, properties));
+  properties.headers = amqp::FieldTable{};
+  properties.headers->append("h", std::string(frame_size - probe.size(), 'x'));
+  probe.clear();
+  REQUIRE_FALSE(amqp::append_header_frame(probe, 1, 4, properties));
+  REQUIRE(probe.size() == frame_size);
+  return properties;
+}
+
+}  // namespace
+
+TEST_CASE("Deliveries whose header frame RabbitMQ makes larger than frame_max are received",
+          "[client][integration]") {
+  TestLoop loop;
+  auto publisher = test::connect(loop, test::broker_url());
+  REQUIRE(publisher->tuning().frame_max == 131072);
+  auto channel = test::open_channel(loop, *publisher);
+  const std::string classic = test::unique_name("frame-classic");
+  const std::string quorum = test::unique_name("frame-quorum");
+  test::declare_queue(loop, *channel, classic);
+  QueueOptions quorum_options;
+  quorum_options.arguments.append("x-queue-type", std::string("quorum"));
+  test::declare_queue(loop, *channel, quorum, quorum_options);
+  REQUIRE_FALSE(
+      test::wait(loop, [&](CompletionCallback cb) { return channel->confirm_select(cb); }));
+  // A header frame of exactly frame_max: the largest this client publishes.
+  const amqp::BasicProperties at_limit = properties_for_frame(131072);
+  REQUIRE(publish_and_wait(loop, *channel, "", classic, "body", Mandatory::yes, at_limit).ok());
+  REQUIRE(publish_and_wait(loop, *channel, "", quorum, "body", Mandatory::yes, at_limit).ok());
+
+  SECTION("a consumer that agreed on a smaller frame_max gets another client's frame") {
+    ConnectionOptions options;
+    options.uri = parse_uri(test::broker_url() + "?frame_max=4096");
+    auto small = test::connect(loop, options);
+    REQUIRE(small->tuning().frame_max == 4096);
+    auto small_channel = test::open_channel(loop, *small);
+    auto got = get_one(loop, *small_channel, classic);
+    REQUIRE(got);
+    CHECK(got->message.body == "body");
+    CHECK(got->message.properties.headers == at_limit.headers);
+    CHECK(small->is_open());
+    test::close(loop, small);
+  }
+
+  SECTION("a quorum queue's redelivery carries x-delivery-count past frame_max") {
+    auto consumer = test::connect(loop, test::broker_url());
+    auto consumer_channel = test::open_channel(loop, *consumer);
+    auto first = get_one(loop, *consumer_channel, quorum, false);
+    REQUIRE(first);
+    REQUIRE_FALSE(consumer_channel->nack(first->delivery_tag, false, true));
+    auto again = get_one(loop, *consumer_channel, quorum);
+    REQUIRE(again);
+    std::string frame;
+    REQUIRE_FALSE(amqp::append_header_frame(frame, 1, 4, again->message.properties));
+    CHECK(frame.size() > 131072);
+    CHECK(again->message.properties.headers->find("x-delivery-count") != nullptr);
+    CHECK(again->message.body == "body");
+    CHECK(consumer->is_open());
+    test::close(loop, consumer);
+  }
+
+  REQUIRE_FALSE(channel->queue_delete(classic, false, false, {}));
+  REQUIRE_FALSE(channel->queue_delete(quorum, false, false, {}));
+  test::close(loop, publisher);
+  CHECK(loop.drain());
+}
+
+TEST_CASE("Same-body publishes in flight together each get their own return or ack",
+          "[client][integration]") {
+  TestLoop loop;
+  auto connection = test::connect(loop, test::broker_url());
+  auto channel = test::open_channel(loop, *connection);
+  // A headers exchange routes on a header, so two messages can share exchange, routing key and
+  // body while only one of them is routable.
+  const std::string exchange = test::unique_name("match");
+  const std::string queue = test::unique_name("match");
+  ExchangeOptions exchange_options;
+  exchange_options.durable = false;
+  exchange_options.auto_delete = true;
+  REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) {
+    return channel->exchange_declare(exchange, "headers", exchange_options, cb);
+  }));
+  test::declare_queue(loop, *channel, queue);
+  amqp::FieldTable binding;
+  binding.append("x-match", std::string("all"));
+  binding.append("route", std::string("yes"));
+  REQUIRE_FALSE(test::wait(loop, [&](CompletionCallback cb) {
+    return channel->queue_bind(queue, exchange, "", binding, cb);
+  }));
+  REQUIRE_FALSE(
+      test::wait(loop, [&](CompletionCallback cb) { return channel->confirm_select(cb); }));
+
+  amqp::BasicProperties routed = persistent();
+  routed.headers = amqp::FieldTable{};
+  routed.headers->append("route", std::string("yes"));
+  amqp::BasicProperties unroutable = persistent();
+  unroutable.headers = amqp::FieldTable{};
+  unroutable.headers->append("route", std::string("no"));
+
+  // Pairs of the same body, the routed copy first: a return matched by body alone would go to
+  // the routed copy, still waiting for its ack, and report the unroutable one as acked.
+  constexpr int kPairs = 50;
+  std::map<uint64_t, PublishOutcome> outcomes;
+  std::set<uint64_t> routed_sequences;
+  auto record = [&](const PublishOutcome& outcome) { outcomes[outcome.sequence] = outcome; };
+  for (int i = 0; i < kPairs; ++i) {
+    const std::string body = "same body " + std::to_string(i);
+    routed_sequences.insert(channel->next_publish_sequence());
+    REQUIRE_FALSE(channel->publish(exchange, "", routed, body, Mandatory::yes, record));
+    REQUIRE_FALSE(channel->publish(exchange, "", unroutable, body, Mandatory::yes, record));
+  }
+  REQUIRE(loop.run_until([&] { return outcomes.size() == 2 * kPairs; }));
+  int acked = 0;
+  int returned = 0;
+  for (const auto& [sequence, outcome] : outcomes) {
+    INFO("publish " << sequence);
+    if (routed_sequences.count(sequence) != 0) {
+      CHECK(outcome.status == PublishStatus::acked);
+      acked += outcome.status == PublishStatus::acked;
+    } else {
+      CHECK(outcome.status == PublishStatus::returned);
+      returned += outcome.status == PublishStatus::returned;
+    }
+  }
+  CHECK(acked == kPairs);
+  CHECK(returned == kPairs);
+  CHECK(test::queue_depth(loop, *connection, queue) == uint32_t(kPairs));
   REQUIRE_FALSE(channel->queue_delete(queue, false, false, {}));
   test::close(loop, connection);
   CHECK(loop.drain());

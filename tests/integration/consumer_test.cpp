@@ -737,3 +737,124 @@ connection.close()
   CHECK(bytes.find("deep") != std::string::npos);
   CHECK(parked[0].message.properties.delivery_mode == 2);
 }
+
+namespace {
+
+/// A consumer of `service` whose connections agree on frame_max 4096, so that copies of
+/// ordinary messages can pass the limit.
+consumer::ConsumerOptions small_frames(const topology::Service& service) {
+  consumer::ConsumerOptions options = options_for(service);
+  options.connection.uri = client::parse_uri(test::broker_url() + "?frame_max=4096");
+  return options;
+}
+
+amqp::BasicProperties with_padding(size_t size) {
+  amqp::BasicProperties properties;
+  properties.headers = amqp::FieldTable{};
+  properties.headers->append("padding", std::string(size, 'p'));
+  return properties;
+}
+
+}  // namespace
+
+TEST_CASE("A parking copy over frame_max is parked with retryloop-error shortened to fit",
+          "[retry][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const auto service = make_service(test::unique_name("fit"),
+                                    R"("mode": "reject", "delays": ["1s"], "max_attempts": 3)");
+  const std::string why(4000, 'e');
+  auto c = start(loop, small_frames(service),
+                 [&](const consumer::Message&) { return Outcome::permanent(why); });
+  broker.publish(service.input.exchange, "key", "m-fit", "body", with_padding(2000));
+  REQUIRE(loop.run_until([&] { return c->metrics().parked_permanent == 1; }, 20s));
+  const auto metrics = c->metrics();
+  stop(loop, c);
+  CHECK(metrics.reconnects == 0);
+  CHECK(metrics.copies_too_large == 0);
+  auto parked = broker.drain(topology::parking_queue_name(service.name));
+  REQUIRE(parked.size() == 1);
+  const std::string error = header_string(parked[0], "retryloop-error");
+  CHECK(error.size() < why.size());
+  CHECK(error.size() > 0);
+  CHECK(why.compare(0, error.size(), error) == 0);
+  CHECK(header_string(parked[0], "padding") == std::string(2000, 'p'));
+  CHECK(parked[0].message.body == "body");
+  CHECK(broker.depth(topology::input_queue_name(service)) == 0);
+}
+
+TEST_CASE(
+    "In republish mode a retry copy over frame_max retries by reject and a parking copy is parked "
+    "without its headers",
+    "[retry][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const auto service = make_service(
+      test::unique_name("big"), R"("mode": "republish", "delays": ["300ms"], "max_attempts": 3)");
+  Recorder recorder;
+  auto c = start(loop, small_frames(service), [&](const consumer::Message& m) {
+    recorder.add(m);
+    return m.message_id() == "m-retry" ? Outcome::retry("later") : Outcome::permanent("never");
+  });
+  // Headers of 6000 bytes: within the publisher's frame_max, over the consumer's.
+  broker.publish(service.input.exchange, "key", "m-retry", "body-1", with_padding(6000));
+  broker.publish(service.input.exchange, "key", "m-park", "body-2", with_padding(6000));
+  broker.publish(service.input.exchange, "key", "m-after", "body-3");
+  REQUIRE(loop.run_until(
+      [&] { return c->metrics().parked_exhausted == 1 && c->metrics().parked_permanent == 2; },
+      30s));
+  const auto metrics = c->metrics();
+  stop(loop, c);
+  CHECK(metrics.reconnects == 0);
+  CHECK(metrics.retried == 2);
+  CHECK(metrics.copies_too_large == 4);  // two retries and two parkings
+  const auto retries = recorder.of("m-retry");
+  REQUIRE(retries.size() == 3);
+  for (size_t i = 0; i < retries.size(); ++i)
+    CHECK(retries[i].attempt == int64_t(i) + 1);
+  CHECK(recorder.of("m-park").size() == 1);
+  auto parked = broker.drain(topology::parking_queue_name(service.name));
+  REQUIRE(parked.size() == 3);
+  std::map<std::string, client::GetResult> by_id;
+  for (auto& p : parked)
+    by_id[std::string(*p.message.properties.message_id)] = p;
+  for (const char* id : {"m-retry", "m-park"}) {
+    INFO(id);
+    REQUIRE(by_id.count(id) == 1);
+    CHECK(by_id[id].message.properties.headers->find("padding") == nullptr);
+    CHECK(header_string(by_id[id], "retryloop-error").find("headers were removed") !=
+          std::string::npos);
+  }
+  CHECK(header_string(by_id["m-retry"], "retryloop-reason") == "exhausted");
+  CHECK(header_int(by_id["m-retry"], "retryloop-attempts") == 3);
+  CHECK(by_id["m-retry"].message.body == "body-1");
+  CHECK(by_id["m-park"].message.body == "body-2");
+  CHECK(broker.depth(topology::input_queue_name(service)) == 0);
+}
+
+TEST_CASE("In reject mode a parking copy that cannot fit frame_max is parked without its headers",
+          "[retry][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const auto service = make_service(test::unique_name("bare"),
+                                    R"("mode": "reject", "delays": ["1s"], "max_attempts": 3)");
+  auto c = start(loop, small_frames(service),
+                 [&](const consumer::Message&) { return Outcome::permanent("never"); });
+  amqp::BasicProperties properties = with_padding(6000);
+  properties.correlation_id = "corr-1";
+  broker.publish(service.input.exchange, "key", "m-bare", "body", properties);
+  REQUIRE(loop.run_until([&] { return c->metrics().parked_permanent == 1; }, 20s));
+  const auto metrics = c->metrics();
+  stop(loop, c);
+  CHECK(metrics.reconnects == 0);
+  CHECK(metrics.copies_too_large == 1);
+  auto parked = broker.drain(topology::parking_queue_name(service.name));
+  REQUIRE(parked.size() == 1);
+  CHECK(parked[0].message.body == "body");
+  CHECK(parked[0].message.properties.correlation_id == std::string("corr-1"));
+  CHECK(parked[0].message.properties.headers->find("padding") == nullptr);
+  CHECK(header_string(parked[0], "retryloop-reason") == "permanent");
+  CHECK(header_string(parked[0], "retryloop-error").find("headers were removed") !=
+        std::string::npos);
+  CHECK(broker.depth(topology::input_queue_name(service)) == 0);
+}

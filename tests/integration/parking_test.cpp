@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -367,4 +368,97 @@ TEST_CASE("replay killed with SIGKILL halfway loses nothing and duplicates at mo
   for (const auto& [id, times] : seen)
     duplicates += size_t(times - 1);
   CHECK(duplicates <= window);
+}
+
+TEST_CASE(
+    "replay --to QUEUE moves parked messages to that queue only, fresh and without an "
+    "expiration",
+    "[parking][integration][cli]") {
+  TestLoop loop;
+  ParkedService s(loop, "replayto");
+  s.park(20, [](size_t) { return "exhausted"; });
+  // Parked with a per-message TTL (by an older version, or by hand).
+  amqp::BasicProperties ttl;
+  ttl.message_id = "with-ttl";
+  ttl.delivery_mode = 2;
+  ttl.expiration = "3000";
+  const auto published = std::chrono::steady_clock::now();
+  test::publish_confirmed(loop, *s.channel, s.parking, "", ttl, "{}");
+  // A plain queue: it dead-letters nowhere, so an expired copy would be gone.
+  const std::string target = test::unique_name("replayto.target");
+  test::declare_queue(loop, *s.channel, target);
+
+  auto missing = s.cli({"replay", "--to", target + ".missing"});
+  CHECK(missing.wait() == 3);
+  CHECK_THAT(missing.err(), Catch::Contains(target + ".missing"));
+  CHECK(s.depth(s.parking) == 21);
+
+  auto replay = s.cli({"replay", "--to", target});
+  CHECK(replay.wait() == 0);
+  INFO(replay.err());
+  CHECK(s.depth(s.parking) == 0);
+  CHECK(s.depth(s.queue) == 0);  // the service's own queue got nothing
+  loop.run_for(std::chrono::duration_cast<std::chrono::milliseconds>(
+      published + 3500ms - std::chrono::steady_clock::now()));
+
+  auto moved = test::drain_queue(loop, *s.connection, target);
+  REQUIRE(moved.size() == 21);
+  std::set<std::string> ids;
+  for (const auto& m : moved) {
+    ids.insert(*m.message.properties.message_id);
+    const amqp::FieldTable& h = *m.message.properties.headers;
+    CHECK(h.find("retryloop-reason") == nullptr);
+    CHECK(h.find("x-death") == nullptr);
+    CHECK(h.find("retryloop-replays")->as_int64() == std::optional<int64_t>(1));
+    CHECK_FALSE(m.message.properties.expiration);
+  }
+  CHECK(ids.size() == 21);
+  CHECK(ids.count("with-ttl") == 1);
+  for (const auto& m : moved) {
+    if (*m.message.properties.message_id != "with-ttl") continue;
+    const amqp::FieldValue* kept =
+        m.message.properties.headers->find("retryloop-original-expiration");
+    REQUIRE(kept != nullptr);
+    CHECK(kept->as_string() == std::optional<std::string_view>("3000"));
+  }
+}
+
+TEST_CASE(
+    "replay never has more copies awaiting confirms than its window, also across consumer "
+    "restarts",
+    "[parking][integration]") {
+  TestLoop loop;
+  ParkedService s(loop, "window");
+  const size_t count = 3000;
+  const uint16_t window = 20;
+  // Ten that move, ten that stay (held until the end, they make the walker restart its
+  // consumer with ten copies maybe in flight), then a window's worth that move, and again.
+  s.park(count, [](size_t i) { return i % 40 >= 10 && i % 40 < 20 ? "permanent" : "exhausted"; });
+  parking::ReplayOptions options;
+  options.window = window;
+  options.filter.where.push_back({"retryloop-reason", "exhausted"});
+  uint64_t most_in_flight = 0;
+  bool done = false;
+  parking::ReplayResult result;
+  REQUIRE_FALSE(parking::replay(
+      s.connection, s.service, options,
+      [&](const parking::ReplayResult& r) {
+        result = r;
+        done = true;
+      },
+      nullptr,
+      [&](const parking::Progress& p) {
+        // Read, minus kept, settled and refused: copies published and not yet confirmed.
+        most_in_flight = std::max(most_in_flight, p.scanned - p.skipped - p.moved - p.failed);
+      }));
+  REQUIRE(loop.run_until([&] { return done; }, 120s));
+  INFO(result.error.message());
+  CHECK_FALSE(result.error);
+  CHECK(result.progress.moved == 2250);
+  CHECK(result.progress.skipped == 750);
+  INFO("most copies in flight at once: " << most_in_flight);
+  CHECK(most_in_flight > 0);
+  CHECK(most_in_flight <= window);
+  CHECK(s.depth(s.queue) == 2250);
+  CHECK(s.depth(s.parking) == 750);
 }

@@ -146,6 +146,82 @@ TEST_CASE("A frame larger than frame_max is rejected from its header alone", "[c
         CodecError::frame_too_large);
 }
 
+namespace {
+
+std::string u32_bytes(uint32_t v) {
+  return std::string{char(v >> 24), char(v >> 16), char(v >> 8), char(v)};
+}
+
+/// A content header frame of exactly `total` bytes (overhead included) on channel 1: class basic,
+/// a 5-byte body, and one long-string header "h" padded to size.
+std::string header_frame_of_size(size_t total) {
+  const size_t value_size = total - 33;
+  std::string frame = from_hex("02 0001") + u32_bytes(uint32_t(total - kFrameOverhead)) +
+                      from_hex("003c 0000 0000000000000005 2000") +
+                      u32_bytes(uint32_t(value_size + 7)) + from_hex("01 68 53") +
+                      u32_bytes(uint32_t(value_size)) + std::string(value_size, 'x') +
+                      from_hex("ce");
+  REQUIRE(frame.size() == total);
+  return frame;
+}
+
+/// Feeds `frame` whole, then one byte at a time, to a parser limited to `limit`; the error of
+/// each run must agree, and a frame that passes must come out with its payload intact.
+std::error_code feed_at_limit(const std::string& frame, uint32_t limit) {
+  std::error_code whole;
+  std::vector<Frame> frames = test::parse_frames(frame, whole, limit);
+  FrameParser parser(limit);
+  std::error_code bytewise;
+  size_t count = 0;
+  for (size_t i = 0; i < frame.size(); ++i) {
+    bytewise = parser.feed(std::string_view(frame).substr(i, 1), [&](const FrameView& f) {
+      ++count;
+      CHECK(f.payload ==
+            std::string_view(frame).substr(kFrameHeaderSize, frame.size() - kFrameOverhead));
+    });
+    if (bytewise) break;
+  }
+  CHECK(whole == bytewise);
+  if (!whole) {
+    CHECK(frames.size() == 1);
+    CHECK(count == 1);
+    ContentHeader header;
+    CHECK_FALSE(decode_header_frame(frames[0].payload, header));
+    CHECK(header.body_size == 5);
+  }
+  return whole;
+}
+
+}  // namespace
+
+TEST_CASE("A content header frame of limit - 1 and limit bytes passes and limit + 1 is refused",
+          "[codec]") {
+  for (uint32_t limit : {uint32_t{4096}, uint32_t{131072}, inbound_frame_limit(131072, 131072)}) {
+    INFO("limit " << limit);
+    CHECK_FALSE(feed_at_limit(header_frame_of_size(limit - 1), limit));
+    CHECK_FALSE(feed_at_limit(header_frame_of_size(limit), limit));
+    CHECK(feed_at_limit(header_frame_of_size(size_t{limit} + 1), limit) ==
+          CodecError::frame_too_large);
+    FrameParser parser(limit);
+    parser.feed(header_frame_of_size(size_t{limit} + 1), [](const FrameView&) {});
+    CHECK(parser.refused_frame_size() == size_t{limit} + 1);
+  }
+}
+
+TEST_CASE("A client accepts frames past frame_max up to the broker's own limit plus 1 MiB",
+          "[codec]") {
+  // RabbitMQ takes a publisher's frame of its frame_max + 8 bytes and passes it on, and adds
+  // x-delivery-count or x-death to it on the way out.
+  CHECK(inbound_frame_limit(131072, 131072) == 131072 + 8 + 1048576);
+  CHECK(inbound_frame_limit(131072, 4096) == 131072 + 8 + 1048576);
+  CHECK(inbound_frame_limit(4096, 131072) == 131072 + 8 + 1048576);
+  CHECK(inbound_frame_limit(0xFFFFFFFFu, 131072) == 0xFFFFFFFFu);
+  CHECK(inbound_frame_limit(0, 131072) == 0);
+  const uint32_t limit = inbound_frame_limit(131072, 131072);
+  CHECK_FALSE(feed_at_limit(header_frame_of_size(131072 + 8), limit));
+  CHECK_FALSE(feed_at_limit(header_frame_of_size(131072 + 8 + 26), limit));
+}
+
 TEST_CASE("Frame types other than method, header, body and heartbeat are errors", "[codec]") {
   for (int type : {0, 4, 5, 6, 7, 9, 0x41 /* 'A' not followed by MQP */, 255}) {
     CAPTURE(type);

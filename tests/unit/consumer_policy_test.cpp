@@ -204,6 +204,85 @@ TEST_CASE("A first retry copy records the original exchange and routing key", "[
   CHECK(next.original_exchange == "orders.in");
 }
 
+TEST_CASE(
+    "A retry copy carries every attempt so far, broker rejections included, so the count never "
+    "goes down",
+    "[retry]") {
+  // Rejected twice in reject mode, then the service switched to republish mode.
+  FieldTable headers;
+  headers.append("x-death", FieldArray{FieldValue(death("orders", "rejected", int64_t(2)))});
+  AttemptInfo info = read_attempt_info(with_headers(headers), "orders", "", "orders");
+  REQUIRE(info.attempt == 3);
+  amqp::BasicProperties copy = make_retry_copy(with_headers(headers), info, 1700000000);
+  CHECK(copy.headers->find("x-death") == nullptr);
+  CHECK(*copy.headers->find("retryloop-retries")->as_int64() == 3);
+  // The copy comes back through a wait queue (an `expired` entry, not a rejection): attempt 4.
+  FieldTable back = *copy.headers;
+  back.append("x-death", FieldArray{FieldValue(death("orders.wait.1s", "expired", int64_t(1)))});
+  AttemptInfo next = read_attempt_info(with_headers(back), "orders", "", "orders");
+  CHECK(next.attempt == 4);
+
+  // Both counters at once: 1 + 2 rejected + 1 retry = attempt 4; the copy says 4 attempts done.
+  headers.append("retryloop-retries", int64_t(1));
+  info = read_attempt_info(with_headers(headers), "orders", "", "orders");
+  REQUIRE(info.attempt == 4);
+  copy = make_retry_copy(with_headers(headers), info, 1700000000);
+  CHECK(*copy.headers->find("retryloop-retries")->as_int64() == 4);
+  CHECK(read_attempt_info(copy, "orders", "", "orders").attempt == 5);
+}
+
+TEST_CASE(
+    "Retry and parking copies carry no expiration and keep it in "
+    "retryloop-original-expiration",
+    "[retry]") {
+  amqp::BasicProperties original;
+  original.message_id = "m-ttl";
+  original.expiration = "6000";
+  AttemptInfo info = read_attempt_info(original, "orders", "orders.in", "order.created");
+  CHECK(info.original_expiration == std::optional<std::string>("6000"));
+
+  amqp::BasicProperties retry = make_retry_copy(original, info, 1700000000);
+  CHECK_FALSE(retry.expiration);
+  CHECK(*retry.headers->find("retryloop-original-expiration")->as_string() == "6000");
+
+  ParkingNote note;
+  note.reason = ParkReason::permanent;
+  note.queue = "orders";
+  amqp::BasicProperties parked = make_parking_copy(original, info, note);
+  CHECK_FALSE(parked.expiration);
+  CHECK(*parked.headers->find("retryloop-original-expiration")->as_string() == "6000");
+  // Everything else is as it was.
+  amqp::BasicProperties restored = parked;
+  restored.expiration = "6000";
+  restored.headers.reset();
+  amqp::BasicProperties expected = original;
+  expected.headers.reset();
+  CHECK(encoded(restored) == encoded(expected));
+
+  // A later copy keeps the first value, even if the message got another expiration meanwhile.
+  amqp::BasicProperties again = retry;
+  again.expiration = "10";
+  AttemptInfo later = read_attempt_info(again, "orders", "", "orders");
+  CHECK(later.original_expiration == std::optional<std::string>("6000"));
+  CHECK(*make_parking_copy(again, later, note)
+             .headers->find("retryloop-original-expiration")
+             ->as_string() == "6000");
+
+  // In reject mode the broker has already moved it into the x-death entry.
+  FieldTable entry = death("orders", "rejected", int64_t(1));
+  entry.append("original-expiration", "6000");
+  FieldTable headers;
+  headers.append("x-death", FieldArray{FieldValue(entry)});
+  AttemptInfo rejected = read_attempt_info(with_headers(headers), "orders", "", "orders");
+  amqp::BasicProperties from_death = make_parking_copy(with_headers(headers), rejected, note);
+  CHECK_FALSE(from_death.expiration);
+  CHECK(*from_death.headers->find("retryloop-original-expiration")->as_string() == "6000");
+
+  // No expiration, no header.
+  amqp::BasicProperties plain = make_parking_copy(amqp::BasicProperties{}, AttemptInfo{}, note);
+  CHECK(plain.headers->find("retryloop-original-expiration") == nullptr);
+}
+
 TEST_CASE("A parking copy carries the diagnostic headers and keeps x-death as evidence",
           "[retry]") {
   FieldTable headers;

@@ -108,3 +108,28 @@ TEST_CASE("A replay copy starts fresh and counts replays up to the largest numbe
   properties.headers->set(std::string(header::replays), int64_t(-4));
   CHECK(replays_of(parking::make_replay_copy(properties)) == 1);
 }
+
+TEST_CASE(
+    "A replay copy carries no expiration and keeps the first one in "
+    "retryloop-original-expiration",
+    "[parking]") {
+  amqp::BasicProperties properties;
+  properties.message_id = "m-1";
+  properties.expiration = "3000";  // parked by an older version, or published there by hand
+  const amqp::BasicProperties copy = parking::make_replay_copy(properties);
+  CHECK_FALSE(copy.expiration);
+  CHECK(*copy.headers->find(header::original_expiration)->as_string() == "3000");
+  CHECK(copy.message_id == "m-1");
+
+  // A value recorded by the consumer wins, and survives the replay.
+  amqp::FieldTable headers;
+  headers.set(std::string(header::original_expiration), std::string("6000"));
+  properties.headers = headers;
+  const amqp::BasicProperties recorded = parking::make_replay_copy(properties);
+  CHECK_FALSE(recorded.expiration);
+  CHECK(*recorded.headers->find(header::original_expiration)->as_string() == "6000");
+  properties.expiration.reset();
+  CHECK(*parking::make_replay_copy(properties)
+             .headers->find(header::original_expiration)
+             ->as_string() == "6000");
+}

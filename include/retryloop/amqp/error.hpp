@@ -9,7 +9,7 @@ namespace retryloop::amqp {
 enum class CodecError {
   truncated = 1,       ///< the data ends inside a field, a frame or a payload
   bad_frame_end,       ///< the octet after a frame payload is not 0xCE
-  frame_too_large,     ///< a frame is larger than the negotiated frame_max
+  frame_too_large,     ///< a frame is larger than the parser accepts (see inbound_frame_limit)
   unknown_frame_type,  ///< a frame type other than method, header, body or heartbeat
   protocol_header,     ///< the peer sent an AMQP protocol header: it refused our version
   unknown_field_type,  ///< a field table or array holds a type letter RabbitMQ does not define

@@ -21,8 +21,27 @@ inline constexpr uint32_t kFrameHeaderSize = 7;
 inline constexpr uint32_t kFrameOverhead = 8;
 /// The smallest frame_max a peer may negotiate, and the limit before tuning.
 inline constexpr uint32_t kFrameMinSize = 4096;
+/// How far past frame_max an inbound frame may go (see inbound_frame_limit).
+inline constexpr uint32_t kInboundFrameAllowance = 1024 * 1024;
 /// The 8 bytes a client sends first: "AMQP" 0 0 9 1.
 inline constexpr std::string_view kProtocolHeader{"AMQP\x00\x00\x09\x01", 8};
+
+/// The largest inbound frame a client accepts, overhead included, given the broker's own frame_max
+/// from connection.tune (`broker_frame_max`, 0 = none) and the frame_max agreed on
+/// (`negotiated`). Larger than the agreed frame_max on purpose: RabbitMQ takes frames of up to
+/// its own frame_max plus 8 bytes from a publisher (whose frame_max may be larger than this
+/// client's) and passes a content header on to consumers unchanged, and it adds headers of its
+/// own when it delivers (x-delivery-count on a quorum redelivery, x-death and x-first-death-* when
+/// it dead-letters) without checking any frame_max. A client that refused such a frame would
+/// drop the connection and get the same message again, forever; pika and the Java client accept
+/// it. The limit is the larger of the two plus kInboundFrameAllowance (1 MiB) for headers the
+/// broker adds, at most 2^32 - 1; 0 (no limit) when the broker sets none.
+constexpr uint32_t inbound_frame_limit(uint32_t broker_frame_max, uint32_t negotiated) {
+  if (broker_frame_max == 0) return 0;
+  const uint64_t limit =
+      uint64_t{std::max(broker_frame_max, negotiated)} + kFrameOverhead + kInboundFrameAllowance;
+  return limit > 0xFFFFFFFFu ? 0xFFFFFFFFu : static_cast<uint32_t>(limit);
+}
 
 /// One frame as the parser yields it. `payload` points into the parser's input or its own
 /// buffer and is valid only during the callback that receives it.
@@ -37,8 +56,9 @@ struct FrameView {
 /// failed and yields nothing more.
 class FrameParser {
  public:
-  /// `max_frame_size` is frame_max: the largest frame accepted, overhead included (0 = no
-  /// limit beyond 2^32-1).
+  /// `max_frame_size` is the largest frame accepted, overhead included (0 = no limit beyond
+  /// 2^32-1): a frame of exactly that size is accepted, one byte more is frame_too_large. A
+  /// connection sets it to inbound_frame_limit(), not to the frame_max it agreed on.
   explicit FrameParser(uint32_t max_frame_size = 131072) : max_frame_size_(max_frame_size) {}
 
   void set_max_frame_size(uint32_t max_frame_size) { max_frame_size_ = max_frame_size; }
@@ -58,6 +78,8 @@ class FrameParser {
   }
 
   bool failed() const { return static_cast<bool>(error_); }
+  /// After frame_too_large: the refused frame's size, overhead included (up to 2^32 + 7).
+  uint64_t refused_frame_size() const { return refused_frame_size_; }
   std::error_code error() const { return error_; }
 
  private:
@@ -67,6 +89,7 @@ class FrameParser {
   bool deliver(const unsigned char* frame, uint32_t payload_size, OnFrame& on_frame);
 
   uint32_t max_frame_size_;
+  uint64_t refused_frame_size_ = 0;
   std::string pending_;
   std::error_code error_;
 };
@@ -149,8 +172,8 @@ inline bool FrameParser::check_header(const unsigned char* p, uint32_t& payload_
     return false;
   }
   payload_size = (uint32_t{p[3]} << 24) | (uint32_t{p[4]} << 16) | (uint32_t{p[5]} << 8) | p[6];
-  if (max_frame_size_ != 0 &&
-      (payload_size > max_frame_size_ || payload_size + kFrameOverhead > max_frame_size_)) {
+  if (max_frame_size_ != 0 && uint64_t{payload_size} + kFrameOverhead > max_frame_size_) {
+    refused_frame_size_ = uint64_t{payload_size} + kFrameOverhead;
     error_ = make_error_code(CodecError::frame_too_large);
     return false;
   }

@@ -160,6 +160,16 @@ class Channel : public std::enable_shared_from_this<Channel> {
   /// Publishes a message, splitting the body at frame_max. In confirm mode `on_confirm` fires
   /// exactly once with the outcome; with Mandatory::yes an unroutable message is reported as
   /// `returned`, never as `acked`. Without confirm mode `on_confirm` must be empty.
+  ///
+  /// A basic.return carries no sequence number. It is given to the oldest unsettled, not yet
+  /// returned mandatory publish with the same exchange, routing key, encoded properties and body,
+  /// compared byte for byte (so the channel keeps a copy of each mandatory message until it is
+  /// confirmed). Should the broker have re-encoded the properties (RabbitMQ 3.10 and 4.0 return
+  /// them as sent), the oldest with the same exchange, routing key and body is taken. Two
+  /// publishes with different content never swap outcomes. Only publishes that are identical in
+  /// every byte can: then one of them was routed and the other returned, the queues hold one copy
+  /// that is equally a copy of either, and every outcome reported is true of the bytes that were
+  /// sent.
   Error publish(std::string_view exchange, std::string_view routing_key,
                 const amqp::BasicProperties& properties, std::string_view body,
                 Mandatory mandatory = Mandatory::no, PublishCallback on_confirm = {});
@@ -201,7 +211,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
   };
   struct PendingPublish {
     PublishCallback callback;
-    size_t fingerprint = 0;
+    /// A mandatory publish's exchange, routing key, encoded properties and body, each with its
+    /// length in front (see publish_identity): what a basic.return is matched against.
+    std::string identity;
     bool mandatory = false;
     bool returned = false;
     bool settled = false;
@@ -244,6 +256,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
   Delivery delivery_;
   GetResult get_result_;
   ReturnedMessage returned_;
+  /// The encoded property list of the message being returned, as the broker sent it.
+  std::string returned_properties_;
   amqp::ContentHeader header_;
 
   bool confirm_mode_ = false;

@@ -30,6 +30,7 @@ enum class ClientError {
   not_found,              ///< a queue or exchange the operation needs does not exist
   topology_drift,         ///< an object exists with other arguments than the topology wants
   consumer_cancelled,     ///< the broker cancelled a consumer (its queue was deleted)
+  properties_too_large,   ///< a publish's properties need a header frame over frame_max
 };
 
 const std::error_category& client_category() noexcept;

@@ -88,7 +88,9 @@ struct ParkingDepthEvent {
 using ParkingDepthHandler = std::function<void(const ParkingDepthEvent& event)>;
 
 /// Told once when the consumer has stopped for good: an empty error after stop() or stop_now(),
-/// otherwise the fatal error (topology drift, refused credentials or permissions).
+/// otherwise the fatal error (topology drift, refused credentials or permissions). By then no
+/// synchronous handler runs, unless one outlived ConsumerOptions::handler_exit_timeout (see
+/// Consumer::handlers_running()).
 using StoppedHandler = std::function<void(const client::Error& error)>;
 /// Told each time the consumer starts consuming: first start and every recovery.
 using ReadyHandler = std::function<void()>;
@@ -127,6 +129,11 @@ struct ConsumerOptions {
   /// second. The signal handlers exist only while the consumer runs.
   bool stop_on_signals = false;
   std::chrono::milliseconds shutdown_deadline{30000};
+  /// How long the stopped handler waits for synchronous handlers still running on worker
+  /// threads once the connections are closed (after stop_now(), a missed shutdown deadline or a
+  /// fatal error). One still running after it is abandoned: `stopped` fires while it runs, and
+  /// handlers_running() and wait_for_handlers() tell of it and wait for it.
+  std::chrono::milliseconds handler_exit_timeout{10000};
   /// `retryloop-consumer` of parked messages; default `host:pid`.
   std::string consumer_name;
   /// Where the consumer logs (structured: service, queue, message id, attempt, outcome);
@@ -174,9 +181,13 @@ class Consumer : public std::enable_shared_from_this<Consumer> {
 
   /// Graceful stop: cancels the consumer, returns deliveries whose handler has not started
   /// (nack, requeue), lets running handlers finish and their outcomes settle for up to
-  /// `deadline`, then closes. The stopped handler fires once all is closed.
+  /// `deadline`, then closes. The stopped handler fires once all is closed; past the deadline,
+  /// as after stop_now().
   void stop(std::chrono::milliseconds deadline);
   /// Immediate stop: closes the connections now; every unacked message goes back to its queue.
+  /// The stopped handler then fires once no synchronous handler is running any more, or after
+  /// `handler_exit_timeout` at the latest; a handler's result that arrives after the close is
+  /// dropped (its message comes back).
   void stop_now();
 
   void set_ready_handler(ReadyHandler handler) { on_ready_ = std::move(handler); }
@@ -188,6 +199,13 @@ class Consumer : public std::enable_shared_from_this<Consumer> {
   bool is_consuming() const { return state_ == State::running; }
   /// Deliveries received and not yet settled (waiting, in a handler, or being published).
   size_t in_flight() const;
+  /// Synchronous handlers running on the worker threads now, also after `stopped` (one that
+  /// outlived `handler_exit_timeout`). Any thread.
+  size_t handlers_running() const;
+  /// Blocks the calling thread until no synchronous handler runs, or `timeout` passes; returns
+  /// whether none runs. Any thread, also after the loop has ended (handlers never need the
+  /// loop). Call it before destroying what an abandoned handler may still use.
+  bool wait_for_handlers(std::chrono::milliseconds timeout) const;
   const topology::Service& service() const { return options_.service; }
 
  private:
@@ -211,12 +229,15 @@ class Consumer : public std::enable_shared_from_this<Consumer> {
 
   void on_delivery(client::Delivery&& delivery);
   void begin_handling(Pending& pending);
+  std::string over_delivery_limit(const AttemptInfo& info) const;
   void park_undecodable(const std::shared_ptr<Pending>& pending, const client::Message& original);
   void start_handlers();
   void run_handler(const std::shared_ptr<Pending>& pending);
   void handler_done(const std::shared_ptr<Pending>& pending, Outcome outcome);
   void carry_out(const std::shared_ptr<Pending>& pending);
   void publish_copy(const std::shared_ptr<Pending>& pending);
+  void copy_too_large(const std::shared_ptr<Pending>& pending, const client::Error& error);
+  void count_parked(ParkReason reason);
   void copy_confirmed(const std::shared_ptr<Pending>& pending);
   void finish(const std::shared_ptr<Pending>& pending);
   bool is_live(const Pending& pending) const;

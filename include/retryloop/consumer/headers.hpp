@@ -24,6 +24,13 @@ inline constexpr std::string_view first_failure = "retryloop-first-failure";
 inline constexpr std::string_view parked_at = "retryloop-parked-at";
 inline constexpr std::string_view consumer = "retryloop-consumer";
 inline constexpr std::string_view replays = "retryloop-replays";
+/// The `expiration` property the message carried before retryloop made a copy of it. Copies
+/// never carry `expiration` (as when RabbitMQ dead-letters a message): a per-message TTL would
+/// cut a wait short or drop a parked message from a queue that dead-letters nowhere.
+inline constexpr std::string_view original_expiration = "retryloop-original-expiration";
+/// The broker's (not retryloop's) count of earlier deliveries of a message in a quorum queue that
+/// went back unsettled. Copies never carry it: the count belongs to the queue it was read from.
+inline constexpr std::string_view delivery_count = "x-delivery-count";
 /// A parked message whose properties could not be decoded: its property flags and list as they
 /// arrived, as a byte array.
 inline constexpr std::string_view raw_properties = "retryloop-raw-properties";
@@ -32,8 +39,10 @@ inline constexpr std::string_view raw_properties = "retryloop-raw-properties";
 /// Longest `retryloop-error` kept; longer texts are cut at a UTF-8 character boundary.
 inline constexpr size_t max_error_bytes = 4096;
 
-/// Why a message was parked (`retryloop-reason`).
-enum class ParkReason { exhausted, permanent, poison };
+/// Why a message was parked (`retryloop-reason`). `delivery_limit`: the broker dead-lettered it
+/// after it was delivered and not settled more often than the queue's delivery limit allows (it
+/// crashed or stalled its consumer again and again); it is parked without running the handler.
+enum class ParkReason { exhausted, permanent, poison, delivery_limit };
 const char* to_string(ParkReason reason);
 
 /// What a delivery's headers say about its history in its service queue.
@@ -45,6 +54,12 @@ struct AttemptInfo {
   int64_t rejected = 0;
   /// `retryloop-retries`: retries made by republishing.
   int64_t retries = 0;
+  /// `count` of the `x-death` entry with `queue` == the service queue and `reason` ==
+  /// delivery_limit (quorum queues); above 0, the message came back from such a dead-lettering.
+  int64_t delivery_limited = 0;
+  /// `x-delivery-count`: earlier deliveries of this message in a quorum queue that went back
+  /// unsettled (0 when absent).
+  int64_t delivery_count = 0;
   /// Where the message was first published: `retryloop-original-*`, else the x-death entry
   /// above, else the delivery's own exchange and routing key.
   std::string original_exchange;
@@ -52,6 +67,10 @@ struct AttemptInfo {
   /// When it first failed (seconds since the epoch): `retryloop-first-failure`, else the x-death
   /// entry's `time`; unset on a first attempt.
   std::optional<uint64_t> first_failure;
+  /// The message's per-message TTL before any copy or dead-lettering removed it:
+  /// `retryloop-original-expiration`, else the `expiration` property, else the x-death entry's
+  /// `original-expiration` (the broker moves it there when it dead-letters the message).
+  std::optional<std::string> original_expiration;
   /// Set when `x-death` or `retryloop-retries` is not what RabbitMQ or retryloop write (a
   /// non-array `x-death`, a non-table entry, a count or retry number that is not a non-negative
   /// integer): says what is wrong. The malformed parts count as zero; such a message is never
@@ -70,8 +89,10 @@ AttemptInfo read_attempt_info(const amqp::BasicProperties& properties, std::stri
 bool is_death_header(std::string_view name);
 
 /// The copy a republish-mode retry publishes to the wait exchange: the same properties with the
-/// death headers removed, `retryloop-retries` set to `info.retries + 1`, and the original
-/// exchange, routing key and first failure time recorded on the first retry.
+/// death headers and the `expiration` property removed, `retryloop-retries` set to
+/// `info.attempt` (the attempts made so far, broker rejections included, so that the count never
+/// goes down when the x-death entry is stripped), and the original exchange, routing key, first
+/// failure time and expiration recorded when not recorded yet.
 amqp::BasicProperties make_retry_copy(const amqp::BasicProperties& properties,
                                       const AttemptInfo& info, uint64_t now_seconds);
 
@@ -87,7 +108,8 @@ struct ParkingNote {
 };
 
 /// The copy that goes to the parking exchange: the same properties (death headers kept, as
-/// evidence) with the parking headers set.
+/// evidence) with the parking headers set, and without `expiration` (kept in
+/// `retryloop-original-expiration`), so that a parked message stays until someone acts on it.
 amqp::BasicProperties make_parking_copy(const amqp::BasicProperties& properties,
                                         const AttemptInfo& info, const ParkingNote& note);
 

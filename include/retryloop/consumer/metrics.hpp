@@ -43,14 +43,21 @@ struct Metrics {
   uint64_t parked_exhausted = 0;
   uint64_t parked_permanent = 0;
   uint64_t parked_poison = 0;
-  uint64_t dropped = 0;           ///< acked on purpose without processing (handler said drop)
-  uint64_t handler_errors = 0;    ///< exceptions that escaped the handler
-  uint64_t publish_failures = 0;  ///< retry or parking copies nacked or returned (tried again)
-  uint64_t abandoned = 0;         ///< results dropped because their channel died (redelivered)
-  uint64_t reconnects = 0;        ///< sessions re-established after a loss
+  uint64_t parked_delivery_limit = 0;  ///< dead-lettered by the broker's delivery limit
+  uint64_t dropped = 0;                ///< acked on purpose without processing (handler said drop)
+  uint64_t handler_errors = 0;         ///< exceptions that escaped the handler
+  uint64_t publish_failures = 0;       ///< retry or parking copies nacked or returned (tried again)
+  uint64_t abandoned = 0;              ///< results dropped because their channel died (redelivered)
+  uint64_t reconnects = 0;             ///< sessions re-established after a loss
+  /// Copies whose properties did not fit in frame_max even with retryloop-error shortened: a
+  /// retry became a retry by reject (also counted in `retried`), a parking copy was made again
+  /// without the message's own headers (counted in `parked_*` once confirmed).
+  uint64_t copies_too_large = 0;
   LatencyHistogram handler_latency;
 
-  uint64_t parked() const { return parked_exhausted + parked_permanent + parked_poison; }
+  uint64_t parked() const {
+    return parked_exhausted + parked_permanent + parked_poison + parked_delivery_limit;
+  }
   /// One line for logs: `delivered=... acked=... ... latency_p50=...`.
   std::string summary() const;
 };

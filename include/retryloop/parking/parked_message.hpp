@@ -57,7 +57,9 @@ std::pair<std::string, std::string> parse_where(const std::string& text);
 /// The copy a replay publishes: the same body and properties, with `x-death`,
 /// `x-first-death-*`, `x-last-death-*`, `retryloop-retries` and the parking headers removed (the
 /// original exchange and routing key stay: they say where the message came from), and
-/// `retryloop-replays` incremented. The message starts fresh on every RabbitMQ version.
+/// `retryloop-replays` incremented. The message starts fresh on every RabbitMQ version. An
+/// `expiration` property is not restored or kept: it moves to `retryloop-original-expiration`
+/// (which replay keeps), so the replayed message cannot expire in the queue it goes to.
 amqp::BasicProperties make_replay_copy(const amqp::BasicProperties& properties);
 
 }  // namespace retryloop::parking

@@ -1,0 +1,228 @@
+// Quorum queues count every delivery that goes back unsettled, and from RabbitMQ 4.0 on they
+// dead-letter (or, without a dead-letter exchange, drop) a message past a delivery limit of 20 by
+// default. These tests hold on both broker lanes: reading parked messages never costs one, and a
+// message that keeps coming back unsettled ends in parking with its own reason.
+
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "retryloop/consumer/consumer.hpp"
+#include "retryloop/parking/parking.hpp"
+#include "retryloop/topology/declarer.hpp"
+#include "retryloop/topology/plan.hpp"
+#include "retryloop/topology/topology_json.hpp"
+#include "support/harness.hpp"
+
+using namespace retryloop;
+using namespace std::chrono_literals;
+using client::Error;
+using test::TestLoop;
+
+namespace {
+
+/// A quorum service with unique names, its topology applied; a confirm-mode channel to publish.
+struct QuorumService {
+  TestLoop& loop;
+  topology::Service service;
+  std::shared_ptr<client::Connection> connection;
+  std::shared_ptr<client::Channel> channel;
+  std::shared_ptr<client::Channel> probe;
+
+  QuorumService(TestLoop& l, const std::string& extra) : loop(l) {
+    const std::string name = test::unique_name("limit");
+    auto parsed = topology::parse_topology(
+        R"({"services": [{"name": ")" + name + R"(", "queue_type": "quorum", "input": )" +
+        R"({"exchange": ")" + name + R"(.in", "type": "direct", "bindings": ["key"]}, )" +
+        R"("retry": {"mode": "reject", "delays": ["100ms"], "max_attempts": 3})" + extra + "}]}");
+    REQUIRE(parsed.ok());
+    service = parsed.topology->services.at(0);
+    connection = test::connect(loop, test::broker_url());
+    channel = test::open_channel(loop, *connection);
+    REQUIRE_FALSE(test::wait(loop, [&](auto done) { return channel->confirm_select(done); }));
+    topology::Report report;
+    bool applied = false;
+    REQUIRE_FALSE(topology::apply(connection, topology::make_plan(topology::Topology{{service}}),
+                                  [&](const topology::Report& r) {
+                                    report = r;
+                                    applied = true;
+                                  }));
+    REQUIRE(loop.run_until([&] { return applied; }));
+    REQUIRE(report.ok());
+  }
+  ~QuorumService() {
+    bool done = false;
+    topology::DeleteOptions options;
+    options.execute = true;
+    options.force = true;
+    if (!topology::remove(connection, topology::make_delete_plan(topology::Topology{{service}}),
+                          options, [&](const topology::Report&) { done = true; })) {
+      loop.run_until([&] { return done; });
+    }
+    if (connection->is_open()) test::close(loop, connection);
+  }
+
+  /// Messages ready in `q`, on one channel kept for polling.
+  uint32_t depth(const std::string& q) {
+    if (!probe || !probe->is_open()) probe = test::open_channel(loop, *connection);
+    client::QueueOptions passive;
+    passive.passive = true;
+    bool done = false;
+    uint32_t count = 0;
+    REQUIRE_FALSE(probe->queue_declare(q, passive, [&](const Error& error, const auto& info) {
+      CHECK_FALSE(error);
+      count = info.message_count;
+      done = true;
+    }));
+    REQUIRE(loop.run_until([&] { return done; }));
+    return count;
+  }
+
+  /// Waits until `q` holds `n` messages. A quorum queue applies the returns of a closed channel
+  /// through its log, just after the close-ok: a read right after another can find it short.
+  void wait_depth(const std::string& q, uint32_t n) {
+    for (int wait = 0; wait < 200 && depth(q) != n; ++wait)
+      loop.run_for(50ms);
+    REQUIRE(depth(q) == n);
+  }
+
+  std::string queue() const { return topology::input_queue_name(service); }
+  std::string parking() const { return topology::parking_queue_name(service.name); }
+  void publish(const std::string& exchange, const std::string& key, const std::string& id,
+               amqp::FieldTable headers = {}) {
+    amqp::BasicProperties properties;
+    properties.message_id = id;
+    properties.delivery_mode = 2;
+    properties.headers = std::move(headers);
+    test::publish_confirmed(loop, *channel, exchange, key, properties, "{}");
+  }
+
+  std::vector<parking::ParkedMessage> list() {
+    bool done = false;
+    std::vector<parking::ParkedMessage> out;
+    REQUIRE_FALSE(parking::list(connection, service, {},
+                                [&](const Error& error, std::vector<parking::ParkedMessage> m) {
+                                  INFO(error.message());
+                                  CHECK_FALSE(error);
+                                  out = std::move(m);
+                                  done = true;
+                                }));
+    REQUIRE(loop.run_until([&] { return done; }, 30s));
+    return out;
+  }
+};
+
+std::vector<std::string> ids(const std::vector<parking::ParkedMessage>& messages) {
+  std::vector<std::string> out;
+  for (const auto& m : messages)
+    out.push_back(m.message_id);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "Reading a quorum parking queue 200 times, then stats and a filtered replay, costs no parked "
+    "message",
+    "[parking][integration]") {
+  TestLoop loop;
+  QuorumService s(loop, "");
+  const std::string parking = topology::parking_exchange_name(s.service.name);
+  for (const char* id : {"parked-1", "parked-2"}) {
+    amqp::FieldTable headers;
+    headers.append("retryloop-reason", "exhausted");
+    headers.append("retryloop-error", std::string("failed ") + id);
+    s.publish(parking, "", id, std::move(headers));
+  }
+
+  // Each read hands both messages back once: 200 reads are ten times RabbitMQ 4.x's default limit.
+  for (int read = 0; read < 200; ++read) {
+    INFO("read " << read);
+    s.wait_depth(s.parking(), 2);
+    REQUIRE(ids(s.list()) == std::vector<std::string>{"parked-1", "parked-2"});
+  }
+
+  s.wait_depth(s.parking(), 2);
+  bool done = false;
+  parking::Stats stats;
+  REQUIRE_FALSE(parking::stats(s.connection, s.service, [&](const Error& error, parking::Stats st) {
+    CHECK_FALSE(error);
+    stats = st;
+    done = true;
+  }));
+  REQUIRE(loop.run_until([&] { return done; }));
+  CHECK(stats.depth == 2);
+  CHECK(stats.by_reason["exhausted"] == 2);
+
+  s.wait_depth(s.parking(), 2);
+  parking::ReplayOptions options;
+  options.filter.where = {{"retryloop-error", "failed parked-2"}};
+  done = false;
+  parking::ReplayResult replayed;
+  REQUIRE_FALSE(parking::replay(s.connection, s.service, options, [&](const auto& result) {
+    replayed = result;
+    done = true;
+  }));
+  REQUIRE(loop.run_until([&] { return done; }));
+  INFO(replayed.error.message());
+  CHECK_FALSE(replayed.error);
+  CHECK(replayed.progress.moved == 1);
+  s.wait_depth(s.parking(), 1);
+  CHECK(ids(s.list()) == std::vector<std::string>{"parked-1"});
+  CHECK(s.depth(s.queue()) == 1);
+}
+
+TEST_CASE(
+    "A message handed back unsettled as often as the service's delivery limit is parked as "
+    "delivery_limit without running its handler, and the broker never dead-letters it",
+    "[retry][integration]") {
+  TestLoop loop;
+  QuorumService s(loop, R"(, "delivery_limit": 2)");
+  s.publish(s.service.input.exchange, "key", "crashes-its-consumer");
+
+  // Consumers that die with the message: each gets it and gives it back.
+  auto taker = test::open_channel(loop, *s.connection);
+  int handed_back = 0;
+  for (int i = 0; i < 2; ++i) {
+    bool got = false;
+    std::optional<client::GetResult> result;
+    REQUIRE_FALSE(taker->get(s.queue(), false, [&](const Error& error, auto&& r) {
+      CHECK_FALSE(error);
+      result = std::move(r);
+      got = true;
+    }));
+    REQUIRE(loop.run_until([&] { return got; }));
+    if (!result) break;
+    REQUIRE_FALSE(taker->nack(result->delivery_tag, false, true));
+    ++handed_back;
+  }
+  CHECK(handed_back == 2);
+
+  consumer::ConsumerOptions options;
+  options.service = s.service;
+  options.connection.uri = client::parse_uri(test::broker_url());
+  options.handler_on_loop = true;
+  int handled = 0;
+  auto c = consumer::Consumer::create(loop.get(), options, [&](const consumer::Message&) {
+    ++handled;
+    return consumer::Outcome::ack();
+  });
+  REQUIRE_FALSE(c->start());
+  const bool parked = loop.run_until([&] { return c->metrics().parked() == 1; }, 20s);
+  INFO("queue " << s.depth(s.queue()) << " wait " << s.depth(s.service.name + ".wait.100ms")
+                << " parking " << s.depth(s.parking()) << "; " << c->metrics().summary());
+  REQUIRE(parked);
+  CHECK(c->metrics().parked_delivery_limit == 1);
+  CHECK(handled == 0);
+  bool stopped = false;
+  c->set_stopped_handler([&](const Error&) { stopped = true; });
+  c->stop(5s);
+  REQUIRE(loop.run_until([&] { return stopped; }));
+
+  auto messages = s.list();
+  REQUIRE(messages.size() == 1);
+  CHECK(messages[0].message_id == "crashes-its-consumer");
+  CHECK(messages[0].reason == "delivery_limit");
+  CHECK(s.depth(s.queue()) == 0);
+}
