@@ -708,8 +708,9 @@ TEST_CASE("A topology mismatch at start-up stops the consumer with exit 3 and co
     for (const auto& [name, value] : odd_action.arguments) {
       if (classic && name == "x-message-ttl") {
         arguments.append(name, int64_t(5000));
-      } else if (!classic && (name == "x-queue-type" || name == "x-dead-letter-strategy")) {
-        continue;  // classic queues refuse the strategy argument
+      } else if (!classic && (name == "x-queue-type" || name == "x-dead-letter-strategy" ||
+                              name == "x-delivery-limit")) {
+        continue;  // classic queues refuse the strategy and the delivery limit
       } else {
         arguments.append(name, value);
       }
