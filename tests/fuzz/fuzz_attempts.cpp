@@ -1,7 +1,8 @@
 // Reads arbitrary bytes as a delivery's headers table and runs the consumer's header
 // interpretation on it: the attempt rule, the retry policy and the three copies (retry, parking,
 // replay). Oracle: nothing crashes; the attempt is at least 1; a retry copy carries no death
-// headers and counts exactly one more retry; every copy encodes; a replay copy starts fresh.
+// headers and every attempt so far, so that its count never goes down; every copy encodes; a
+// replay copy starts fresh.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -69,8 +70,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       check(encodes(copy));
       check(!has_death_header(*copy.headers));
       const AttemptInfo next = read_attempt_info(copy, "orders", "", "orders");
-      check(next.retries == info.retries + 1);
+      check(next.retries == info.attempt);
       check(next.rejected == 0);
+      check(next.attempt > info.attempt || info.attempt == INT64_MAX);
     }
     if (decision.action == Action::park) {
       ParkingNote note;
