@@ -771,10 +771,7 @@ void Consumer::copy_too_large(const std::shared_ptr<Pending>& pending, const Err
     // A retry by reject instead: Q dead-letters it into its first wait queue inside the broker,
     // where no frame_max applies, and it comes back with every byte and one more attempt counted
     // by x-death, so the attempt cap still ends it (in parking, below).
-    settling_.erase(pending->id);
-    if (pending->channel->reject(pending->delivery_tag, false)) {
-      ++metrics_.abandoned;
-    } else {
+    if (reject_uncopyable(pending)) {
       ++metrics_.retried;
       if (log) {
         log->warn(
@@ -813,9 +810,7 @@ void Consumer::copy_too_large(const std::shared_ptr<Pending>& pending, const Err
   }
   // Not even that fits (frame_max far below what the remaining properties need): the original
   // is rejected; the broker's dead-lettering keeps it whole.
-  settling_.erase(pending->id);
-  if (pending->channel->reject(pending->delivery_tag, false)) ++metrics_.abandoned;
-  if (log) {
+  if (reject_uncopyable(pending) && log) {
     log->error(
         "service={} queue={} message_id={} attempt={} no parking copy fits ({}); rejected "
         "to the wait queue",
@@ -823,6 +818,13 @@ void Consumer::copy_too_large(const std::shared_ptr<Pending>& pending, const Err
         pending->message.message_id(), handling.info.attempt, error.message());
   }
   maybe_finish_stop();
+}
+
+bool Consumer::reject_uncopyable(const std::shared_ptr<Pending>& pending) {
+  settling_.erase(pending->id);
+  const bool rejected = !pending->channel->reject(pending->delivery_tag, false);
+  if (!rejected) ++metrics_.abandoned;
+  return rejected;
 }
 
 void Consumer::count_parked(ParkReason reason) {

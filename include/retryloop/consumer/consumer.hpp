@@ -237,6 +237,7 @@ class Consumer : public std::enable_shared_from_this<Consumer> {
   void carry_out(const std::shared_ptr<Pending>& pending);
   void publish_copy(const std::shared_ptr<Pending>& pending);
   void copy_too_large(const std::shared_ptr<Pending>& pending, const client::Error& error);
+  bool reject_uncopyable(const std::shared_ptr<Pending>& pending);
   void count_parked(ParkReason reason);
   void copy_confirmed(const std::shared_ptr<Pending>& pending);
   void finish(const std::shared_ptr<Pending>& pending);
