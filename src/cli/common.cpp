@@ -204,6 +204,13 @@ void Table::print(std::ostream& out, const std::string& indent) const {
   }
 }
 
+std::string join(const std::vector<std::string>& items, const std::string& separator) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i)
+    out += (i == 0 ? "" : separator) + items[i];
+  return out;
+}
+
 std::string plural(size_t count, const std::string& singular, const std::string& plural_form) {
   return std::to_string(count) + " " +
          (count == 1 ? singular : (plural_form.empty() ? singular + "s" : plural_form));

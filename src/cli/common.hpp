@@ -92,6 +92,9 @@ class Table {
 };
 
 /// "1 queue" / "3 queues".
+/// The items with `separator` between them.
+std::string join(const std::vector<std::string>& items, const std::string& separator = ", ");
+
 std::string plural(size_t count, const std::string& singular, const std::string& plural_form = {});
 
 /// `text` broken into lines of at most `width` columns at spaces (for --help paragraphs).

@@ -7,6 +7,7 @@
 #include <uv.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "common.hpp"
+#include "retryloop/consumer/headers.hpp"
 #include "retryloop/parking/parking.hpp"
 #include "retryloop/topology/duration.hpp"
 
@@ -49,6 +51,7 @@ struct ParkingArgs {
   int64_t fail_above = -1;
   std::vector<std::string> where;
   std::string older_than;
+  std::vector<std::string> reasons;
   std::string to_queue;
   bool dry_run = false;
   bool yes = false;
@@ -297,6 +300,17 @@ parking::Filter make_filter(const ParkingArgs& args) {
     if (!duration) throw Failure(exit_usage, "--older-than \"" + args.older_than + "\" " + why);
     filter.older_than = duration;
   }
+  for (const auto& reason : args.reasons) {
+    const std::vector<std::string> known = {
+        consumer::to_string(consumer::ParkReason::exhausted),
+        consumer::to_string(consumer::ParkReason::permanent),
+        consumer::to_string(consumer::ParkReason::poison),
+        consumer::to_string(consumer::ParkReason::delivery_limit), parking::unrouted_reason};
+    if (std::find(known.begin(), known.end(), reason) == known.end()) {
+      throw Failure(exit_usage, "--reason \"" + reason + "\" is not one of " + join(known));
+    }
+  }
+  filter.reasons = args.reasons;
   return filter;
 }
 
@@ -613,6 +627,13 @@ void add_filters(CLI::App& command, ParkingArgs& args, const char* verb) {
           "--older-than", args.older_than,
           std::string("Only ") + verb + " messages parked longer ago than this (30s, 5m, 2h, 7d)")
       ->type_name("DURATION");
+  command
+      .add_option("--reason", args.reasons,
+                  std::string("Only ") + verb +
+                      " messages parked for this reason (repeatable: any of them): exhausted, "
+                      "permanent, poison, delivery_limit, or unrouted (parked by the broker: no "
+                      "queue took a retry, as while the service queue was deleted)")
+      ->type_name("REASON");
 }
 
 }  // namespace

@@ -40,13 +40,6 @@ struct TopologyArgs {
   bool exists_only = false;
 };
 
-std::string join(const std::vector<std::string>& items, const std::string& separator = ", ") {
-  std::string out;
-  for (const auto& item : items)
-    out += (out.empty() ? "" : separator) + item;
-  return out;
-}
-
 std::string service_names(const topology::Topology& t) {
   std::vector<std::string> names;
   for (const auto& s : t.services)
@@ -282,6 +275,10 @@ std::string result_note(const ActionResult& r, bool counts) {
     note += (note.empty() ? "" : "; ") + std::string("declared without ") + missing.argument +
             " (new ones get " + missing.wanted + ")";
   }
+  if (r.older_form) {
+    note += (note.empty() ? "" : "; ") +
+            std::string("older form: dead-letters straight to the service queue");
+  }
   return note;
 }
 
@@ -295,11 +292,40 @@ void print_missing_queue_hint(const Report& report) {
                  r.action.services == q.action.services;
         });
     if (!waiting) continue;
-    std::cout << "Queue " << q.action.name
-              << " is missing but its wait queues exist: a retry waiting there whose delay ends "
-                 "before the queue is back is dropped by the broker (docs/topology.md, \"Safety "
-                 "rules\"). Run `retryloop topology apply` now.\n";
+    const bool older =
+        std::any_of(report.results.begin(), report.results.end(), [&](const ActionResult& r) {
+          return r.action.role == topology::Role::wait_queue && r.older_form &&
+                 r.action.services == q.action.services;
+        });
+    if (older) {
+      std::cout << "Queue " << q.action.name
+                << " is missing but its wait queues exist, some in the older form: a retry "
+                   "waiting there whose delay ends before the queue is back is dropped by the "
+                   "broker (docs/topology.md, \"Safety rules\"). Run `retryloop topology apply` "
+                   "now.\n";
+    } else {
+      std::cout << "Queue " << q.action.name
+                << " is missing but its wait queues exist: a retry whose delay ends before the "
+                   "queue is back goes to parking; replay it with `retryloop parking replay` "
+                   "once `retryloop topology apply` has declared the queue again.\n";
+    }
   }
+}
+
+/// Wait queues in the form older releases declared: what it risks, and how to move them on.
+void print_older_form_hint(const Report& report) {
+  std::vector<std::string> names;
+  for (const auto& r : report.results) {
+    if (r.older_form) names.push_back(r.action.name);
+  }
+  if (names.empty()) return;
+  std::cout << "The wait " << (names.size() == 1 ? "queue " : "queues ") << join(names)
+            << (names.size() == 1 ? " dead-letters" : " dead-letter")
+            << " through the default exchange straight to the service queue, as older releases "
+               "declared them: a retry whose service queue is gone when its delay ends is "
+               "dropped, where the current form parks it. docs/topology.md, \"Older queues\", "
+               "shows how to move a wait queue to the current form without losing what it "
+               "holds.\n";
 }
 
 /// What an object declared without retryloop's default arguments means, and how to move it on.
@@ -360,6 +386,7 @@ nlohmann::json report_json(const std::string& command, const std::string& file,
     }
     if (r.messages) j["messages"] = *r.messages;
     if (r.consumers) j["consumers"] = *r.consumers;
+    if (r.older_form) j["older_form"] = true;
     for (const auto& missing : r.defaults_missing) {
       j["defaults_missing"].push_back(
           {{"argument", missing.argument}, {"new_objects_get", missing.wanted}});
@@ -440,6 +467,7 @@ int run_report(const TopologyArgs& args, const std::string& command) {
   print_results(result, command == "verify");
   std::cout << "\n";
   print_defaults_hint(result);
+  print_older_form_hint(result);
   print_missing_queue_hint(result);
   if (command == "apply") {
     std::string text = summary(result, {{Outcome::created, "created"},

@@ -50,6 +50,9 @@ ParkedMessage read_parked(client::Message message, uint64_t position) {
       }
     }
     parked.reason = string_header(headers, header::reason);
+    if (parked.reason.empty() && headers.find("x-death") != nullptr) {
+      parked.reason = unrouted_reason;
+    }
     if (const amqp::FieldValue* attempts = headers.find(header::attempts)) {
       parked.attempts = attempts->as_int64();
     }
@@ -71,6 +74,10 @@ bool Filter::matches(const ParkedMessage& parked, uint64_t now_seconds) const {
     const uint64_t age_seconds = now_seconds - *parked.parked_at;
     const uint64_t wanted_ms = uint64_t(std::max<int64_t>(older_than->count(), 0));
     if (age_seconds < wanted_ms / 1000 + (wanted_ms % 1000 != 0)) return false;
+  }
+  if (!reasons.empty() &&
+      std::find(reasons.begin(), reasons.end(), parked.reason) == reasons.end()) {
+    return false;
   }
   if (where.empty()) return true;
   if (!parked.message.properties.headers) return false;

@@ -29,8 +29,12 @@ struct Decision {
 /// Reads a queue once, from its head to the depth it had at the start, and carries out a
 /// decision per message (the shared rules of parking.hpp). Kept messages are held unacked until
 /// the channel closes; when they fill half the window, the consumer is restarted, so that held
-/// messages never stall the reading (prefetch counts per consumer). The new consumer starts once
-/// no copy is in flight, so that at most `window` copies ever await their confirms.
+/// messages never stall the reading (prefetch counts per consumer). The old consumer is cancelled
+/// only once no copy is in flight, and the new one starts once none is, so that at most `window`
+/// copies ever await their confirms. A channel that holds kept messages closes no sooner than a
+/// grace period after its last ack: RabbitMQ 3.10 quorum queues can drop acks that the close
+/// overtakes, which would leave a moved message parked as well. `done` fires once the queue counts
+/// the kept messages back (or after a few seconds), so that a read that follows sees them.
 class Walker : public std::enable_shared_from_this<Walker> {
  public:
   using Visitor = std::function<Decision(ParkedMessage& message)>;
@@ -53,6 +57,11 @@ class Walker : public std::enable_shared_from_this<Walker> {
   void on_channel(std::shared_ptr<client::Channel> channel);
   void consume();
   void restart_consumer();
+  void cancel_consumer();
+  void on_settled();
+  /// After the close: waits until the queue counts the held messages back, then `finish`.
+  void await_returns(std::function<void()> finish);
+  void check_returns();
   void on_delivery(client::Delivery&& delivery);
   void move(uint64_t delivery_tag, Decision&& decision, std::string&& body);
   void finish_reading();
@@ -71,8 +80,20 @@ class Walker : public std::enable_shared_from_this<Walker> {
   std::string consumer_tag_;
   bool consuming_ = false;
   bool restarting_ = false;
+  /// A restart waits for the copies in flight before it cancels the consumer.
+  bool cancel_when_settled_ = false;
   /// The old consumer is cancelled; the new one starts once no copy is in flight.
   bool consume_when_settled_ = false;
+  /// A message was kept (held unacked until the channel closes).
+  bool holds_messages_ = false;
+  /// When the last ack went out (loop time, ms); 0 before the first.
+  uint64_t last_ack_ms_ = 0;
+  /// Closes the channel once the grace after such acks is over.
+  std::function<void()> grace_close_;
+  std::function<void()> returns_finish_;
+  /// The depth the queue has once the held messages are back: the start's, less what moved.
+  uint64_t expected_depth_ = 0;
+  uint64_t returns_deadline_ms_ = 0;
   bool reading_done_ = false;
   bool interrupted_ = false;
   bool reported_ = false;

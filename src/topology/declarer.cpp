@@ -249,12 +249,14 @@ class Runner : public std::enable_shared_from_this<Runner> {
     auto on_result = [self, existed](const Error& error, const QueueInfo* info) {
       if (!self->survived(error)) return;
       ActionResult& r = self->current();
-      if (error && existed && self->drop_missing_default(error)) {
-        // Declared again without the default the object lacks, on a fresh channel.
+      if (error && existed && (self->drop_missing_default(error) || self->try_older_form(error))) {
+        // Declared again without the default the object lacks, or in the older form, on a fresh
+        // channel.
         self->with_channel([self, existed] { self->declare_current(existed); });
         return;
       }
       if (error) {
+        r.older_form = false;
         self->record_failure(error);
       } else {
         if (info != nullptr) self->note_queue(*info);
@@ -301,6 +303,20 @@ class Runner : public std::enable_shared_from_this<Runner> {
     drift->wanted = format_value(*wanted);
     declaring_.erase(drift->argument);
     r.defaults_missing.push_back(std::move(*drift));
+    return true;
+  }
+
+  /// When a 406 refuses a wait queue that may be in the form older releases declared, declares
+  /// it in that form next (less the defaults it was already found to lack) and returns true.
+  bool try_older_form(const Error& error) {
+    ActionResult& r = current();
+    if (error.reply_code != precondition_failed || r.older_form || !r.action.older_arguments) {
+      return false;
+    }
+    declaring_ = *r.action.older_arguments;
+    for (const auto& missing : r.defaults_missing)
+      declaring_.erase(missing.argument);
+    r.older_form = true;
     return true;
   }
 

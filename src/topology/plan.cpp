@@ -131,10 +131,13 @@ Plan make_plan(const Topology& topology) {
       Action wait_queue = queue_action(s, Role::wait_queue, name);
       add_queue_type(s, wait_queue);
       wait_queue.arguments.append("x-message-ttl", integer(delay.count()));
-      // Through the default exchange straight back to Q: no other queue sees the retry.
-      wait_queue.arguments.append("x-dead-letter-exchange", "");
+      // Back through the wait exchange with Q's name as the key: only Q's own binding matches,
+      // so no other queue sees the retry, and while Q is gone the alternate exchange parks it.
+      wait_queue.arguments.append("x-dead-letter-exchange", wait);
       wait_queue.arguments.append("x-dead-letter-routing-key", q);
       add_safe_dead_lettering(s, wait_queue.arguments);
+      wait_queue.older_arguments = wait_queue.arguments;
+      wait_queue.older_arguments->set("x-dead-letter-exchange", "");
       plan.actions.push_back(std::move(wait_queue));
       plan.actions.push_back(
           binding_action(s, Role::wait_queue, name, wait, "direct", duration_label(delay)));
@@ -172,6 +175,10 @@ Plan make_plan(const Topology& topology) {
         plan.actions.push_back(
             binding_action(s, Role::input_queue, q, s.input.exchange, type, binding.routing_key));
       }
+    }
+    // The way back from the wait queues.
+    if (!delays.empty()) {
+      plan.actions.push_back(binding_action(s, Role::input_queue, q, wait, "direct", q));
     }
   }
   return plan;

@@ -388,6 +388,15 @@ class Validator {
               "queue " + quote(queue) + " is also the " + owner_text(it->second) + also);
         }
       }
+      // The wait queues dead-letter through the wait exchange with Q's name as the routing key,
+      // so Q's name must not be the key of one of its delays.
+      for (auto delay : wait_delays(s)) {
+        if (queue.empty() || queue != duration_label(delay)) continue;
+        add(s.name, service_path(i) + (s.queue.empty() ? ".name" : ".queue"),
+            "queue " + quote(queue) + " is also the routing key of the delay " + quote(queue) +
+                " in the wait exchange " + quote(wait_exchange_name(s.name)) +
+                "; choose another queue name");
+      }
       const std::string& exchange = s.input.exchange;
       if (exchange.empty()) continue;
       auto derived = exchanges.find(exchange);

@@ -71,9 +71,7 @@ struct Documented {
     return names;
   }
   /// `retryloop topology apply`, and a consumer with declare_topology (the default).
-  Permissions apply() const {
-    return {only(with(loop(), x)), only(with(loop(), "amq\\.default")), only(with(loop(), x))};
-  }
+  Permissions apply() const { return {only(with(loop(), x)), only(loop()), only(with(loop(), x))}; }
   Permissions verify() const { return {only(with(loop(), x)), "^$", "^$"}; }
   Permissions remove() const { return {only(loop()), "^$", "^$"}; }
   /// A consumer with declare_topology false.
@@ -378,8 +376,8 @@ TEST_CASE(
                    c = no_read.documented();
   Permissions configure_less = a.apply(), write_less = b.apply(), read_less = c.apply();
   configure_less.configure = only(a.loop());  // not the input exchange
-  write_less.write = only(b.loop());          // not amq.default
-  read_less.read = only(c.loop());            // not the input exchange
+  write_less.write = only({b.q, b.n + "\\.wait\\..*", b.n + "\\.parking"});  // not N.wait
+  read_less.read = only(c.loop());  // not the input exchange
   Users users({exact.documented().apply(), configure_less, write_less, read_less});
 
   consume_and_park(loop, exact, users.url(0), true);
@@ -389,9 +387,11 @@ TEST_CASE(
   CHECK_THAT(fatal.message(), Catch::Contains("access to " + in));
   CHECK(names_permission(fatal.message(), "exchange.declare", "configure", in));
   fatal = fatal_error(loop, no_write.service, users.url(2), true);
+  // A new wait queue dead-letters to the wait exchange.
+  const std::string wait = "exchange '" + no_write.service.name + ".wait'";
   CHECK_THAT(fatal.message(), Catch::Contains("queue " + no_write.service.name + ".wait.200ms: ") &&
-                                  Catch::Contains("access to exchange 'amq.default'"));
-  CHECK(names_permission(fatal.message(), "queue.declare", "write", "exchange 'amq.default'"));
+                                  Catch::Contains("access to " + wait));
+  CHECK(names_permission(fatal.message(), "queue.declare", "write", wait));
   const std::string read_in = "exchange '" + no_read.service.input.exchange + "'";
   fatal = fatal_error(loop, no_read.service, users.url(3), true);
   CHECK_THAT(fatal.message(), Catch::Contains("access to " + read_in));
@@ -445,7 +445,8 @@ TEST_CASE(
   Service s(loop, "reject");
   const Documented d = s.documented();
   Permissions apply_less = d.apply(), delete_less = d.remove();
-  apply_less.write = only(d.loop());  // not amq.default, which a new wait queue dead-letters to
+  // Not the wait exchange, which a new wait queue dead-letters to.
+  apply_less.write = only({d.q, d.n + "\\.wait\\..*", d.n + "\\.parking"});
   delete_less.configure = only({d.q, d.n + "\\.wait", d.n + "\\.wait\\..*"});  // not parking
   enum { apply_less_user, apply_user, verify_user, nothing_user, delete_less_user, delete_user };
   Users users({apply_less, d.apply(), d.verify(), Permissions{}, delete_less, d.remove()});
@@ -453,8 +454,8 @@ TEST_CASE(
   auto apply = s.cli({"topology", "apply"}, users.url(apply_less_user));
   INFO(apply->out() << apply->err());
   CHECK(apply->wait() == 3);
-  CHECK_THAT(apply->out(), Catch::Contains("access to exchange 'amq.default'"));
-  CHECK(says_permission(apply->out(), "write", "exchange 'amq.default'"));
+  CHECK_THAT(apply->out(), Catch::Contains("access to exchange '" + s.service.name + ".wait'"));
+  CHECK(says_permission(apply->out(), "write", "exchange '" + s.service.name + ".wait'"));
 
   apply = s.cli({"topology", "apply"}, users.url(apply_user));
   INFO(apply->out() << apply->err());

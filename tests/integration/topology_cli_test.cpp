@@ -320,18 +320,18 @@ TEST_CASE("apply, verify and delete through the command line, with drift exiting
   INFO(first.out << first.err);
   REQUIRE(first.exit_code == 0);
   CHECK(contains(first.out, "created  queue     " + name));
-  CHECK(contains(first.out, "Done: 6 created, 3 bindings in place."));
+  CHECK(contains(first.out, "Done: 6 created, 4 bindings in place."));
 
   Run second = run_cli({"topology", "apply", file.path(), "--url", url});
   INFO(second.out << second.err);
   CHECK(second.exit_code == 0);
   CHECK_FALSE(contains(second.out, "created"));
-  CHECK(contains(second.out, "Done: 6 already existed, 3 bindings in place."));
+  CHECK(contains(second.out, "Done: 6 already existed, 4 bindings in place."));
 
   Run verified = run_cli({"topology", "verify", file.path(), "--url", url});
   CHECK(verified.exit_code == 0);
   CHECK(contains(verified.out, "Result: 6 match."));
-  CHECK(contains(verified.out, "3 bindings were not checked"));
+  CHECK(contains(verified.out, "4 bindings were not checked"));
 
   Run exists_only = run_cli({"topology", "verify", file.path(), "--url", url, "--exists-only"});
   INFO(exists_only.out << exists_only.err);

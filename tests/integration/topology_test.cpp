@@ -361,9 +361,11 @@ TEST_CASE("Verify passes after apply, creates nothing, and names drifted argumen
   test::close(loop, connection);
 }
 
-/// The plan as a release without queue versions and default delivery limits declared it.
-Plan without_defaults(Plan plan) {
+/// The plan as a release without queue versions and default delivery limits declared it, with
+/// wait queues that dead-letter through the default exchange.
+Plan as_older_release(Plan plan) {
   for (auto& action : plan.actions) {
+    if (action.older_arguments) action.arguments = *action.older_arguments;
     for (const auto& name : action.defaults)
       action.arguments.erase(name);
     action.defaults.clear();
@@ -378,7 +380,7 @@ void check_older_queues(const std::string& queue_type) {
   Topology t = parse(service_json(name, R"("delays": ["30s"], "max_attempts": 5)",
                                   R"("queue_type": ")" + queue_type + R"(")"));
   Plan plan = make_plan(t);
-  REQUIRE(run_apply(loop, connection, without_defaults(plan)).ok());
+  REQUIRE(run_apply(loop, connection, as_older_release(plan)).ok());
 
   for (const Report& report :
        {run_apply(loop, connection, plan), run_verify(loop, connection, plan)}) {
@@ -395,6 +397,8 @@ void check_older_queues(const std::string& queue_type) {
         CHECK(drift.wanted == format_value(*r.action.arguments.find(drift.argument)));
       }
       CHECK(missing == r.action.defaults);
+      CHECK(r.older_form ==
+            (r.action.kind == ActionKind::declare_queue && r.action.role == Role::wait_queue));
     }
   }
   if (queue_type == "classic") {
@@ -409,15 +413,17 @@ void check_older_queues(const std::string& queue_type) {
 }
 
 TEST_CASE(
-    "Classic queues an older release declared without x-queue-version are used as they are, and "
-    "apply and verify say what they lack",
+    "Classic queues an older release declared without x-queue-version, and wait queues that "
+    "dead-letter straight to the service queue, are used as they are, and apply and verify say "
+    "so",
     "[topology][integration]") {
   check_older_queues("classic");
 }
 
 TEST_CASE(
-    "Quorum queues an older release declared without x-delivery-limit are used as they are, and "
-    "apply and verify say what they lack",
+    "Quorum queues an older release declared without x-delivery-limit, and wait queues that "
+    "dead-letter straight to the service queue, are used as they are, and apply and verify say "
+    "so",
     "[topology][integration]") {
   check_older_queues("quorum");
 }

@@ -70,6 +70,8 @@ const std::vector<Expected> invalid_files = {
      R"~(is also the wait queue of service "orders")~"},
     {"queue_collides_with_parking_queue.json", "services[1].queue",
      R"~(is also the parking queue of service "orders")~"},
+    {"queue_named_like_delay.json", "services[0].queue",
+     R"~(is also the routing key of the delay "30s" in the wait exchange "orders.wait")~"},
     {"queue_is_own_parking_queue.json", "services[0].queue",
      R"~(is also the parking queue of service "orders")~"},
     {"input_exchange_is_wait_exchange.json", "services[1].input.exchange",

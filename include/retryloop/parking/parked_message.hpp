@@ -22,6 +22,8 @@ struct ParkedMessage {
   std::string message_id;
   /// `retryloop-parked-at`, seconds since the epoch.
   std::optional<uint64_t> parked_at;
+  /// `retryloop-reason`; for a message the broker parked itself (it has `x-death` but no
+  /// `retryloop-reason`), unrouted_reason.
   std::string reason;
   std::optional<int64_t> attempts;
   std::string error;
@@ -31,6 +33,10 @@ struct ParkedMessage {
   /// `retryloop-replays`: times it was replayed before.
   int64_t replays = 0;
 };
+
+/// The reason of a message that the wait exchange's alternate exchange parked: no queue took a
+/// retry (its wait queue, or the service queue when its delay ended, did not exist).
+inline constexpr const char* unrouted_reason = "unrouted";
 
 /// Decodes the parking headers of `message`.
 ParkedMessage read_parked(client::Message message, uint64_t position);
@@ -46,8 +52,10 @@ struct Filter {
   std::vector<std::pair<std::string, std::string>> where;
   /// Parked longer ago than this (by `retryloop-parked-at`; a message without it never matches).
   std::optional<std::chrono::milliseconds> older_than;
+  /// Parked for one of these reasons (ParkedMessage::reason); empty: any.
+  std::vector<std::string> reasons;
 
-  bool empty() const { return where.empty() && !older_than; }
+  bool empty() const { return where.empty() && !older_than && reasons.empty(); }
   bool matches(const ParkedMessage& parked, uint64_t now_seconds) const;
 };
 

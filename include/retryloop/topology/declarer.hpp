@@ -71,6 +71,10 @@ struct ActionResult {
   /// apply and verify: default arguments (Action::defaults) that the existing object was declared
   /// without (`actual` "(not set)"). It is used as it is: the outcome does not count them.
   std::vector<Drift> defaults_missing;
+  /// apply and verify: a wait queue that exists in the form older releases declared
+  /// (Action::older_arguments). It works, but a retry whose Q is gone when its delay ends is
+  /// dropped. The outcome does not count it (docs/topology.md, "Older queues").
+  bool older_form = false;
 };
 
 struct Report {

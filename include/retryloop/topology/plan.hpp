@@ -2,6 +2,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,12 +56,17 @@ struct Action {
   /// declared without them, as older releases did, is used as it is, and apply and verify say
   /// so (ActionResult::defaults_missing). Changing them on a live queue takes a policy.
   std::vector<std::string> defaults;
+  /// Wait queues: the arguments older releases declared them with (dead-lettering through the
+  /// default exchange straight to Q, which drops a retry whose Q is gone). An existing queue in
+  /// that form is used as it is, and apply and verify say so (ActionResult::older_form).
+  std::optional<amqp::FieldTable> older_arguments;
 };
 
 /// Ordered so that every object an action refers to is declared by an earlier action: per
 /// service, the parking exchange, queue and binding, then the wait exchange (its alternate
 /// exchange is the parking exchange), the wait queues and their bindings, then the input
-/// exchange, the input queue (dead-lettering to the wait exchange) and its bindings. An input
+/// exchange, the input queue (dead-lettering to the wait exchange), its bindings, and last its
+/// binding to the wait exchange under its own name, which brings the retries back. An input
 /// exchange shared by several services appears once.
 struct Plan {
   std::vector<Action> actions;
