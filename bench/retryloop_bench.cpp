@@ -329,7 +329,7 @@ void consume(uv_loop_t* loop, const Args& args) {
                   r.t0 = wall_seconds();
                   cpu0 = cpu_seconds();
                 }
-                channel->ack(delivery.delivery_tag);
+                (void)channel->ack(delivery.delivery_tag);
                 if (++received == args.count) {
                   CALLGRIND_DUMP_STATS;
                   r.t1 = wall_seconds();
@@ -440,7 +440,7 @@ void ttl(uv_loop_t* loop, const Args& args) {
               [&, connection, channel](Delivery&& delivery) {
                 int64_t sent = header_int(delivery.message.properties, "bench-sent-us");
                 late_ms.push_back((wall_us() - sent) / 1000.0 - static_cast<double>(args.delay_ms));
-                channel->ack(delivery.delivery_tag);
+                (void)channel->ack(delivery.delivery_tag);
                 if (++received == args.count) connection->close();
               },
               [](const Error& e, const std::string&) { check(e, "basic.consume"); }),

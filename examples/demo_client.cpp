@@ -96,13 +96,14 @@ struct Demo {
   }
 
   void finish() {
-    channel->cancel(consumer_tag, [this](const Error& e) {
+    Error error = channel->cancel(consumer_tag, [this](const Error& e) {
       check(e, "basic.cancel");
       connection->close([this](const Error&) {
         std::printf("closed: %d published and confirmed, %d received and acked\n", confirmed,
                     received);
       });
     });
+    check(error, "basic.cancel");
   }
 };
 

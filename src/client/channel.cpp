@@ -681,7 +681,7 @@ void Channel::dispatch_content() {
           log->warn("delivery for unknown consumer {} on channel {} requeued",
                     delivery_.consumer_tag, id_);
         }
-        nack(delivery_.delivery_tag, false, true);
+        (void)nack(delivery_.delivery_tag, false, true);
         delivery_ = Delivery{};
         return;
       }

@@ -696,8 +696,8 @@ void Connection::finish(const Error& error) {
     std::string_view bytes = out_;
     if (tls_) {
       if (previous == State::handshaking || previous == State::open || previous == State::closing) {
-        tls_->write(std::string_view(writing_).substr(writing_offset_));
-        tls_->write(out_);
+        (void)tls_->write(std::string_view(writing_).substr(writing_offset_));
+        (void)tls_->write(out_);
       }
       tls_->shutdown();
       bytes = tls_->take_pending();

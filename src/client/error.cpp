@@ -48,10 +48,6 @@ class ClientCategory : public std::error_category {
         return "TLS handshake or certificate verification failed";
       case ClientError::unroutable:
         return "broker returned the message: no queue is bound for its routing key";
-      case ClientError::not_found:
-        return "not found";
-      case ClientError::topology_drift:
-        return "topology drift";
       case ClientError::consumer_cancelled:
         return "the broker cancelled the consumer";
       case ClientError::properties_too_large:

@@ -1,4 +1,5 @@
 #include "retryloop/consumer/consumer.hpp"
+#include "retryloop/consumer/error.hpp"
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -41,7 +42,7 @@ bool is_fatal(const Error& error) {
   return error.code == make_error_code(ClientError::authentication_failed) ||
          error.code == make_error_code(ClientError::vhost_refused) ||
          error.code == make_error_code(ClientError::tls_failed) ||
-         error.code == make_error_code(ClientError::topology_drift) || error.reply_code == 403;
+         error.code == make_error_code(ConsumerError::topology_drift) || error.reply_code == 403;
 }
 
 /// The first problem of a declare report as an error naming the object.
@@ -57,7 +58,7 @@ Error declare_problem(const topology::Report& report) {
         } else {
           text += result.error.message();
         }
-        return Error(ClientError::topology_drift,
+        return Error(ConsumerError::topology_drift,
                      text + " (fix the broker or the file; nothing was changed)");
       }
       case topology::Outcome::failed: {
@@ -66,7 +67,8 @@ Error declare_problem(const topology::Report& report) {
         return error;
       }
       case topology::Outcome::missing:
-        return Error(ClientError::not_found, object + " does not exist (it is declared elsewhere)");
+        return Error(ConsumerError::topology_missing,
+                     object + " does not exist (it is declared elsewhere)");
       default:
         break;
     }
@@ -498,7 +500,7 @@ void Consumer::on_delivery(client::Delivery&& delivery) {
   pending->channel = session_->consume_channel;
   pending->delivery_tag = delivery.delivery_tag;
   if (state_ == State::stopping) {  // arrived between basic.cancel and cancel-ok
-    pending->channel->nack(pending->delivery_tag, false, true);
+    (void)pending->channel->nack(pending->delivery_tag, false, true);
     return;
   }
   Message& message = pending->message;
@@ -976,7 +978,7 @@ void Consumer::check_parking_depth() {
         passive.passive = true;
         Error e = channel->queue_declare(
             queue, passive, [channel, finished](const Error& error, const client::QueueInfo& info) {
-              if (!error) channel->close();
+              if (!error) (void)channel->close();
               finished(error, info.message_count);
             });
         if (e) finished(e, 0);
@@ -1023,10 +1025,10 @@ void Consumer::stop(std::chrono::milliseconds deadline) {
               options_.service.name, running_, settling_.size(), waiting_.size());
   }
   for (const auto& pending : waiting_)
-    pending->channel->nack(pending->delivery_tag, false, true);
+    (void)pending->channel->nack(pending->delivery_tag, false, true);
   waiting_.clear();
   std::weak_ptr<Consumer> weak = weak_from_this();
-  session_->consume_channel->cancel(session_->consumer_tag, [weak](const Error&) {
+  (void)session_->consume_channel->cancel(session_->consumer_tag, [weak](const Error&) {
     if (auto self = weak.lock()) self->maybe_finish_stop();
   });
   maybe_finish_stop();

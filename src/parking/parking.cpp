@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <unordered_map>
 
+#include "retryloop/parking/error.hpp"
 #include "walker.hpp"
 
 namespace retryloop::parking {
@@ -63,7 +64,7 @@ void queue_depths(const std::shared_ptr<client::Connection>& connection,
               [state, queue, channel](const Error& error, const client::QueueInfo& info) {
                 if (!error) {
                   state->depths[queue] = info.message_count;
-                  channel->close();
+                  (void)channel->close();
                 }
                 state->step();
               });
@@ -216,7 +217,7 @@ Error replay(const std::shared_ptr<client::Connection>& connection,
         }
         if (depths.count(target) == 0) {
           run->result_.error =
-              Error(ClientError::not_found, "the target queue " + target + " does not exist");
+              Error(ParkingError::queue_missing, "the target queue " + target + " does not exist");
           if (callback) callback(run->result_);
           return;
         }

@@ -1,5 +1,7 @@
 #include "walker.hpp"
 
+#include "retryloop/parking/error.hpp"
+
 namespace retryloop::parking::detail {
 namespace {
 
@@ -73,7 +75,7 @@ void Walker::on_channel(std::shared_ptr<client::Channel> channel) {
         if (error) {
           if (error.reply_code == 404) {
             return self->fail(Error(
-                ClientError::not_found,
+                ParkingError::queue_missing,
                 "queue " + self->queue_ + " does not exist (run `retryloop topology apply`)"));
           }
           return self->fail(error);
@@ -324,7 +326,7 @@ void Walker::check_returns() {
         Error e = channel->queue_declare(
             self->queue_, passive,
             [weak, channel, finish_now](const Error& error, const client::QueueInfo& info) {
-              if (channel->is_open()) channel->close();
+              if (channel->is_open()) (void)channel->close();
               auto self = weak.lock();
               if (!self) return;
               const uint64_t now = uv_now(self->connection_->loop());

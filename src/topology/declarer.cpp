@@ -58,7 +58,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
   void next() {
     while (index_ < report_.results.size()) {
       ActionResult& r = current();
-      if (phase_ == 1 && !exists_[index_]) {
+      if (phase_ == Phase::delete_objects && !exists_[index_]) {
         ++index_;
         continue;
       }
@@ -70,7 +70,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
       break;
     }
     if (index_ >= report_.results.size()) {
-      if (mode_ == Mode::remove && phase_ == 0) {
+      if (mode_ == Mode::remove && phase_ == Phase::look_up) {
         decide_deletion();
       } else {
         finish();
@@ -87,7 +87,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
 
   void run_current() {
     const Action& a = current().action;
-    if (phase_ == 1) {
+    if (phase_ == Phase::delete_objects) {
       delete_current();
       return;
     }
@@ -363,7 +363,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
       finish();
       return;
     }
-    phase_ = 1;
+    phase_ = Phase::delete_objects;
     index_ = 0;
     next();
   }
@@ -419,7 +419,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
     report_.connection_error = error;
     for (size_t i = index_; i < report_.results.size(); ++i) {
       ActionResult& r = report_.results[i];
-      if (phase_ == 1 && !exists_[i]) continue;
+      if (phase_ == Phase::delete_objects && !exists_[i]) continue;
       r.outcome = Outcome::not_run;
     }
     finish();
@@ -428,7 +428,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
   void finish() {
     if (finished_) return;
     finished_ = true;
-    if (channel_ && channel_->is_open()) channel_->close();
+    if (channel_ && channel_->is_open()) (void)channel_->close();
     channel_.reset();
     ReportCallback callback = std::move(callback_);
     callback(report_);
@@ -444,7 +444,9 @@ class Runner : public std::enable_shared_from_this<Runner> {
   std::vector<bool> exists_;
   amqp::FieldTable declaring_;
   size_t index_ = 0;
-  int phase_ = 0;
+  /// delete: every object is looked up first, then deleted.
+  enum class Phase { look_up, delete_objects };
+  Phase phase_ = Phase::look_up;
   bool finished_ = false;
 };
 

@@ -190,7 +190,8 @@ struct Service {
       loop.run_until([&] { return removed; }, 10s);
     }
     bool deleted = false;
-    channel->exchange_delete(service.input.exchange, false, [&](const Error&) { deleted = true; });
+    REQUIRE_FALSE(channel->exchange_delete(service.input.exchange, false,
+                                           [&](const Error&) { deleted = true; }));
     loop.run_until([&] { return deleted || !channel->is_open(); }, 10s);
     if (guest->is_open()) test::close(loop, guest);
   }

@@ -107,7 +107,7 @@ class Probe {
   Probe(TestLoop& loop, std::shared_ptr<Connection> connection)
       : loop_(loop), connection_(std::move(connection)) {}
   ~Probe() {
-    if (channel_ && channel_->is_open()) channel_->close();
+    if (channel_ && channel_->is_open()) (void)channel_->close();
   }
 
   /// Messages ready in `queue`; nullopt when it does not exist.
@@ -164,7 +164,7 @@ bool queue_exists(TestLoop& loop, Connection& connection, const std::string& que
       }));
   REQUIRE(loop.run_until([&] { return done; }));
   if (result) CHECK(result.reply_code == 404);
-  if (!result) channel->close();
+  if (!result) (void)channel->close();
   return !result;
 }
 
@@ -176,7 +176,7 @@ bool exchange_exists(TestLoop& loop, Connection& connection, const std::string& 
     return channel->exchange_declare(exchange, "direct", options, cb);
   });
   if (result) CHECK(result.reply_code == 404);
-  if (!result) channel->close();
+  if (!result) (void)channel->close();
   return !result;
 }
 
@@ -191,7 +191,7 @@ void delete_queue(TestLoop& loop, Connection& connection, const std::string& que
   REQUIRE(loop.run_until([&] { return done; }));
   INFO(result.message());
   REQUIRE_FALSE(result);
-  channel->close();
+  (void)channel->close();
 }
 
 void delete_exchange(TestLoop& loop, Connection& connection, const std::string& exchange) {
@@ -201,7 +201,7 @@ void delete_exchange(TestLoop& loop, Connection& connection, const std::string& 
   });
   INFO(result.message());
   CHECK_FALSE(result);
-  channel->close();
+  (void)channel->close();
 }
 
 void publish(TestLoop& loop, Channel& channel, const std::string& exchange,
@@ -446,7 +446,7 @@ TEST_CASE(
   client::QueueOptions other;
   other.arguments.append("x-message-ttl", int64_t{60000});
   test::declare_queue(loop, *channel, wait, other);
-  channel->close();
+  (void)channel->close();
   delete_queue(loop, *connection, name + ".parking");
 
   // A user that may read and write but not configure anything.
@@ -745,7 +745,7 @@ TEST_CASE("Delete refuses while a consumer is attached", "[topology][integration
   INFO(dump(refused));
   CHECK(result_for(refused, ActionKind::delete_queue, name).outcome == Outcome::in_use);
   CHECK(queue_exists(loop, *connection, name));
-  channel->close();
+  (void)channel->close();
   run_delete(loop, connection, make_delete_plan(t), {true, true});
   delete_exchange(loop, *connection, name + ".in");
   test::close(loop, connection);
@@ -859,7 +859,7 @@ void check_loop_isolation(const std::string& queue_type) {
   REQUIRE_FALSE(channel->ack(parked->delivery_tag));
   CHECK(probe.depth(b) == 2u);
 
-  channel->close();
+  (void)channel->close();
   run_delete(loop, connection, make_delete_plan(t), {true, true});
   auto cleanup = test::open_channel(loop, *connection);
   REQUIRE_FALSE(test::wait(loop, [&](client::CompletionCallback cb) {

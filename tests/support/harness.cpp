@@ -220,7 +220,7 @@ uint32_t queue_depth(TestLoop& loop, client::Connection& connection, const std::
   REQUIRE(loop.run_until([&] { return done; }));
   INFO(result.message());
   REQUIRE_FALSE(result);
-  channel->close();
+  (void)channel->close();
   return depth;
 }
 
@@ -263,7 +263,7 @@ std::vector<client::GetResult> drain_queue(TestLoop& loop, client::Connection& c
     REQUIRE_FALSE(channel->ack(got->delivery_tag));
     messages.push_back(std::move(*got));
   }
-  channel->close();
+  (void)channel->close();
   return messages;
 }
 

@@ -236,7 +236,6 @@ class Channel : public std::enable_shared_from_this<Channel> {
   void handle_confirm(uint64_t tag, bool multiple, bool ack);
   void note_settled(uint64_t delivery_tag, bool multiple);
   void send_held_ack();
-  void settle(PendingPublish& pending, uint64_t sequence, PublishStatus status);
   void handle_return(ReturnedMessage&& returned);
   void reply_to_close(const amqp::ChannelClose& close);
   Error check_open() const;

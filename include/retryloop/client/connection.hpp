@@ -173,7 +173,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void handle_tls_bytes(std::string_view ciphertext);
   void advance_tls_handshake();
   void handle_bytes(std::string_view bytes);
-  void write_socket(std::string_view bytes);
   void start_write();
   bool handle_frame(const amqp::FrameView& frame);
   Error handle_connection_method(std::string_view payload);

@@ -7,7 +7,8 @@
 namespace retryloop::client {
 
 /// Errors of the transport and protocol state machine. Server-initiated closes carry the
-/// server's reply code and text in Error as well.
+/// server's reply code and text in Error as well. The layers above have codes of their own
+/// (consumer::ConsumerError, parking::ParkingError) in the same Error.
 enum class ClientError {
   resolve_failed = 1,     ///< the host name did not resolve
   connect_failed,         ///< no address accepted the TCP connection
@@ -27,8 +28,6 @@ enum class ClientError {
   message_too_large,      ///< a body larger than the configured or broker limit
   tls_failed,             ///< the TLS handshake or certificate verification failed
   unroutable,             ///< the broker returned a mandatory message: no queue matched
-  not_found,              ///< a queue or exchange the operation needs does not exist
-  topology_drift,         ///< an object exists with other arguments than the topology wants
   consumer_cancelled,     ///< the broker cancelled a consumer (its queue was deleted)
   properties_too_large,   ///< a publish's properties need a header frame over frame_max
 };
@@ -39,7 +38,7 @@ std::error_code make_error_code(ClientError e) noexcept;
 /// The result of an operation. Empty (false) on success. When the broker closed a channel or
 /// the connection, `reply_code`, `reply_text` and the failing method's ids say why (for example
 /// 406 PRECONDITION_FAILED for queue.declare).
-struct Error {
+struct [[nodiscard]] Error {
   std::error_code code;
   uint16_t reply_code = 0;
   std::string reply_text;
@@ -47,7 +46,8 @@ struct Error {
   uint16_t method_id = 0;
 
   Error() = default;
-  Error(std::error_code c) : code(c) {}  // NOLINT: implicit by design
+  Error(std::error_code c, std::string text = {})  // NOLINT: implicit by design
+      : code(c), reply_text(std::move(text)) {}
   Error(ClientError c, std::string text = {})
       : code(make_error_code(c)), reply_text(std::move(text)) {}
 

@@ -240,7 +240,6 @@ class Consumer : public std::enable_shared_from_this<Consumer> {
   bool reject_uncopyable(const std::shared_ptr<Pending>& pending);
   void count_parked(ParkReason reason);
   void copy_confirmed(const std::shared_ptr<Pending>& pending);
-  void finish(const std::shared_ptr<Pending>& pending);
   bool is_live(const Pending& pending) const;
   void log_outcome(const Pending& pending, const char* what, const std::string& text) const;
 

@@ -1,0 +1,7 @@
+# Only high includes low, which it uses: check_layers.cmake must accept it.
+set(INCLUDE_ROOT "${CMAKE_CURRENT_LIST_DIR}/include")
+set(LAYERS low high)
+set(LAYER_low_FILES "${INCLUDE_ROOT}/retryloop/low/fine.hpp")
+set(LAYER_low_USES "")
+set(LAYER_high_FILES "${INCLUDE_ROOT}/retryloop/high/high.hpp;${INCLUDE_ROOT}/retryloop/high/uses_low.hpp")
+set(LAYER_high_USES "low")

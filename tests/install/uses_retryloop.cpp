@@ -1,0 +1,18 @@
+// Uses one thing of each layer, through the installed headers and libraries only.
+#include <retryloop/consumer/consumer.hpp>
+#include <retryloop/parking/parking.hpp>
+#include <retryloop/topology/declarer.hpp>
+#include <retryloop/topology/topology_json.hpp>
+
+#include <iostream>
+
+int main() {
+  auto parsed = retryloop::topology::parse_topology(
+      R"({"services": [{"name": "orders", "input": {"exchange": "orders.in", "type": "direct",
+          "bindings": ["order.created"]}, "retry": {"delays": ["30s"], "max_attempts": 5}}]})");
+  if (!parsed.ok()) return 1;
+  const auto plan = retryloop::topology::make_plan(*parsed.topology);
+  const auto uri = retryloop::client::parse_uri("amqp://guest:guest@127.0.0.1:5672/%2F");
+  std::cout << plan.actions.size() << " actions for " << uri.host << "\n";
+  return plan.actions.empty() ? 1 : 0;
+}
