@@ -22,21 +22,6 @@ constexpr size_t kMaxBodyReserve = 64 * 1024 * 1024;
 /// Acks held at most, on a channel with no prefetch limit.
 constexpr uint32_t kHeldAcksWithoutPrefetch = 256;
 
-/// Exchange, routing key, body and encoded properties, each after its 8-byte length, so that no
-/// two different messages have the same identity. The properties come last so that the rest can
-/// be compared alone.
-std::string publish_identity(std::string_view exchange, std::string_view routing_key,
-                             std::string_view properties, std::string_view body) {
-  std::string identity;
-  identity.reserve(32 + exchange.size() + routing_key.size() + properties.size() + body.size());
-  for (std::string_view part : {exchange, routing_key, body, properties}) {
-    const uint64_t size = part.size();
-    identity.append(reinterpret_cast<const char*>(&size), sizeof size);
-    identity.append(part);
-  }
-  return identity;
-}
-
 /// Bytes of a content header payload before the property flags: class, weight, body size.
 constexpr size_t kHeaderFixedSize = 12;
 
@@ -296,24 +281,18 @@ Error Channel::get(std::string_view queue, bool no_ack, GetCallback callback) {
 
 Error Channel::ack(uint64_t delivery_tag, bool multiple) {
   if (auto error = check_open()) return error;
-  // Once this ack is made, is every tag up to it settled? Then it joins the held ack: a
-  // multiple ack through the highest such tag acks exactly what the application settled.
-  const bool joins_held = multiple || delivery_tag == settled_through_ + 1;
-  note_settled(delivery_tag, multiple);
-  if (!joins_held) {
+  if (!acks_.ack(delivery_tag, multiple)) {
     amqp::BasicAck m;
     m.delivery_tag = delivery_tag;
     return send_async(m);
   }
-  held_ack_through_ = std::max(held_ack_through_, delivery_tag);
-  ++held_acks_;
   if (!listed_as_holding_acks_) {
     listed_as_holding_acks_ = true;
     connection_->hold_acks(id_);
   }
   const uint32_t limit =
       prefetch_ == 0 ? kHeldAcksWithoutPrefetch : std::max<uint32_t>(1, prefetch_ / 4u);
-  if (held_acks_ >= limit) send_held_ack();
+  if (acks_.held() >= limit) send_held_ack();
   connection_->flush();
   return {};
 }
@@ -325,7 +304,7 @@ Error Channel::nack(uint64_t delivery_tag, bool multiple, bool requeue) {
   m.multiple = multiple;
   m.requeue = requeue;
   Error error = send_async(m);
-  if (!error) note_settled(delivery_tag, multiple);
+  if (!error) acks_.settled_elsewhere(delivery_tag, multiple);
   return error;
 }
 
@@ -334,7 +313,7 @@ Error Channel::reject(uint64_t delivery_tag, bool requeue) {
   m.delivery_tag = delivery_tag;
   m.requeue = requeue;
   Error error = send_async(m);
-  if (!error) note_settled(delivery_tag, false);
+  if (!error) acks_.settled_elsewhere(delivery_tag, false);
   return error;
 }
 
@@ -344,29 +323,13 @@ void Channel::release_held_acks() {
 }
 
 void Channel::send_held_ack() {
-  if (held_acks_ == 0) return;
-  // Every tag up to held_ack_through_ is settled, so `multiple` acks exactly the held ones.
+  // Every tag up to the held one is settled, so `multiple` acks exactly the held acks.
+  const auto through = acks_.take_held();
+  if (!through) return;
   amqp::BasicAck m;
-  m.delivery_tag = held_ack_through_;
+  m.delivery_tag = *through;
   m.multiple = true;
-  held_acks_ = 0;
-  held_ack_through_ = 0;
   if (state_ == State::open) amqp::append_method_frame(connection_->output(), id_, m);
-}
-
-void Channel::note_settled(uint64_t delivery_tag, bool multiple) {
-  if (multiple) {
-    settled_through_ = std::max(settled_through_, delivery_tag);
-    settled_ahead_.erase(settled_ahead_.begin(), settled_ahead_.upper_bound(settled_through_));
-  } else if (delivery_tag == settled_through_ + 1) {
-    settled_through_ = delivery_tag;
-  } else if (delivery_tag > settled_through_) {
-    settled_ahead_.insert(delivery_tag);
-  }
-  while (!settled_ahead_.empty() && *settled_ahead_.begin() == settled_through_ + 1) {
-    settled_through_ = *settled_ahead_.begin();
-    settled_ahead_.erase(settled_ahead_.begin());
-  }
 }
 
 Error Channel::confirm_select(CompletionCallback callback) {
@@ -410,20 +373,16 @@ Error Channel::publish(std::string_view exchange, std::string_view routing_key,
   }
   amqp::append_body_frames(out, id_, body, frame_max);
   if (confirm_mode_) {
-    PendingPublish pending;
-    pending.callback = std::move(on_confirm);
-    pending.mandatory = m.mandatory;
-    if (pending.mandatory) {
+    std::string identity;
+    if (m.mandatory) {
       const size_t properties_start = header_start + amqp::kFrameHeaderSize + kHeaderFixedSize;
-      pending.identity =
-          publish_identity(exchange, routing_key,
-                           std::string_view(out).substr(
-                               properties_start, header_start + header_size - 1 - properties_start),
-                           body);
+      identity = detail::publish_identity(
+          exchange, routing_key,
+          std::string_view(out).substr(properties_start,
+                                       header_start + header_size - 1 - properties_start),
+          body);
     }
-    pending_.push_back(std::move(pending));
-    ++next_sequence_;
-    ++unconfirmed_;
+    confirms_.add(std::move(on_confirm), m.mandatory, std::move(identity));
   }
   connection_->flush();
   return {};
@@ -712,68 +671,26 @@ void Channel::handle_return(ReturnedMessage&& returned) {
   if (confirm_mode_) {
     // Returns come in publish order, each before its own ack, and the broker returns a message
     // with the properties it was given; see publish() for why this match is exact.
-    const std::string identity = publish_identity(returned.exchange, returned.routing_key,
-                                                  returned_properties_, returned.message.body);
-    // Should the broker have re-encoded the properties, the rest must still match.
-    const size_t without_properties = identity.size() - 8 - returned_properties_.size();
-    PendingPublish* match = nullptr;
-    PendingPublish* same_but_properties = nullptr;
-    for (auto& pending : pending_) {
-      if (pending.settled || !pending.mandatory || pending.returned) continue;
-      if (pending.identity == identity) {
-        match = &pending;
-        break;
-      }
-      if (same_but_properties == nullptr &&
-          pending.identity.compare(0, without_properties, identity, 0, without_properties) == 0) {
-        same_but_properties = &pending;
-      }
-    }
-    if (match == nullptr) match = same_but_properties;
-    if (match != nullptr) {
-      match->returned = true;
-      match->identity = std::string();
-      match->return_error = Error(ClientError::unroutable, returned.reply_text);
-      match->return_error.reply_code = returned.reply_code;
-    }
+    Error error(ClientError::unroutable, returned.reply_text);
+    error.reply_code = returned.reply_code;
+    (void)confirms_.returned(detail::publish_identity(returned.exchange, returned.routing_key,
+                                                      returned_properties_, returned.message.body),
+                             returned_properties_.size(), std::move(error));
   }
   returned_properties_.clear();
   if (on_return_) on_return_(returned);
 }
 
 void Channel::handle_confirm(uint64_t tag, bool multiple, bool ack) {
-  if (!confirm_mode_ || tag < first_pending_sequence_ || tag >= next_sequence_) {
+  auto ready = confirm_mode_ ? confirms_.confirm(tag, multiple, ack) : std::nullopt;
+  if (!ready) {
     if (auto* log = connection_->logger()) {
       log->warn("ignoring confirm for unknown publish {} on channel {}", tag, id_);
     }
     return;
   }
-  std::vector<std::pair<PublishCallback, PublishOutcome>> ready;
-  uint64_t from = multiple ? first_pending_sequence_ : tag;
-  for (uint64_t seq = from; seq <= tag; ++seq) {
-    PendingPublish& pending = pending_[seq - first_pending_sequence_];
-    if (pending.settled) continue;
-    pending.settled = true;
-    pending.identity = std::string();
-    --unconfirmed_;
-    PublishOutcome outcome;
-    outcome.sequence = seq;
-    if (!ack) {
-      outcome.status = PublishStatus::nacked;
-    } else if (pending.returned) {
-      outcome.status = PublishStatus::returned;
-      outcome.error = std::move(pending.return_error);
-    } else {
-      outcome.status = PublishStatus::acked;
-    }
-    if (pending.callback) ready.emplace_back(std::move(pending.callback), std::move(outcome));
-  }
-  while (!pending_.empty() && pending_.front().settled) {
-    pending_.pop_front();
-    ++first_pending_sequence_;
-  }
   auto self = shared_from_this();
-  for (auto& [callback, outcome] : ready)
+  for (auto& [callback, outcome] : *ready)
     callback(outcome);
 }
 
@@ -785,16 +702,12 @@ void Channel::terminate(const Error& reason) {
   connection_ = nullptr;
   content_kind_ = ContentKind::none;
   consumers_.clear();
-  held_acks_ = 0;  // the broker requeues what they would have acked
+  acks_.drop_held();  // the broker requeues what they would have acked
 
   std::deque<Rpc> rpcs = std::move(rpcs_);
   rpcs_.clear();
   rpc_in_flight_ = false;
-  std::deque<PendingPublish> pending = std::move(pending_);
-  pending_.clear();
-  uint64_t sequence = first_pending_sequence_;
-  first_pending_sequence_ = next_sequence_;
-  unconfirmed_ = 0;
+  auto failed = confirms_.fail_all(reason);
 
   for (auto& rpc : rpcs) {
     if (rpc.on_get) {
@@ -803,15 +716,8 @@ void Channel::terminate(const Error& reason) {
       rpc.on_reply(reason, {});
     }
   }
-  for (auto& publish : pending) {
-    uint64_t seq = sequence++;
-    if (publish.settled || !publish.callback) continue;
-    PublishOutcome outcome;
-    outcome.status = PublishStatus::failed;
-    outcome.sequence = seq;
-    outcome.error = reason;
-    publish.callback(outcome);
-  }
+  for (auto& [callback, outcome] : failed)
+    callback(outcome);
   CompletionCallback on_closed_by_client = std::move(on_closed_by_client_);
   if (on_closed_by_client) on_closed_by_client(reason);
   ChannelCloseHandler on_close = std::move(on_close_);

@@ -326,7 +326,7 @@ TEST_CASE("is_death_header matches exactly the broker's death headers", "[retry]
   CHECK_FALSE(is_death_header("retryloop-retries"));
 }
 
-TEST_CASE("The retry policy maps each outcome to the design's effect", "[retry]") {
+TEST_CASE("The retry policy maps each outcome to its effect on the message", "[retry]") {
   const auto reject = service(topology::RetryMode::reject, {30s}, 3);
   const auto republish = service(topology::RetryMode::republish, {100ms, 300ms, 1s}, 6);
   AttemptInfo first;

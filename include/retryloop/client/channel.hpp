@@ -5,7 +5,6 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -13,8 +12,11 @@
 #include "retryloop/amqp/field_table.hpp"
 #include "retryloop/amqp/frame.hpp"
 #include "retryloop/amqp/methods.hpp"
+#include "retryloop/client/detail/ack_ledger.hpp"
+#include "retryloop/client/detail/confirm_tracker.hpp"
 #include "retryloop/client/error.hpp"
 #include "retryloop/client/message.hpp"
+#include "retryloop/client/publish.hpp"
 
 namespace retryloop::client {
 
@@ -68,24 +70,6 @@ struct ConsumeOptions {
   amqp::FieldTable arguments;
   CancelHandler on_cancel;
 };
-
-/// How a publish on a confirm-mode channel ended.
-enum class PublishStatus {
-  acked,     ///< the broker took responsibility (routed, or unroutable without mandatory)
-  returned,  ///< mandatory and unroutable: returned, then acked; the message is NOT stored
-  nacked,    ///< the broker refused it (for example a queue at max length with reject-publish)
-  failed,    ///< the channel or connection ended before the broker answered: outcome unknown
-};
-
-struct PublishOutcome {
-  PublishStatus status = PublishStatus::failed;
-  uint64_t sequence = 0;
-  /// For `returned`: the broker's reply (312 NO_ROUTE). For `failed`: why the channel ended.
-  Error error;
-  /// True only for `acked`: confirmed, and not returned.
-  bool ok() const { return status == PublishStatus::acked; }
-};
-using PublishCallback = std::function<void(const PublishOutcome&)>;
 
 enum class Mandatory : bool { no = false, yes = true };
 
@@ -174,9 +158,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
                 const amqp::BasicProperties& properties, std::string_view body,
                 Mandatory mandatory = Mandatory::no, PublishCallback on_confirm = {});
   /// Sequence number the next publish will get in confirm mode.
-  uint64_t next_publish_sequence() const { return next_sequence_; }
+  uint64_t next_publish_sequence() const { return confirms_.next_sequence(); }
   /// Publishes sent and not yet confirmed.
-  size_t unconfirmed_count() const { return unconfirmed_; }
+  size_t unconfirmed_count() const { return confirms_.unconfirmed(); }
 
   void set_return_handler(ReturnHandler handler) { on_return_ = std::move(handler); }
   void set_close_handler(ChannelCloseHandler handler) { on_close_ = std::move(handler); }
@@ -209,17 +193,6 @@ class Channel : public std::enable_shared_from_this<Channel> {
     ReplyHandler on_reply;
     GetCallback on_get;  ///< set instead of on_reply for basic.get
   };
-  struct PendingPublish {
-    PublishCallback callback;
-    /// A mandatory publish's exchange, routing key, encoded properties and body, each with its
-    /// length in front (see publish_identity): what a basic.return is matched against.
-    std::string identity;
-    bool mandatory = false;
-    bool returned = false;
-    bool settled = false;
-    Error return_error;
-  };
-
   template <class Method>
   Error call(const Method& method, uint32_t reply_key, ReplyHandler on_reply,
              GetCallback on_get = {});
@@ -234,7 +207,6 @@ class Channel : public std::enable_shared_from_this<Channel> {
   Error handle_content_body(std::string_view payload);
   void dispatch_content();
   void handle_confirm(uint64_t tag, bool multiple, bool ack);
-  void note_settled(uint64_t delivery_tag, bool multiple);
   void send_held_ack();
   void handle_return(ReturnedMessage&& returned);
   void reply_to_close(const amqp::ChannelClose& close);
@@ -260,18 +232,10 @@ class Channel : public std::enable_shared_from_this<Channel> {
   amqp::ContentHeader header_;
 
   bool confirm_mode_ = false;
-  uint64_t next_sequence_ = 1;
-  uint64_t first_pending_sequence_ = 1;
-  size_t unconfirmed_ = 0;
-  std::deque<PendingPublish> pending_;
+  detail::ConfirmTracker confirms_;
 
-  /// Every delivery tag up to this one is settled; those above it settled out of order.
-  uint64_t settled_through_ = 0;
-  std::set<uint64_t> settled_ahead_;
-  /// The ack held back (see ack()): through which tag, and how many acks it stands for.
+  detail::AckLedger acks_;
   /// Listed: the connection will call release_held_acks().
-  uint64_t held_ack_through_ = 0;
-  uint32_t held_acks_ = 0;
   bool listed_as_holding_acks_ = false;
   /// From the last qos(); 0: no limit.
   uint16_t prefetch_ = 0;

@@ -5,7 +5,7 @@
 
 namespace retryloop::consumer {
 
-/// What a handler says became of a message (the design's "Handler outcomes").
+/// What a handler says became of a message.
 enum class OutcomeKind {
   ack,        ///< done: basic.ack
   retry,      ///< failed, may succeed later: next attempt after the delay, or parking (exhausted)
