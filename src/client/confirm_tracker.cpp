@@ -26,10 +26,9 @@ uint64_t ConfirmTracker::add(PublishCallback callback, bool mandatory, std::stri
 
 bool ConfirmTracker::returned(const std::string& identity, size_t properties_size, Error error) {
   const size_t length_size = sizeof(uint64_t);
-  const size_t without_properties =
-      identity.size() >= properties_size + length_size ? identity.size() - properties_size -
-                                                             length_size
-                                                       : identity.size();
+  const size_t without_properties = identity.size() >= properties_size + length_size
+                                        ? identity.size() - properties_size - length_size
+                                        : identity.size();
   Pending* match = nullptr;
   Pending* same_but_properties = nullptr;
   for (auto& pending : pending_) {

@@ -46,7 +46,7 @@ TEST_CASE("Nacks and rejects count as settled for the order, but never join the 
   AckLedger acks;
   CHECK(acks.ack(1, false));
   acks.settled_elsewhere(2, false);  // rejected
-  CHECK(acks.ack(3, false));        // everything up to 3 is settled
+  CHECK(acks.ack(3, false));         // everything up to 3 is settled
   CHECK(acks.held() == 2);
   // A multiple ack through 3 acks 1 and 3; 2 is no longer outstanding at the broker.
   CHECK(acks.take_held() == 3u);
