@@ -286,28 +286,25 @@ std::string result_note(const ActionResult& r, bool counts) {
 void print_missing_queue_hint(const Report& report) {
   for (const auto& q : report.results) {
     if (q.action.role != topology::Role::input_queue || q.outcome != Outcome::missing) continue;
-    const bool waiting =
-        std::any_of(report.results.begin(), report.results.end(), [&](const ActionResult& r) {
-          return r.action.role == topology::Role::wait_queue && r.exists.value_or(false) &&
-                 r.action.services == q.action.services;
-        });
+    bool waiting = false, older = false;
+    for (const auto& r : report.results) {
+      if (r.action.role != topology::Role::wait_queue || r.action.services != q.action.services) {
+        continue;
+      }
+      waiting = waiting || r.exists.value_or(false);
+      older = older || r.older_form;
+    }
     if (!waiting) continue;
-    const bool older =
-        std::any_of(report.results.begin(), report.results.end(), [&](const ActionResult& r) {
-          return r.action.role == topology::Role::wait_queue && r.older_form &&
-                 r.action.services == q.action.services;
-        });
+    std::cout << "Queue " << q.action.name << " is missing but its wait queues exist: ";
     if (older) {
-      std::cout << "Queue " << q.action.name
-                << " is missing but its wait queues exist, some in the older form: a retry "
-                   "waiting there whose delay ends before the queue is back is dropped by the "
-                   "broker (docs/topology.md, \"Safety rules\"). Run `retryloop topology apply` "
-                   "now.\n";
+      std::cout << "some are in the older form, so a retry waiting there whose delay ends before "
+                   "the queue is back is dropped by the broker (docs/topology.md, \"Older "
+                   "queues\"). Run `retryloop topology apply` now.\n";
     } else {
-      std::cout << "Queue " << q.action.name
-                << " is missing but its wait queues exist: a retry whose delay ends before the "
-                   "queue is back goes to parking; replay it with `retryloop parking replay` "
-                   "once `retryloop topology apply` has declared the queue again.\n";
+      std::cout << "a retry whose delay ends before the queue is back goes to parking; once "
+                   "`retryloop topology apply` has declared the queue again, `retryloop parking "
+                   "replay "
+                << q.action.services.at(0) << " --reason unrouted` sends it back.\n";
     }
   }
 }

@@ -757,4 +757,22 @@ void Connection::on_handle_closed() {
   }
 }
 
+void look_up_queue(const std::shared_ptr<Connection>& connection, const std::string& queue,
+                   QueueDeclareCallback callback) {
+  auto shared = std::make_shared<QueueDeclareCallback>(std::move(callback));
+  Error error = connection->open_channel(
+      [queue, shared](const Error& error, std::shared_ptr<Channel> channel) {
+        if (error) return (*shared)(error, QueueInfo{});
+        QueueOptions passive;
+        passive.passive = true;
+        Error e = channel->queue_declare(
+            queue, passive, [channel, shared](const Error& error, const QueueInfo& info) {
+              if (!error) (void)channel->close();
+              (*shared)(error, info);
+            });
+        if (e) (*shared)(e, QueueInfo{});
+      });
+  if (error) (*shared)(error, QueueInfo{});
+}
+
 }  // namespace retryloop::client

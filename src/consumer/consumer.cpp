@@ -951,11 +951,12 @@ void Consumer::check_parking_depth() {
   depth_check_in_flight_ = true;
   std::weak_ptr<Consumer> weak = weak_from_this();
   const std::string queue = topology::parking_queue_name(options_.service.name);
-  auto finished = [weak, queue](const Error& error, uint32_t depth) {
+  auto finished = [weak, queue](const Error& error, const client::QueueInfo& info) {
     auto self = weak.lock();
     if (!self) return;
     self->depth_check_in_flight_ = false;
     if (error) return;  // tried again at the next interval
+    const uint32_t depth = info.message_count;
     const uint32_t threshold = self->options_.parking_alert_threshold;
     const bool above = depth > threshold;
     if (above && !self->above_threshold_) {
@@ -970,20 +971,7 @@ void Consumer::check_parking_depth() {
     }
     self->above_threshold_ = above;
   };
-  // A channel of its own: a passive declare of a missing queue closes the channel it runs on.
-  Error error = session_->consume_connection->open_channel(
-      [queue, finished](const Error& error, std::shared_ptr<client::Channel> channel) {
-        if (error) return finished(error, 0);
-        client::QueueOptions passive;
-        passive.passive = true;
-        Error e = channel->queue_declare(
-            queue, passive, [channel, finished](const Error& error, const client::QueueInfo& info) {
-              if (!error) (void)channel->close();
-              finished(error, info.message_count);
-            });
-        if (e) finished(e, 0);
-      });
-  if (error) finished(error, 0);
+  client::look_up_queue(session_->consume_connection, queue, std::move(finished));
 }
 
 void Consumer::on_blocked(bool blocked) {

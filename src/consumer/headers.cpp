@@ -74,9 +74,9 @@ void read_x_death(const amqp::FieldValue& x_death, std::string_view queue, Attem
       }
     }
     if (auto time = time_field(*entry, "time")) info.first_failure = time;
-    if (auto expiration = string_field(*entry, "original-expiration")) {
+    auto expiration = string_field(*entry, "original-expiration");
+    if (expiration && !info.original_expiration)
       info.original_expiration = std::string(*expiration);
-    }
   }
 }
 
@@ -150,7 +150,6 @@ AttemptInfo read_attempt_info(const amqp::BasicProperties& properties, std::stri
     info.original_routing_key = std::string(*key);
   }
   if (auto first = time_field(headers, header::first_failure)) info.first_failure = first;
-  if (properties.expiration) info.original_expiration = properties.expiration;  // over x-death
   if (auto expiration = string_field(headers, header::original_expiration)) {
     info.original_expiration = std::string(*expiration);
   }

@@ -54,26 +54,11 @@ void queue_depths(const std::shared_ptr<client::Connection>& connection,
       return;
     }
     const std::string queue = state->queues[state->next++];
-    Error error = state->connection->open_channel(
-        [state, queue](const Error& error, std::shared_ptr<client::Channel> channel) {
-          if (error) return state->step();
-          client::QueueOptions passive;
-          passive.passive = true;
-          Error e = channel->queue_declare(
-              queue, passive,
-              [state, queue, channel](const Error& error, const client::QueueInfo& info) {
-                if (!error) {
-                  state->depths[queue] = info.message_count;
-                  (void)channel->close();
-                }
-                state->step();
-              });
-          if (e) state->step();
-        });
-    if (error) {
-      state->next = state->queues.size();
-      state->step();
-    }
+    client::look_up_queue(state->connection, queue,
+                          [state, queue](const Error& error, const client::QueueInfo& info) {
+                            if (!error) state->depths[queue] = info.message_count;
+                            state->step();
+                          });
   };
   state->step();
 }

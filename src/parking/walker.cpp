@@ -169,8 +169,7 @@ void Walker::on_delivery(client::Delivery&& delivery) {
   Decision decision = visitor_(parked);
   switch (decision.kind) {
     case Decision::Kind::keep:
-      ++held_by_consumer_;
-      holds_messages_ = true;
+      hold();
       break;
     case Decision::Kind::remove:
       if (Error error = channel_->ack(delivery.delivery_tag)) return fail(error);
@@ -188,6 +187,11 @@ void Walker::on_delivery(client::Delivery&& delivery) {
     restart_consumer();
   }
   if (on_progress_) on_progress_(progress_);
+}
+
+void Walker::hold() {
+  ++held_;
+  ++held_by_consumer_;
 }
 
 void Walker::move(uint64_t delivery_tag, Decision&& decision, std::string&& body) {
@@ -210,7 +214,7 @@ void Walker::move(uint64_t delivery_tag, Decision&& decision, std::string&& body
                                                   "the channel ended before a copy was confirmed"));
         } else {
           ++self->progress_.failed;  // returned or nacked: the parked original stays
-          ++self->held_by_consumer_;
+          self->hold();
         }
         if (self->on_progress_) self->on_progress_(self->progress_);
         if (self->publishes_in_flight_ == 0) self->on_settled();
@@ -279,14 +283,14 @@ void Walker::report(const Error& error) {
     channel_->set_close_handler({});
     auto close = [self, finish, error] {
       auto closed = [self, finish, error](const Error&) {
-        if (!self->holds_messages_ || error) return finish();
+        if (self->held_ == 0 || error) return finish();
         self->await_returns(finish);
       };
       if (!self->channel_->is_open() || self->channel_->close(closed)) finish();
     };
     const uint64_t now = uv_now(connection_->loop());
     const bool recent_acks = last_ack_ms_ != 0 && now - last_ack_ms_ < kAckGraceMs;
-    if (!holds_messages_ || !recent_acks || error) return close();
+    if (held_ == 0 || !recent_acks || error) return close();
     grace_close_ = std::move(close);
     uv_timer_stop(&timer_);
     uv_timer_start(
@@ -310,39 +314,28 @@ void Walker::await_returns(std::function<void()> finish) {
 }
 
 void Walker::check_returns() {
-  auto finish_now = [](Walker& walker) {
-    auto finish = std::move(walker.returns_finish_);
-    if (finish) finish();
-  };
-  if (!connection_->is_open()) return finish_now(*this);
+  if (!connection_->is_open()) return finish_returns();
   std::weak_ptr<Walker> weak = weak_from_this();
-  Error error = connection_->open_channel(
-      [weak, finish_now](const Error& error, std::shared_ptr<client::Channel> channel) {
+  client::look_up_queue(
+      connection_, queue_, [weak](const Error& error, const client::QueueInfo& info) {
         auto self = weak.lock();
         if (!self) return;
-        if (error) return finish_now(*self);
-        client::QueueOptions passive;
-        passive.passive = true;
-        Error e = channel->queue_declare(
-            self->queue_, passive,
-            [weak, channel, finish_now](const Error& error, const client::QueueInfo& info) {
-              if (channel->is_open()) (void)channel->close();
-              auto self = weak.lock();
-              if (!self) return;
-              const uint64_t now = uv_now(self->connection_->loop());
-              if (error || info.message_count >= self->expected_depth_ ||
-                  now >= self->returns_deadline_ms_) {
-                return finish_now(*self);
-              }
-              uv_timer_stop(&self->timer_);
-              uv_timer_start(
-                  &self->timer_,
-                  [](uv_timer_t* timer) { static_cast<Walker*>(timer->data)->check_returns(); },
-                  kReturnsPollMs, 0);
-            });
-        if (e) finish_now(*self);
+        const uint64_t now = uv_now(self->connection_->loop());
+        if (error || info.message_count >= self->expected_depth_ ||
+            now >= self->returns_deadline_ms_) {
+          return self->finish_returns();
+        }
+        uv_timer_stop(&self->timer_);
+        uv_timer_start(
+            &self->timer_,
+            [](uv_timer_t* timer) { static_cast<Walker*>(timer->data)->check_returns(); },
+            kReturnsPollMs, 0);
       });
-  if (error) finish_now(*this);
+}
+
+void Walker::finish_returns() {
+  auto finish = std::move(returns_finish_);
+  if (finish) finish();
 }
 
 void Walker::on_tick() {

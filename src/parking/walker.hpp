@@ -59,9 +59,12 @@ class Walker : public std::enable_shared_from_this<Walker> {
   void restart_consumer();
   void cancel_consumer();
   void on_settled();
+  /// Holds the message just read unacked until the channel closes.
+  void hold();
   /// After the close: waits until the queue counts the held messages back, then `finish`.
   void await_returns(std::function<void()> finish);
   void check_returns();
+  void finish_returns();
   void on_delivery(client::Delivery&& delivery);
   void move(uint64_t delivery_tag, Decision&& decision, std::string&& body);
   void finish_reading();
@@ -84,8 +87,6 @@ class Walker : public std::enable_shared_from_this<Walker> {
   bool cancel_when_settled_ = false;
   /// The old consumer is cancelled; the new one starts once no copy is in flight.
   bool consume_when_settled_ = false;
-  /// A message was kept (held unacked until the channel closes).
-  bool holds_messages_ = false;
   /// When the last ack went out (loop time, ms); 0 before the first.
   uint64_t last_ack_ms_ = 0;
   /// Closes the channel once the grace after such acks is over.
@@ -97,6 +98,9 @@ class Walker : public std::enable_shared_from_this<Walker> {
   bool reading_done_ = false;
   bool interrupted_ = false;
   bool reported_ = false;
+  /// Messages held unacked until the channel closes (kept, or whose copy was refused): all of
+  /// them, and those of the current consumer.
+  size_t held_ = 0;
   size_t held_by_consumer_ = 0;
   size_t publishes_in_flight_ = 0;
   uint64_t last_activity_ms_ = 0;

@@ -18,6 +18,7 @@
 #include "retryloop/topology/declarer.hpp"
 #include "retryloop/topology/plan.hpp"
 #include "retryloop/topology/topology_json.hpp"
+#include "support/consumer_fixture.hpp"
 #include "support/harness.hpp"
 
 using namespace retryloop;
@@ -27,113 +28,15 @@ using consumer::Consumer;
 using consumer::Outcome;
 using test::TestLoop;
 using Clock = std::chrono::steady_clock;
+using test::Broker;
+using test::Call;
+using test::make_service;
+using test::options_for;
+using test::Recorder;
+using test::start;
+using test::stop;
 
 namespace {
-
-/// A service with unique names: input exchange `<name>.in` (direct, key `key`).
-topology::Service make_service(const std::string& name, const std::string& retry) {
-  const std::string json = R"({"services": [{"name": ")" + name + R"(", "input": {"exchange": ")" +
-                           name + R"(.in", "type": "direct", "bindings": ["key"]}, "retry": {)" +
-                           retry + "}}]}";
-  topology::ParseResult parsed = topology::parse_topology(json);
-  REQUIRE(parsed.ok());
-  return parsed.topology->services.at(0);
-}
-
-/// One handler call, as the handler saw it.
-struct Call {
-  std::string id;
-  int64_t attempt = 0;
-  std::optional<std::string> expiration;
-  Clock::time_point at;
-};
-
-/// Records handler calls; safe from worker threads.
-class Recorder {
- public:
-  void add(const consumer::Message& message) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    calls_.push_back(Call{std::string(message.message_id()), message.attempt,
-                          message.properties.expiration, Clock::now()});
-  }
-  std::vector<Call> calls() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return calls_;
-  }
-  std::vector<Call> of(const std::string& id) const {
-    std::vector<Call> out;
-    for (const auto& call : calls())
-      if (call.id == id) out.push_back(call);
-    return out;
-  }
-
- private:
-  mutable std::mutex mutex_;
-  std::vector<Call> calls_;
-};
-
-/// A publishing connection with a confirm-mode channel.
-struct Broker {
-  TestLoop& loop;
-  std::shared_ptr<client::Connection> connection;
-  std::shared_ptr<client::Channel> channel;
-
-  explicit Broker(TestLoop& l) : loop(l) {
-    connection = test::connect(loop, test::broker_url());
-    channel = test::open_channel(loop, *connection);
-    REQUIRE_FALSE(test::wait(loop, [&](auto done) { return channel->confirm_select(done); }));
-  }
-  ~Broker() {
-    if (connection->is_open()) test::close(loop, connection);
-  }
-  void publish(const std::string& exchange, const std::string& key, const std::string& id,
-               amqp::BasicProperties properties = {}) {
-    properties.message_id = id;
-    properties.delivery_mode = 2;
-    test::publish_confirmed(loop, *channel, exchange, key, properties, "{}");
-  }
-  uint32_t depth(const std::string& queue) { return test::queue_depth(loop, *connection, queue); }
-  void apply(const topology::Service& service) {
-    bool done = false;
-    REQUIRE_FALSE(topology::apply(connection, topology::make_plan(topology::Topology{{service}}),
-                                  [&](const topology::Report& report) {
-                                    CHECK(report.ok());
-                                    done = true;
-                                  }));
-    REQUIRE(loop.run_until([&] { return done; }));
-  }
-  std::vector<client::GetResult> drain(const std::string& queue) {
-    return test::drain_queue(loop, *connection, queue);
-  }
-};
-
-consumer::ConsumerOptions options_for(const topology::Service& service) {
-  consumer::ConsumerOptions options;
-  options.service = service;
-  options.connection.uri = client::parse_uri(test::broker_url());
-  options.handler_on_loop = true;
-  options.recovery = consumer::Backoff{100ms, 1000ms, 2.0, 0.1};
-  return options;
-}
-
-template <class AnyHandler>
-std::shared_ptr<Consumer> start(TestLoop& loop, const consumer::ConsumerOptions& options,
-                                AnyHandler handler) {
-  auto c = Consumer::create(loop.get(), options, std::move(handler));
-  bool ready = false;
-  c->set_ready_handler([&ready] { ready = true; });
-  REQUIRE_FALSE(c->start());
-  REQUIRE(loop.run_until([&] { return ready; }));
-  c->set_ready_handler({});
-  return c;
-}
-
-void stop(TestLoop& loop, const std::shared_ptr<Consumer>& c) {
-  bool stopped = false;
-  c->set_stopped_handler([&stopped](const Error&) { stopped = true; });
-  c->stop(5s);
-  REQUIRE(loop.run_until([&] { return stopped; }));
-}
 
 const amqp::FieldValue* header(const client::GetResult& message, const std::string& name) {
   if (!message.message.properties.headers) return nullptr;
@@ -152,7 +55,7 @@ TEST_CASE("A parked message does not keep its expiration: it stays in parking pa
                  [](const consumer::Message&) { return Outcome::permanent("no such customer"); });
   amqp::BasicProperties properties;
   properties.expiration = "1000";
-  broker.publish(service.input.exchange, "key", "ttl-1", properties);
+  broker.publish(service.input.exchange, "key", "ttl-1", "{}", properties);
   REQUIRE(loop.run_until([&] { return c->metrics().parked_permanent == 1; }, 10s));
   stop(loop, c);
   loop.run_for(1500ms);  // past the message's own TTL
@@ -183,7 +86,7 @@ TEST_CASE(
   });
   amqp::BasicProperties properties;
   properties.expiration = "200";
-  broker.publish(service.input.exchange, "key", "ttl-2", properties);
+  broker.publish(service.input.exchange, "key", "ttl-2", "{}", properties);
   REQUIRE(loop.run_until([&] { return c->metrics().acked == 1; }, 10s));
   stop(loop, c);
 
@@ -215,7 +118,7 @@ TEST_CASE(
                          {"routing-keys", amqp::FieldArray{amqp::FieldValue("key")}}};
   amqp::BasicProperties properties;
   properties.headers = amqp::FieldTable{{"x-death", amqp::FieldArray{amqp::FieldValue(death)}}};
-  broker.publish("", queue, "switched", properties);
+  broker.publish("", queue, "switched", "{}", properties);
 
   Recorder recorder;
   auto c = start(loop, options_for(service), [&](const consumer::Message& m) {

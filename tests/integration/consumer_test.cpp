@@ -16,6 +16,7 @@
 #include "retryloop/topology/declarer.hpp"
 #include "retryloop/topology/plan.hpp"
 #include "retryloop/topology/topology_json.hpp"
+#include "support/consumer_fixture.hpp"
 #include "support/harness.hpp"
 #include "support/process.hpp"
 
@@ -26,127 +27,15 @@ using consumer::Consumer;
 using consumer::Outcome;
 using test::TestLoop;
 using Clock = std::chrono::steady_clock;
+using test::Broker;
+using test::Call;
+using test::make_service;
+using test::options_for;
+using test::Recorder;
+using test::start;
+using test::stop;
 
 namespace {
-
-/// A service with unique names: input exchange `<name>.in` (direct, key `key`).
-topology::Service make_service(const std::string& name, const std::string& retry,
-                               const std::string& extra = "") {
-  std::string json = R"({"services": [{"name": ")" + name + R"(", "input": {"exchange": ")" + name +
-                     R"(.in", "type": "direct", "bindings": ["key"]}, "retry": {)" + retry + "}" +
-                     (extra.empty() ? "" : ", " + extra) + "}]}";
-  topology::ParseResult parsed = topology::parse_topology(json);
-  std::string problems;
-  for (const auto& line : parsed.messages())
-    problems += line + "\n";
-  INFO(problems);
-  REQUIRE(parsed.ok());
-  return parsed.topology->services.at(0);
-}
-
-/// One handler call, as the handler saw it.
-struct Call {
-  std::string id;
-  int64_t attempt = 0;
-  bool redelivered = false;
-  Clock::time_point at;
-};
-
-/// Records handler calls; safe from worker threads.
-class Recorder {
- public:
-  void add(const consumer::Message& message) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    calls_.push_back(Call{std::string(message.message_id()), message.attempt, message.redelivered,
-                          Clock::now()});
-  }
-  std::vector<Call> calls() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return calls_;
-  }
-  std::vector<Call> of(const std::string& id) const {
-    std::vector<Call> out;
-    for (const auto& call : calls())
-      if (call.id == id) out.push_back(call);
-    return out;
-  }
-  size_t size() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return calls_.size();
-  }
-
- private:
-  mutable std::mutex mutex_;
-  std::vector<Call> calls_;
-};
-
-/// A test broker session: a publishing connection with a confirm-mode channel.
-struct Broker {
-  TestLoop& loop;
-  std::shared_ptr<client::Connection> connection;
-  std::shared_ptr<client::Channel> channel;
-
-  explicit Broker(TestLoop& l) : loop(l) {
-    connection = test::connect(loop, test::broker_url());
-    channel = test::open_channel(loop, *connection);
-    REQUIRE_FALSE(test::wait(loop, [&](auto done) { return channel->confirm_select(done); }));
-  }
-  ~Broker() {
-    if (connection->is_open()) test::close(loop, connection);
-  }
-
-  void publish(const std::string& exchange, const std::string& key, const std::string& id,
-               const std::string& body, amqp::BasicProperties properties = {}) {
-    properties.message_id = id;
-    if (!properties.delivery_mode) properties.delivery_mode = 2;
-    test::publish_confirmed(loop, *channel, exchange, key, properties, body);
-  }
-  uint32_t depth(const std::string& queue) { return test::queue_depth(loop, *connection, queue); }
-  /// Declares the service's topology, as `retryloop topology apply` would.
-  void apply(const topology::Service& service) {
-    bool done = false;
-    topology::Report result;
-    REQUIRE_FALSE(topology::apply(connection, topology::make_plan(topology::Topology{{service}}),
-                                  [&](const topology::Report& report) {
-                                    result = report;
-                                    done = true;
-                                  }));
-    REQUIRE(loop.run_until([&] { return done; }));
-    REQUIRE(result.ok());
-  }
-  std::vector<client::GetResult> drain(const std::string& queue) {
-    return test::drain_queue(loop, *connection, queue);
-  }
-};
-
-consumer::ConsumerOptions options_for(const topology::Service& service) {
-  consumer::ConsumerOptions options;
-  options.service = service;
-  options.connection.uri = client::parse_uri(test::broker_url());
-  options.handler_on_loop = true;
-  options.recovery = consumer::Backoff{100ms, 1000ms, 2.0, 0.1};
-  return options;
-}
-
-/// Starts a consumer and waits until it consumes.
-std::shared_ptr<Consumer> start(TestLoop& loop, const consumer::ConsumerOptions& options,
-                                consumer::Handler handler) {
-  auto c = Consumer::create(loop.get(), options, std::move(handler));
-  bool ready = false;
-  c->set_ready_handler([&ready] { ready = true; });
-  REQUIRE_FALSE(c->start());
-  REQUIRE(loop.run_until([&] { return ready; }));
-  c->set_ready_handler({});
-  return c;
-}
-
-/// Stops a consumer gracefully and waits until it has stopped.
-void stop(TestLoop& loop, const std::shared_ptr<Consumer>& c) {
-  bool stopped = false;
-  c->set_stopped_handler([&stopped](const Error&) { stopped = true; });
-  c->stop(5s);
-  REQUIRE(loop.run_until([&] { return stopped; }));
-}
 
 std::string header_string(const client::GetResult& message, const std::string& name) {
   const amqp::FieldValue* value = message.message.properties.headers->find(name);

@@ -13,6 +13,7 @@
 #include "retryloop/topology/declarer.hpp"
 #include "retryloop/topology/plan.hpp"
 #include "retryloop/topology/topology_json.hpp"
+#include "support/consumer_fixture.hpp"
 #include "support/harness.hpp"
 
 using namespace retryloop;
@@ -25,47 +26,33 @@ namespace {
 /// A quorum service with unique names, its topology applied; a confirm-mode channel to publish.
 struct QuorumService {
   TestLoop& loop;
+  test::Broker broker;
   topology::Service service;
-  std::shared_ptr<client::Connection> connection;
-  std::shared_ptr<client::Channel> channel;
   std::shared_ptr<client::Channel> probe;
 
-  QuorumService(TestLoop& l, const std::string& extra) : loop(l) {
-    const std::string name = test::unique_name("limit");
-    auto parsed = topology::parse_topology(
-        R"({"services": [{"name": ")" + name + R"(", "queue_type": "quorum", "input": )" +
-        R"({"exchange": ")" + name + R"(.in", "type": "direct", "bindings": ["key"]}, )" +
-        R"("retry": {"mode": "reject", "delays": ["100ms"], "max_attempts": 3})" + extra + "}]}");
-    REQUIRE(parsed.ok());
-    service = parsed.topology->services.at(0);
-    connection = test::connect(loop, test::broker_url());
-    channel = test::open_channel(loop, *connection);
-    REQUIRE_FALSE(test::wait(loop, [&](auto done) { return channel->confirm_select(done); }));
-    topology::Report report;
-    bool applied = false;
-    REQUIRE_FALSE(topology::apply(connection, topology::make_plan(topology::Topology{{service}}),
-                                  [&](const topology::Report& r) {
-                                    report = r;
-                                    applied = true;
-                                  }));
-    REQUIRE(loop.run_until([&] { return applied; }));
-    REQUIRE(report.ok());
+  QuorumService(TestLoop& l, const std::string& extra)
+      : loop(l),
+        broker(l),
+        service(test::make_service(test::unique_name("limit"),
+                                   R"("mode": "reject", "delays": ["100ms"], "max_attempts": 3)",
+                                   R"("queue_type": "quorum")" + extra)) {
+    broker.apply(service);
   }
   ~QuorumService() {
     bool done = false;
     topology::DeleteOptions options;
     options.execute = true;
     options.force = true;
-    if (!topology::remove(connection, topology::make_delete_plan(topology::Topology{{service}}),
-                          options, [&](const topology::Report&) { done = true; })) {
+    if (!topology::remove(broker.connection,
+                          topology::make_delete_plan(topology::Topology{{service}}), options,
+                          [&](const topology::Report&) { done = true; })) {
       loop.run_until([&] { return done; });
     }
-    if (connection->is_open()) test::close(loop, connection);
   }
 
   /// Messages ready in `q`, on one channel kept for polling.
   uint32_t depth(const std::string& q) {
-    if (!probe || !probe->is_open()) probe = test::open_channel(loop, *connection);
+    if (!probe || !probe->is_open()) probe = test::open_channel(loop, *broker.connection);
     client::QueueOptions passive;
     passive.passive = true;
     bool done = false;
@@ -92,16 +79,14 @@ struct QuorumService {
   void publish(const std::string& exchange, const std::string& key, const std::string& id,
                amqp::FieldTable headers = {}) {
     amqp::BasicProperties properties;
-    properties.message_id = id;
-    properties.delivery_mode = 2;
     properties.headers = std::move(headers);
-    test::publish_confirmed(loop, *channel, exchange, key, properties, "{}");
+    broker.publish(exchange, key, id, "{}", std::move(properties));
   }
 
   std::vector<parking::ParkedMessage> list() {
     bool done = false;
     std::vector<parking::ParkedMessage> out;
-    REQUIRE_FALSE(parking::list(connection, service, {},
+    REQUIRE_FALSE(parking::list(broker.connection, service, {},
                                 [&](const Error& error, std::vector<parking::ParkedMessage> m) {
                                   INFO(error.message());
                                   CHECK_FALSE(error);
@@ -146,11 +131,12 @@ TEST_CASE(
   s.wait_depth(s.parking(), 2);
   bool done = false;
   parking::Stats stats;
-  REQUIRE_FALSE(parking::stats(s.connection, s.service, [&](const Error& error, parking::Stats st) {
-    CHECK_FALSE(error);
-    stats = st;
-    done = true;
-  }));
+  REQUIRE_FALSE(
+      parking::stats(s.broker.connection, s.service, [&](const Error& error, parking::Stats st) {
+        CHECK_FALSE(error);
+        stats = st;
+        done = true;
+      }));
   REQUIRE(loop.run_until([&] { return done; }));
   CHECK(stats.depth == 2);
   CHECK(stats.by_reason["exhausted"] == 2);
@@ -160,7 +146,7 @@ TEST_CASE(
   options.filter.where = {{"retryloop-error", "failed parked-2"}};
   done = false;
   parking::ReplayResult replayed;
-  REQUIRE_FALSE(parking::replay(s.connection, s.service, options, [&](const auto& result) {
+  REQUIRE_FALSE(parking::replay(s.broker.connection, s.service, options, [&](const auto& result) {
     replayed = result;
     done = true;
   }));
@@ -182,7 +168,7 @@ TEST_CASE(
   s.publish(s.service.input.exchange, "key", "crashes-its-consumer");
 
   // Consumers that die with the message: each gets it and gives it back.
-  auto taker = test::open_channel(loop, *s.connection);
+  auto taker = test::open_channel(loop, *s.broker.connection);
   int handed_back = 0;
   for (int i = 0; i < 2; ++i) {
     bool got = false;

@@ -340,6 +340,25 @@ TEST_CASE("apply, verify and delete through the command line, with drift exiting
   CHECK(contains(exists_only.out, "Result: 6 exist."));
   CHECK(contains(exists_only.out, "drift is not detected"));
 
+  // The service queue deleted while its wait queues stay: verify says what becomes of a retry.
+  {
+    test::TestLoop loop;
+    auto connection = test::connect(loop, url);
+    auto channel = test::open_channel(loop, *connection);
+    REQUIRE_FALSE(test::wait(loop, [&](client::CompletionCallback cb) {
+      return channel->queue_delete(name, false, false,
+                                   [cb](const client::Error& e, uint32_t) { cb(e); });
+    }));
+    test::close(loop, connection);
+  }
+  Run no_queue = run_cli({"topology", "verify", file.path(), "--url", url});
+  INFO(no_queue.out << no_queue.err);
+  CHECK(no_queue.exit_code == 3);
+  CHECK(contains(no_queue.out, "Queue " + name + " is missing but its wait queues exist"));
+  CHECK(contains(no_queue.out, "goes to parking"));
+  CHECK(contains(no_queue.out, "retryloop parking replay " + name + " --reason unrouted"));
+  REQUIRE(run_cli({"topology", "apply", file.path(), "--url", url}).exit_code == 0);
+
   // Change the wait queue behind the tool's back.
   {
     test::TestLoop loop;

@@ -277,6 +277,11 @@ TEST_CASE(
   amqp::BasicProperties from_death = make_parking_copy(with_headers(headers), rejected, note);
   CHECK_FALSE(from_death.expiration);
   CHECK(*from_death.headers->find("retryloop-original-expiration")->as_string() == "6000");
+  // The property, when the message has one again, comes before the x-death entry.
+  amqp::BasicProperties both = with_headers(headers);
+  both.expiration = "500";
+  CHECK(read_attempt_info(both, "orders", "", "orders").original_expiration ==
+        std::optional<std::string>("500"));
 
   // No expiration, no header.
   amqp::BasicProperties plain = make_parking_copy(amqp::BasicProperties{}, AttemptInfo{}, note);

@@ -236,4 +236,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Error close_error_;
 };
 
+/// Looks `queue` up with a passive declare on a channel of its own, closed afterwards (a missing
+/// queue closes the channel it is declared on, so that no other channel is disturbed). `callback`
+/// gets the error (404 when the queue is missing) or the queue's counts. It is called exactly
+/// once, also when the lookup cannot start (then before this returns).
+void look_up_queue(const std::shared_ptr<Connection>& connection, const std::string& queue,
+                   QueueDeclareCallback callback);
+
 }  // namespace retryloop::client

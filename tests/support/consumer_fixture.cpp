@@ -1,0 +1,101 @@
+#include "support/consumer_fixture.hpp"
+
+#include "retryloop/topology/declarer.hpp"
+#include "retryloop/topology/plan.hpp"
+#include "retryloop/topology/topology_json.hpp"
+
+namespace retryloop::test {
+
+using namespace std::chrono_literals;
+
+topology::Service make_service(const std::string& name, const std::string& retry,
+                               const std::string& extra) {
+  std::string json = R"({"services": [{"name": ")" + name + R"(", "input": {"exchange": ")" + name +
+                     R"(.in", "type": "direct", "bindings": ["key"]}, "retry": {)" + retry + "}" +
+                     (extra.empty() ? "" : ", " + extra) + "}]}";
+  topology::ParseResult parsed = topology::parse_topology(json);
+  std::string problems;
+  for (const auto& line : parsed.messages())
+    problems += line + "\n";
+  INFO(problems);
+  REQUIRE(parsed.ok());
+  return parsed.topology->services.at(0);
+}
+
+void Recorder::add(const consumer::Message& message) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  calls_.push_back(Call{std::string(message.message_id()), message.attempt, message.redelivered,
+                        message.properties.expiration, std::chrono::steady_clock::now()});
+}
+
+std::vector<Call> Recorder::calls() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return calls_;
+}
+
+std::vector<Call> Recorder::of(const std::string& id) const {
+  std::vector<Call> out;
+  for (const auto& call : calls())
+    if (call.id == id) out.push_back(call);
+  return out;
+}
+
+size_t Recorder::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return calls_.size();
+}
+
+Broker::Broker(TestLoop& l) : loop(l) {
+  connection = connect(loop, broker_url());
+  channel = open_channel(loop, *connection);
+  REQUIRE_FALSE(wait(loop, [&](auto done) { return channel->confirm_select(done); }));
+}
+
+Broker::~Broker() {
+  if (connection->is_open()) close(loop, connection);
+}
+
+void Broker::publish(const std::string& exchange, const std::string& key, const std::string& id,
+                     const std::string& body, amqp::BasicProperties properties) {
+  properties.message_id = id;
+  if (!properties.delivery_mode) properties.delivery_mode = 2;
+  publish_confirmed(loop, *channel, exchange, key, properties, body);
+}
+
+uint32_t Broker::depth(const std::string& queue) {
+  return queue_depth(loop, *connection, queue);
+}
+
+void Broker::apply(const topology::Service& service) {
+  bool done = false;
+  topology::Report result;
+  REQUIRE_FALSE(topology::apply(connection, topology::make_plan(topology::Topology{{service}}),
+                                [&](const topology::Report& report) {
+                                  result = report;
+                                  done = true;
+                                }));
+  REQUIRE(loop.run_until([&] { return done; }));
+  REQUIRE(result.ok());
+}
+
+std::vector<client::GetResult> Broker::drain(const std::string& queue) {
+  return drain_queue(loop, *connection, queue);
+}
+
+consumer::ConsumerOptions options_for(const topology::Service& service) {
+  consumer::ConsumerOptions options;
+  options.service = service;
+  options.connection.uri = client::parse_uri(broker_url());
+  options.handler_on_loop = true;
+  options.recovery = consumer::Backoff{100ms, 1000ms, 2.0, 0.1};
+  return options;
+}
+
+void stop(TestLoop& loop, const std::shared_ptr<consumer::Consumer>& c) {
+  bool stopped = false;
+  c->set_stopped_handler([&stopped](const client::Error&) { stopped = true; });
+  c->stop(5s);
+  REQUIRE(loop.run_until([&] { return stopped; }));
+}
+
+}  // namespace retryloop::test

@@ -1,0 +1,82 @@
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "retryloop/consumer/consumer.hpp"
+#include "retryloop/topology/topology.hpp"
+#include "support/harness.hpp"
+
+namespace retryloop::test {
+
+/// A service with unique names: input exchange `<name>.in` (direct, key `key`), the retry
+/// object's members in `retry`, more service keys in `extra`.
+topology::Service make_service(const std::string& name, const std::string& retry,
+                               const std::string& extra = "");
+
+/// One handler call, as the handler saw it.
+struct Call {
+  std::string id;
+  int64_t attempt = 0;
+  bool redelivered = false;
+  std::optional<std::string> expiration;
+  std::chrono::steady_clock::time_point at;
+};
+
+/// Records handler calls; safe from worker threads.
+class Recorder {
+ public:
+  void add(const consumer::Message& message);
+  std::vector<Call> calls() const;
+  std::vector<Call> of(const std::string& id) const;
+  size_t size() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<Call> calls_;
+};
+
+/// A test broker session: a publishing connection with a confirm-mode channel.
+struct Broker {
+  TestLoop& loop;
+  std::shared_ptr<client::Connection> connection;
+  std::shared_ptr<client::Channel> channel;
+
+  explicit Broker(TestLoop& l);
+  ~Broker();
+
+  /// Publishes with message id `id`, persistent unless `properties` say otherwise; confirmed.
+  void publish(const std::string& exchange, const std::string& key, const std::string& id,
+               const std::string& body = "{}", amqp::BasicProperties properties = {});
+  uint32_t depth(const std::string& queue);
+  /// Declares the service's topology, as `retryloop topology apply` would.
+  void apply(const topology::Service& service);
+  std::vector<client::GetResult> drain(const std::string& queue);
+};
+
+/// Options for a consumer of `service` on the test broker: handlers on the loop, fast recovery.
+consumer::ConsumerOptions options_for(const topology::Service& service);
+
+/// Starts a consumer (with a synchronous or an asynchronous handler) and waits until it consumes.
+template <class AnyHandler>
+std::shared_ptr<consumer::Consumer> start(TestLoop& loop, const consumer::ConsumerOptions& options,
+                                          AnyHandler handler) {
+  auto c = consumer::Consumer::create(loop.get(), options, std::move(handler));
+  bool ready = false;
+  c->set_ready_handler([&ready] { ready = true; });
+  REQUIRE_FALSE(c->start());
+  REQUIRE(loop.run_until([&] { return ready; }));
+  c->set_ready_handler({});
+  return c;
+}
+
+/// Stops a consumer gracefully and waits until it has stopped.
+void stop(TestLoop& loop, const std::shared_ptr<consumer::Consumer>& c);
+
+}  // namespace retryloop::test
