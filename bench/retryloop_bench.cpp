@@ -32,6 +32,7 @@
 //            arrived, nearly all of them held unacked; then the peak RSS of the process.
 
 #include <sys/resource.h>
+#include <uv.h>
 #include <retryloop/client/connection.hpp>
 #include <retryloop/consumer/consumer.hpp>
 #include <retryloop/topology/topology_json.hpp>

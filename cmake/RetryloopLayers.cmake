@@ -5,16 +5,18 @@
 #
 #   retryloop_layer(NAME
 #     SOURCES   files under src/           (.cpp, and the layer's private .hpp)
-#     HEADERS   files under include/       (the layer's public headers)
+#     HEADERS   files under include/       (the layer's public headers: installed)
+#     INTERNAL_HEADERS files under include/  (used by other layers, tests and fuzz targets, but
+#                                           not installed: the wire codec, pure bookkeeping)
 #     USES      other layers, by NAME      (linked PUBLIC: their headers are part of this API)
 #     LINK      other targets, PUBLIC ones first, then PRIVATE ...)
 #
 # Makes the target retryloop_NAME (alias retryloop::NAME).
 
 function(retryloop_layer name)
-  cmake_parse_arguments(LAYER "" "" "SOURCES;HEADERS;USES;LINK" ${ARGN})
+  cmake_parse_arguments(LAYER "" "" "SOURCES;HEADERS;INTERNAL_HEADERS;USES;LINK" ${ARGN})
   set(target retryloop_${name})
-  add_library(${target} STATIC ${LAYER_SOURCES} ${LAYER_HEADERS})
+  add_library(${target} STATIC ${LAYER_SOURCES} ${LAYER_HEADERS} ${LAYER_INTERNAL_HEADERS})
   add_library(retryloop::${name} ALIAS ${target})
   target_include_directories(${target} PUBLIC
     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
@@ -29,7 +31,22 @@ function(retryloop_layer name)
   target_compile_options(${target} PRIVATE ${RETRYLOOP_WARNINGS})
   set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON EXPORT_NAME ${name})
 
-  retryloop_register_layer(${name} "${LAYER_SOURCES};${LAYER_HEADERS}" "${LAYER_USES}")
+  set(files ${LAYER_SOURCES} ${LAYER_HEADERS} ${LAYER_INTERNAL_HEADERS})
+  retryloop_register_layer(${name} "${files}" "${LAYER_USES}")
+  foreach(header IN LISTS LAYER_HEADERS)
+    get_filename_component(path ${header} ABSOLUTE)
+    set_property(GLOBAL APPEND PROPERTY RETRYLOOP_PUBLIC_HEADERS ${path})
+  endforeach()
+endfunction()
+
+# Installs the public headers of every layer, each under include/ at its place in the tree.
+function(retryloop_install_headers)
+  get_property(headers GLOBAL PROPERTY RETRYLOOP_PUBLIC_HEADERS)
+  foreach(header IN LISTS headers)
+    file(RELATIVE_PATH relative ${PROJECT_SOURCE_DIR}/include ${header})
+    get_filename_component(directory ${relative} DIRECTORY)
+    install(FILES ${header} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/${directory})
+  endforeach()
 endfunction()
 
 # Records the files and the used layers of NAME for retryloop_check_layers.
@@ -70,6 +87,8 @@ function(retryloop_check_layers manifest)
     list(APPEND all_files ${files})
   endforeach()
   string(APPEND text "set(INCLUDE_ROOT \"${PROJECT_SOURCE_DIR}/include\")\n")
+  get_property(public GLOBAL PROPERTY RETRYLOOP_PUBLIC_HEADERS)
+  string(APPEND text "set(PUBLIC_HEADERS \"${public}\")\n")
   file(GENERATE OUTPUT ${manifest} CONTENT "${text}")
   set(stamp ${CMAKE_CURRENT_BINARY_DIR}/retryloop_layers.stamp)
   add_custom_command(

@@ -2,8 +2,9 @@
 #
 # Fails, listing every offending line, when a file of a layer includes a retryloop header that
 # belongs to neither that layer nor a layer it uses, or a local ("name.hpp") header that is not
-# the layer's own. MANIFEST (written by retryloop_check_layers) sets LAYERS, INCLUDE_ROOT and,
-# per layer, LAYER_<name>_FILES and LAYER_<name>_USES.
+# the layer's own; and when an installed (public) header includes a retryloop header that is not
+# installed, which would break every program built against the installed package. MANIFEST (written by retryloop_check_layers) sets LAYERS, INCLUDE_ROOT and,
+# per layer, LAYER_<name>_FILES and LAYER_<name>_USES, and PUBLIC_HEADERS.
 
 cmake_minimum_required(VERSION 3.21)
 
@@ -37,6 +38,10 @@ foreach(name IN LISTS LAYERS)
         set(owner "${OWNER_${included}}")
         if(owner STREQUAL "")
           list(APPEND problems "${file}: ${included} belongs to no layer")
+        elseif(file IN_LIST PUBLIC_HEADERS AND NOT "${INCLUDE_ROOT}/${included}" IN_LIST
+               PUBLIC_HEADERS)
+          list(APPEND problems "${file}: an installed header includes ${included}, which is not \
+installed (list it under HEADERS, or include it from a source file instead)")
         elseif(NOT owner IN_LIST allowed)
           string(REPLACE ";" ", " uses "${LAYER_${name}_USES}")
           if(uses STREQUAL "")

@@ -2,6 +2,7 @@
 //
 //   demo_client --url amqp://guest:guest@127.0.0.1:5672/ [--count N]
 
+#include <uv.h>
 #include <retryloop/client/connection.hpp>
 
 #include <cstdio>

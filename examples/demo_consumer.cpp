@@ -14,6 +14,7 @@
 // SIGINT or SIGTERM stops it gracefully (exit 0); a second one stops it at once. A fatal error
 // (topology drift, refused credentials) exits 3.
 
+#include <uv.h>
 #include <retryloop/consumer/consumer.hpp>
 #include <retryloop/topology/topology_json.hpp>
 

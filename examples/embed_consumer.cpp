@@ -3,6 +3,7 @@
 //
 //   embed_consumer --url amqp://guest:guest@localhost:5672/%2F
 
+#include <uv.h>
 #include <retryloop/consumer/consumer.hpp>
 
 #include <spdlog/sinks/stdout_color_sinks.h>

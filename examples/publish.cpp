@@ -9,6 +9,7 @@
 // message was confirmed and routed; 1 for usage errors; 3 when any was returned, nacked or lost; 4
 // for connection errors.
 
+#include <uv.h>
 #include <retryloop/client/connection.hpp>
 
 #include <CLI/CLI.hpp>

@@ -243,6 +243,7 @@ def header(spec, spec_name):
         "",
         '#include "retryloop/amqp/buffer.hpp"',
         '#include "retryloop/amqp/field_table.hpp"',
+        '#include "retryloop/amqp/properties.hpp"',
         "",
         "namespace retryloop::amqp {",
         "",
@@ -275,6 +276,42 @@ def header(spec, spec_name):
         out.append("  friend bool operator!=(const %s& a, const %s& b);" % (m.struct, m.struct))
         out.append("};")
         out.append("")
+    out.append("/// Any method of the spec, for code that dispatches on what arrived.")
+    out.append("using AnyMethod = std::variant<")
+    names = [m.struct for m in spec["methods"]]
+    out += wrap_list(names, "    ", ">;")
+    out.append("")
+    out.append("/// Decodes a method frame payload (class and method ids first) into the matching "
+               "alternative")
+    out.append("/// of `out`. Unknown ids give CodecError::unknown_method, bytes after the last "
+               "argument")
+    out.append("/// CodecError::trailing_bytes.")
+    out.append("std::error_code decode_method(std::string_view payload, AnyMethod& out);")
+    out.append("")
+    out.append('/// The spec name of a method ("queue.declare"), or nullptr for unknown ids.')
+    out.append("const char* method_name(uint16_t class_id, uint16_t method_id);")
+    out.append("")
+    out.append("}  // namespace retryloop::amqp")
+    return out
+
+
+def properties_header(spec, spec_name):
+    out = banner(spec_name)
+    out += [
+        "#pragma once",
+        "",
+        "#include <cstdint>",
+        "#include <optional>",
+        "#include <string>",
+        "",
+        '#include "retryloop/amqp/field_table.hpp"',
+        "",
+        "namespace retryloop::amqp {",
+        "",
+        "class Reader;",
+        "class Writer;",
+        "",
+    ]
     for cls, props in spec["properties"].items():
         struct = pascal(cls) + "Properties"
         out.append("/// The properties of a %s content header, each present or absent." % cls)
@@ -297,21 +334,6 @@ def header(spec, spec_name):
         out.append("  friend bool operator!=(const %s& a, const %s& b);" % (struct, struct))
         out.append("};")
         out.append("")
-    out.append("/// Any method of the spec, for code that dispatches on what arrived.")
-    out.append("using AnyMethod = std::variant<")
-    names = [m.struct for m in spec["methods"]]
-    out += wrap_list(names, "    ", ">;")
-    out.append("")
-    out.append("/// Decodes a method frame payload (class and method ids first) into the matching "
-               "alternative")
-    out.append("/// of `out`. Unknown ids give CodecError::unknown_method, bytes after the last "
-               "argument")
-    out.append("/// CodecError::trailing_bytes.")
-    out.append("std::error_code decode_method(std::string_view payload, AnyMethod& out);")
-    out.append("")
-    out.append('/// The spec name of a method ("queue.declare"), or nullptr for unknown ids.')
-    out.append("const char* method_name(uint16_t class_id, uint16_t method_id);")
-    out.append("")
     out.append("}  // namespace retryloop::amqp")
     return out
 
@@ -557,6 +579,8 @@ def main():
     spec_name = os.path.basename(spec_path)
     write(os.path.join(args.out_dir, "include", "retryloop", "amqp", "methods.hpp"),
           header(spec, spec_name))
+    write(os.path.join(args.out_dir, "include", "retryloop", "amqp", "properties.hpp"),
+          properties_header(spec, spec_name))
     write(os.path.join(args.out_dir, "src", "amqp", "methods.cpp"), source(spec, spec_name))
 
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common.hpp"
+#include "retryloop/client/signals.hpp"
 #include "retryloop/consumer/headers.hpp"
 #include "retryloop/parking/parking.hpp"
 #include "retryloop/topology/duration.hpp"
@@ -419,42 +420,6 @@ int run_stats(const ParkingArgs& args) {
   });
 }
 
-/// Ctrl-C and SIGTERM: the first calls `on_first`, the second `on_second`. Closed by close().
-class Interrupts {
- public:
-  Interrupts(uv_loop_t* loop, std::function<void()> on_first, std::function<void()> on_second)
-      : on_first_(std::move(on_first)), on_second_(std::move(on_second)) {
-    for (uv_signal_t* handle : {&sigint_, &sigterm_}) {
-      uv_signal_init(loop, handle);
-      handle->data = this;
-    }
-    auto handler = [](uv_signal_t* handle, int) {
-      auto* self = static_cast<Interrupts*>(handle->data);
-      if (++self->count_ == 1) {
-        if (self->on_first_) self->on_first_();
-      } else if (self->on_second_) {
-        self->on_second_();
-      }
-    };
-    uv_signal_start(&sigint_, handler, SIGINT);
-    uv_signal_start(&sigterm_, handler, SIGTERM);
-  }
-  void close() {
-    for (uv_signal_t* handle : {&sigint_, &sigterm_}) {
-      if (!uv_is_closing(reinterpret_cast<uv_handle_t*>(handle))) {
-        uv_close(reinterpret_cast<uv_handle_t*>(handle), nullptr);
-      }
-    }
-  }
-
- private:
-  uv_signal_t sigint_{};
-  uv_signal_t sigterm_{};
-  int count_ = 0;
-  std::function<void()> on_first_;
-  std::function<void()> on_second_;
-};
-
 /// Shows how a long run goes: a bar on a terminal, a line every 5 s otherwise (on stderr).
 class ProgressReporter {
  public:
@@ -527,9 +492,9 @@ int run_replay(const ParkingArgs& args) {
     auto handle = std::make_shared<std::shared_ptr<parking::Replay>>();
     auto reporter =
         args.dry_run ? nullptr : std::make_shared<ProgressReporter>(connection->loop(), "moved");
-    auto interrupts = std::make_shared<Interrupts>(
+    auto interrupts = std::make_shared<client::StopSignals>(
         connection->loop(),
-        [handle] {
+        [handle](int) {
           std::cerr << "\nretryloop: interrupted: letting the copies in flight settle (Ctrl-C "
                        "again to stop at once)\n";
           if (*handle) (*handle)->stop();

@@ -1,14 +1,15 @@
-#include "retryloop/client/channel.hpp"
+#include "channel_impl.hpp"
 
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <functional>
 
+#include "connection_impl.hpp"
 #include "retryloop/amqp/buffer.hpp"
-#include "retryloop/client/connection.hpp"
 
 namespace retryloop::client {
+namespace detail {
 namespace {
 
 using amqp::FrameType;
@@ -31,11 +32,12 @@ Error protocol_error(std::string text) {
 
 }  // namespace
 
-Channel::Channel(Connection* connection, uint16_t id) : connection_(connection), id_(id) {}
+ChannelImpl::ChannelImpl(ConnectionImpl* connection, uint16_t id)
+    : connection_(connection), id_(id) {}
 
-Channel::~Channel() = default;
+ChannelImpl::~ChannelImpl() = default;
 
-Error Channel::check_open() const {
+Error ChannelImpl::check_open() const {
   if (state_ != State::open || connection_ == nullptr) {
     return close_reason_ ? close_reason_ : Error(ClientError::not_open);
   }
@@ -43,8 +45,8 @@ Error Channel::check_open() const {
 }
 
 template <class Method>
-Error Channel::call(const Method& method, uint32_t reply_key, ReplyHandler on_reply,
-                    GetCallback on_get) {
+Error ChannelImpl::call(const Method& method, uint32_t reply_key, ReplyHandler on_reply,
+                        GetCallback on_get) {
   if (auto error = check_open()) return error;
   Rpc rpc;
   if (auto ec = amqp::append_method_frame(rpc.frame, id_, method)) {
@@ -59,7 +61,8 @@ Error Channel::call(const Method& method, uint32_t reply_key, ReplyHandler on_re
 }
 
 template <class Method>
-Error Channel::call_simple(const Method& method, uint32_t reply_key, CompletionCallback callback) {
+Error ChannelImpl::call_simple(const Method& method, uint32_t reply_key,
+                               CompletionCallback callback) {
   return call(method, reply_key,
               [callback = std::move(callback)](const Error& error, std::string_view) {
                 if (callback) callback(error);
@@ -67,7 +70,7 @@ Error Channel::call_simple(const Method& method, uint32_t reply_key, CompletionC
 }
 
 template <class Method>
-Error Channel::send_async(const Method& method) {
+Error ChannelImpl::send_async(const Method& method) {
   if (auto error = check_open()) return error;
   if (auto ec = amqp::append_method_frame(connection_->output(), id_, method)) {
     return Error(ClientError::invalid_argument, std::string(Method::name) + ": " + ec.message());
@@ -76,7 +79,7 @@ Error Channel::send_async(const Method& method) {
   return {};
 }
 
-void Channel::send_next_rpc() {
+void ChannelImpl::send_next_rpc() {
   if (rpc_in_flight_ || rpcs_.empty() || connection_ == nullptr) return;
   rpc_in_flight_ = true;
   std::string frame = std::move(rpcs_.front().frame);
@@ -84,7 +87,7 @@ void Channel::send_next_rpc() {
   connection_->flush();
 }
 
-Channel::Rpc Channel::pop_rpc() {
+ChannelImpl::Rpc ChannelImpl::pop_rpc() {
   Rpc rpc = std::move(rpcs_.front());
   rpcs_.pop_front();
   rpc_in_flight_ = false;
@@ -92,7 +95,7 @@ Channel::Rpc Channel::pop_rpc() {
   return rpc;
 }
 
-void Channel::open(CompletionCallback callback) {
+void ChannelImpl::open(CompletionCallback callback) {
   Rpc rpc;
   amqp::append_method_frame(rpc.frame, id_, amqp::ChannelOpen{});
   rpc.reply_key = key_of<amqp::ChannelOpenOk>();
@@ -104,8 +107,8 @@ void Channel::open(CompletionCallback callback) {
   send_next_rpc();
 }
 
-Error Channel::exchange_declare(std::string_view name, std::string_view type,
-                                const ExchangeOptions& options, CompletionCallback callback) {
+Error ChannelImpl::exchange_declare(std::string_view name, std::string_view type,
+                                    const ExchangeOptions& options, CompletionCallback callback) {
   amqp::ExchangeDeclare m;
   m.exchange = name;
   m.type = type;
@@ -117,16 +120,17 @@ Error Channel::exchange_declare(std::string_view name, std::string_view type,
   return call_simple(m, key_of<amqp::ExchangeDeclareOk>(), std::move(callback));
 }
 
-Error Channel::exchange_delete(std::string_view name, bool if_unused, CompletionCallback callback) {
+Error ChannelImpl::exchange_delete(std::string_view name, bool if_unused,
+                                   CompletionCallback callback) {
   amqp::ExchangeDelete m;
   m.exchange = name;
   m.if_unused = if_unused;
   return call_simple(m, key_of<amqp::ExchangeDeleteOk>(), std::move(callback));
 }
 
-Error Channel::exchange_bind(std::string_view destination, std::string_view source,
-                             std::string_view routing_key, const amqp::FieldTable& arguments,
-                             CompletionCallback callback) {
+Error ChannelImpl::exchange_bind(std::string_view destination, std::string_view source,
+                                 std::string_view routing_key, const amqp::FieldTable& arguments,
+                                 CompletionCallback callback) {
   amqp::ExchangeBind m;
   m.destination = destination;
   m.source = source;
@@ -135,9 +139,9 @@ Error Channel::exchange_bind(std::string_view destination, std::string_view sour
   return call_simple(m, key_of<amqp::ExchangeBindOk>(), std::move(callback));
 }
 
-Error Channel::exchange_unbind(std::string_view destination, std::string_view source,
-                               std::string_view routing_key, const amqp::FieldTable& arguments,
-                               CompletionCallback callback) {
+Error ChannelImpl::exchange_unbind(std::string_view destination, std::string_view source,
+                                   std::string_view routing_key, const amqp::FieldTable& arguments,
+                                   CompletionCallback callback) {
   amqp::ExchangeUnbind m;
   m.destination = destination;
   m.source = source;
@@ -146,8 +150,8 @@ Error Channel::exchange_unbind(std::string_view destination, std::string_view so
   return call_simple(m, key_of<amqp::ExchangeUnbindOk>(), std::move(callback));
 }
 
-Error Channel::queue_declare(std::string_view name, const QueueOptions& options,
-                             QueueDeclareCallback callback) {
+Error ChannelImpl::queue_declare(std::string_view name, const QueueOptions& options,
+                                 QueueDeclareCallback callback) {
   amqp::QueueDeclare m;
   m.queue = name;
   m.passive = options.passive;
@@ -174,9 +178,9 @@ Error Channel::queue_declare(std::string_view name, const QueueOptions& options,
               });
 }
 
-Error Channel::queue_bind(std::string_view queue, std::string_view exchange,
-                          std::string_view routing_key, const amqp::FieldTable& arguments,
-                          CompletionCallback callback) {
+Error ChannelImpl::queue_bind(std::string_view queue, std::string_view exchange,
+                              std::string_view routing_key, const amqp::FieldTable& arguments,
+                              CompletionCallback callback) {
   amqp::QueueBind m;
   m.queue = queue;
   m.exchange = exchange;
@@ -185,9 +189,9 @@ Error Channel::queue_bind(std::string_view queue, std::string_view exchange,
   return call_simple(m, key_of<amqp::QueueBindOk>(), std::move(callback));
 }
 
-Error Channel::queue_unbind(std::string_view queue, std::string_view exchange,
-                            std::string_view routing_key, const amqp::FieldTable& arguments,
-                            CompletionCallback callback) {
+Error ChannelImpl::queue_unbind(std::string_view queue, std::string_view exchange,
+                                std::string_view routing_key, const amqp::FieldTable& arguments,
+                                CompletionCallback callback) {
   amqp::QueueUnbind m;
   m.queue = queue;
   m.exchange = exchange;
@@ -211,15 +215,15 @@ auto count_reply(CountCallback callback) {
 }
 }  // namespace
 
-Error Channel::queue_purge(std::string_view queue, CountCallback callback) {
+Error ChannelImpl::queue_purge(std::string_view queue, CountCallback callback) {
   amqp::QueuePurge m;
   m.queue = queue;
   return call(m, key_of<amqp::QueuePurgeOk>(),
               count_reply<amqp::QueuePurgeOk>(std::move(callback)));
 }
 
-Error Channel::queue_delete(std::string_view queue, bool if_unused, bool if_empty,
-                            CountCallback callback) {
+Error ChannelImpl::queue_delete(std::string_view queue, bool if_unused, bool if_empty,
+                                CountCallback callback) {
   amqp::QueueDelete m;
   m.queue = queue;
   m.if_unused = if_unused;
@@ -228,7 +232,7 @@ Error Channel::queue_delete(std::string_view queue, bool if_unused, bool if_empt
               count_reply<amqp::QueueDeleteOk>(std::move(callback)));
 }
 
-Error Channel::qos(uint16_t prefetch_count, CompletionCallback callback) {
+Error ChannelImpl::qos(uint16_t prefetch_count, CompletionCallback callback) {
   amqp::BasicQos m;
   m.prefetch_count = prefetch_count;
   Error error = call_simple(m, key_of<amqp::BasicQosOk>(), std::move(callback));
@@ -236,8 +240,8 @@ Error Channel::qos(uint16_t prefetch_count, CompletionCallback callback) {
   return error;
 }
 
-Error Channel::consume(std::string_view queue, ConsumeOptions options, DeliveryHandler on_delivery,
-                       ConsumeCallback callback) {
+Error ChannelImpl::consume(std::string_view queue, ConsumeOptions options,
+                           DeliveryHandler on_delivery, ConsumeCallback callback) {
   amqp::BasicConsume m;
   m.queue = queue;
   m.consumer_tag = options.consumer_tag;
@@ -261,7 +265,7 @@ Error Channel::consume(std::string_view queue, ConsumeOptions options, DeliveryH
               });
 }
 
-Error Channel::cancel(std::string_view consumer_tag, CompletionCallback callback) {
+Error ChannelImpl::cancel(std::string_view consumer_tag, CompletionCallback callback) {
   amqp::BasicCancel m;
   m.consumer_tag = consumer_tag;
   return call(m, key_of<amqp::BasicCancelOk>(),
@@ -272,14 +276,14 @@ Error Channel::cancel(std::string_view consumer_tag, CompletionCallback callback
               });
 }
 
-Error Channel::get(std::string_view queue, bool no_ack, GetCallback callback) {
+Error ChannelImpl::get(std::string_view queue, bool no_ack, GetCallback callback) {
   amqp::BasicGet m;
   m.queue = queue;
   m.no_ack = no_ack;
   return call(m, key_of<amqp::BasicGetOk>(), {}, std::move(callback));
 }
 
-Error Channel::ack(uint64_t delivery_tag, bool multiple) {
+Error ChannelImpl::ack(uint64_t delivery_tag, bool multiple) {
   if (auto error = check_open()) return error;
   if (!acks_.ack(delivery_tag, multiple)) {
     amqp::BasicAck m;
@@ -297,7 +301,7 @@ Error Channel::ack(uint64_t delivery_tag, bool multiple) {
   return {};
 }
 
-Error Channel::nack(uint64_t delivery_tag, bool multiple, bool requeue) {
+Error ChannelImpl::nack(uint64_t delivery_tag, bool multiple, bool requeue) {
   if (multiple) send_held_ack();  // or the nack would cover tags the application acked
   amqp::BasicNack m;
   m.delivery_tag = delivery_tag;
@@ -308,7 +312,7 @@ Error Channel::nack(uint64_t delivery_tag, bool multiple, bool requeue) {
   return error;
 }
 
-Error Channel::reject(uint64_t delivery_tag, bool requeue) {
+Error ChannelImpl::reject(uint64_t delivery_tag, bool requeue) {
   amqp::BasicReject m;
   m.delivery_tag = delivery_tag;
   m.requeue = requeue;
@@ -317,12 +321,12 @@ Error Channel::reject(uint64_t delivery_tag, bool requeue) {
   return error;
 }
 
-void Channel::release_held_acks() {
+void ChannelImpl::release_held_acks() {
   listed_as_holding_acks_ = false;
   send_held_ack();
 }
 
-void Channel::send_held_ack() {
+void ChannelImpl::send_held_ack() {
   // Every tag up to the held one is settled, so `multiple` acks exactly the held acks.
   const auto through = acks_.take_held();
   if (!through) return;
@@ -332,7 +336,7 @@ void Channel::send_held_ack() {
   if (state_ == State::open) amqp::append_method_frame(connection_->output(), id_, m);
 }
 
-Error Channel::confirm_select(CompletionCallback callback) {
+Error ChannelImpl::confirm_select(CompletionCallback callback) {
   if (confirm_mode_) return Error(ClientError::invalid_argument, "already in confirm mode");
   Error error =
       call_simple(amqp::ConfirmSelect{}, key_of<amqp::ConfirmSelectOk>(), std::move(callback));
@@ -342,9 +346,9 @@ Error Channel::confirm_select(CompletionCallback callback) {
   return error;
 }
 
-Error Channel::publish(std::string_view exchange, std::string_view routing_key,
-                       const amqp::BasicProperties& properties, std::string_view body,
-                       Mandatory mandatory, PublishCallback on_confirm) {
+Error ChannelImpl::publish(std::string_view exchange, std::string_view routing_key,
+                           const amqp::BasicProperties& properties, std::string_view body,
+                           Mandatory mandatory, PublishCallback on_confirm) {
   if (auto error = check_open()) return error;
   if (on_confirm && !confirm_mode_) return Error(ClientError::not_in_confirm_mode);
   std::string& out = connection_->output();
@@ -388,7 +392,7 @@ Error Channel::publish(std::string_view exchange, std::string_view routing_key,
   return {};
 }
 
-Error Channel::close(CompletionCallback callback) {
+Error ChannelImpl::close(CompletionCallback callback) {
   if (state_ == State::closing || state_ == State::closed || connection_ == nullptr) {
     return close_reason_ ? close_reason_ : Error(ClientError::not_open);
   }
@@ -404,7 +408,7 @@ Error Channel::close(CompletionCallback callback) {
   return {};
 }
 
-Error Channel::handle_frame(const amqp::FrameView& frame) {
+Error ChannelImpl::handle_frame(const amqp::FrameView& frame) {
   auto self = shared_from_this();
   if (state_ == State::closing && frame.type != FrameType::method) return {};
   switch (frame.type) {
@@ -429,7 +433,7 @@ Error Channel::handle_frame(const amqp::FrameView& frame) {
   return protocol_error("unknown frame type");
 }
 
-Error Channel::handle_method(std::string_view payload) {
+Error ChannelImpl::handle_method(std::string_view payload) {
   amqp::MethodId id;
   if (auto ec = amqp::peek_method_id(payload, id)) return Error(ec);
   const uint32_t key = id.key();
@@ -528,7 +532,7 @@ Error Channel::handle_method(std::string_view payload) {
     case key_of<amqp::ChannelCloseOk>(): {
       if (state_ != State::closing) return protocol_error("channel.close-ok without channel.close");
       CompletionCallback callback = std::move(on_closed_by_client_);
-      Connection* connection = connection_;
+      ConnectionImpl* connection = connection_;
       terminate(Error(ClientError::closed_by_client));
       connection->release_channel(id_);
       if (callback) callback(Error{});
@@ -557,7 +561,7 @@ Error Channel::handle_method(std::string_view payload) {
                         " on channel " + std::to_string(id_));
 }
 
-void Channel::reply_to_close(const amqp::ChannelClose& close) {
+void ChannelImpl::reply_to_close(const amqp::ChannelClose& close) {
   amqp::append_method_frame(connection_->output(), id_, amqp::ChannelCloseOk{});
   connection_->flush();
   Error reason(ClientError::channel_closed, close.reply_text);
@@ -569,12 +573,12 @@ void Channel::reply_to_close(const amqp::ChannelClose& close) {
   if (auto* log = connection_->logger()) {
     log->debug("broker closed channel {}: {}", id_, reason.message());
   }
-  Connection* connection = connection_;
+  ConnectionImpl* connection = connection_;
   terminate(reason);
   connection->release_channel(id_);
 }
 
-Error Channel::handle_content_header(std::string_view payload) {
+Error ChannelImpl::handle_content_header(std::string_view payload) {
   std::error_code properties_error = amqp::decode_header_frame(payload, header_);
   if (properties_error) {
     // The frame is sound but its property list is not: when the fixed part (class, weight,
@@ -615,7 +619,7 @@ Error Channel::handle_content_header(std::string_view payload) {
   return {};
 }
 
-Error Channel::handle_content_body(std::string_view payload) {
+Error ChannelImpl::handle_content_body(std::string_view payload) {
   if (payload.size() > body_remaining_) {
     return protocol_error("content body frames are longer than the header's body size");
   }
@@ -628,7 +632,7 @@ Error Channel::handle_content_body(std::string_view payload) {
   return {};
 }
 
-void Channel::dispatch_content() {
+void ChannelImpl::dispatch_content() {
   ContentKind kind = content_kind_;
   content_kind_ = ContentKind::none;
   switch (kind) {
@@ -667,7 +671,7 @@ void Channel::dispatch_content() {
   }
 }
 
-void Channel::handle_return(ReturnedMessage&& returned) {
+void ChannelImpl::handle_return(ReturnedMessage&& returned) {
   if (confirm_mode_) {
     // Returns come in publish order, each before its own ack, and the broker returns a message
     // with the properties it was given; see publish() for why this match is exact.
@@ -681,7 +685,7 @@ void Channel::handle_return(ReturnedMessage&& returned) {
   if (on_return_) on_return_(returned);
 }
 
-void Channel::handle_confirm(uint64_t tag, bool multiple, bool ack) {
+void ChannelImpl::handle_confirm(uint64_t tag, bool multiple, bool ack) {
   auto ready = confirm_mode_ ? confirms_.confirm(tag, multiple, ack) : std::nullopt;
   if (!ready) {
     if (auto* log = connection_->logger()) {
@@ -694,7 +698,7 @@ void Channel::handle_confirm(uint64_t tag, bool multiple, bool ack) {
     callback(outcome);
 }
 
-void Channel::terminate(const Error& reason) {
+void ChannelImpl::terminate(const Error& reason) {
   if (state_ == State::closed) return;
   auto self = shared_from_this();
   state_ = State::closed;
@@ -722,6 +726,107 @@ void Channel::terminate(const Error& reason) {
   if (on_closed_by_client) on_closed_by_client(reason);
   ChannelCloseHandler on_close = std::move(on_close_);
   if (on_close) on_close(reason);
+}
+
+}  // namespace detail
+
+Channel::Channel(std::shared_ptr<detail::ChannelImpl> impl) : impl_(std::move(impl)) {}
+Channel::~Channel() = default;
+
+uint16_t Channel::id() const {
+  return impl_->id();
+}
+bool Channel::is_open() const {
+  return impl_->is_open();
+}
+const Error& Channel::close_reason() const {
+  return impl_->close_reason();
+}
+Error Channel::exchange_declare(std::string_view name, std::string_view type,
+                                const ExchangeOptions& options, CompletionCallback callback) {
+  return impl_->exchange_declare(name, type, options, std::move(callback));
+}
+Error Channel::exchange_delete(std::string_view name, bool if_unused, CompletionCallback callback) {
+  return impl_->exchange_delete(name, if_unused, std::move(callback));
+}
+Error Channel::exchange_bind(std::string_view destination, std::string_view source,
+                             std::string_view routing_key, const amqp::FieldTable& arguments,
+                             CompletionCallback callback) {
+  return impl_->exchange_bind(destination, source, routing_key, arguments, std::move(callback));
+}
+Error Channel::exchange_unbind(std::string_view destination, std::string_view source,
+                               std::string_view routing_key, const amqp::FieldTable& arguments,
+                               CompletionCallback callback) {
+  return impl_->exchange_unbind(destination, source, routing_key, arguments, std::move(callback));
+}
+Error Channel::queue_declare(std::string_view name, const QueueOptions& options,
+                             QueueDeclareCallback callback) {
+  return impl_->queue_declare(name, options, std::move(callback));
+}
+Error Channel::queue_bind(std::string_view queue, std::string_view exchange,
+                          std::string_view routing_key, const amqp::FieldTable& arguments,
+                          CompletionCallback callback) {
+  return impl_->queue_bind(queue, exchange, routing_key, arguments, std::move(callback));
+}
+Error Channel::queue_unbind(std::string_view queue, std::string_view exchange,
+                            std::string_view routing_key, const amqp::FieldTable& arguments,
+                            CompletionCallback callback) {
+  return impl_->queue_unbind(queue, exchange, routing_key, arguments, std::move(callback));
+}
+Error Channel::queue_purge(std::string_view queue, CountCallback callback) {
+  return impl_->queue_purge(queue, std::move(callback));
+}
+Error Channel::queue_delete(std::string_view queue, bool if_unused, bool if_empty,
+                            CountCallback callback) {
+  return impl_->queue_delete(queue, if_unused, if_empty, std::move(callback));
+}
+Error Channel::qos(uint16_t prefetch_count, CompletionCallback callback) {
+  return impl_->qos(prefetch_count, std::move(callback));
+}
+Error Channel::consume(std::string_view queue, ConsumeOptions options, DeliveryHandler on_delivery,
+                       ConsumeCallback callback) {
+  return impl_->consume(queue, std::move(options), std::move(on_delivery), std::move(callback));
+}
+Error Channel::cancel(std::string_view consumer_tag, CompletionCallback callback) {
+  return impl_->cancel(consumer_tag, std::move(callback));
+}
+Error Channel::get(std::string_view queue, bool no_ack, GetCallback callback) {
+  return impl_->get(queue, no_ack, std::move(callback));
+}
+Error Channel::ack(uint64_t delivery_tag, bool multiple) {
+  return impl_->ack(delivery_tag, multiple);
+}
+Error Channel::nack(uint64_t delivery_tag, bool multiple, bool requeue) {
+  return impl_->nack(delivery_tag, multiple, requeue);
+}
+Error Channel::reject(uint64_t delivery_tag, bool requeue) {
+  return impl_->reject(delivery_tag, requeue);
+}
+Error Channel::confirm_select(CompletionCallback callback) {
+  return impl_->confirm_select(std::move(callback));
+}
+bool Channel::in_confirm_mode() const {
+  return impl_->in_confirm_mode();
+}
+Error Channel::publish(std::string_view exchange, std::string_view routing_key,
+                       const amqp::BasicProperties& properties, std::string_view body,
+                       Mandatory mandatory, PublishCallback on_confirm) {
+  return impl_->publish(exchange, routing_key, properties, body, mandatory, std::move(on_confirm));
+}
+uint64_t Channel::next_publish_sequence() const {
+  return impl_->next_publish_sequence();
+}
+size_t Channel::unconfirmed_count() const {
+  return impl_->unconfirmed_count();
+}
+void Channel::set_return_handler(ReturnHandler handler) {
+  impl_->set_return_handler(std::move(handler));
+}
+void Channel::set_close_handler(ChannelCloseHandler handler) {
+  impl_->set_close_handler(std::move(handler));
+}
+Error Channel::close(CompletionCallback callback) {
+  return impl_->close(std::move(callback));
 }
 
 }  // namespace retryloop::client

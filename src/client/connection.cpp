@@ -1,4 +1,4 @@
-#include "retryloop/client/connection.hpp"
+#include "connection_impl.hpp"
 
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -8,6 +8,7 @@
 #include "tls_session.hpp"
 
 namespace retryloop::client {
+namespace detail {
 namespace {
 
 using amqp::FrameType;
@@ -75,20 +76,20 @@ void ignore_default_sigpipe() {
 
 }  // namespace
 
-std::shared_ptr<Connection> Connection::create(uv_loop_t* loop, ConnectionOptions options) {
-  return std::shared_ptr<Connection>(new Connection(loop, std::move(options)));
+std::shared_ptr<ConnectionImpl> ConnectionImpl::create(uv_loop_t* loop, ConnectionOptions options) {
+  return std::shared_ptr<ConnectionImpl>(new ConnectionImpl(loop, std::move(options)));
 }
 
-Connection::Connection(uv_loop_t* loop, ConnectionOptions options)
+ConnectionImpl::ConnectionImpl(uv_loop_t* loop, ConnectionOptions options)
     : loop_(loop), options_(std::move(options)), parser_(kDefaultFrameMax) {
   read_buffer_.resize(kReadBufferSize);
 }
 
-Connection::~Connection() {
+ConnectionImpl::~ConnectionImpl() {
   if (addresses_ != nullptr) uv_freeaddrinfo(addresses_);
 }
 
-Error Connection::connect(ConnectCallback callback) {
+Error ConnectionImpl::connect(ConnectCallback callback) {
   if (state_ != State::idle) return Error(ClientError::invalid_argument, "connect called twice");
   ignore_default_sigpipe();
   if (options_.uri.tls) {
@@ -123,7 +124,7 @@ Error Connection::connect(ConnectCallback callback) {
   uv_timer_start(
       &connect_timer_,
       [](uv_timer_t* timer) {
-        auto* self = static_cast<Connection*>(timer->data);
+        auto* self = static_cast<ConnectionImpl*>(timer->data);
         self->finish(Error(ClientError::connect_timeout, self->last_connect_error_));
       },
       timeout_ms, 0);
@@ -131,7 +132,7 @@ Error Connection::connect(ConnectCallback callback) {
   return {};
 }
 
-void Connection::start_resolve() {
+void ConnectionImpl::start_resolve() {
   state_ = State::resolving;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -143,7 +144,7 @@ void Connection::start_resolve() {
   int rc = uv_getaddrinfo(
       loop_, &resolve_req_,
       [](uv_getaddrinfo_t* req, int status, addrinfo* result) {
-        auto* self = static_cast<Connection*>(req->data);
+        auto* self = static_cast<ConnectionImpl*>(req->data);
         if (self->state_ != State::resolving) {
           if (result != nullptr) uv_freeaddrinfo(result);
         } else if (status < 0) {
@@ -166,7 +167,7 @@ void Connection::start_resolve() {
   }
 }
 
-void Connection::try_next_address() {
+void ConnectionImpl::try_next_address() {
   if (state_ != State::connecting) return;
   if (next_address_ == nullptr) {
     finish(Error(
@@ -184,18 +185,18 @@ void Connection::try_next_address() {
   connect_req_.data = this;
   int rc =
       uv_tcp_connect(&connect_req_, &tcp_, address->ai_addr, [](uv_connect_t* req, int status) {
-        static_cast<Connection*>(req->data)->on_connected(status);
+        static_cast<ConnectionImpl*>(req->data)->on_connected(status);
       });
   if (rc < 0) on_connected(rc);
 }
 
-void Connection::on_connected(int status) {
+void ConnectionImpl::on_connected(int status) {
   if (state_ != State::connecting) return;  // torn down meanwhile; the handle is closing
   if (status < 0) {
     last_connect_error_ = uv_strerror(status);
     tcp_initialized_ = false;
     uv_close(reinterpret_cast<uv_handle_t*>(&tcp_), [](uv_handle_t* handle) {
-      auto* self = static_cast<Connection*>(handle->data);
+      auto* self = static_cast<ConnectionImpl*>(handle->data);
       self->try_next_address();
       self->on_handle_closed();
     });
@@ -214,7 +215,7 @@ void Connection::on_connected(int status) {
   flush();
 }
 
-void Connection::advance_tls_handshake() {
+void ConnectionImpl::advance_tls_handshake() {
   bool done = false;
   if (Error error = tls_->handshake(done)) {
     finish(error);  // sends the alert, if any
@@ -237,20 +238,20 @@ void Connection::advance_tls_handshake() {
   flush();
 }
 
-void Connection::start_reading() {
+void ConnectionImpl::start_reading() {
   uv_read_start(
       reinterpret_cast<uv_stream_t*>(&tcp_),
       [](uv_handle_t* handle, size_t, uv_buf_t* buf) {
-        auto* self = static_cast<Connection*>(handle->data);
+        auto* self = static_cast<ConnectionImpl*>(handle->data);
         *buf = uv_buf_init(self->read_buffer_.data(),
                            static_cast<unsigned int>(self->read_buffer_.size()));
       },
       [](uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
-        static_cast<Connection*>(stream->data)->on_read(nread, buf);
+        static_cast<ConnectionImpl*>(stream->data)->on_read(nread, buf);
       });
 }
 
-void Connection::on_read(ssize_t nread, const uv_buf_t* buf) {
+void ConnectionImpl::on_read(ssize_t nread, const uv_buf_t* buf) {
   if (nread == 0) return;
   if (nread < 0) {
     if (state_ == State::closed) return;
@@ -266,7 +267,7 @@ void Connection::on_read(ssize_t nread, const uv_buf_t* buf) {
   }
 }
 
-void Connection::on_socket_end(const std::string& why) {
+void ConnectionImpl::on_socket_end(const std::string& why) {
   if (state_ == State::closing) {
     finish(Error(ClientError::closed_by_client));
   } else if (state_ == State::tls_handshaking) {
@@ -278,7 +279,7 @@ void Connection::on_socket_end(const std::string& why) {
   }
 }
 
-void Connection::handle_tls_bytes(std::string_view ciphertext) {
+void ConnectionImpl::handle_tls_bytes(std::string_view ciphertext) {
   auto keep_alive = shared_from_this();
   last_read_ms_ = uv_now(loop_);
   tls_->feed(ciphertext);
@@ -308,7 +309,7 @@ void Connection::handle_tls_bytes(std::string_view ciphertext) {
   flush();  // anything TLS itself has to answer
 }
 
-void Connection::handle_bytes(std::string_view bytes) {
+void ConnectionImpl::handle_bytes(std::string_view bytes) {
   auto keep_alive = shared_from_this();
   last_read_ms_ = uv_now(loop_);
   handling_read_ = true;
@@ -329,7 +330,7 @@ void Connection::handle_bytes(std::string_view bytes) {
   flush();
 }
 
-bool Connection::handle_frame(const amqp::FrameView& frame) {
+bool ConnectionImpl::handle_frame(const amqp::FrameView& frame) {
   if (frame.channel == 0) {
     if (frame.type == FrameType::heartbeat) return true;
     if (frame.type != FrameType::method) {
@@ -347,7 +348,7 @@ bool Connection::handle_frame(const amqp::FrameView& frame) {
     fail_protocol(Error(ClientError::protocol_error, "channel frame before the connection opened"));
     return false;
   }
-  std::shared_ptr<Channel> channel =
+  std::shared_ptr<ChannelImpl> channel =
       frame.channel < channels_.size() ? channels_[frame.channel] : nullptr;
   if (!channel) {
     if (auto* log = logger()) log->warn("dropping a frame for unknown channel {}", frame.channel);
@@ -361,12 +362,12 @@ bool Connection::handle_frame(const amqp::FrameView& frame) {
 }
 
 template <class Method>
-void Connection::send_connection_method(const Method& method) {
+void ConnectionImpl::send_connection_method(const Method& method) {
   amqp::append_method_frame(out_, 0, method);
   flush();
 }
 
-Error Connection::handle_connection_method(std::string_view payload) {
+Error ConnectionImpl::handle_connection_method(std::string_view payload) {
   amqp::MethodId id;
   if (auto ec = amqp::peek_method_id(payload, id)) return Error(ec);
   switch (id.key()) {
@@ -384,7 +385,9 @@ Error Connection::handle_connection_method(std::string_view payload) {
         uint64_t interval = tuning_.heartbeat_seconds * 500ull;
         uv_timer_start(
             &heartbeat_timer_,
-            [](uv_timer_t* timer) { static_cast<Connection*>(timer->data)->on_heartbeat_tick(); },
+            [](uv_timer_t* timer) {
+              static_cast<ConnectionImpl*>(timer->data)->on_heartbeat_tick();
+            },
             interval, interval);
       }
       if (auto* log = logger()) {
@@ -437,7 +440,7 @@ Error Connection::handle_connection_method(std::string_view payload) {
                std::string("unexpected ") + (name ? name : "unknown method") + " on channel 0");
 }
 
-Error Connection::on_start(std::string_view payload) {
+Error ConnectionImpl::on_start(std::string_view payload) {
   amqp::ConnectionStart start;
   if (auto ec = amqp::decode_method_frame(payload, start)) return Error(ec);
   if (start.version_major != 0 || start.version_minor != 9) {
@@ -466,7 +469,7 @@ Error Connection::on_start(std::string_view payload) {
   return {};
 }
 
-Error Connection::on_tune(std::string_view payload) {
+Error ConnectionImpl::on_tune(std::string_view payload) {
   amqp::ConnectionTune tune;
   if (auto ec = amqp::decode_method_frame(payload, tune)) return Error(ec);
   const Uri& uri = options_.uri;
@@ -506,7 +509,7 @@ Error Connection::on_tune(std::string_view payload) {
   return {};
 }
 
-void Connection::on_heartbeat_tick() {
+void ConnectionImpl::on_heartbeat_tick() {
   if (state_ != State::open && state_ != State::closing) return;
   uint64_t now = uv_now(loop_);
   uint64_t interval_ms = tuning_.heartbeat_seconds * 1000ull;
@@ -521,7 +524,7 @@ void Connection::on_heartbeat_tick() {
   }
 }
 
-Error Connection::open_channel(ChannelCallback callback) {
+Error ConnectionImpl::open_channel(ChannelCallback callback) {
   if (state_ != State::open) return close_error_ ? close_error_ : Error(ClientError::not_open);
   uint16_t id = 0;
   for (size_t i = 1; i < channels_.size(); ++i) {
@@ -531,19 +534,19 @@ Error Connection::open_channel(ChannelCallback callback) {
     }
   }
   if (id == 0) return Error(ClientError::channel_limit);
-  auto channel = std::make_shared<Channel>(this, id);
+  auto channel = std::make_shared<ChannelImpl>(this, id);
   channels_[id] = channel;
   channel->open([channel, callback = std::move(callback)](const Error& error) {
-    if (callback) callback(error, error ? nullptr : channel);
+    if (callback) callback(error, error ? nullptr : std::make_shared<Channel>(channel));
   });
   return {};
 }
 
-void Connection::release_channel(uint16_t id) {
+void ConnectionImpl::release_channel(uint16_t id) {
   if (id < channels_.size()) channels_[id].reset();
 }
 
-void Connection::fail_protocol(const Error& error) {
+void ConnectionImpl::fail_protocol(const Error& error) {
   if (state_ == State::closed) return;
   if (auto* log = logger()) log->error("protocol error: {}", error.message());
   if (state_ == State::open || state_ == State::handshaking) {
@@ -555,7 +558,7 @@ void Connection::fail_protocol(const Error& error) {
   finish(error);
 }
 
-void Connection::close(CompletionCallback callback) {
+void ConnectionImpl::close(CompletionCallback callback) {
   switch (state_) {
     case State::idle:
       state_ = State::closed;
@@ -585,7 +588,7 @@ void Connection::close(CompletionCallback callback) {
       uv_timer_start(
           &connect_timer_,
           [](uv_timer_t* timer) {
-            static_cast<Connection*>(timer->data)->finish(Error(ClientError::closed_by_client));
+            static_cast<ConnectionImpl*>(timer->data)->finish(Error(ClientError::closed_by_client));
           },
           kCloseTimeoutMs, 0);
       return;
@@ -593,19 +596,19 @@ void Connection::close(CompletionCallback callback) {
   }
 }
 
-void Connection::flush() {
+void ConnectionImpl::flush() {
   if (handling_read_) return;  // written once the whole read is handled
   start_write();
 }
 
-void Connection::hold_acks(uint16_t channel_id) {
+void ConnectionImpl::hold_acks(uint16_t channel_id) {
   channels_holding_acks_.push_back(channel_id);
   if (options_.ack_delay.count() > 0 &&
       !uv_is_active(reinterpret_cast<uv_handle_t*>(&ack_timer_))) {
     uv_timer_start(
         &ack_timer_,
         [](uv_timer_t* timer) {
-          auto* self = static_cast<Connection*>(timer->data);
+          auto* self = static_cast<ConnectionImpl*>(timer->data);
           self->release_held_acks();
           self->flush();
         },
@@ -613,14 +616,14 @@ void Connection::hold_acks(uint16_t channel_id) {
   }
 }
 
-void Connection::release_held_acks() {
+void ConnectionImpl::release_held_acks() {
   for (uint16_t id : channels_holding_acks_) {
     if (id < channels_.size() && channels_[id]) channels_[id]->release_held_acks();
   }
   channels_holding_acks_.clear();
 }
 
-void Connection::start_write() {
+void ConnectionImpl::start_write() {
   if (write_in_flight_ || !tcp_initialized_) return;
   if (state_ == State::closed || state_ == State::resolving || state_ == State::connecting) return;
   if (options_.ack_delay.count() == 0) release_held_acks();
@@ -659,7 +662,7 @@ void Connection::start_write() {
   write_req_.data = this;
   int rc = uv_write(&write_req_, reinterpret_cast<uv_stream_t*>(&tcp_), &buf, 1,
                     [](uv_write_t* req, int status) {
-                      auto* self = static_cast<Connection*>(req->data);
+                      auto* self = static_cast<ConnectionImpl*>(req->data);
                       self->write_in_flight_ = false;
                       if (!self->tls_) self->writing_.clear();
                       self->tls_writing_ = 0;
@@ -680,7 +683,7 @@ void Connection::start_write() {
   }
 }
 
-void Connection::finish(const Error& error) {
+void ConnectionImpl::finish(const Error& error) {
   if (state_ == State::closed) return;
   auto keep_alive = shared_from_this();
   State previous = state_;
@@ -711,7 +714,7 @@ void Connection::finish(const Error& error) {
   out_.clear();
   close_handles();
 
-  std::vector<std::shared_ptr<Channel>> channels;
+  std::vector<std::shared_ptr<ChannelImpl>> channels;
   for (auto& channel : channels_) {
     if (channel) channels.push_back(std::move(channel));
   }
@@ -732,12 +735,13 @@ void Connection::finish(const Error& error) {
     callback(Error{});
 }
 
-void Connection::close_handle(uv_handle_t* handle) {
+void ConnectionImpl::close_handle(uv_handle_t* handle) {
   if (uv_is_closing(handle)) return;
-  uv_close(handle, [](uv_handle_t* h) { static_cast<Connection*>(h->data)->on_handle_closed(); });
+  uv_close(handle,
+           [](uv_handle_t* h) { static_cast<ConnectionImpl*>(h->data)->on_handle_closed(); });
 }
 
-void Connection::close_handles() {
+void ConnectionImpl::close_handles() {
   if (resolve_req_.data != nullptr) {
     uv_cancel(reinterpret_cast<uv_req_t*>(&resolve_req_));
   }
@@ -750,11 +754,59 @@ void Connection::close_handles() {
   }
 }
 
-void Connection::on_handle_closed() {
+void ConnectionImpl::on_handle_closed() {
   if (--open_handles_ == 0) {
     // The last handle is closed: drop the self-reference (this may destroy the connection).
-    std::shared_ptr<Connection> self = std::move(self_);
+    std::shared_ptr<ConnectionImpl> self = std::move(self_);
   }
+}
+
+}  // namespace detail
+
+std::shared_ptr<Connection> Connection::create(uv_loop_t* loop, ConnectionOptions options) {
+  return std::make_shared<Connection>(detail::ConnectionImpl::create(loop, std::move(options)));
+}
+Connection::Connection(std::shared_ptr<detail::ConnectionImpl> impl) : impl_(std::move(impl)) {}
+Connection::~Connection() = default;
+
+Error Connection::connect(ConnectCallback callback) {
+  return impl_->connect(std::move(callback));
+}
+Error Connection::open_channel(ChannelCallback callback) {
+  return impl_->open_channel(std::move(callback));
+}
+void Connection::close(CompletionCallback callback) {
+  impl_->close(std::move(callback));
+}
+void Connection::set_lost_handler(ConnectionLostHandler handler) {
+  impl_->set_lost_handler(std::move(handler));
+}
+void Connection::set_blocked_handler(BlockedHandler handler) {
+  impl_->set_blocked_handler(std::move(handler));
+}
+bool Connection::is_open() const {
+  return impl_->is_open();
+}
+bool Connection::is_blocked() const {
+  return impl_->is_blocked();
+}
+const Tuning& Connection::tuning() const {
+  return impl_->tuning();
+}
+const amqp::FieldTable& Connection::server_properties() const {
+  return impl_->server_properties();
+}
+const Uri& Connection::uri() const {
+  return impl_->uri();
+}
+uv_loop_t* Connection::loop() const {
+  return impl_->loop();
+}
+spdlog::logger* Connection::logger() const {
+  return impl_->logger();
+}
+size_t Connection::buffered_bytes() const {
+  return impl_->buffered_bytes();
 }
 
 void look_up_queue(const std::shared_ptr<Connection>& connection, const std::string& queue,

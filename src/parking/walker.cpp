@@ -1,5 +1,6 @@
 #include "walker.hpp"
 
+#include "retryloop/client/move.hpp"
 #include "retryloop/parking/error.hpp"
 
 namespace retryloop::parking::detail {
@@ -197,14 +198,15 @@ void Walker::hold() {
 void Walker::move(uint64_t delivery_tag, Decision&& decision, std::string&& body) {
   ++publishes_in_flight_;
   std::weak_ptr<Walker> weak = weak_from_this();
-  Error error = channel_->publish(
-      decision.exchange, decision.routing_key, decision.properties, body, client::Mandatory::yes,
-      [weak, delivery_tag](const client::PublishOutcome& outcome) {
+  Error error = client::move_delivery(
+      *channel_, channel_, delivery_tag,
+      {decision.exchange, decision.routing_key, decision.properties, body},
+      [weak](const client::PublishOutcome& outcome, const Error& ack_error) {
         auto self = weak.lock();
         if (!self) return;
         --self->publishes_in_flight_;
         if (outcome.ok()) {
-          if (Error error = self->channel_->ack(delivery_tag)) return self->fail(error);
+          if (ack_error) return self->fail(ack_error);
           self->last_ack_ms_ = uv_now(self->connection_->loop());
           ++self->progress_.moved;
         } else if (outcome.status == client::PublishStatus::failed) {

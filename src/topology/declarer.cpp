@@ -33,6 +33,7 @@ std::string broker_value(std::string_view text) {
   return std::string(text);
 }
 
+// Ownership as in docs/architecture.md: callbacks hold it weakly, it holds itself until it reports.
 class Runner : public std::enable_shared_from_this<Runner> {
  public:
   Runner(std::shared_ptr<Connection> connection, const Plan& plan, Mode mode, DeleteOptions options,
@@ -50,7 +51,11 @@ class Runner : public std::enable_shared_from_this<Runner> {
     exists_.assign(plan.actions.size(), false);
   }
 
-  void start() { next(); }
+  /// Runs the plan; the runner holds itself until it has reported.
+  void start() {
+    self_ = shared_from_this();
+    next();
+  }
 
  private:
   ActionResult& current() { return report_.results[index_]; }
@@ -77,7 +82,9 @@ class Runner : public std::enable_shared_from_this<Runner> {
       }
       return;
     }
-    with_channel([self = shared_from_this()] { self->run_current(); });
+    with_channel([weak = weak_from_this()] {
+      if (auto self = weak.lock()) self->run_current();
+    });
   }
 
   void advance() {
@@ -112,9 +119,11 @@ class Runner : public std::enable_shared_from_this<Runner> {
       return;
     }
     channel_.reset();
-    auto self = shared_from_this();
+    std::weak_ptr<Runner> weak = weak_from_this();
     Error immediate = connection_->open_channel(
-        [self, then](const Error& error, std::shared_ptr<Channel> channel) {
+        [weak, then](const Error& error, std::shared_ptr<Channel> channel) {
+          auto self = weak.lock();
+          if (!self) return;
           if (error) {
             self->fail_connection(error);
             return;
@@ -162,8 +171,10 @@ class Runner : public std::enable_shared_from_this<Runner> {
   /// Passive declare; then what the mode does with an object that exists or not.
   void lookup_current() {
     const Action& a = current().action;
-    auto self = shared_from_this();
-    auto on_result = [self](const Error& error, const QueueInfo* info) {
+    std::weak_ptr<Runner> weak = weak_from_this();
+    auto on_result = [weak](const Error& error, const QueueInfo* info) {
+      auto self = weak.lock();
+      if (!self) return;
       if (!self->survived(error)) return;
       ActionResult& r = self->current();
       if (!error) {
@@ -236,7 +247,9 @@ class Runner : public std::enable_shared_from_this<Runner> {
         // price of seeing drift at all; VerifyOptions::compare_arguments = false avoids both.
         // The 404 closed the channel: declare on a fresh one.
         declaring_ = r.action.arguments;
-        with_channel([self = shared_from_this(), exists] { self->declare_current(exists); });
+        with_channel([weak = weak_from_this(), exists] {
+          if (auto self = weak.lock()) self->declare_current(exists);
+        });
         return;
       case ActionKind::bind_queue:
         return;
@@ -245,14 +258,18 @@ class Runner : public std::enable_shared_from_this<Runner> {
 
   void declare_current(bool existed) {
     const Action& a = current().action;
-    auto self = shared_from_this();
-    auto on_result = [self, existed](const Error& error, const QueueInfo* info) {
+    std::weak_ptr<Runner> weak = weak_from_this();
+    auto on_result = [weak, existed](const Error& error, const QueueInfo* info) {
+      auto self = weak.lock();
+      if (!self) return;
       if (!self->survived(error)) return;
       ActionResult& r = self->current();
       if (error && existed && (self->drop_missing_default(error) || self->try_older_form(error))) {
         // Declared again without the default the object lacks, or in the older form, on a fresh
         // channel.
-        self->with_channel([self, existed] { self->declare_current(existed); });
+        self->with_channel([weak, existed] {
+          if (auto self = weak.lock()) self->declare_current(existed);
+        });
         return;
       }
       if (error) {
@@ -322,8 +339,10 @@ class Runner : public std::enable_shared_from_this<Runner> {
 
   void bind_current() {
     const Action& a = current().action;
-    auto self = shared_from_this();
-    auto on_result = [self](const Error& error) {
+    std::weak_ptr<Runner> weak = weak_from_this();
+    auto on_result = [weak](const Error& error) {
+      auto self = weak.lock();
+      if (!self) return;
       if (!self->survived(error)) return;
       if (error) {
         self->record_failure(error);
@@ -370,8 +389,10 @@ class Runner : public std::enable_shared_from_this<Runner> {
 
   void delete_current() {
     const Action& a = current().action;
-    auto self = shared_from_this();
-    auto on_result = [self](const Error& error, const uint32_t* count) {
+    std::weak_ptr<Runner> weak = weak_from_this();
+    auto on_result = [weak](const Error& error, const uint32_t* count) {
+      auto self = weak.lock();
+      if (!self) return;
       if (!self->survived(error)) return;
       ActionResult& r = self->current();
       if (!error) {
@@ -431,9 +452,11 @@ class Runner : public std::enable_shared_from_this<Runner> {
     if (channel_ && channel_->is_open()) (void)channel_->close();
     channel_.reset();
     ReportCallback callback = std::move(callback_);
+    std::shared_ptr<Runner> keep_alive = std::move(self_);
     callback(report_);
   }
 
+  std::shared_ptr<Runner> self_;
   std::shared_ptr<Connection> connection_;
   std::shared_ptr<Channel> channel_;
   Mode mode_;

@@ -3,8 +3,10 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "retryloop/amqp/frame.hpp"
 #include "retryloop/client/connection.hpp"
 #include "support/harness.hpp"
 #include "support/tcp_proxy.hpp"

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "retryloop/amqp/frame.hpp"
 #include "retryloop/consumer/consumer.hpp"
 #include "retryloop/topology/declarer.hpp"
 #include "retryloop/topology/plan.hpp"

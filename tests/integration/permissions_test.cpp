@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "retryloop/amqp/methods.hpp"
 #include "retryloop/consumer/consumer.hpp"
 #include "retryloop/topology/declarer.hpp"
 #include "retryloop/topology/plan.hpp"
@@ -346,7 +347,7 @@ TEST_CASE("A 403 names the permission the refused method needs, unless the broke
 }
 
 /// Runs a consumer as the user of `url` until it has retried "once" and parked "park".
-void consume_and_park(TestLoop& loop, Service& s, const std::string& url, bool declare) {
+static void consume_and_park(TestLoop& loop, Service& s, const std::string& url, bool declare) {
   Run run;
   auto c = start_consumer(loop, s.service, url, declare, run);
   REQUIRE(loop.run_until([&] { return run.ready || run.stopped; }));

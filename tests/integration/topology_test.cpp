@@ -363,7 +363,7 @@ TEST_CASE("Verify passes after apply, creates nothing, and names drifted argumen
 
 /// The plan as a release without queue versions and default delivery limits declared it, with
 /// wait queues that dead-letter through the default exchange.
-Plan as_older_release(Plan plan) {
+static Plan as_older_release(Plan plan) {
   for (auto& action : plan.actions) {
     if (action.older_arguments) action.arguments = *action.older_arguments;
     for (const auto& name : action.defaults)
@@ -373,7 +373,7 @@ Plan as_older_release(Plan plan) {
   return plan;
 }
 
-void check_older_queues(const std::string& queue_type) {
+static void check_older_queues(const std::string& queue_type) {
   TestLoop loop;
   auto connection = test::connect(loop, test::broker_url());
   std::string name = test::unique_name("older");

@@ -15,7 +15,8 @@ if(NOT result EQUAL 0)
 endif()
 
 set(stale "")
-foreach(file include/retryloop/amqp/methods.hpp src/amqp/methods.cpp)
+foreach(file include/retryloop/amqp/methods.hpp include/retryloop/amqp/properties.hpp
+             src/amqp/methods.cpp)
   execute_process(
     COMMAND "${CMAKE_COMMAND}" -E compare_files "${SOURCE_DIR}/${file}" "${WORK_DIR}/${file}"
     RESULT_VARIABLE differs)
@@ -32,4 +33,4 @@ if(stale)
     "Do not edit generated files; change the generator, then regenerate from the repository "
     "root with:\n  ${regenerate}\nand commit the result.")
 endif()
-message(STATUS "generated_code_check: methods.hpp and methods.cpp are up to date")
+message(STATUS "generated_code_check: methods.hpp, properties.hpp and methods.cpp are up to date")

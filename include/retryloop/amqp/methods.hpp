@@ -13,6 +13,7 @@
 
 #include "retryloop/amqp/buffer.hpp"
 #include "retryloop/amqp/field_table.hpp"
+#include "retryloop/amqp/properties.hpp"
 
 namespace retryloop::amqp {
 
@@ -1239,35 +1240,6 @@ struct ConfirmSelectOk {
 
   friend bool operator==(const ConfirmSelectOk& a, const ConfirmSelectOk& b);
   friend bool operator!=(const ConfirmSelectOk& a, const ConfirmSelectOk& b);
-};
-
-/// The properties of a basic content header, each present or absent.
-struct BasicProperties {
-  std::optional<std::string> content_type;
-  std::optional<std::string> content_encoding;
-  std::optional<FieldTable> headers;
-  std::optional<uint8_t> delivery_mode;
-  std::optional<uint8_t> priority;
-  std::optional<std::string> correlation_id;
-  std::optional<std::string> reply_to;
-  std::optional<std::string> expiration;
-  std::optional<std::string> message_id;
-  std::optional<uint64_t> timestamp;
-  std::optional<std::string> type;
-  std::optional<std::string> user_id;
-  std::optional<std::string> app_id;
-  /// Spec property cluster-id (named reserved in the stripped spec); deprecated.
-  std::optional<std::string> cluster_id;
-
-  /// Appends the 16-bit property flags (bit 15 = content_type), then the present
-  /// properties in order.
-  void encode(Writer& w) const;
-  /// Reads flags and properties, replacing every member. Flags with the continuation bit
-  /// or an unused bit set fail with CodecError::bad_content_header.
-  void decode(Reader& r);
-
-  friend bool operator==(const BasicProperties& a, const BasicProperties& b);
-  friend bool operator!=(const BasicProperties& a, const BasicProperties& b);
 };
 
 /// Any method of the spec, for code that dispatches on what arrived.

@@ -1,19 +1,14 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 
 #include "retryloop/amqp/field_table.hpp"
-#include "retryloop/amqp/frame.hpp"
-#include "retryloop/amqp/methods.hpp"
-#include "retryloop/client/detail/ack_ledger.hpp"
-#include "retryloop/client/detail/confirm_tracker.hpp"
+#include "retryloop/amqp/properties.hpp"
 #include "retryloop/client/error.hpp"
 #include "retryloop/client/message.hpp"
 #include "retryloop/client/publish.hpp"
@@ -21,6 +16,10 @@
 namespace retryloop::client {
 
 class Connection;
+
+namespace detail {
+class ChannelImpl;
+}
 
 using CompletionCallback = std::function<void(const Error&)>;
 
@@ -80,17 +79,18 @@ enum class Mandatory : bool { no = false, yes = true };
 /// callback is never invoked; otherwise the callback is invoked exactly once, later. Synchronous
 /// methods are sent one at a time, in call order. When the channel ends, every pending callback
 /// fails with the channel's error (for a broker close: its reply code, text and method).
-class Channel : public std::enable_shared_from_this<Channel> {
+class Channel {
  public:
-  Channel(Connection* connection, uint16_t id);
+  /// Made by Connection::open_channel; a Channel is a handle that shares its channel's state.
+  explicit Channel(std::shared_ptr<detail::ChannelImpl> impl);
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
   ~Channel();
 
-  uint16_t id() const { return id_; }
-  bool is_open() const { return state_ == State::open; }
+  uint16_t id() const;
+  bool is_open() const;
   /// Why the channel ended; empty while it is open.
-  const Error& close_reason() const { return close_reason_; }
+  const Error& close_reason() const;
 
   Error exchange_declare(std::string_view name, std::string_view type,
                          const ExchangeOptions& options, CompletionCallback callback);
@@ -139,7 +139,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
 
   /// Puts the channel in confirm mode. Publishes made after this call are confirmed.
   Error confirm_select(CompletionCallback callback);
-  bool in_confirm_mode() const { return confirm_mode_; }
+  bool in_confirm_mode() const;
 
   /// Publishes a message, splitting the body at frame_max. In confirm mode `on_confirm` fires
   /// exactly once with the outcome; with Mandatory::yes an unroutable message is reported as
@@ -158,91 +158,20 @@ class Channel : public std::enable_shared_from_this<Channel> {
                 const amqp::BasicProperties& properties, std::string_view body,
                 Mandatory mandatory = Mandatory::no, PublishCallback on_confirm = {});
   /// Sequence number the next publish will get in confirm mode.
-  uint64_t next_publish_sequence() const { return confirms_.next_sequence(); }
+  uint64_t next_publish_sequence() const;
   /// Publishes sent and not yet confirmed.
-  size_t unconfirmed_count() const { return confirms_.unconfirmed(); }
+  size_t unconfirmed_count() const;
 
-  void set_return_handler(ReturnHandler handler) { on_return_ = std::move(handler); }
-  void set_close_handler(ChannelCloseHandler handler) { on_close_ = std::move(handler); }
+  void set_return_handler(ReturnHandler handler);
+  void set_close_handler(ChannelCloseHandler handler);
 
   /// Closes the channel (channel.close, then close-ok). Pending operations fail with
   /// closed_by_client. `callback` fires once: with no error on close-ok, or with the reason when
   /// the connection ends first.
   Error close(CompletionCallback callback = {});
 
-  // ---- used by Connection ----
-
-  /// Sends channel.open; `callback` fires when open-ok arrives.
-  void open(CompletionCallback callback);
-  /// Appends the held ack, if any, to the output: the connection is about to write, or the
-  /// ack delay is over. Never calls back into the connection.
-  void release_held_acks();
-  /// Handles one frame for this channel; returns a protocol error to tear the connection down.
-  Error handle_frame(const amqp::FrameView& frame);
-  /// Fails everything pending with `reason`; the channel is dead afterwards.
-  void terminate(const Error& reason);
-
  private:
-  enum class State { opening, open, closing, closed };
-  enum class ContentKind { none, deliver, get, returned };
-
-  using ReplyHandler = std::function<void(const Error&, std::string_view payload)>;
-  struct Rpc {
-    std::string frame;
-    uint32_t reply_key = 0;
-    ReplyHandler on_reply;
-    GetCallback on_get;  ///< set instead of on_reply for basic.get
-  };
-  template <class Method>
-  Error call(const Method& method, uint32_t reply_key, ReplyHandler on_reply,
-             GetCallback on_get = {});
-  template <class Method>
-  Error call_simple(const Method& method, uint32_t reply_key, CompletionCallback callback);
-  template <class Method>
-  Error send_async(const Method& method);
-  void send_next_rpc();
-  Rpc pop_rpc();
-  Error handle_method(std::string_view payload);
-  Error handle_content_header(std::string_view payload);
-  Error handle_content_body(std::string_view payload);
-  void dispatch_content();
-  void handle_confirm(uint64_t tag, bool multiple, bool ack);
-  void send_held_ack();
-  void handle_return(ReturnedMessage&& returned);
-  void reply_to_close(const amqp::ChannelClose& close);
-  Error check_open() const;
-
-  Connection* connection_;
-  uint16_t id_;
-  State state_ = State::opening;
-  Error close_reason_;
-  std::deque<Rpc> rpcs_;
-  bool rpc_in_flight_ = false;
-
-  std::unordered_map<std::string, std::pair<DeliveryHandler, CancelHandler>> consumers_;
-
-  ContentKind content_kind_ = ContentKind::none;
-  bool awaiting_header_ = false;
-  uint64_t body_remaining_ = 0;
-  Delivery delivery_;
-  GetResult get_result_;
-  ReturnedMessage returned_;
-  /// The encoded property list of the message being returned, as the broker sent it.
-  std::string returned_properties_;
-  amqp::ContentHeader header_;
-
-  bool confirm_mode_ = false;
-  detail::ConfirmTracker confirms_;
-
-  detail::AckLedger acks_;
-  /// Listed: the connection will call release_held_acks().
-  bool listed_as_holding_acks_ = false;
-  /// From the last qos(); 0: no limit.
-  uint16_t prefetch_ = 0;
-
-  ReturnHandler on_return_;
-  ChannelCloseHandler on_close_;
-  CompletionCallback on_closed_by_client_;
+  std::shared_ptr<detail::ChannelImpl> impl_;
 };
 
 }  // namespace retryloop::client

@@ -4,7 +4,7 @@
 #include <string>
 #include <system_error>
 
-#include "retryloop/amqp/methods.hpp"
+#include "retryloop/amqp/properties.hpp"
 
 namespace retryloop::client {
 

@@ -1,20 +1,17 @@
 #pragma once
 
-#include <uv.h>
-
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 
 #include "retryloop/amqp/field_table.hpp"
-#include "retryloop/amqp/methods.hpp"
+#include "retryloop/amqp/properties.hpp"
 #include "retryloop/client/connection.hpp"
 #include "retryloop/client/error.hpp"
+#include "retryloop/client/loop.hpp"
 #include "retryloop/consumer/backoff.hpp"
 #include "retryloop/consumer/headers.hpp"
 #include "retryloop/consumer/metrics.hpp"
@@ -29,7 +26,7 @@ class logger;
 namespace retryloop::consumer {
 
 namespace detail {
-class WorkerPool;
+class ConsumerImpl;
 }
 
 /// A delivery as a handler sees it. It stays valid and unchanged until the handler returns (or,
@@ -164,12 +161,14 @@ struct ConsumerOptions {
 /// reconnects with `recovery` backoff, redeclares the topology, and restores qos, confirm mode
 /// and the consumer. Fatal errors stop it instead: an inequivalent existing object (406 on
 /// declare), refused credentials or vhost, or refused permissions (403).
-class Consumer : public std::enable_shared_from_this<Consumer> {
+class Consumer {
  public:
   static std::shared_ptr<Consumer> create(uv_loop_t* loop, ConsumerOptions options,
                                           Handler handler);
   static std::shared_ptr<Consumer> create(uv_loop_t* loop, ConsumerOptions options,
                                           AsyncHandler handler);
+  /// Made by create(); a Consumer is a handle that shares the running consumer's state.
+  explicit Consumer(std::shared_ptr<detail::ConsumerImpl> impl);
   ~Consumer();
   Consumer(const Consumer&) = delete;
   Consumer& operator=(const Consumer&) = delete;
@@ -190,13 +189,13 @@ class Consumer : public std::enable_shared_from_this<Consumer> {
   /// dropped (its message comes back).
   void stop_now();
 
-  void set_ready_handler(ReadyHandler handler) { on_ready_ = std::move(handler); }
-  void set_stopped_handler(StoppedHandler handler) { on_stopped_ = std::move(handler); }
+  void set_ready_handler(ReadyHandler handler);
+  void set_stopped_handler(StoppedHandler handler);
 
   /// A copy of the counters and the latency histogram.
-  Metrics metrics() const { return metrics_; }
+  Metrics metrics() const;
   /// True while consuming (between ready and a loss or stop).
-  bool is_consuming() const { return state_ == State::running; }
+  bool is_consuming() const;
   /// Deliveries received and not yet settled (waiting, in a handler, or being published).
   size_t in_flight() const;
   /// Synchronous handlers running on the worker threads now, also after `stopped` (one that
@@ -206,90 +205,10 @@ class Consumer : public std::enable_shared_from_this<Consumer> {
   /// whether none runs. Any thread, also after the loop has ended (handlers never need the
   /// loop). Call it before destroying what an abandoned handler may still use.
   bool wait_for_handlers(std::chrono::milliseconds timeout) const;
-  const topology::Service& service() const { return options_.service; }
+  const topology::Service& service() const;
 
  private:
-  struct Pending;
-  struct Handling;
-  struct Session;
-  enum class State { idle, connecting, running, backing_off, stopping, stopped };
-
-  Consumer(uv_loop_t* loop, ConsumerOptions options);
-
-  void init_handles();
-  void connect_session();
-  void on_session_connected(const std::shared_ptr<Session>& session);
-  void declare_topology(const std::shared_ptr<Session>& session);
-  void open_channels(const std::shared_ptr<Session>& session);
-  void start_consuming(const std::shared_ptr<Session>& session);
-  void session_failed(const std::shared_ptr<Session>& session, const client::Error& error);
-  void fail_fatally(const client::Error& error);
-  void close_session(std::function<void()> done = {});
-  void schedule_reconnect();
-
-  void on_delivery(client::Delivery&& delivery);
-  void begin_handling(Pending& pending);
-  std::string over_delivery_limit(const AttemptInfo& info) const;
-  void park_undecodable(const std::shared_ptr<Pending>& pending, const client::Message& original);
-  void start_handlers();
-  void run_handler(const std::shared_ptr<Pending>& pending);
-  void handler_done(const std::shared_ptr<Pending>& pending, Outcome outcome);
-  void carry_out(const std::shared_ptr<Pending>& pending);
-  void publish_copy(const std::shared_ptr<Pending>& pending);
-  void copy_too_large(const std::shared_ptr<Pending>& pending, const client::Error& error);
-  bool reject_uncopyable(const std::shared_ptr<Pending>& pending);
-  void count_parked(ParkReason reason);
-  void copy_confirmed(const std::shared_ptr<Pending>& pending);
-  bool is_live(const Pending& pending) const;
-  void log_outcome(const Pending& pending, const char* what, const std::string& text) const;
-
-  void on_tick();
-  void check_parking_depth();
-  void on_blocked(bool blocked);
-  void maybe_finish_stop();
-  void close_handles();
-  void on_handle_closed();
-
-  uv_loop_t* loop_;
-  ConsumerOptions options_;
-  std::shared_ptr<const Handler> handler_;
-  AsyncHandler async_handler_;
-  std::unique_ptr<detail::WorkerPool> pool_;
-  State state_ = State::idle;
-  std::shared_ptr<Session> session_;
-  uint64_t generation_ = 0;
-  uint32_t reconnect_attempt_ = 0;
-  bool ever_ready_ = false;
-  bool blocked_ = false;
-  bool dispatching_ = false;
-  uint64_t next_pending_id_ = 1;
-  uint64_t stop_deadline_ms_ = 0;
-  client::Error fatal_error_;
-
-  /// Delivered, handler not started yet (concurrency is full).
-  std::deque<std::shared_ptr<Pending>> waiting_;
-  /// Handlers running now, of any session.
-  size_t running_ = 0;
-  /// Outcome known, copy being published or waiting to be published again (by id).
-  std::unordered_map<uint64_t, std::shared_ptr<Pending>> settling_;
-
-  uv_timer_t reconnect_timer_{};
-  uv_timer_t tick_timer_{};
-  uv_signal_t sigint_{};
-  uv_signal_t sigterm_{};
-  int open_handles_ = 0;
-  bool handles_open_ = false;
-  int signals_seen_ = 0;
-  uint64_t last_metrics_log_ms_ = 0;
-  uint64_t last_depth_check_ms_ = 0;
-  bool depth_check_in_flight_ = false;
-  bool depth_check_soon_ = false;
-  bool above_threshold_ = false;
-  std::shared_ptr<Consumer> self_;
-
-  Metrics metrics_;
-  ReadyHandler on_ready_;
-  StoppedHandler on_stopped_;
+  std::shared_ptr<detail::ConsumerImpl> impl_;
 };
 
 }  // namespace retryloop::consumer

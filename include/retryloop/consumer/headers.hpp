@@ -6,7 +6,7 @@
 #include <string_view>
 
 #include "retryloop/amqp/field_table.hpp"
-#include "retryloop/amqp/methods.hpp"
+#include "retryloop/amqp/properties.hpp"
 
 namespace retryloop::consumer {
 

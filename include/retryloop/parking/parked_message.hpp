@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "retryloop/amqp/field_table.hpp"
-#include "retryloop/amqp/methods.hpp"
+#include "retryloop/amqp/properties.hpp"
 #include "retryloop/client/message.hpp"
 
 namespace retryloop::parking {

@@ -1,0 +1,148 @@
+#pragma once
+
+#include <uv.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "parking_depth.hpp"
+#include "retryloop/client/signals.hpp"
+#include "retryloop/consumer/consumer.hpp"
+#include "session.hpp"
+#include "worker_pool.hpp"
+
+namespace retryloop::consumer::detail {
+
+// What a Consumer is. Its parts: a Session per connected attempt (session.hpp), the handler
+// modes and outcomes (consumer.cpp), copy publishing (copies.cpp), the parking-depth alert
+// (parking_depth.hpp) and StopSignals. Ownership as described in session.hpp: it holds itself
+// in `self_` while it runs, and every callback it hands out holds a weak_ptr to it.
+class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
+ public:
+  ConsumerImpl(uv_loop_t* loop, ConsumerOptions options);
+  ~ConsumerImpl();
+
+  client::Error start();
+  void stop(std::chrono::milliseconds deadline);
+  void stop_now();
+
+  std::shared_ptr<const Handler> handler_;
+  AsyncHandler async_handler_;
+  ReadyHandler on_ready_;
+  StoppedHandler on_stopped_;
+  Metrics metrics_;
+  ConsumerOptions options_;
+
+  bool is_consuming() const { return state_ == State::running; }
+  size_t in_flight() const;
+  size_t handlers_running() const;
+  bool wait_for_handlers(std::chrono::milliseconds timeout) const;
+
+ private:
+  /// What a delivery gathers from the moment its handler starts. Kept apart so that the many
+  /// deliveries waiting for a handler (up to the prefetch) hold only their message.
+  struct Handling {
+    AttemptInfo info;
+    uint64_t started_ns = 0;
+    bool threw = false;
+    Decision decision;
+    /// The retry or parking copy's properties, built once.
+    std::optional<amqp::BasicProperties> copy;
+    uint32_t publish_tries = 0;
+    /// When a nacked or returned copy is published again (uv_now ms); 0: not waiting.
+    uint64_t retry_at_ms = 0;
+    /// Since when its copy awaits a confirm (uv_now ms); 0: none in flight.
+    uint64_t published_at_ms = 0;
+    /// Held back while the broker blocks publishing.
+    bool paused = false;
+    /// The parking copy was made again without the original's headers (it did not fit).
+    bool stripped = false;
+    /// The outcome of a synchronous handler run on a worker thread.
+    Outcome work_outcome;
+  };
+
+  /// One delivery from receipt to settlement.
+  struct Pending {
+    uint64_t id = 0;
+    uint64_t generation = 0;
+    /// The consume channel it came from: its tag is acked there or nowhere.
+    std::shared_ptr<client::Channel> channel;
+    uint64_t delivery_tag = 0;
+    Message message;
+    /// Set when its handler starts (or when it is parked undecoded).
+    std::unique_ptr<Handling> handling;
+  };
+
+  enum class State { idle, connecting, running, backing_off, stopping, stopped };
+
+  void init_handles();
+  void connect_session();
+  void session_ready();
+  void session_failed(const client::Error& error, bool fatal);
+  void fail_fatally(const client::Error& error);
+  void close_session(std::function<void()> done = {});
+  void schedule_reconnect();
+
+  void on_delivery(client::Delivery&& delivery);
+  void begin_handling(Pending& pending);
+  std::string over_delivery_limit(const AttemptInfo& info) const;
+  void park_undecodable(const std::shared_ptr<Pending>& pending, const client::Message& original);
+  void start_handlers();
+  void run_handler(const std::shared_ptr<Pending>& pending);
+  void handler_done(const std::shared_ptr<Pending>& pending, Outcome outcome);
+  void carry_out(const std::shared_ptr<Pending>& pending);
+  bool is_live(const Pending& pending) const;
+  void log_outcome(const Pending& pending, const char* what, const std::string& text) const;
+
+  // copies.cpp: retry and parking copies, published with confirms before the original is acked
+  void publish_copy(const std::shared_ptr<Pending>& pending);
+  void copy_settled(const std::shared_ptr<Pending>& pending, const client::PublishOutcome& outcome,
+                    const client::Error& ack_error);
+  void copy_refused(const std::shared_ptr<Pending>& pending, const client::PublishOutcome& outcome);
+  void copy_too_large(const std::shared_ptr<Pending>& pending, const client::Error& error);
+  bool reject_uncopyable(const std::shared_ptr<Pending>& pending);
+  void count_parked(ParkReason reason);
+  void check_copies(uint64_t now_ms);
+  void on_blocked(bool blocked, const std::string& reason);
+
+  void on_tick();
+  void maybe_finish_stop();
+  void close_handles();
+  void on_handle_closed();
+
+  uv_loop_t* loop_;
+  std::unique_ptr<WorkerPool> pool_;
+  State state_ = State::idle;
+  std::shared_ptr<Session> session_;
+  uint64_t generation_ = 0;
+  uint32_t reconnect_attempt_ = 0;
+  bool ever_ready_ = false;
+  bool blocked_ = false;
+  bool dispatching_ = false;
+  uint64_t next_pending_id_ = 1;
+  uint64_t stop_deadline_ms_ = 0;
+  client::Error fatal_error_;
+
+  /// Delivered, handler not started yet (concurrency is full).
+  std::deque<std::shared_ptr<Pending>> waiting_;
+  /// Handlers running now, of any session.
+  size_t running_ = 0;
+  /// Outcome known, copy being published or waiting to be published again (by id).
+  std::unordered_map<uint64_t, std::shared_ptr<Pending>> settling_;
+
+  uv_timer_t reconnect_timer_{};
+  uv_timer_t tick_timer_{};
+  std::unique_ptr<client::StopSignals> signals_;
+  int open_handles_ = 0;
+  bool handles_open_ = false;
+  uint64_t last_metrics_log_ms_ = 0;
+  ParkingDepthMonitor parking_depth_;
+  std::shared_ptr<ConsumerImpl> self_;
+};
+
+}  // namespace retryloop::consumer::detail

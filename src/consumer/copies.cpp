@@ -1,0 +1,257 @@
+#include <spdlog/spdlog.h>
+
+#include "consumer_impl.hpp"
+#include "copies.hpp"
+#include "retryloop/client/move.hpp"
+
+// The consumer's retry and parking copies: each is published with a confirm, mandatory, and its
+// original acked only after the broker confirmed it and did not return it (client::
+// move_delivery). A nacked or returned copy is published again with backoff while the original
+// stays unacked; a copy that does not fit a frame is shortened, or the original rejected.
+namespace retryloop::consumer::detail {
+
+using client::ClientError;
+using client::Error;
+
+void ConsumerImpl::publish_copy(const std::shared_ptr<Pending>& pending) {
+  if (!is_live(*pending) || !session_->publish_channel()) {
+    settling_.erase(pending->id);
+    ++metrics_.abandoned;
+    return;
+  }
+  if (blocked_) {
+    pending->handling->paused = true;
+    return;
+  }
+  pending->handling->paused = false;
+  const Decision& decision = pending->handling->decision;
+  const bool to_wait = decision.action == Action::publish_to_wait;
+  if (!pending->handling->copy) {
+    if (to_wait) {
+      pending->handling->copy =
+          make_retry_copy(pending->message.properties, pending->handling->info, unix_seconds());
+    } else {
+      ParkingNote note;
+      note.reason = decision.reason;
+      note.error = decision.error;
+      note.queue = topology::input_queue_name(options_.service);
+      note.consumer = options_.consumer_name;
+      note.now_seconds = unix_seconds();
+      pending->handling->copy =
+          make_parking_copy(pending->message.properties, pending->handling->info, note);
+    }
+  }
+  const std::string exchange = to_wait ? topology::wait_exchange_name(options_.service.name)
+                                       : topology::parking_exchange_name(options_.service.name);
+  const std::string& routing_key =
+      to_wait ? decision.wait_routing_key : topology::input_queue_name(options_.service);
+  pending->handling->published_at_ms = uv_now(loop_);
+  std::weak_ptr<ConsumerImpl> weak = weak_from_this();
+  Error error = client::move_delivery(
+      *session_->publish_channel(), pending->channel, pending->delivery_tag,
+      {exchange, routing_key, *pending->handling->copy, pending->message.body},
+      [weak, pending](const client::PublishOutcome& outcome, const Error& ack_error) {
+        if (auto self = weak.lock()) self->copy_settled(pending, outcome, ack_error);
+      });
+  if (error.code == make_error_code(ClientError::properties_too_large)) {
+    copy_too_large(pending, error);
+  } else if (error) {
+    session_failed(error, false);
+  }
+}
+
+void ConsumerImpl::copy_too_large(const std::shared_ptr<Pending>& pending, const Error& error) {
+  // The same message would fail the same way after any reconnect, so it must end here. First
+  // retryloop-error is shortened, half at a time, to what fits.
+  Handling& handling = *pending->handling;
+  amqp::BasicProperties& copy = *handling.copy;
+  amqp::FieldValue* value = copy.headers ? copy.headers->find(header::error) : nullptr;
+  std::string* text = value ? value->get_if<std::string>() : nullptr;
+  if (text != nullptr && !text->empty()) {
+    *text = truncate_utf8(*text, text->size() / 2);
+    publish_copy(pending);
+    return;
+  }
+  auto* log = options_.logger.get();
+  const bool to_wait = handling.decision.action == Action::publish_to_wait;
+  ++metrics_.copies_too_large;
+  if (to_wait) {
+    // A retry by reject instead: Q dead-letters it into its first wait queue inside the broker,
+    // where no frame_max applies, and it comes back with every byte and one more attempt counted
+    // by x-death, so the attempt cap still ends it (in parking, below).
+    if (reject_uncopyable(pending)) {
+      ++metrics_.retried;
+      if (log) {
+        log->warn(
+            "service={} queue={} message_id={} attempt={} outcome=retry via=reject "
+            "error=\"its retry copy cannot be published ({})\"",
+            options_.service.name, topology::input_queue_name(options_.service),
+            pending->message.message_id(), handling.info.attempt, error.message());
+      }
+    }
+    maybe_finish_stop();
+    return;
+  }
+  // A reject would bring it back through the wait queue, to fail again. It is parked without the
+  // original's headers (or raw property bytes) that do not fit, and retryloop-error says so.
+  if (copy.headers && copy.headers->size() > 0 && !handling.stripped) {
+    handling.stripped = true;
+    amqp::BasicProperties bare = pending->message.properties;
+    bare.headers.reset();
+    ParkingNote note;
+    note.reason = handling.decision.reason;
+    note.error = "its headers were removed, the copy needs a header frame over frame_max (" +
+                 error.message() + "); " + handling.decision.error;
+    note.queue = topology::input_queue_name(options_.service);
+    note.consumer = options_.consumer_name;
+    note.now_seconds = unix_seconds();
+    handling.copy = make_parking_copy(bare, handling.info, note);
+    if (log) {
+      log->error(
+          "service={} queue={} message_id={} attempt={} parking copy too large ({}); "
+          "parking it without its headers",
+          options_.service.name, topology::input_queue_name(options_.service),
+          pending->message.message_id(), handling.info.attempt, error.message());
+    }
+    publish_copy(pending);
+    return;
+  }
+  // Not even that fits (frame_max far below what the remaining properties need): the original
+  // is rejected; the broker's dead-lettering keeps it whole.
+  if (reject_uncopyable(pending) && log) {
+    log->error(
+        "service={} queue={} message_id={} attempt={} no parking copy fits ({}); rejected "
+        "to the wait queue",
+        options_.service.name, topology::input_queue_name(options_.service),
+        pending->message.message_id(), handling.info.attempt, error.message());
+  }
+  maybe_finish_stop();
+}
+
+bool ConsumerImpl::reject_uncopyable(const std::shared_ptr<Pending>& pending) {
+  settling_.erase(pending->id);
+  const bool rejected = !pending->channel->reject(pending->delivery_tag, false);
+  if (!rejected) ++metrics_.abandoned;
+  return rejected;
+}
+
+void ConsumerImpl::count_parked(ParkReason reason) {
+  switch (reason) {
+    case ParkReason::exhausted:
+      ++metrics_.parked_exhausted;
+      break;
+    case ParkReason::permanent:
+      ++metrics_.parked_permanent;
+      break;
+    case ParkReason::poison:
+      ++metrics_.parked_poison;
+      break;
+    case ParkReason::delivery_limit:
+      ++metrics_.parked_delivery_limit;
+      break;
+  }
+}
+
+void ConsumerImpl::copy_settled(const std::shared_ptr<Pending>& pending,
+                                const client::PublishOutcome& outcome, const Error& ack_error) {
+  pending->handling->published_at_ms = 0;
+  if (outcome.status == client::PublishStatus::failed) {
+    // The session is ending; the original is redelivered.
+    if (settling_.erase(pending->id) != 0) ++metrics_.abandoned;
+    maybe_finish_stop();
+    return;
+  }
+  if (!outcome.ok()) return copy_refused(pending, outcome);
+  if (settling_.erase(pending->id) == 0) return;
+  if (ack_error) {
+    // Copied but not acked: the original comes back too (a duplicate, never a loss).
+    ++metrics_.abandoned;
+    maybe_finish_stop();
+    return;
+  }
+  const Decision& decision = pending->handling->decision;
+  if (decision.action == Action::publish_to_wait) {
+    ++metrics_.retried;
+    log_outcome(*pending, "retry", decision.error);
+  } else {
+    count_parked(decision.reason);
+    log_outcome(*pending, "parked", decision.error);
+    parking_depth_.soon();
+    if (options_.on_parked) {
+      ParkedEvent event;
+      event.service = options_.service.name;
+      event.message_id = std::string(pending->message.message_id());
+      event.reason = decision.reason;
+      event.error = decision.error;
+      event.attempts = pending->handling->info.attempt;
+      options_.on_parked(event);
+    }
+  }
+  maybe_finish_stop();
+}
+
+void ConsumerImpl::copy_refused(const std::shared_ptr<Pending>& pending,
+                                const client::PublishOutcome& outcome) {
+  ++metrics_.publish_failures;
+  const auto delay =
+      options_.publish_retry.delay(pending->handling->publish_tries++, random_unit());
+  pending->handling->retry_at_ms = uv_now(loop_) + uint64_t(delay.count());
+  std::string why = outcome.status == client::PublishStatus::returned
+                        ? "returned: " + outcome.error.message()
+                        : std::string(
+                              "nacked by the broker (a full queue with "
+                              "reject-publish, or a broker error)");
+  if (auto* log = options_.logger.get()) {
+    log->warn(
+        "service={} queue={} message_id={} attempt={} {} copy {}; the original stays "
+        "unacked, publishing again in {} ms",
+        options_.service.name, topology::input_queue_name(options_.service),
+        pending->message.message_id(), pending->handling->info.attempt,
+        pending->handling->decision.action == Action::park ? "parking" : "retry", why,
+        delay.count());
+  }
+}
+
+void ConsumerImpl::check_copies(uint64_t now_ms) {
+  std::vector<std::shared_ptr<Pending>> due;
+  for (const auto& [id, pending] : settling_) {
+    if (pending->handling->published_at_ms != 0 &&
+        now_ms - pending->handling->published_at_ms >= uint64_t(options_.confirm_timeout.count())) {
+      session_failed(Error(ClientError::connection_lost,
+                           "no publisher confirm within " +
+                               std::to_string(options_.confirm_timeout.count()) + " ms"),
+                     false);
+      return;
+    }
+    if (pending->handling->retry_at_ms != 0 && now_ms >= pending->handling->retry_at_ms)
+      due.push_back(pending);
+  }
+  for (const auto& pending : due) {
+    pending->handling->retry_at_ms = 0;
+    publish_copy(pending);
+  }
+}
+
+void ConsumerImpl::on_blocked(bool blocked, const std::string& reason) {
+  if (auto* log = options_.logger.get()) {
+    if (blocked) {
+      log->warn("service={} broker blocked publishing ({}): retry and parking copies wait",
+                options_.service.name, reason);
+    } else {
+      log->info("service={} broker unblocked publishing", options_.service.name);
+    }
+  }
+  blocked_ = blocked;
+  if (blocked) return;
+  const uint64_t now = uv_now(loop_);
+  std::vector<std::shared_ptr<Pending>> paused;
+  for (const auto& [id, pending] : settling_) {
+    if (pending->handling->published_at_ms != 0)
+      pending->handling->published_at_ms = now;  // time blocked is not late
+    if (pending->handling->paused) paused.push_back(pending);
+  }
+  for (const auto& pending : paused)
+    publish_copy(pending);
+}
+
+}  // namespace retryloop::consumer::detail

@@ -1,0 +1,93 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "retryloop/client/channel.hpp"
+#include "retryloop/client/connection.hpp"
+#include "retryloop/consumer/consumer.hpp"
+
+namespace retryloop::consumer::detail {
+
+/// What a session tells its consumer. No event fires after the session failed or was closed.
+struct SessionEvents {
+  /// Every step succeeded: the consumer is consuming.
+  std::function<void()> ready;
+  /// The session cannot go on. `fatal`: reconnecting cannot fix it (refused credentials or
+  /// permissions, topology drift). The consumer then closes it.
+  std::function<void(const client::Error& error, bool fatal)> failed;
+  std::function<void(client::Delivery&& delivery)> delivery;
+  /// The broker blocked (true) or unblocked publishing on the publish connection.
+  std::function<void(bool blocked, const std::string& reason)> blocked;
+};
+
+/// One connected attempt of a consumer: a connection that consumes and acks, and one that
+/// publishes copies (so that a broker alarm, which blocks publishers, never stalls acks).
+///
+/// It sets itself up as one flat sequence of steps: connect both connections, declare the
+/// service's topology (when asked to), open the publish channel and put it in confirm mode,
+/// open the consume channel and set its prefetch, consume. Every callback it hands out passes
+/// through one guard (`guarded`), which drops it once the session has failed or was closed;
+/// a step that fails, a lost connection, a closed channel or a broker-side cancel fail the
+/// session once.
+///
+/// Ownership, the rule of the consumer and the parking walker: an object hands out callbacks
+/// that hold a weak_ptr to it, never a strong one, so that no callback keeps it alive or forms
+/// a cycle with the connection or channel that stores it. What must outlive its caller holds
+/// itself (`self_`) until its last handle is closed; a session is held by its consumer.
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  static std::shared_ptr<Session> start(uv_loop_t* loop, const ConsumerOptions& options,
+                                        uint64_t generation, SessionEvents events);
+
+  /// Closes both connections (the broker requeues what is unacked); no event fires after this
+  /// call. `done` fires once both are closed.
+  void close(std::function<void()> done = {});
+
+  uint64_t generation() const { return generation_; }
+  /// Failed or closed: nothing it holds may be used to settle a delivery any more.
+  bool ended() const { return ended_; }
+  const std::shared_ptr<client::Connection>& consume_connection() const {
+    return consume_connection_;
+  }
+  const std::shared_ptr<client::Channel>& consume_channel() const { return consume_channel_; }
+  /// Null until the publish channel is open and in confirm mode.
+  const std::shared_ptr<client::Channel>& publish_channel() const { return publish_channel_; }
+  const std::string& consumer_tag() const { return consumer_tag_; }
+
+ private:
+  Session(const ConsumerOptions& options, uint64_t generation, SessionEvents events);
+
+  template <class Next>
+  auto guarded(Next next);
+  template <class Next>
+  auto then(Next next);
+  void check(const client::Error& error);
+  void fail(const client::Error& error);
+  void fail(const client::Error& error, bool fatal);
+  void watch(const std::shared_ptr<client::Channel>& channel);
+
+  void connect(uv_loop_t* loop);
+  void declare();
+  void open_publish_channel();
+  void select_confirms(std::shared_ptr<client::Channel> channel);
+  void open_consume_channel();
+  void set_prefetch(std::shared_ptr<client::Channel> channel);
+  void consume();
+  void consuming(const std::string& consumer_tag);
+
+  const ConsumerOptions options_;
+  uint64_t generation_;
+  SessionEvents events_;
+  std::shared_ptr<client::Connection> consume_connection_;
+  std::shared_ptr<client::Connection> publish_connection_;
+  std::shared_ptr<client::Channel> consume_channel_;
+  std::shared_ptr<client::Channel> publish_channel_;
+  std::string consumer_tag_;
+  int connected_ = 0;
+  bool ended_ = false;
+};
+
+}  // namespace retryloop::consumer::detail
