@@ -513,7 +513,17 @@ void ConnectionImpl::on_heartbeat_tick() {
   if (state_ != State::open && state_ != State::closing) return;
   uint64_t now = uv_now(loop_);
   uint64_t interval_ms = tuning_.heartbeat_seconds * 1000ull;
-  if (now - last_read_ms_ >= 2 * interval_ms) {
+  // Ticks come every half interval. One that comes a whole interval or more after the last means
+  // the loop itself stalled; libuv runs timers before it reads, so what the broker sent meanwhile
+  // is still unread. Then the next tick, after a read, decides (once: a loop that stalls on every
+  // tick still finds a dead peer).
+  const bool loop_stalled = last_tick_ms_ != 0 && now - last_tick_ms_ >= interval_ms;
+  last_tick_ms_ = now;
+  if (now - last_read_ms_ < 2 * interval_ms) {
+    timeout_deferred_ = false;
+  } else if (loop_stalled && !timeout_deferred_) {
+    timeout_deferred_ = true;
+  } else {
     finish(Error(ClientError::heartbeat_timeout,
                  "nothing received for " + std::to_string((now - last_read_ms_) / 1000) + " s"));
     return;

@@ -144,6 +144,8 @@ class ConnectionImpl : public std::enable_shared_from_this<ConnectionImpl> {
   bool handling_read_ = false;
   uint64_t last_read_ms_ = 0;
   uint64_t last_write_ms_ = 0;
+  uint64_t last_tick_ms_ = 0;
+  bool timeout_deferred_ = false;
   std::string last_connect_error_;
 
   // amqps:// only: writing_ holds frames being encrypted, writing_offset_ how far; what
