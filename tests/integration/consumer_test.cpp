@@ -37,6 +37,12 @@ using test::stop;
 
 namespace {
 
+/// How much later than its delay a retry may come back before a test calls it late. The broker
+/// expires a wait queue's head on time, but the consumer, the broker and the test share a loaded
+/// machine: a tighter bound would measure the machine, not the delay. That a retry takes the
+/// right tier is checked by the wait queue it came back from, not by its timing.
+constexpr std::chrono::milliseconds kLateness = 5s;
+
 std::string header_string(const client::GetResult& message, const std::string& name) {
   const amqp::FieldValue* value = message.message.properties.headers->find(name);
   REQUIRE(value != nullptr);
@@ -107,7 +113,7 @@ TEST_CASE(
   broker.publish(service.input.exchange, "key", "m-1", body, properties);
 
   const std::string parking = topology::parking_queue_name(service.name);
-  REQUIRE(loop.run_until([&] { return c->metrics().parked_exhausted == 1; }, 10s));
+  REQUIRE(loop.run_until([&] { return c->metrics().parked_exhausted == 1; }, 30s));
 
   auto calls = recorder.of("m-1");
   REQUIRE(calls.size() == 3);
@@ -115,8 +121,10 @@ TEST_CASE(
     CHECK(calls[i].attempt == int64_t(i) + 1);
   for (size_t i = 1; i < calls.size(); ++i) {
     auto gap = std::chrono::duration_cast<std::chrono::milliseconds>(calls[i].at - calls[i - 1].at);
-    CHECK(gap >= 300ms);
-    CHECK(gap < 1300ms);
+    INFO("gap before attempt " << i + 1 << ": " << gap.count() << " ms");
+    CHECK(gap >= 300ms);  // never back before its delay
+    CHECK(gap < 300ms + kLateness);
+    CHECK(calls[i].death_queue == topology::wait_queue_name(service.name, 300ms));
   }
   stop(loop, c);
 
@@ -165,18 +173,21 @@ TEST_CASE("Republish mode walks the backoff tiers and the attempt count survives
     return Outcome::retry("attempt " + std::to_string(m.attempt) + " failed");
   });
   broker.publish(service.input.exchange, "key", "m-1", R"({"order": 1})");
-  REQUIRE(loop.run_until([&] { return c->metrics().parked_exhausted == 1; }, 15s));
+  REQUIRE(loop.run_until([&] { return c->metrics().parked_exhausted == 1; }, 60s));
   stop(loop, c);
 
   auto calls = recorder.of("m-1");
   REQUIRE(calls.size() == 5);
+  CHECK(calls[0].death_queue.empty());
   const std::vector<std::chrono::milliseconds> delays = {100ms, 300ms, 1000ms, 1000ms};
   for (size_t i = 1; i < calls.size(); ++i) {
     CHECK(calls[i].attempt == int64_t(i) + 1);
+    // The tier, exactly: the copy came back from the wait queue of this attempt's delay.
+    CHECK(calls[i].death_queue == topology::wait_queue_name(service.name, delays[i - 1]));
     auto gap = std::chrono::duration_cast<std::chrono::milliseconds>(calls[i].at - calls[i - 1].at);
     INFO("gap before attempt " << i + 1 << ": " << gap.count() << " ms");
-    CHECK(gap >= delays[i - 1]);
-    CHECK(gap < delays[i - 1] + 500ms);
+    CHECK(gap >= delays[i - 1]);  // never back before its tier's delay
+    CHECK(gap < delays[i - 1] + kLateness);
   }
   auto parked = broker.drain(topology::parking_queue_name(service.name));
   REQUIRE(parked.size() == 1);
