@@ -11,7 +11,6 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "retryloop/consumer/consumer.hpp"
@@ -354,9 +353,10 @@ TEST_CASE("A handler still running at stop_now has returned before the stopped h
   options.handler_on_loop = false;
   std::atomic<bool> running{false};
   std::atomic<int> finished{0};
+  test::Gate gate;  // the handler runs until the test opens it: still running at stop_now
   auto c = start(loop, options, [&](const consumer::Message&) {
     running = true;
-    std::this_thread::sleep_for(1500ms);
+    gate.pass();
     running = false;
     ++finished;
     return Outcome::ack();
@@ -373,6 +373,10 @@ TEST_CASE("A handler still running at stop_now has returned before the stopped h
     stopped = true;
   });
   c->stop_now();
+  // The connection is closed at once, but stopped waits for the handler.
+  CHECK_FALSE(loop.run_until([&] { return stopped; }, 500ms));
+  CHECK(finished == 0);
+  gate.open();
   REQUIRE(loop.run_until([&] { return stopped; }, 15s));
   CHECK_FALSE(running_when_stopped);
   CHECK(finished == 1);
@@ -394,9 +398,10 @@ TEST_CASE(
   options.handler_on_loop = false;
   options.handler_exit_timeout = 200ms;
   std::atomic<bool> running{false};
+  test::Gate gate;  // the handler runs until the test opens it, long after handler_exit_timeout
   auto c = start(loop, options, [&](const consumer::Message&) {
     running = true;
-    std::this_thread::sleep_for(2500ms);
+    gate.pass();
     running = false;
     return Outcome::ack();
   });
@@ -408,10 +413,11 @@ TEST_CASE(
   c->set_stopped_handler([&](const Error&) { stopped = true; });
   c->stop_now();
   REQUIRE(loop.run_until([&] { return stopped; }, 15s));
-  // Not held until the handler returns: stopped came well before its 2.5 s were over.
+  // Not held until the handler returns: stopped came while it still runs.
   CHECK(running.load());
   CHECK(c->handlers_running() == 1);
   CHECK_FALSE(c->wait_for_handlers(1ms));
+  gate.open();
   CHECK(c->wait_for_handlers(20s));
   CHECK_FALSE(running.load());
   CHECK(c->handlers_running() == 0);

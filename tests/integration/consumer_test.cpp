@@ -385,13 +385,17 @@ TEST_CASE("A graceful stop lets 50 slow handlers finish and settles all of them"
   options.prefetch = 100;
   std::atomic<int> started{0};
   std::atomic<int> finished{0};
+  // The handlers are held until the stop has begun: none can finish (and free its slot for one
+  // of the other 10) before the test stops the consumer, however slowly the 50 start.
+  test::Gate gate;
   broker.apply(service);
   for (int i = 0; i < 60; ++i) {
     broker.publish("", topology::input_queue_name(service), "slow-" + std::to_string(i), "{}");
   }
   auto c = Consumer::create(loop.get(), options, [&](const consumer::Message&) {
     ++started;
-    std::this_thread::sleep_for(700ms);
+    gate.pass();
+    std::this_thread::sleep_for(100ms);
     ++finished;
     return Outcome::ack();
   });
@@ -402,10 +406,14 @@ TEST_CASE("A graceful stop lets 50 slow handlers finish and settles all of them"
     stopped = true;
   });
   REQUIRE_FALSE(c->start());
-  REQUIRE(loop.run_until([&] { return started == 50; }, 10s));
-  c->stop(10s);
-  REQUIRE(loop.run_until([&] { return stopped; }, 15s));
+  REQUIRE(loop.run_until([&] { return started == 50; }, 30s));
+  c->stop(20s);
+  // Stopping, with all 50 handlers still running: the consumer waits for them.
+  CHECK_FALSE(loop.run_until([&] { return stopped; }, 300ms));
+  gate.open();
+  REQUIRE(loop.run_until([&] { return stopped; }, 30s));
   CHECK_FALSE(stop_error);
+  CHECK(started == 50);
   CHECK(finished == 50);
   CHECK(c->metrics().acked == 50);
   CHECK(c->metrics().abandoned == 0);
