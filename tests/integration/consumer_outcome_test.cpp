@@ -11,7 +11,6 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "retryloop/consumer/consumer.hpp"
@@ -123,10 +122,14 @@ TEST_CASE(
   Recorder recorder;
   auto c = start(loop, options_for(service), [&](const consumer::Message& m) {
     recorder.add(m);
+    if (m.message_id() == "marker") return m.attempt == 1 ? Outcome::retry("once") : Outcome::ack();
     return Outcome::retry("still down");
   });
   REQUIRE(loop.run_until([&] { return c->metrics().parked_exhausted == 1; }, 10s));
-  loop.run_for(300ms);
+  // A marker retried once waits in the same tier after any copy "switched" sent there: its
+  // second attempt comes after any further call of "switched".
+  broker.publish("", queue, "marker");
+  REQUIRE(loop.run_until([&] { return recorder.of("marker").size() == 2; }, 30s));
   stop(loop, c);
 
   std::vector<int64_t> attempts;
@@ -185,16 +188,21 @@ TEST_CASE("A dropped message is acked, counted and gone from every queue", "[ret
   Recorder recorder;
   auto c = start(loop, options_for(service), [&](const consumer::Message& m) {
     recorder.add(m);
+    if (m.message_id() == "marker") return m.attempt == 1 ? Outcome::retry("once") : Outcome::ack();
     return Outcome::drop("a duplicate of an order already handled");
   });
   broker.publish(service.input.exchange, "key", "dup-1");
   REQUIRE(loop.run_until([&] { return c->metrics().dropped == 1; }, 10s));
-  loop.run_for(500ms);  // a retry would be back by now
+  // A marker retried once: had the dropped message been retried (or handed back), it would have
+  // been handled again before the marker's second attempt, which waits behind it in the tier.
+  broker.publish(service.input.exchange, "key", "marker");
+  REQUIRE(loop.run_until([&] { return recorder.of("marker").size() == 2; }, 30s));
   stop(loop, c);
   CHECK(recorder.of("dup-1").size() == 1);
   const auto metrics = c->metrics();
-  CHECK(metrics.acked == 0);
-  CHECK(metrics.retried == 0);
+  CHECK(metrics.dropped == 1);
+  CHECK(metrics.acked == 1);    // the marker
+  CHECK(metrics.retried == 1);  // the marker
   CHECK(metrics.parked() == 0);
   CHECK(metrics.reconnects == 0);
   CHECK(broker.depth(topology::input_queue_name(service)) == 0);
@@ -278,10 +286,14 @@ TEST_CASE("An asynchronous settle called twice counts once; the second call is i
                  }));
   broker.publish(service.input.exchange, "key", "once");
   REQUIRE(loop.run_until([&] { return c->metrics().acked == 1; }, 10s));
-  loop.run_for(500ms);
+  // A second message, settled the same way, after the first: a second ack of the first would
+  // have closed the channel (406) before the broker delivered this one, and a parking copy of
+  // it would have been confirmed by then.
+  broker.publish(service.input.exchange, "key", "marker");
+  REQUIRE(loop.run_until([&] { return c->metrics().acked == 2; }, 30s));
   stop(loop, c);
-  CHECK(calls == 1);
-  CHECK(c->metrics().acked == 1);
+  CHECK(calls == 2);
+  CHECK(c->metrics().acked == 2);
   CHECK(c->metrics().parked() == 0);
   CHECK(c->metrics().reconnects == 0);
   CHECK(broker.depth(topology::parking_queue_name(service.name)) == 0);
@@ -301,7 +313,8 @@ TEST_CASE(
                  consumer::AsyncHandler([&](const consumer::Message& m, consumer::Settle settle) {
                    const std::string id(m.message_id());
                    attempts[id].push_back(m.attempt);
-                   if (id == "throws" && m.attempt == 1) throw std::runtime_error("timeout");
+                   if ((id == "throws" || id == "marker") && m.attempt == 1)
+                     throw std::runtime_error("timeout");
                    if (id == "permanent") throw consumer::PermanentError("no such customer");
                    if (id == "settled-then-throws") {
                      settle(Outcome::ack());
@@ -313,13 +326,16 @@ TEST_CASE(
     broker.publish(service.input.exchange, "key", id);
   REQUIRE(loop.run_until(
       [&] { return c->metrics().acked == 2 && c->metrics().parked_permanent == 1; }, 10s));
-  loop.run_for(300ms);
+  // A marker that throws once, as "throws" did: a retry of "settled-then-throws" would have gone
+  // through the wait queue before the marker's, and been called again before its second attempt.
+  broker.publish(service.input.exchange, "key", "marker");
+  REQUIRE(loop.run_until([&] { return attempts["marker"].size() == 2; }, 30s));
   stop(loop, c);
   CHECK(attempts["throws"] == std::vector<int64_t>{1, 2});
   CHECK(attempts["permanent"] == std::vector<int64_t>{1});
   CHECK(attempts["settled-then-throws"] == std::vector<int64_t>{1});
-  CHECK(c->metrics().retried == 1);
-  CHECK(c->metrics().handler_errors == 3);
+  CHECK(c->metrics().retried == 1 + 1);         // and the marker's
+  CHECK(c->metrics().handler_errors == 3 + 1);  // and the marker's
   auto parked = broker.drain(topology::parking_queue_name(service.name));
   REQUIRE(parked.size() == 1);
   CHECK(*parked[0].message.properties.message_id == "permanent");
@@ -337,9 +353,10 @@ TEST_CASE("A handler still running at stop_now has returned before the stopped h
   options.handler_on_loop = false;
   std::atomic<bool> running{false};
   std::atomic<int> finished{0};
+  test::Gate gate;  // the handler runs until the test opens it: still running at stop_now
   auto c = start(loop, options, [&](const consumer::Message&) {
     running = true;
-    std::this_thread::sleep_for(1500ms);
+    gate.pass();
     running = false;
     ++finished;
     return Outcome::ack();
@@ -356,6 +373,10 @@ TEST_CASE("A handler still running at stop_now has returned before the stopped h
     stopped = true;
   });
   c->stop_now();
+  // The connection is closed at once, but stopped waits for the handler.
+  CHECK_FALSE(loop.run_until([&] { return stopped; }, 500ms));
+  CHECK(finished == 0);
+  gate.open();
   REQUIRE(loop.run_until([&] { return stopped; }, 15s));
   CHECK_FALSE(running_when_stopped);
   CHECK(finished == 1);
@@ -377,9 +398,10 @@ TEST_CASE(
   options.handler_on_loop = false;
   options.handler_exit_timeout = 200ms;
   std::atomic<bool> running{false};
+  test::Gate gate;  // the handler runs until the test opens it, long after handler_exit_timeout
   auto c = start(loop, options, [&](const consumer::Message&) {
     running = true;
-    std::this_thread::sleep_for(2500ms);
+    gate.pass();
     running = false;
     return Outcome::ack();
   });
@@ -391,10 +413,11 @@ TEST_CASE(
   c->set_stopped_handler([&](const Error&) { stopped = true; });
   c->stop_now();
   REQUIRE(loop.run_until([&] { return stopped; }, 15s));
-  // Not held until the handler returns: stopped came well before its 2.5 s were over.
+  // Not held until the handler returns: stopped came while it still runs.
   CHECK(running.load());
   CHECK(c->handlers_running() == 1);
   CHECK_FALSE(c->wait_for_handlers(1ms));
+  gate.open();
   CHECK(c->wait_for_handlers(20s));
   CHECK_FALSE(running.load());
   CHECK(c->handlers_running() == 0);

@@ -89,7 +89,8 @@ TEST_CASE("A consumer killed with SIGKILL mid-stream and started again loses not
   REQUIRE(loop.run_until([&] { return applied; }));
 
   // 1,000 messages: most succeed, some after a failure, some exhaust, some are permanent or
-  // poison. Each handler call takes 3 ms, so the kill lands mid-stream.
+  // poison. Each handler call takes 10 ms, so that the stream lasts seconds and the kill lands
+  // mid-stream, also when the test is slow to see the first 300 lines.
   std::set<std::string> expect_acked;
   std::map<std::string, std::string> expect_parked;  // message id -> reason
   for (int i = 0; i < 1000; ++i) {
@@ -99,14 +100,14 @@ TEST_CASE("A consumer killed with SIGKILL mid-stream and started again loses not
       body = "poison " + id;
       expect_parked[id] = "poison";
     } else if (i % 20 == 1) {
-      body = R"({"id": ")" + id + R"(", "permanent": "no such customer", "sleep_ms": 3})";
+      body = R"({"id": ")" + id + R"(", "permanent": "no such customer", "sleep_ms": 10})";
       expect_parked[id] = "permanent";
     } else if (i % 20 == 2) {
-      body = R"({"id": ")" + id + R"(", "fail_times": 9, "sleep_ms": 3})";
+      body = R"({"id": ")" + id + R"(", "fail_times": 9, "sleep_ms": 10})";
       expect_parked[id] = "exhausted";
     } else {
       body = R"({"id": ")" + id + R"(", "fail_times": )" + std::to_string(i % 5 == 0 ? 1 : 0) +
-             R"(, "sleep_ms": 3})";
+             R"(, "sleep_ms": 10})";
       expect_acked.insert(id);
     }
     amqp::BasicProperties properties;

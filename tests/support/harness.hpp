@@ -59,6 +59,14 @@ class TestLoop {
   uv_loop_t loop_{};
 };
 
+/// Checks `condition` at the top level, running the loop for `interval` between checks, until it
+/// holds or `timeout` passes (by the steady clock); returns whether it held. Unlike
+/// TestLoop::run_until, `condition` may run the loop itself (queue_depth, a passive declare).
+/// For what a loaded machine may make slow: the timeout is a bound on a hang, not on speed.
+bool eventually(TestLoop& loop, const std::function<bool()>& condition,
+                std::chrono::milliseconds timeout = std::chrono::seconds(30),
+                std::chrono::milliseconds interval = std::chrono::milliseconds(50));
+
 /// Connects and waits; fails the test on error.
 std::shared_ptr<client::Connection> connect(TestLoop& loop, client::ConnectionOptions options);
 std::shared_ptr<client::Connection> connect(TestLoop& loop, const std::string& url);
@@ -81,7 +89,11 @@ void close(TestLoop& loop, const std::shared_ptr<client::Connection>& connection
 void declare_queue(TestLoop& loop, client::Channel& channel, const std::string& name,
                    client::QueueOptions options = {});
 
-/// Messages in `queue`, by passive declare on a fresh channel.
+/// Messages ready in `queue` and its consumers, by passive declare on a fresh channel.
+client::QueueInfo queue_info(TestLoop& loop, client::Connection& connection,
+                             const std::string& queue);
+
+/// Messages ready in `queue`, by passive declare on a fresh channel.
 uint32_t queue_depth(TestLoop& loop, client::Connection& connection, const std::string& queue);
 
 /// Publishes one message with mandatory on a confirm-mode channel and waits; fails the test
