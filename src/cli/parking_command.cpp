@@ -59,12 +59,6 @@ struct ParkingArgs {
   uint16_t window = parking::default_window;
 };
 
-uint64_t unix_seconds() {
-  return uint64_t(std::chrono::duration_cast<std::chrono::seconds>(
-                      std::chrono::system_clock::now().time_since_epoch())
-                      .count());
-}
-
 std::string iso_time(uint64_t seconds) {
   std::time_t t = std::time_t(seconds);
   std::tm utc{};
@@ -249,7 +243,7 @@ nlohmann::json message_json(const parking::ParkedMessage& parked, uint64_t now) 
 }
 
 void print_messages(const std::vector<parking::ParkedMessage>& messages, bool json) {
-  const uint64_t now = unix_seconds();
+  const uint64_t now = consumer::unix_seconds();
   if (json) {
     for (const auto& parked : messages)
       std::cout << dump(message_json(parked, now)) << "\n";
@@ -354,7 +348,7 @@ int run_stats(const ParkingArgs& args) {
         connection, service,
         [&args, &service, done](const client::Error& error, const parking::Stats& stats) {
           if (error) return done(error_exit(error, "parking stats " + service.name));
-          const uint64_t now = unix_seconds();
+          const uint64_t now = consumer::unix_seconds();
           const std::string queue = topology::parking_queue_name(service.name);
           std::optional<uint64_t> age;
           if (stats.oldest_parked_at && *stats.oldest_parked_at <= now) {

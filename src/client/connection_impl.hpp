@@ -27,24 +27,10 @@ class ConnectionImpl : public std::enable_shared_from_this<ConnectionImpl> {
   ConnectionImpl(const ConnectionImpl&) = delete;
   ConnectionImpl& operator=(const ConnectionImpl&) = delete;
 
-  /// Resolves, connects, runs the TLS handshake (amqps://), authenticates with PLAIN and opens
-  /// the vhost. `callback` fires once: empty Error when the connection is open, otherwise why
-  /// it failed (authentication_failed, vhost_refused, connect_failed, connect_timeout,
-  /// tls_failed with the certificate problem, ...). When connect() itself returns an error
-  /// (called twice, a CA file that cannot be read), the callback never fires.
-  ///
-  /// Process-wide effect: SIGPIPE is set to ignored when it still has its default disposition,
-  /// so that a broker that resets the connection mid-write ends the connection with an error
-  /// instead of killing the process (libuv does not prevent SIGPIPE on Linux). A handler the
-  /// application installed is left as it is.
   Error connect(ConnectCallback callback);
 
-  /// Opens a channel on the lowest free channel number.
   Error open_channel(ChannelCallback callback);
 
-  /// Closes gracefully: connection.close, wait for close-ok (bounded), close the socket. Every
-  /// channel's pending operations fail with closed_by_client. `callback` fires when the socket
-  /// is closed. Safe to call in any state and more than once.
   void close(CompletionCallback callback = {});
 
   void set_lost_handler(ConnectionLostHandler handler) { on_lost_ = std::move(handler); }
@@ -57,12 +43,9 @@ class ConnectionImpl : public std::enable_shared_from_this<ConnectionImpl> {
   const Uri& uri() const { return options_.uri; }
   uv_loop_t* loop() const { return loop_; }
   spdlog::logger* logger() const { return options_.logger.get(); }
-  /// Bytes waiting to be written to the socket (grows while the broker blocks us); over TLS,
-  /// the frames not yet encrypted plus the encrypted bytes being written.
   size_t buffered_bytes() const {
     return out_.size() + writing_.size() - writing_offset_ + tls_writing_;
   }
-
   // ---- used by Channel ----
 
   /// The buffer that frames are appended to; call `flush` after appending.

@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include "consumer_impl.hpp"
-#include "copies.hpp"
 #include "retryloop/topology/plan.hpp"
 
 namespace retryloop::consumer {
@@ -197,7 +196,7 @@ void ConsumerImpl::close_session(std::function<void()> done) {
 }
 
 void ConsumerImpl::schedule_reconnect() {
-  const auto delay = options_.recovery.delay(reconnect_attempt_++, random_unit());
+  const auto delay = options_.recovery.delay(reconnect_attempt_++);
   if (auto* log = options_.logger.get()) {
     log->info("service={} reconnecting in {} ms", options_.service.name, delay.count());
   }

@@ -1,7 +1,6 @@
 #include <spdlog/spdlog.h>
 
 #include "consumer_impl.hpp"
-#include "copies.hpp"
 #include "retryloop/client/move.hpp"
 
 // The consumer's retry and parking copies: each is published with a confirm, mandatory, and its
@@ -193,8 +192,7 @@ void ConsumerImpl::copy_settled(const std::shared_ptr<Pending>& pending,
 void ConsumerImpl::copy_refused(const std::shared_ptr<Pending>& pending,
                                 const client::PublishOutcome& outcome) {
   ++metrics_.publish_failures;
-  const auto delay =
-      options_.publish_retry.delay(pending->handling->publish_tries++, random_unit());
+  const auto delay = options_.publish_retry.delay(pending->handling->publish_tries++);
   pending->handling->retry_at_ms = uv_now(loop_) + uint64_t(delay.count());
   std::string why = outcome.status == client::PublishStatus::returned
                         ? "returned: " + outcome.error.message()

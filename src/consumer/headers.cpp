@@ -1,6 +1,7 @@
 #include "retryloop/consumer/headers.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 
 namespace retryloop::consumer {
@@ -156,6 +157,12 @@ AttemptInfo read_attempt_info(const amqp::BasicProperties& properties, std::stri
 
   info.attempt = saturating_add(saturating_add(1, info.rejected), info.retries);
   return info;
+}
+
+uint64_t unix_seconds() {
+  return uint64_t(std::chrono::duration_cast<std::chrono::seconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count());
 }
 
 amqp::BasicProperties make_retry_copy(const amqp::BasicProperties& properties,

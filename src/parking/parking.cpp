@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <unordered_map>
 
+#include "retryloop/consumer/headers.hpp"
 #include "retryloop/parking/error.hpp"
 #include "walker.hpp"
 
@@ -13,12 +14,6 @@ using client::ClientError;
 using client::Error;
 using detail::Decision;
 using detail::Walker;
-
-uint64_t unix_seconds() {
-  return uint64_t(std::chrono::duration_cast<std::chrono::seconds>(
-                      std::chrono::system_clock::now().time_since_epoch())
-                      .count());
-}
 
 std::string first_line(const std::string& text) {
   const size_t end = text.find('\n');
@@ -169,7 +164,7 @@ class ReplayRun : public Replay {
 
   ReplayOptions options_;
   std::string target_;
-  uint64_t now_ = unix_seconds();
+  uint64_t now_ = consumer::unix_seconds();
   uint64_t taken_ = 0;
   uint64_t skipped_ = 0;
   uint64_t would_move_count_ = 0;
@@ -238,7 +233,7 @@ Error purge(const std::shared_ptr<client::Connection>& connection, const topolog
     uint64_t skipped = 0;
   };
   auto count = std::make_shared<Count>();
-  const uint64_t now = unix_seconds();
+  const uint64_t now = consumer::unix_seconds();
   const bool execute = options.execute;
   return Walker::start(
       connection, topology::parking_queue_name(service.name), options.window,

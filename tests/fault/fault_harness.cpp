@@ -568,6 +568,18 @@ client::Error Probe::bind_queue(const std::string& queue, const std::string& exc
   return error;
 }
 
+client::Error Probe::unbind_queue(const std::string& queue, const std::string& exchange,
+                                  const std::string& routing_key) {
+  Error error;
+  auto ch = channel(error);
+  if (!ch) return error;
+  error = wait_op(loop_, [&](client::CompletionCallback done) {
+    return ch->queue_unbind(queue, exchange, routing_key, {}, done);
+  });
+  close_channel(loop_, ch);
+  return error;
+}
+
 client::Error Probe::delete_queue(const std::string& name, bool if_empty) {
   Error error;
   auto ch = channel(error);

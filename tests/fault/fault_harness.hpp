@@ -213,6 +213,8 @@ class Probe {
   client::Error declare_queue(const std::string& name, const amqp::FieldTable& arguments);
   client::Error bind_queue(const std::string& queue, const std::string& exchange,
                            const std::string& routing_key);
+  client::Error unbind_queue(const std::string& queue, const std::string& exchange,
+                             const std::string& routing_key);
   client::Error delete_queue(const std::string& name, bool if_empty);
   /// Publishes persistent messages with mandatory and confirms, pipelined; returns how many were
   /// confirmed and routed.

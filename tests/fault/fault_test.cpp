@@ -430,9 +430,17 @@ TEST_CASE(
   }));
 
   // The redeploy: the consumers stop, the operator moves the queue's messages aside (they are
-  // not what this fault is about) and deletes the queue while retries wait.
+  // not what this fault is about) and deletes the queue while retries wait. To move exactly what
+  // is in the queue aside, its binding from the wait exchange goes first: a retry whose delay
+  // ends from then on takes the path it takes once the queue is gone (quorum queues refuse the
+  // if-empty delete that would otherwise catch one arriving between the drain and the delete).
   for (auto& c : consumers)
     c->stop();
+  for (const auto& lane : lanes) {
+    REQUIRE_FALSE(probe.unbind_queue(lane->input_queue(),
+                                     topology::wait_exchange_name(lane->service.name),
+                                     lane->input_queue()));
+  }
   std::vector<std::vector<std::pair<std::string, std::string>>> aside(lanes.size());
   std::vector<uint32_t> waiting(lanes.size(), 0);
   std::vector<uint32_t> parked_before(lanes.size(), 0);

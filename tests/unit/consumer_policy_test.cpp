@@ -3,6 +3,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <set>
+
 #include "codec_support.hpp"
 #include "retryloop/consumer/backoff.hpp"
 #include "retryloop/consumer/headers.hpp"
@@ -404,6 +406,18 @@ TEST_CASE("Backoff grows exponentially to its cap and jitters within its spread"
   CHECK(backoff.delay(0, 1.0) == 125ms);
   Backoff exact{50ms, 50ms, 2.0, 0.0};
   CHECK(exact.delay(10, 0.9) == 50ms);
+}
+
+TEST_CASE("Backoff draws its own jitter within the spread, and not the same each time", "[retry]") {
+  Backoff backoff{1000ms, 1000ms, 2.0, 0.25};
+  std::set<int64_t> seen;
+  for (int i = 0; i < 200; ++i) {
+    const auto delay = backoff.delay(0);
+    REQUIRE(delay >= 750ms);
+    REQUIRE(delay <= 1250ms);
+    seen.insert(delay.count());
+  }
+  CHECK(seen.size() > 20);
 }
 
 TEST_CASE("The latency histogram reports bucket bounds for quantiles", "[retry]") {

@@ -88,6 +88,9 @@ AttemptInfo read_attempt_info(const amqp::BasicProperties& properties, std::stri
 /// `x-first-death-*` and `x-last-death-*`.
 bool is_death_header(std::string_view name);
 
+/// Seconds since the Unix epoch: the clock of every time retryloop writes into a header.
+uint64_t unix_seconds();
+
 /// The copy a republish-mode retry publishes to the wait exchange: the same properties with the
 /// death headers and the `expiration` property removed, `retryloop-retries` set to
 /// `info.attempt` (the attempts made so far, broker rejections included, so that the count never
