@@ -1,9 +1,12 @@
 #include "common.hpp"
 
 #include <uv.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <ctime>
 #include <iostream>
 #include <sstream>
 #include <utility>
@@ -239,6 +242,52 @@ void describe_command(CLI::App& command) {
   command.failure_message([](const CLI::App* app, const CLI::Error& error) {
     return hide_passwords(CLI::FailureMessage::simple(app, error));
   });
+}
+
+std::string iso_time(uint64_t seconds) {
+  std::time_t t = std::time_t(seconds);
+  std::tm utc{};
+  gmtime_r(&t, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
+std::string age_text(uint64_t seconds) {
+  auto two = [](uint64_t big, const char* big_unit, uint64_t small, const char* small_unit) {
+    return std::to_string(big) + big_unit + (small ? std::to_string(small) + small_unit : "");
+  };
+  if (seconds < 60) return std::to_string(seconds) + "s";
+  if (seconds < 3600) return two(seconds / 60, "m", seconds % 60, "s");
+  if (seconds < 86400) return two(seconds / 3600, "h", seconds % 3600 / 60, "m");
+  return two(seconds / 86400, "d", seconds % 86400 / 3600, "h");
+}
+
+std::string dump(const nlohmann::json& json) {
+  return json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string preview(std::string_view text, size_t width) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (out.size() >= width) break;
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c < 0x20 || c >= 0x7F) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", c);
+      out += escaped;
+    } else {
+      out.push_back(char(c));
+    }
+  }
+  if (out.size() > width || text.size() > out.size()) {
+    if (out.size() > width) out.resize(width);
+    if (out.size() < text.size()) out += "...";
+  }
+  return out;
 }
 
 }  // namespace retryloop::cli

@@ -5,6 +5,7 @@
 // tables for readable output.
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include <functional>
 #include <iosfwd>
@@ -96,6 +97,18 @@ class Table {
 std::string join(const std::vector<std::string>& items, const std::string& separator = ", ");
 
 std::string plural(size_t count, const std::string& singular, const std::string& plural_form = {});
+
+/// A Unix time as `2026-11-23T10:15:00Z`.
+std::string iso_time(uint64_t seconds);
+
+/// An age in at most two units: "45s", "12m30s", "3h5m", "2d4h".
+std::string age_text(uint64_t seconds);
+
+/// JSON text on one line; bytes that are not UTF-8 in strings become U+FFFD instead of failing.
+std::string dump(const nlohmann::json& json);
+
+/// Printable text for a table cell: control and non-ASCII bytes escaped, cut to `width`.
+std::string preview(std::string_view text, size_t width);
 
 /// `text` broken into lines of at most `width` columns at spaces (for --help paragraphs).
 std::string wrap(const std::string& text, size_t width = 96);

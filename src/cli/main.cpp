@@ -1,4 +1,4 @@
-// The retryloop command. Each command group (topology, parking) adds its subcommands;
+// The retryloop command. Each command group (topology, parking, outbox) adds its subcommands;
 // this file only parses the command line and turns failures into exit codes.
 
 #include <CLI/CLI.hpp>
@@ -13,6 +13,7 @@
 #include <iostream>
 
 #include "common.hpp"
+#include "outbox_command.hpp"
 #include "parking_command.hpp"
 #include "topology_command.hpp"
 
@@ -51,6 +52,7 @@ int main(int argc, char** argv) {
   int exit_code = exit_ok;
   add_topology_commands(app, exit_code);
   add_parking_commands(app, exit_code);
+  add_outbox_commands(app, exit_code);
 
   if (argc < 2) {
     std::cout << app.help();

@@ -59,26 +59,6 @@ struct ParkingArgs {
   uint16_t window = parking::default_window;
 };
 
-std::string iso_time(uint64_t seconds) {
-  std::time_t t = std::time_t(seconds);
-  std::tm utc{};
-  gmtime_r(&t, &utc);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return text;
-}
-
-/// "45s", "12m30s", "3h5m", "2d4h".
-std::string age_text(uint64_t seconds) {
-  auto two = [](uint64_t big, const char* big_unit, uint64_t small, const char* small_unit) {
-    return std::to_string(big) + big_unit + (small ? std::to_string(small) + small_unit : "");
-  };
-  if (seconds < 60) return std::to_string(seconds) + "s";
-  if (seconds < 3600) return two(seconds / 60, "m", seconds % 60, "s");
-  if (seconds < 86400) return two(seconds / 3600, "h", seconds % 3600 / 60, "m");
-  return two(seconds / 86400, "d", seconds % 86400 / 3600, "h");
-}
-
 /// Well-formed UTF-8: no overlong forms, no surrogates, nothing above U+10FFFF.
 bool is_utf8(std::string_view text) {
   const size_t n = text.size();
@@ -113,11 +93,6 @@ bool is_utf8(std::string_view text) {
   return true;
 }
 
-/// JSON text; bytes that are not UTF-8 in strings become U+FFFD instead of failing.
-std::string dump(const nlohmann::json& json) {
-  return json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
-
 std::string base64(std::string_view bytes) {
   static constexpr char digits[] =
       "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -131,30 +106,6 @@ std::string base64(std::string_view bytes) {
     out.push_back(digits[(n >> 12) & 63]);
     out.push_back(i + 1 < bytes.size() ? digits[(n >> 6) & 63] : '=');
     out.push_back(i + 2 < bytes.size() ? digits[n & 63] : '=');
-  }
-  return out;
-}
-
-/// Printable text for a table cell: control and non-ASCII bytes escaped, cut to `width`.
-std::string preview(std::string_view text, size_t width) {
-  std::string out;
-  for (unsigned char c : text) {
-    if (out.size() >= width) break;
-    if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (c < 0x20 || c >= 0x7F) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\x%02x", c);
-      out += escaped;
-    } else {
-      out.push_back(char(c));
-    }
-  }
-  if (out.size() > width || text.size() > out.size()) {
-    if (out.size() > width) out.resize(width);
-    if (out.size() < text.size()) out += "...";
   }
   return out;
 }

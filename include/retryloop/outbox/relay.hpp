@@ -1,0 +1,108 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "retryloop/client/connection.hpp"
+#include "retryloop/client/loop.hpp"
+#include "retryloop/consumer/backoff.hpp"
+
+namespace spdlog {
+class logger;
+}
+
+namespace retryloop::outbox {
+
+namespace detail {
+class RelayImpl;
+}
+
+struct RelayOptions {
+  /// The database that holds `retryloop_outbox` (see store::Database::open for the URLs).
+  std::string database;
+  /// The broker to publish to.
+  client::ConnectionOptions connection;
+  /// Rows claimed, published and settled together.
+  size_t batch_size = 500;
+  /// Wake on PostgreSQL notifications (LISTEN retryloop_outbox; the table's trigger notifies at
+  /// each commit that inserts rows). SQLite has none and always polls.
+  bool notifications = true;
+  /// How often to look for rows when nothing woke the relay; 0: 5 s on PostgreSQL with
+  /// notifications (a safety net), 100 ms on SQLite or without notifications.
+  std::chrono::milliseconds poll_interval{0};
+  /// Keep published rows this long (state `published`) before they are deleted; 0: delete a
+  /// row as soon as its publish is confirmed.
+  std::chrono::milliseconds retain_published{0};
+  /// How often kept published rows are deleted, `cleanup_batch` rows per statement.
+  std::chrono::milliseconds cleanup_interval{60000};
+  size_t cleanup_batch = 1000;
+  /// A batch whose publishes are not all confirmed within this time ends the broker connection,
+  /// as a dead one would: its unconfirmed rows stay pending and are published again.
+  std::chrono::milliseconds confirm_timeout{30000};
+  /// Delay before reconnecting to the broker or the database after a loss.
+  consumer::Backoff recovery{};
+  /// Stop gracefully on the first SIGINT or SIGTERM, at once on the second.
+  bool stop_on_signals = false;
+  /// Where the relay logs; nullptr: nowhere.
+  std::shared_ptr<spdlog::logger> logger;
+};
+
+/// What a relay has done since it started.
+struct RelayStats {
+  uint64_t published = 0;  ///< rows confirmed by the broker and then deleted or marked published
+  uint64_t failed = 0;     ///< rows the broker returned or nacked, marked failed
+  uint64_t unsettled = 0;  ///< rows left pending because the connection ended before the confirm
+  uint64_t batches = 0;    ///< batches that claimed at least one row
+  uint64_t cleaned = 0;    ///< published rows deleted by the cleanup
+  uint64_t database_errors = 0;
+  uint64_t broker_losses = 0;
+};
+
+/// Told once when the relay has stopped: an empty text after stop() or stop_now(), otherwise
+/// the error that made it give up (the schema is missing or of another version).
+using RelayStoppedHandler = std::function<void(const std::string& error)>;
+
+/// Moves rows of `retryloop_outbox` to the broker. Each batch is one database transaction: it
+/// claims up to `batch_size` pending rows (PostgreSQL: `FOR UPDATE SKIP LOCKED`, so that several
+/// relays share the table; SQLite: the database's single write lock), publishes them in id order
+/// with `mandatory` on a confirm-mode channel, then deletes (or marks published) each confirmed
+/// row, marks each returned or nacked row failed with the broker's error, and commits. A row
+/// whose outcome is unknown (the connection ended) stays pending. A crash or a lost database
+/// rolls the whole batch back. So every committed row reaches the broker at least once; a row
+/// may be published twice (a consumer deduplicates by message id).
+///
+/// Ordering: rows with the same ordering key are claimed by one relay at a time and published in
+/// id order, which is their commit order; a failed row holds back the later rows of its key
+/// until it is retried or purged.
+///
+/// Threading: every call and callback on the loop thread. Database calls block the loop for
+/// their duration. The relay keeps itself alive while it runs.
+class Relay {
+ public:
+  static std::shared_ptr<Relay> create(uv_loop_t* loop, RelayOptions options);
+  explicit Relay(std::shared_ptr<detail::RelayImpl> impl);
+  ~Relay();
+  Relay(const Relay&) = delete;
+  Relay& operator=(const Relay&) = delete;
+
+  /// Starts relaying; keeps trying while the database or the broker is unreachable. Returns an
+  /// error text (and starts nothing) when called twice or the options are unusable.
+  std::string start();
+  /// Claims no more rows; the batch in flight settles and commits, then the relay closes.
+  void stop();
+  /// Closes at once; the batch in flight rolls back (its rows are published again later).
+  void stop_now();
+  void set_stopped_handler(RelayStoppedHandler handler);
+
+  RelayStats stats() const;
+  /// True when the last look at the table found no row to claim.
+  bool idle() const;
+
+ private:
+  std::shared_ptr<detail::RelayImpl> impl_;
+};
+
+}  // namespace retryloop::outbox

@@ -1,0 +1,181 @@
+#include "retryloop/inbox/inbox.hpp"
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "retryloop/outbox/outbox.hpp"
+#include "retryloop/outbox/schema.hpp"
+
+namespace retryloop::inbox {
+namespace detail {
+
+class InboxImpl {
+ public:
+  explicit InboxImpl(InboxOptions options) : options_(std::move(options)) {}
+
+  void check() {
+    if (options_.consumer.empty()) {
+      throw store::StoreError(store::ErrorKind::usage, "inbox: the consumer name is empty");
+    }
+    auto database = store::Database::open(options_.database, false);
+    outbox::require_schema(*database);
+    release(std::move(database));
+  }
+
+  consumer::Outcome handle(const consumer::Message& message, const TransactionalHandler& handler);
+  uint64_t clean_up(store::Database& database);
+  uint64_t clean_up() {
+    auto database = acquire();
+    uint64_t deleted = clean_up(*database);
+    release(std::move(database));
+    return deleted;
+  }
+
+  InboxStats stats() const {
+    InboxStats out;
+    out.handled = handled_;
+    out.duplicates = duplicates_;
+    out.rolled_back = rolled_back_;
+    out.missing_id = missing_id_;
+    out.cleaned = cleaned_;
+    return out;
+  }
+
+ private:
+  std::unique_ptr<store::Database> acquire() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!idle_.empty()) {
+        auto database = std::move(idle_.back());
+        idle_.pop_back();
+        return database;
+      }
+    }
+    return store::Database::open(options_.database, false);
+  }
+
+  void release(std::unique_ptr<store::Database> database) {
+    if (!database || !database->usable() || database->in_transaction()) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    idle_.push_back(std::move(database));
+  }
+
+  bool cleanup_due() {
+    auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+    auto interval =
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(options_.cleanup_interval)
+            .count();
+    auto last = last_cleanup_.load();
+    if (last != 0 && now - last < interval) return false;
+    return last_cleanup_.compare_exchange_strong(last, now);
+  }
+
+  InboxOptions options_;
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<store::Database>> idle_;
+  std::atomic<int64_t> last_cleanup_{0};
+  std::atomic<uint64_t> handled_{0}, duplicates_{0}, rolled_back_{0}, missing_id_{0}, cleaned_{0};
+};
+
+consumer::Outcome InboxImpl::handle(const consumer::Message& message,
+                                    const TransactionalHandler& handler) {
+  const std::string_view id = message.message_id();
+  if (id.empty()) {
+    ++missing_id_;
+    if (options_.missing_message_id == MissingMessageId::park) {
+      return consumer::Outcome::poison(
+          "no message-id: the inbox of consumer '" + options_.consumer +
+          "' cannot tell a redelivery of this message from a new one (publish with a "
+          "message-id, or set missing_message_id to handle)");
+    }
+  }
+  auto database = acquire();
+  consumer::Outcome outcome;
+  try {
+    store::Transaction transaction(*database);
+    if (!id.empty()) {
+      auto recorded = database->execute(
+          "INSERT INTO retryloop_inbox (consumer, message_id, received_at) VALUES ($1, $2, $3) "
+          "ON CONFLICT DO NOTHING",
+          {options_.consumer, std::string(id), outbox::now_ms()});
+      if (recorded.affected == 0) {
+        ++duplicates_;
+        outcome =
+            consumer::Outcome::drop("duplicate: message id " + std::string(id) +
+                                    " was handled already by consumer '" + options_.consumer + "'");
+        transaction.commit();  // nothing written; ends the transaction
+        release(std::move(database));
+        return outcome;
+      }
+    }
+    outcome = handler(message, *database);
+    if (outcome.kind == consumer::OutcomeKind::ack || outcome.kind == consumer::OutcomeKind::drop) {
+      transaction.commit();
+      ++handled_;
+    } else {
+      ++rolled_back_;  // the transaction's destructor rolls back
+    }
+  } catch (...) {
+    ++rolled_back_;
+    release(std::move(database));  // kept only if still usable and out of its transaction
+    throw;
+  }
+  if (cleanup_due()) {
+    try {
+      clean_up(*database);
+    } catch (const store::StoreError&) {
+      // The next due cleanup tries again; the message's own work is done.
+    }
+  }
+  release(std::move(database));
+  return outcome;
+}
+
+uint64_t InboxImpl::clean_up(store::Database& database) {
+  const bool postgres = database.dialect() == store::Dialect::postgresql;
+  std::string sql =
+      std::string(
+          "DELETE FROM retryloop_inbox WHERE consumer = $1 AND message_id IN (SELECT message_id "
+          "FROM retryloop_inbox WHERE consumer = $1 AND received_at < $2 LIMIT $3") +
+      (postgres ? " FOR UPDATE SKIP LOCKED" : "") + ")";
+  const int64_t before = outbox::now_ms() - options_.retention.count();
+  uint64_t total = 0;
+  for (;;) {
+    auto deleted =
+        database
+            .execute(sql, {options_.consumer, before, static_cast<int64_t>(options_.cleanup_batch)})
+            .affected;
+    total += deleted;
+    if (deleted < options_.cleanup_batch) break;
+  }
+  cleaned_ += total;
+  return total;
+}
+
+}  // namespace detail
+
+std::shared_ptr<Inbox> Inbox::create(InboxOptions options) {
+  auto impl = std::make_shared<detail::InboxImpl>(std::move(options));
+  impl->check();
+  return std::make_shared<Inbox>(std::move(impl));
+}
+
+Inbox::Inbox(std::shared_ptr<detail::InboxImpl> impl) : impl_(std::move(impl)) {}
+Inbox::~Inbox() = default;
+
+consumer::Handler Inbox::wrap(TransactionalHandler handler) {
+  auto impl = impl_;
+  return [impl, handler = std::move(handler)](const consumer::Message& message) {
+    return impl->handle(message, handler);
+  };
+}
+
+uint64_t Inbox::clean_up() {
+  return impl_->clean_up();
+}
+InboxStats Inbox::stats() const {
+  return impl_->stats();
+}
+
+}  // namespace retryloop::inbox

@@ -1,0 +1,527 @@
+#include "retryloop/outbox/relay.hpp"
+
+#include <spdlog/spdlog.h>
+#include <uv.h>
+
+#include <unistd.h>
+
+#include <csignal>
+#include <optional>
+#include <vector>
+
+#include "retryloop/client/channel.hpp"
+#include "retryloop/client/signals.hpp"
+#include "retryloop/outbox/outbox.hpp"
+#include "retryloop/outbox/schema.hpp"
+#include "retryloop/store/database.hpp"
+#include "rows.hpp"
+
+namespace retryloop::outbox {
+namespace detail {
+namespace {
+
+// Pending rows in id order. A row with an ordering key is taken only when no earlier row of its
+// key has failed, and (PostgreSQL) only by the relay that holds its key's lock for the batch.
+// Rows other relays hold are skipped, not waited for.
+std::string claim_sql(store::Dialect dialect) {
+  const bool postgres = dialect == store::Dialect::postgresql;
+  return std::string("SELECT ") + row_columns +
+         " FROM retryloop_outbox o WHERE o.state = 'pending' AND (o.ordering_key IS NULL OR ("
+         "NOT EXISTS (SELECT 1 FROM retryloop_outbox f WHERE f.state = 'failed' AND "
+         "f.ordering_key = o.ordering_key AND f.id < o.id)" +
+         (postgres ? " AND pg_try_advisory_xact_lock(727272002, hashtext(o.ordering_key))" : "") +
+         ")) ORDER BY o.id LIMIT $1" + (postgres ? " FOR UPDATE OF o SKIP LOCKED" : "");
+}
+
+std::string outcome_text(const client::PublishOutcome& outcome) {
+  switch (outcome.status) {
+    case client::PublishStatus::returned:
+      return "returned by the broker: " + outcome.error.message();
+    case client::PublishStatus::nacked:
+      return "nacked by the broker (for example a queue at its length limit with "
+             "reject-publish)";
+    default:
+      return outcome.error.message();
+  }
+}
+
+}  // namespace
+
+class RelayImpl : public std::enable_shared_from_this<RelayImpl> {
+ public:
+  RelayImpl(uv_loop_t* loop, RelayOptions options) : loop_(loop), options_(std::move(options)) {}
+
+  std::string start();
+  void stop();
+  void stop_now();
+
+  RelayStoppedHandler stopped_handler;
+  RelayStats stats;
+  bool idle = false;
+
+ private:
+  struct Batch {
+    uint64_t generation = 0;
+    std::vector<OutboxRow> rows;
+    std::vector<std::optional<client::PublishOutcome>> outcomes;
+    size_t settled = 0;
+  };
+
+  spdlog::logger* log() const { return options_.logger.get(); }
+
+  void open_database();
+  void drop_database(const std::string& why);
+  void connect_broker();
+  void drop_broker(const client::Error& why);
+  void on_notification();
+  void wake(std::chrono::milliseconds delay);
+  void cycle();
+  void publish_batch();
+  void on_outcome(uint64_t generation, size_t index, const client::PublishOutcome& outcome);
+  void settle_batch();
+  void clean_up();
+  void finish(std::string error);
+  void close_poll();
+
+  uv_loop_t* loop_;
+  RelayOptions options_;
+  std::shared_ptr<RelayImpl> self_;
+  bool started_ = false;
+  bool stopping_ = false;
+  bool finished_ = false;
+
+  std::unique_ptr<store::Database> database_;
+  uint32_t database_failures_ = 0;
+  uv_poll_t* poll_ = nullptr;
+  std::chrono::milliseconds poll_interval_{100};
+
+  std::shared_ptr<client::Connection> connection_;
+  std::shared_ptr<client::Channel> channel_;
+  uint32_t broker_failures_ = 0;
+  bool broker_pending_ = false;
+
+  uv_timer_t wake_timer_{};
+  uv_timer_t broker_timer_{};
+  uv_timer_t confirm_timer_{};
+  int open_handles_ = 0;
+
+  std::optional<Batch> batch_;
+  uint64_t generation_ = 0;
+  uint64_t last_cleanup_ms_ = 0;
+  std::unique_ptr<client::StopSignals> signals_;
+};
+
+std::string RelayImpl::start() {
+  if (started_) return "the relay was started already";
+  if (options_.batch_size == 0) return "batch size must be at least 1";
+  try {
+    open_database();
+  } catch (const store::StoreError& error) {
+    if (error.kind() == store::ErrorKind::usage || error.kind() == store::ErrorKind::schema) {
+      return error.what();
+    }
+    if (auto* l = log()) l->warn("outbox relay: {}; trying again", error.what());
+  }
+  started_ = true;
+  self_ = shared_from_this();
+  for (uv_timer_t* timer : {&wake_timer_, &broker_timer_, &confirm_timer_}) {
+    uv_timer_init(loop_, timer);
+    timer->data = this;
+    ++open_handles_;
+  }
+  if (options_.stop_on_signals) {
+    std::weak_ptr<RelayImpl> weak = shared_from_this();
+    signals_ = std::make_unique<client::StopSignals>(
+        loop_,
+        [weak](int signum) {
+          auto self = weak.lock();
+          if (!self) return;
+          if (auto* l = self->log()) {
+            l->info(
+                "outbox relay: got {}: stopping after the batch in flight (send it again to "
+                "stop at once)",
+                signum == SIGINT ? "SIGINT" : "SIGTERM");
+          }
+          self->stop();
+        },
+        [weak] {
+          if (auto self = weak.lock()) self->stop_now();
+        });
+  }
+  connect_broker();
+  wake(std::chrono::milliseconds(0));
+  return {};
+}
+
+// Opens the database if there is none (or it broke); throws StoreError.
+void RelayImpl::open_database() {
+  if (database_ && database_->usable()) return;
+  if (database_) drop_database("connection broken");
+  auto database = store::Database::open(options_.database, false);
+  require_schema(*database);
+  // A relay waits briefly for SQLite's write lock (another relay's batch), then tries later.
+  database->set_lock_timeout(std::chrono::milliseconds(200));
+  bool listening = false;
+  if (options_.notifications && database->dialect() == store::Dialect::postgresql) {
+    database->listen("retryloop_outbox");
+    // The loop watches a duplicate of the connection's socket: libpq closes its own when the
+    // connection breaks, and a watched descriptor must stay open until the watch ends.
+    int fd =
+        database->notification_descriptor() >= 0 ? dup(database->notification_descriptor()) : -1;
+    if (fd >= 0) {
+      poll_ = new uv_poll_t{};
+      uv_poll_init(loop_, poll_, fd);
+      poll_->data = this;
+      ++open_handles_;
+      uv_poll_start(poll_, UV_READABLE, [](uv_poll_t* poll, int, int) {
+        static_cast<RelayImpl*>(poll->data)->on_notification();
+      });
+      listening = true;
+    }
+  }
+  poll_interval_ = options_.poll_interval.count() > 0 ? options_.poll_interval
+                   : listening                        ? std::chrono::milliseconds(5000)
+                                                      : std::chrono::milliseconds(100);
+  database_ = std::move(database);
+  if (database_failures_ > 0 && log()) log()->info("outbox relay: database reachable again");
+  database_failures_ = 0;
+}
+
+void RelayImpl::close_poll() {
+  if (!poll_) return;
+  uv_poll_stop(poll_);
+  uv_close(reinterpret_cast<uv_handle_t*>(poll_), [](uv_handle_t* handle) {
+    auto* self = static_cast<RelayImpl*>(handle->data);
+    auto* poll = reinterpret_cast<uv_poll_t*>(handle);
+    uv_os_fd_t fd = -1;
+    if (uv_fileno(handle, &fd) == 0) ::close(fd);
+    delete poll;
+    if (--self->open_handles_ == 0) self->self_.reset();
+  });
+  poll_ = nullptr;
+}
+
+void RelayImpl::drop_database(const std::string& why) {
+  ++stats.database_errors;
+  if (auto* l = log()) l->warn("outbox relay: database: {}", why);
+  close_poll();  // before the connection closes its socket
+  database_.reset();
+}
+
+void RelayImpl::on_notification() {
+  if (!database_) return;
+  database_->take_notifications();
+  if (!database_->usable()) {
+    close_poll();        // the socket stays readable (closed): stop watching it at once
+    if (batch_) return;  // settling the batch meets the error
+    drop_database("connection lost");
+    wake(options_.recovery.delay(database_failures_++));
+    return;
+  }
+  if (!batch_) wake(std::chrono::milliseconds(0));
+}
+
+void RelayImpl::connect_broker() {
+  if (stopping_ || broker_pending_) return;
+  broker_pending_ = true;
+  connection_ = client::Connection::create(loop_, options_.connection);
+  std::weak_ptr<RelayImpl> weak = shared_from_this();
+  auto connection = connection_;
+  connection_->set_lost_handler([weak, connection](const client::Error& error) {
+    auto self = weak.lock();
+    if (self && self->connection_ == connection) self->drop_broker(error);
+  });
+  auto failed = [weak, connection](const client::Error& error) {
+    auto self = weak.lock();
+    if (self && self->connection_ == connection) self->drop_broker(error);
+  };
+  client::Error error = connection_->connect([weak, connection, failed](const client::Error& e) {
+    if (e) return failed(e);
+    client::Error open = connection->open_channel(
+        [weak, connection, failed](const client::Error& e, std::shared_ptr<client::Channel> ch) {
+          if (e) return failed(e);
+          client::Error select =
+              ch->confirm_select([weak, connection, failed, ch](const client::Error& e) {
+                if (e) return failed(e);
+                auto self = weak.lock();
+                if (!self || self->connection_ != connection) return;
+                self->channel_ = ch;
+                self->broker_pending_ = false;
+                if (self->broker_failures_ > 0 && self->log()) {
+                  self->log()->info("outbox relay: broker reachable again");
+                }
+                self->broker_failures_ = 0;
+                ch->set_close_handler([weak, connection](const client::Error& error) {
+                  auto self = weak.lock();
+                  if (self && self->connection_ == connection) self->drop_broker(error);
+                });
+                self->wake(std::chrono::milliseconds(0));
+              });
+          if (select) failed(select);
+        });
+    if (open) failed(open);
+  });
+  if (error) drop_broker(error);
+}
+
+// The broker connection is gone (or useless): publishes in flight fail, and a new connection
+// is made after the recovery backoff.
+void RelayImpl::drop_broker(const client::Error& why) {
+  ++stats.broker_losses;
+  if (auto* l = log()) l->warn("outbox relay: broker: {}", why.message());
+  channel_.reset();
+  broker_pending_ = false;
+  if (auto connection = std::move(connection_)) connection->close();
+  if (stopping_ || finished_) return;
+  uv_timer_start(
+      &broker_timer_,
+      [](uv_timer_t* timer) { static_cast<RelayImpl*>(timer->data)->connect_broker(); },
+      options_.recovery.delay(broker_failures_++).count(), 0);
+}
+
+void RelayImpl::wake(std::chrono::milliseconds delay) {
+  if (finished_) return;
+  uv_timer_start(
+      &wake_timer_, [](uv_timer_t* timer) { static_cast<RelayImpl*>(timer->data)->cycle(); },
+      delay.count(), 0);
+}
+
+void RelayImpl::cycle() {
+  if (stopping_ || batch_) return;
+  try {
+    open_database();
+  } catch (const store::StoreError& error) {
+    if (error.kind() == store::ErrorKind::schema) return finish(error.what());
+    ++stats.database_errors;
+    if (auto* l = log()) l->warn("outbox relay: database: {}; trying again", error.what());
+    wake(options_.recovery.delay(database_failures_++));
+    return;
+  }
+  if (!channel_) return;  // the broker's confirm_select wakes the relay
+  if (options_.retain_published.count() > 0 &&
+      uv_now(loop_) - last_cleanup_ms_ >=
+          static_cast<uint64_t>(options_.cleanup_interval.count())) {
+    clean_up();
+    if (!database_) return wake(options_.recovery.delay(database_failures_++));
+  }
+  publish_batch();
+}
+
+void RelayImpl::publish_batch() {
+  Batch batch;
+  try {
+    database_->begin();
+    auto result = database_->execute(claim_sql(database_->dialect()),
+                                     {static_cast<int64_t>(options_.batch_size)});
+    batch.rows.reserve(result.rows.size());
+    for (const auto& row : result.rows)
+      batch.rows.push_back(decode_row(row));
+    if (batch.rows.empty()) database_->commit();
+  } catch (const store::StoreError& error) {
+    if (database_->usable()) database_->rollback();
+    if (error.kind() == store::ErrorKind::busy) {
+      idle = false;
+      return wake(poll_interval_);
+    }
+    drop_database(error.what());
+    return wake(options_.recovery.delay(database_failures_++));
+  }
+  if (batch.rows.empty()) {
+    idle = true;
+    return wake(poll_interval_);
+  }
+  idle = false;
+  ++stats.batches;
+  batch.generation = ++generation_;
+  batch.outcomes.resize(batch.rows.size());
+  batch_ = std::move(batch);
+  std::weak_ptr<RelayImpl> weak = shared_from_this();
+  const uint64_t generation = generation_;
+  // After a publish that could not start, none of the rest is tried: a later row of the same
+  // key must not reach the broker before it.
+  bool broken = false;
+  for (size_t i = 0; i < batch_->rows.size(); ++i) {
+    const OutboxRow& row = batch_->rows[i];
+    client::Error error;
+    if (!broken && channel_) {
+      error = channel_->publish(row.exchange, row.routing_key, row.properties, row.body,
+                                client::Mandatory::yes,
+                                [weak, generation, i](const client::PublishOutcome& outcome) {
+                                  if (auto self = weak.lock()) {
+                                    self->on_outcome(generation, i, outcome);
+                                  }
+                                });
+    } else {
+      error = client::Error(client::ClientError::not_open, "broker connection lost");
+    }
+    if (error) {
+      broken = true;
+      client::PublishOutcome failed;
+      failed.status = client::PublishStatus::failed;
+      failed.error = error;
+      on_outcome(generation, i, failed);
+      if (!batch_) return;  // settled at once: nothing was published
+    }
+  }
+  if (batch_ && batch_->generation == generation) {
+    uv_timer_start(
+        &confirm_timer_,
+        [](uv_timer_t* timer) {
+          auto* self = static_cast<RelayImpl*>(timer->data);
+          self->drop_broker(client::Error(client::ClientError::connection_lost,
+                                          "publishes not confirmed within the confirm timeout"));
+        },
+        options_.confirm_timeout.count(), 0);
+  }
+}
+
+void RelayImpl::on_outcome(uint64_t generation, size_t index,
+                           const client::PublishOutcome& outcome) {
+  if (!batch_ || batch_->generation != generation || batch_->outcomes[index]) return;
+  batch_->outcomes[index] = outcome;
+  if (++batch_->settled == batch_->rows.size()) settle_batch();
+}
+
+// Every publish of the batch has an outcome: record them and commit.
+void RelayImpl::settle_batch() {
+  uv_timer_stop(&confirm_timer_);
+  Batch batch = std::move(*batch_);
+  batch_.reset();
+  std::vector<int64_t> published;
+  std::vector<std::pair<int64_t, std::string>> failed;
+  uint64_t unsettled = 0;
+  for (size_t i = 0; i < batch.rows.size(); ++i) {
+    const auto& outcome = *batch.outcomes[i];
+    if (outcome.ok()) {
+      published.push_back(batch.rows[i].id);
+    } else if (outcome.status == client::PublishStatus::failed) {
+      ++unsettled;
+    } else {
+      failed.emplace_back(batch.rows[i].id, outcome_text(outcome));
+    }
+  }
+  const int64_t now = now_ms();
+  try {
+    constexpr size_t chunk = 500;
+    for (size_t first = 0; first < published.size(); first += chunk) {
+      size_t count = std::min(chunk, published.size() - first);
+      std::vector<store::Value> values;
+      values.reserve(count + 1);
+      values.emplace_back(now);
+      for (size_t i = 0; i < count; ++i)
+        values.emplace_back(published[first + i]);
+      std::string ids = "(" + store::placeholders(2, count) + ")";
+      if (options_.retain_published.count() > 0) {
+        database_->execute(
+            "UPDATE retryloop_outbox SET state = 'published', updated_at = $1 WHERE id IN " + ids,
+            values);
+      } else {
+        values.erase(values.begin());
+        database_->execute(
+            "DELETE FROM retryloop_outbox WHERE id IN (" + store::placeholders(1, count) + ")",
+            values);
+      }
+    }
+    for (const auto& [id, error] : failed) {
+      database_->execute(
+          "UPDATE retryloop_outbox SET state = 'failed', attempts = attempts + 1, "
+          "last_error = $1, updated_at = $2 WHERE id = $3",
+          {error, now, id});
+      if (auto* l = log()) l->error("outbox relay: row {} failed: {}", id, error);
+    }
+    database_->commit();
+  } catch (const store::StoreError& error) {
+    // The batch rolls back: its rows stay pending and are published again.
+    drop_database(std::string("settling a batch: ") + error.what());
+    stats.unsettled += batch.rows.size();
+    if (stopping_) return finish({});
+    return wake(options_.recovery.delay(database_failures_++));
+  }
+  stats.published += published.size();
+  stats.failed += failed.size();
+  stats.unsettled += unsettled;
+  if (stopping_) return finish({});
+  // Look again at once: rows committed while this batch was out, or a full batch's rest. The
+  // look that finds nothing makes the relay idle and waits for the next wake-up.
+  database_->take_notifications();
+  wake(std::chrono::milliseconds(0));
+}
+
+void RelayImpl::clean_up() {
+  last_cleanup_ms_ = uv_now(loop_);
+  try {
+    uint64_t deleted = delete_published(*database_, now_ms() - options_.retain_published.count(),
+                                        options_.cleanup_batch);
+    stats.cleaned += deleted;
+    if (deleted && log()) log()->info("outbox relay: deleted {} published rows", deleted);
+  } catch (const store::StoreError& error) {
+    if (error.kind() == store::ErrorKind::busy) return;
+    drop_database(std::string("cleanup: ") + error.what());
+  }
+}
+
+void RelayImpl::stop() {
+  if (!started_ || stopping_) return;
+  stopping_ = true;
+  if (!batch_) finish({});
+}
+
+void RelayImpl::stop_now() {
+  if (!started_ || finished_) return;
+  stopping_ = true;
+  if (batch_) {
+    batch_.reset();
+    if (database_) database_->rollback();
+  }
+  finish({});
+}
+
+void RelayImpl::finish(std::string error) {
+  if (finished_) return;
+  finished_ = true;
+  stopping_ = true;
+  if (!error.empty() && log()) log()->error("outbox relay: {}", error);
+  if (signals_) signals_->close();
+  channel_.reset();
+  if (auto connection = std::move(connection_)) connection->close();
+  close_poll();
+  database_.reset();
+  for (uv_timer_t* timer : {&wake_timer_, &broker_timer_, &confirm_timer_}) {
+    uv_timer_stop(timer);
+    uv_close(reinterpret_cast<uv_handle_t*>(timer), [](uv_handle_t* handle) {
+      auto* self = static_cast<RelayImpl*>(handle->data);
+      if (--self->open_handles_ == 0) self->self_.reset();
+    });
+  }
+  auto handler = std::move(stopped_handler);
+  if (handler) handler(error);
+}
+
+}  // namespace detail
+
+std::shared_ptr<Relay> Relay::create(uv_loop_t* loop, RelayOptions options) {
+  return std::make_shared<Relay>(std::make_shared<detail::RelayImpl>(loop, std::move(options)));
+}
+
+Relay::Relay(std::shared_ptr<detail::RelayImpl> impl) : impl_(std::move(impl)) {}
+Relay::~Relay() = default;
+std::string Relay::start() {
+  return impl_->start();
+}
+void Relay::stop() {
+  impl_->stop();
+}
+void Relay::stop_now() {
+  impl_->stop_now();
+}
+void Relay::set_stopped_handler(RelayStoppedHandler handler) {
+  impl_->stopped_handler = std::move(handler);
+}
+RelayStats Relay::stats() const {
+  return impl_->stats;
+}
+bool Relay::idle() const {
+  return impl_->idle;
+}
+
+}  // namespace retryloop::outbox
