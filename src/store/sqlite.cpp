@@ -29,6 +29,7 @@ ErrorKind kind_of(int code, const char* message) {
   if (text.rfind("no such table", 0) == 0 || text.rfind("no such column", 0) == 0) {
     return ErrorKind::schema;
   }
+  if (text.find("syntax error") != std::string_view::npos) return ErrorKind::usage;
   return ErrorKind::other;
 }
 

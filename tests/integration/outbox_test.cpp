@@ -1,0 +1,385 @@
+// The outbox on a real SQLite file and a real PostgreSQL server, relayed to a real broker:
+// enqueue in the application's transaction, the table as a contract for plain SQL, the relay's
+// confirms, returns, ordering keys, notifications and cleanup.
+
+#include <catch2/catch.hpp>
+#include <map>
+
+#include "retryloop/client/channel.hpp"
+#include "retryloop/outbox/outbox.hpp"
+#include "retryloop/outbox/relay.hpp"
+#include "support/databases.hpp"
+#include "support/harness.hpp"
+
+using namespace retryloop;
+using namespace std::chrono_literals;
+
+namespace {
+
+test::TestDatabase database_for(const std::string& label, const std::string& name) {
+  return label == "sqlite" ? test::fresh_sqlite(name) : test::fresh_postgres(name);
+}
+
+outbox::OutboxMessage message_to(const std::string& queue, const std::string& body,
+                                 std::optional<std::string> key = std::nullopt) {
+  outbox::OutboxMessage message;
+  message.routing_key = queue;  // the default exchange routes it to the queue of that name
+  message.body = body;
+  message.ordering_key = std::move(key);
+  return message;
+}
+
+void enqueue_committed(store::Database& db, const std::vector<outbox::OutboxMessage>& messages) {
+  store::Transaction transaction(db);
+  for (const auto& message : messages)
+    outbox::enqueue(db, message);
+  transaction.commit();
+}
+
+outbox::RelayOptions relay_options(const test::TestDatabase& database) {
+  outbox::RelayOptions options;
+  options.database = database.url;
+  options.connection.uri = client::parse_uri(test::broker_url());
+  options.recovery.initial = 50ms;
+  options.recovery.max = 500ms;
+  options.poll_interval = 50ms;
+  return options;
+}
+
+// A relay that runs on the test loop until the test stops it.
+struct RunningRelay {
+  test::TestLoop& loop;
+  std::shared_ptr<outbox::Relay> relay;
+  bool stopped = false;
+  std::string error;
+
+  RunningRelay(test::TestLoop& l, outbox::RelayOptions options) : loop(l) {
+    relay = outbox::Relay::create(loop.get(), std::move(options));
+    relay->set_stopped_handler([this](const std::string& e) {
+      stopped = true;
+      error = e;
+    });
+    REQUIRE(relay->start().empty());
+  }
+  ~RunningRelay() {
+    if (!stopped) relay->stop();
+    loop.run_until([this] { return stopped; }, 10s);
+  }
+  void wait_idle() {
+    REQUIRE(loop.run_until([this] { return relay->idle(); }));
+  }
+};
+
+int64_t count_rows(store::Database& db, const std::string& where = "1 = 1") {
+  return db.execute("SELECT count(*) FROM retryloop_outbox WHERE " + where).rows[0].integer(0);
+}
+
+}  // namespace
+
+TEST_CASE("An outbox row keeps every property, header and byte of the message", "[outbox]") {
+  const std::string label = GENERATE("sqlite", "postgresql");
+  INFO(label);
+  auto db = database_for(label, "row").open();
+  outbox::OutboxMessage message;
+  message.exchange = "orders";
+  message.routing_key = "order.created";
+  message.body = std::string("\0\x01{\"order\": 7}\xff", 16);
+  message.message_id = "order-7-created";
+  message.ordering_key = "order-7";
+  message.properties.content_type = "application/json";
+  message.properties.correlation_id = "corr-1";
+  message.properties.priority = 3;
+  message.properties.timestamp = 1700000000;
+  message.properties.headers = amqp::FieldTable{
+      {"trace-id", "abc"},
+      {"count", int64_t{42}},
+      {"ratio", 0.5},
+      {"flag", true},
+      {"nothing", amqp::Void{}},
+      {"list", amqp::FieldArray{int64_t{1}, "two"}},
+      {"nested", amqp::FieldTable{{"inner", "value"}}},
+  };
+  int64_t id = 0;
+  {
+    store::Transaction transaction(*db);
+    id = outbox::enqueue(*db, message);
+    transaction.commit();
+  }
+  auto rows = outbox::list_rows(*db, outbox::RowState::pending, 10);
+  REQUIRE(rows.size() == 1);
+  const auto& row = rows[0];
+  CHECK(row.id == id);
+  CHECK(row.exchange == "orders");
+  CHECK(row.routing_key == "order.created");
+  CHECK(row.body == message.body);
+  CHECK(row.message_id == "order-7-created");
+  CHECK(row.ordering_key == std::optional<std::string>("order-7"));
+  CHECK(row.properties.message_id == std::optional<std::string>("order-7-created"));
+  CHECK(row.properties.content_type == message.properties.content_type);
+  CHECK(row.properties.correlation_id == message.properties.correlation_id);
+  CHECK(row.properties.priority == message.properties.priority);
+  CHECK(row.properties.timestamp == message.properties.timestamp);
+  CHECK(row.properties.delivery_mode == std::optional<uint8_t>(2));  // persistent by default
+  REQUIRE(row.properties.headers);
+  // Every header, with its value and kind; their order is not kept (jsonb sorts the keys).
+  CHECK(row.properties.headers->size() == message.properties.headers->size());
+  for (const auto& entry : *message.properties.headers) {
+    INFO(entry.name);
+    const amqp::FieldValue* value = row.properties.headers->find(entry.name);
+    REQUIRE(value);
+    CHECK(*value == entry.value);
+  }
+  CHECK(row.state == outbox::RowState::pending);
+  CHECK(row.attempts == 0);
+
+  // A message id left empty is generated, and differs per row.
+  enqueue_committed(*db, {message_to("q", "a"), message_to("q", "b")});
+  auto all = outbox::list_rows(*db, std::nullopt, 10);
+  REQUIRE(all.size() == 3);
+  CHECK_FALSE(all[1].message_id.empty());
+  CHECK(all[1].message_id != all[2].message_id);
+}
+
+TEST_CASE("A row enqueued in a transaction that rolls back does not exist", "[outbox]") {
+  const std::string label = GENERATE("sqlite", "postgresql");
+  INFO(label);
+  auto db = database_for(label, "rollback").open();
+  {
+    store::Transaction transaction(*db);
+    outbox::enqueue(*db, message_to("q", "phantom"));
+    db->execute_script("CREATE TABLE business (n integer)");
+    // no commit: the business change and the message go together
+  }
+  CHECK(count_rows(*db) == 0);
+}
+
+TEST_CASE("Rows inserted with plain SQL, as docs/outbox.md describes, get their defaults",
+          "[outbox]") {
+  const std::string label = GENERATE("sqlite", "postgresql");
+  INFO(label);
+  auto db = database_for(label, "plain_sql").open();
+  const bool postgres = label == "postgresql";
+  db->execute(std::string("INSERT INTO retryloop_outbox (exchange, routing_key, headers, body) "
+                          "VALUES ('ex', 'rk', ") +
+                  (postgres ? "'{\"x-tenant\": \"t1\"}'::jsonb" : "'{\"x-tenant\": \"t1\"}'") +
+                  ", $1)",
+              {store::Blob{"payload"}});
+  auto rows = outbox::list_rows(*db, std::nullopt, 10);
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0].state == outbox::RowState::pending);
+  CHECK_FALSE(rows[0].message_id.empty());
+  CHECK(rows[0].created_at_ms > 1700000000000);
+  CHECK(rows[0].created_at_ms <= outbox::now_ms() + 1000);
+  REQUIRE(rows[0].properties.headers);
+  CHECK(rows[0].properties.headers->find("x-tenant")->as_string() == std::string_view("t1"));
+  // A state outside the contract is refused by the table itself.
+  CHECK_THROWS_AS(db->execute("UPDATE retryloop_outbox SET state = 'sent'"), store::StoreError);
+}
+
+TEST_CASE("The relay publishes every committed row with its properties, then deletes it",
+          "[outbox][relay]") {
+  const std::string label = GENERATE("sqlite", "postgresql");
+  INFO(label);
+  auto database = database_for(label, "relay");
+  auto db = database.open();
+  test::TestLoop loop;
+  auto connection = test::connect(loop, test::broker_url());
+  auto channel = test::open_channel(loop, *connection);
+  const std::string queue = test::unique_name("outbox.relay");
+  test::declare_queue(loop, *channel, queue);
+
+  std::vector<outbox::OutboxMessage> messages;
+  for (int i = 0; i < 1200; ++i) {
+    auto message = message_to(queue, "m" + std::to_string(i));
+    message.message_id = "id-" + std::to_string(i);
+    message.properties.headers = amqp::FieldTable{{"n", int64_t{i}}};
+    messages.push_back(std::move(message));
+  }
+  enqueue_committed(*db, messages);
+
+  auto options = relay_options(database);
+  options.batch_size = 500;
+  RunningRelay relay(loop, options);
+  REQUIRE(
+      test::eventually(loop, [&] { return test::queue_depth(loop, *connection, queue) == 1200; }));
+  relay.wait_idle();
+  auto stats = relay.relay->stats();
+  CHECK(stats.published == 1200);
+  CHECK(stats.failed == 0);
+  CHECK(stats.batches >= 3);
+  CHECK(count_rows(*db) == 0);
+
+  auto received = test::drain_queue(loop, *connection, queue);
+  REQUIRE(received.size() == 1200);
+  for (int i = 0; i < 1200; ++i) {
+    const auto& message = received[i].message;
+    INFO(i);
+    CHECK(message.body == "m" + std::to_string(i));
+    CHECK(message.properties.message_id == std::optional<std::string>("id-" + std::to_string(i)));
+    CHECK(message.properties.delivery_mode == std::optional<uint8_t>(2));
+    REQUIRE(message.properties.headers);
+    CHECK(message.properties.headers->find("n")->as_int64() == i);
+  }
+}
+
+TEST_CASE("A row the broker returns stays failed with the error until it is retried",
+          "[outbox][relay]") {
+  const std::string label = GENERATE("sqlite", "postgresql");
+  INFO(label);
+  auto database = database_for(label, "returned");
+  auto db = database.open();
+  test::TestLoop loop;
+  auto connection = test::connect(loop, test::broker_url());
+  auto channel = test::open_channel(loop, *connection);
+  const std::string missing = test::unique_name("outbox.missing");
+  const std::string present = test::unique_name("outbox.present");
+  test::declare_queue(loop, *channel, present);
+
+  // k1: a failed row holds back the rows of its key committed after it; k2 and unkeyed rows
+  // flow on.
+  enqueue_committed(*db, {message_to(missing, "lost?", "k1"), message_to(present, "k2", "k2")});
+  {
+    RunningRelay relay(loop, relay_options(database));
+    REQUIRE(test::eventually(loop, [&] { return relay.relay->stats().failed == 1; }));
+    enqueue_committed(*db, {message_to(present, "k1 after", "k1"), message_to(present, "free")});
+    REQUIRE(test::eventually(loop, [&] { return relay.relay->stats().published == 2; }));
+    relay.wait_idle();
+    loop.run_for(200ms);
+    CHECK(relay.relay->stats().published == 2);
+    CHECK(test::queue_depth(loop, *connection, present) == 2);
+  }
+  auto failed = outbox::list_rows(*db, outbox::RowState::failed, 10);
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0].body == "lost?");
+  CHECK(failed[0].attempts == 1);
+  REQUIRE(failed[0].last_error);
+  CHECK_THAT(*failed[0].last_error, Catch::Contains("312") && Catch::Contains("returned"));
+  CHECK(outbox::stats(*db).pending == 1);  // "k1 after", held back
+
+  // The operator fixes the route and retries: both k1 rows arrive, in their order.
+  test::declare_queue(loop, *channel, missing);
+  CHECK(outbox::retry_failed(*db, {}) == 1);
+  CHECK(outbox::retry_failed(*db, {}) == 0);
+  {
+    RunningRelay relay(loop, relay_options(database));
+    REQUIRE(test::eventually(loop, [&] { return count_rows(*db) == 0; }));
+  }
+  CHECK(test::queue_depth(loop, *connection, missing) == 1);
+  auto present_messages = test::drain_queue(loop, *connection, present);
+  REQUIRE(present_messages.size() == 3);
+  CHECK(present_messages[2].message.body == "k1 after");
+}
+
+TEST_CASE("retry and purge act on failed rows only", "[outbox]") {
+  const std::string label = GENERATE("sqlite", "postgresql");
+  INFO(label);
+  auto db = database_for(label, "purge").open();
+  enqueue_committed(*db, {message_to("q", "1"), message_to("q", "2"), message_to("q", "3")});
+  auto rows = outbox::list_rows(*db, std::nullopt, 10);
+  db->execute("UPDATE retryloop_outbox SET state = 'failed' WHERE id IN ($1, $2)",
+              {rows[0].id, rows[1].id});
+  CHECK(outbox::purge_failed(*db, {rows[0].id, rows[2].id}) == 1);  // rows[2] is pending
+  CHECK(outbox::stats(*db).failed == 1);
+  CHECK(outbox::stats(*db).pending == 1);
+  CHECK(outbox::purge_failed(*db, {}) == 1);
+  CHECK(count_rows(*db) == 1);
+}
+
+TEST_CASE("With notifications, a commit wakes an idle relay long before its poll interval",
+          "[outbox][relay]") {
+  auto database = test::fresh_postgres("notify");
+  auto db = database.open();
+  test::TestLoop loop;
+  auto connection = test::connect(loop, test::broker_url());
+  auto channel = test::open_channel(loop, *connection);
+  const std::string queue = test::unique_name("outbox.notify");
+  test::declare_queue(loop, *channel, queue);
+
+  auto options = relay_options(database);
+  options.poll_interval = std::chrono::minutes(10);  // only a notification can wake it in time
+  RunningRelay relay(loop, options);
+  relay.wait_idle();
+  loop.run_for(200ms);
+  enqueue_committed(*db, {message_to(queue, "wake up")});
+  // A bound on a hang, not on speed: without the notification this would take ten minutes.
+  REQUIRE(test::eventually(
+      loop, [&] { return test::queue_depth(loop, *connection, queue) == 1; }, 60s));
+  CHECK(count_rows(*db) == 0);
+}
+
+TEST_CASE("Published rows kept for a while are cleaned up later, in batches", "[outbox][relay]") {
+  const std::string label = GENERATE("sqlite", "postgresql");
+  INFO(label);
+  auto database = database_for(label, "retain");
+  auto db = database.open();
+  test::TestLoop loop;
+  auto connection = test::connect(loop, test::broker_url());
+  auto channel = test::open_channel(loop, *connection);
+  const std::string queue = test::unique_name("outbox.retain");
+  test::declare_queue(loop, *channel, queue);
+  std::vector<outbox::OutboxMessage> messages;
+  for (int i = 0; i < 50; ++i)
+    messages.push_back(message_to(queue, std::to_string(i)));
+  enqueue_committed(*db, messages);
+
+  auto options = relay_options(database);
+  options.retain_published = std::chrono::hours(1);
+  {
+    RunningRelay relay(loop, options);
+    REQUIRE(test::eventually(loop, [&] { return relay.relay->stats().published == 50; }));
+  }
+  CHECK(outbox::stats(*db).published == 50);
+  CHECK(count_rows(*db, "state = 'published' AND updated_at IS NOT NULL") == 50);
+  CHECK(outbox::delete_published(*db, outbox::now_ms() - 3600 * 1000, 7) == 0);  // too young
+  CHECK(outbox::delete_published(*db, outbox::now_ms() + 1000, 7) == 50);        // 8 statements
+  CHECK(count_rows(*db) == 0);
+}
+
+TEST_CASE("Three relays share a PostgreSQL table; each ordering key arrives in commit order",
+          "[outbox][relay]") {
+  auto database = test::fresh_postgres("three_relays");
+  auto db = database.open();
+  test::TestLoop loop;
+  auto connection = test::connect(loop, test::broker_url());
+  auto channel = test::open_channel(loop, *connection);
+  const std::string queue = test::unique_name("outbox.three");
+  test::declare_queue(loop, *channel, queue);
+  constexpr int keys = 7, per_key = 300;
+  std::vector<outbox::OutboxMessage> messages;
+  for (int n = 0; n < per_key; ++n) {
+    for (int k = 0; k < keys; ++k) {
+      messages.push_back(message_to(queue, std::to_string(k) + ":" + std::to_string(n),
+                                    "key-" + std::to_string(k)));
+    }
+    messages.push_back(message_to(queue, "free:" + std::to_string(n)));
+  }
+  // Several transactions, so that the relays start while rows keep coming.
+  auto options = relay_options(database);
+  options.batch_size = 50;
+  RunningRelay a(loop, options), b(loop, options), c(loop, options);
+  for (size_t first = 0; first < messages.size(); first += 400) {
+    enqueue_committed(*db, std::vector<outbox::OutboxMessage>(
+                               messages.begin() + first,
+                               messages.begin() + std::min(messages.size(), first + 400)));
+    loop.run_for(20ms);
+  }
+  const uint32_t total = messages.size();
+  REQUIRE(
+      test::eventually(loop, [&] { return test::queue_depth(loop, *connection, queue) == total; }));
+  CHECK(a.relay->stats().published + b.relay->stats().published + c.relay->stats().published ==
+        total);
+  auto received = test::drain_queue(loop, *connection, queue);
+  REQUIRE(received.size() == total);
+  std::map<std::string, int> last;
+  for (const auto& got : received) {
+    const std::string& body = got.message.body;
+    auto colon = body.find(':');
+    std::string key = body.substr(0, colon);
+    int n = std::stoi(body.substr(colon + 1));
+    if (key == "free") continue;
+    INFO("key " << key << ": " << n << " after " << (last.count(key) ? last[key] : -1));
+    CHECK(n == (last.count(key) ? last[key] + 1 : 0));
+    last[key] = n;
+  }
+  CHECK(last.size() == keys);
+}
