@@ -129,10 +129,8 @@ TEST_CASE("retryloop outbox relay publishes until SIGTERM, then says what it did
           "[outbox][cli]") {
   auto database = test::fresh_postgres("cli_relay");
   test::TestLoop loop;
-  auto connection = test::connect(loop, test::broker_url());
-  auto channel = test::open_channel(loop, *connection);
-  const std::string queue = test::unique_name("outbox.cli");
-  test::declare_queue(loop, *channel, queue);
+  test::QueueUnderTest target(loop, "outbox.cli");
+  auto& [connection, channel, queue] = target;
   auto db = database.open();
   {
     store::Transaction transaction(*db);

@@ -183,10 +183,8 @@ TEST_CASE("The relay publishes every committed row with its properties, then del
   auto database = database_for(label, "relay");
   auto db = database.open();
   test::TestLoop loop;
-  auto connection = test::connect(loop, test::broker_url());
-  auto channel = test::open_channel(loop, *connection);
-  const std::string queue = test::unique_name("outbox.relay");
-  test::declare_queue(loop, *channel, queue);
+  test::QueueUnderTest target(loop, "outbox.relay");
+  auto& [connection, channel, queue] = target;
 
   std::vector<outbox::OutboxMessage> messages;
   for (int i = 0; i < 1200; ++i) {
@@ -290,10 +288,8 @@ TEST_CASE("With notifications, a commit wakes an idle relay long before its poll
   auto database = test::fresh_postgres("notify");
   auto db = database.open();
   test::TestLoop loop;
-  auto connection = test::connect(loop, test::broker_url());
-  auto channel = test::open_channel(loop, *connection);
-  const std::string queue = test::unique_name("outbox.notify");
-  test::declare_queue(loop, *channel, queue);
+  test::QueueUnderTest target(loop, "outbox.notify");
+  auto& [connection, channel, queue] = target;
 
   auto options = relay_options(database);
   options.poll_interval = std::chrono::minutes(10);  // only a notification can wake it in time
@@ -313,10 +309,8 @@ TEST_CASE("Published rows kept for a while are cleaned up later, in batches", "[
   auto database = database_for(label, "retain");
   auto db = database.open();
   test::TestLoop loop;
-  auto connection = test::connect(loop, test::broker_url());
-  auto channel = test::open_channel(loop, *connection);
-  const std::string queue = test::unique_name("outbox.retain");
-  test::declare_queue(loop, *channel, queue);
+  test::QueueUnderTest target(loop, "outbox.retain");
+  auto& [connection, channel, queue] = target;
   std::vector<outbox::OutboxMessage> messages;
   for (int i = 0; i < 50; ++i)
     messages.push_back(message_to(queue, std::to_string(i)));
@@ -340,10 +334,8 @@ TEST_CASE("Three relays share a PostgreSQL table; each ordering key arrives in c
   auto database = test::fresh_postgres("three_relays");
   auto db = database.open();
   test::TestLoop loop;
-  auto connection = test::connect(loop, test::broker_url());
-  auto channel = test::open_channel(loop, *connection);
-  const std::string queue = test::unique_name("outbox.three");
-  test::declare_queue(loop, *channel, queue);
+  test::QueueUnderTest target(loop, "outbox.three");
+  auto& [connection, channel, queue] = target;
   constexpr int keys = 7, per_key = 300;
   std::vector<outbox::OutboxMessage> messages;
   for (int n = 0; n < per_key; ++n) {

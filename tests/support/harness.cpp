@@ -282,4 +282,11 @@ std::vector<client::GetResult> drain_queue(TestLoop& loop, client::Connection& c
   return messages;
 }
 
+QueueUnderTest::QueueUnderTest(TestLoop& loop, const std::string& prefix)
+    : connection(connect(loop, broker_url())),
+      channel(open_channel(loop, *connection)),
+      queue(unique_name(prefix)) {
+  declare_queue(loop, *channel, queue);
+}
+
 }  // namespace retryloop::test

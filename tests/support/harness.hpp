@@ -106,4 +106,13 @@ void publish_confirmed(TestLoop& loop, client::Channel& channel, const std::stri
 std::vector<client::GetResult> drain_queue(TestLoop& loop, client::Connection& connection,
                                            const std::string& queue);
 
+/// A connection, a channel and a fresh durable queue with a unique name, for a test that reads
+/// what something published to the queue.
+struct QueueUnderTest {
+  std::shared_ptr<client::Connection> connection;
+  std::shared_ptr<client::Channel> channel;
+  std::string queue;
+  QueueUnderTest(TestLoop& loop, const std::string& prefix);
+};
+
 }  // namespace retryloop::test
