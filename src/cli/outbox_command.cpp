@@ -224,10 +224,23 @@ int run_relay(const OutboxArgs& args) {
   uv_loop_t loop;
   uv_loop_init(&loop);
   auto relay = outbox::Relay::create(&loop, options);
+  // --until-idle: stop once a look at the table found nothing to publish.
+  uv_timer_t idle_timer;
+  uv_timer_init(&loop, &idle_timer);
+  idle_timer.data = relay.get();
+  auto close_timer = [&idle_timer] {
+    if (!uv_is_closing(reinterpret_cast<uv_handle_t*>(&idle_timer))) {
+      uv_close(reinterpret_cast<uv_handle_t*>(&idle_timer), nullptr);
+    }
+  };
   std::string failure;
-  relay->set_stopped_handler([&failure](const std::string& error) { failure = error; });
+  relay->set_stopped_handler([&failure, &close_timer](const std::string& error) {
+    failure = error;
+    close_timer();
+  });
   std::string error = relay->start();
   if (!error.empty()) {
+    close_timer();
     uv_run(&loop, UV_RUN_DEFAULT);
     uv_loop_close(&loop);
     throw Failure(
@@ -236,31 +249,21 @@ int run_relay(const OutboxArgs& args) {
             : exit_usage,
         error);
   }
-  // --until-idle: stop once a look at the table found nothing to publish.
-  uv_timer_t idle_timer;
-  uv_timer_init(&loop, &idle_timer);
-  idle_timer.data = relay.get();
   if (args.until_idle) {
     uv_timer_start(
         &idle_timer,
         [](uv_timer_t* timer) {
           auto* relay = static_cast<outbox::Relay*>(timer->data);
           if (relay->idle()) {
+            uv_timer_stop(timer);
             relay->stop();
-            uv_close(reinterpret_cast<uv_handle_t*>(timer), nullptr);
           }
         },
         50, 50);
-  } else {
-    uv_close(reinterpret_cast<uv_handle_t*>(&idle_timer), nullptr);
   }
   options.logger->info("outbox relay: relaying from {} to {}", store::redact(args.database),
                        hide_passwords(args.connection.url));
   uv_run(&loop, UV_RUN_DEFAULT);
-  if (!uv_is_closing(reinterpret_cast<uv_handle_t*>(&idle_timer))) {
-    uv_close(reinterpret_cast<uv_handle_t*>(&idle_timer), nullptr);
-    uv_run(&loop, UV_RUN_DEFAULT);
-  }
   uv_loop_close(&loop);
   auto stats = relay->stats();
   options.logger->info(

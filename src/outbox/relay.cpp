@@ -81,6 +81,7 @@ class RelayImpl : public std::enable_shared_from_this<RelayImpl> {
   void settle_batch();
   void clean_up();
   void finish(std::string error);
+  void maybe_done();
   void close_poll();
 
   uv_loop_t* loop_;
@@ -104,6 +105,8 @@ class RelayImpl : public std::enable_shared_from_this<RelayImpl> {
   uv_timer_t broker_timer_{};
   uv_timer_t confirm_timer_{};
   int open_handles_ = 0;
+  bool connection_closing_ = false;
+  std::string final_error_;
 
   std::optional<Batch> batch_;
   uint64_t generation_ = 0;
@@ -196,7 +199,8 @@ void RelayImpl::close_poll() {
     uv_os_fd_t fd = -1;
     if (uv_fileno(handle, &fd) == 0) ::close(fd);
     delete poll;
-    if (--self->open_handles_ == 0) self->self_.reset();
+    --self->open_handles_;
+    self->maybe_done();
   });
   poll_ = nullptr;
 }
@@ -225,36 +229,40 @@ void RelayImpl::connect_broker() {
   if (stopping_ || broker_pending_) return;
   broker_pending_ = true;
   connection_ = client::Connection::create(loop_, options_.connection);
+  // The callbacks hold the relay and the connection weakly: the connection and its channel
+  // store them, and a strong reference would keep both alive for ever.
   std::weak_ptr<RelayImpl> weak = shared_from_this();
-  auto connection = connection_;
-  connection_->set_lost_handler([weak, connection](const client::Error& error) {
+  std::weak_ptr<client::Connection> weak_connection = connection_;
+  auto current = [weak, weak_connection]() -> std::shared_ptr<RelayImpl> {
     auto self = weak.lock();
-    if (self && self->connection_ == connection) self->drop_broker(error);
-  });
-  auto failed = [weak, connection](const client::Error& error) {
-    auto self = weak.lock();
-    if (self && self->connection_ == connection) self->drop_broker(error);
+    auto connection = weak_connection.lock();
+    return self && connection && self->connection_ == connection ? self : nullptr;
   };
-  client::Error error = connection_->connect([weak, connection, failed](const client::Error& e) {
+  auto failed = [current](const client::Error& error) {
+    if (auto self = current()) self->drop_broker(error);
+  };
+  connection_->set_lost_handler(failed);
+  client::Error error = connection_->connect([current, failed](const client::Error& e) {
+    auto self = current();
+    if (!self) return;
     if (e) return failed(e);
-    client::Error open = connection->open_channel(
-        [weak, connection, failed](const client::Error& e, std::shared_ptr<client::Channel> ch) {
+    client::Error open = self->connection_->open_channel(
+        [current, failed](const client::Error& e, std::shared_ptr<client::Channel> channel) {
           if (e) return failed(e);
+          // The callback holds the channel (the handle the connection gave only to this
+          // callback) until confirm mode is on; the channel lets go of it once it has fired.
           client::Error select =
-              ch->confirm_select([weak, connection, failed, ch](const client::Error& e) {
+              channel->confirm_select([current, failed, channel](const client::Error& e) {
                 if (e) return failed(e);
-                auto self = weak.lock();
-                if (!self || self->connection_ != connection) return;
-                self->channel_ = ch;
+                auto self = current();
+                if (!self) return;
+                self->channel_ = channel;
                 self->broker_pending_ = false;
                 if (self->broker_failures_ > 0 && self->log()) {
                   self->log()->info("outbox relay: broker reachable again");
                 }
                 self->broker_failures_ = 0;
-                ch->set_close_handler([weak, connection](const client::Error& error) {
-                  auto self = weak.lock();
-                  if (self && self->connection_ == connection) self->drop_broker(error);
-                });
+                channel->set_close_handler(failed);
                 self->wake(std::chrono::milliseconds(0));
               });
           if (select) failed(select);
@@ -481,20 +489,38 @@ void RelayImpl::finish(std::string error) {
   finished_ = true;
   stopping_ = true;
   if (!error.empty() && log()) log()->error("outbox relay: {}", error);
+  final_error_ = std::move(error);
   if (signals_) signals_->close();
   channel_.reset();
-  if (auto connection = std::move(connection_)) connection->close();
+  if (auto connection = std::move(connection_)) {
+    connection_closing_ = true;
+    std::weak_ptr<RelayImpl> weak = shared_from_this();
+    connection->close([weak](const client::Error&) {
+      if (auto self = weak.lock()) {
+        self->connection_closing_ = false;
+        self->maybe_done();
+      }
+    });
+  }
   close_poll();
   database_.reset();
   for (uv_timer_t* timer : {&wake_timer_, &broker_timer_, &confirm_timer_}) {
     uv_timer_stop(timer);
     uv_close(reinterpret_cast<uv_handle_t*>(timer), [](uv_handle_t* handle) {
       auto* self = static_cast<RelayImpl*>(handle->data);
-      if (--self->open_handles_ == 0) self->self_.reset();
+      --self->open_handles_;
+      self->maybe_done();
     });
   }
+}
+
+// Once the relay has finished and its broker connection and loop handles are closed: tells the
+// stopped handler, then lets go of itself.
+void RelayImpl::maybe_done() {
+  if (!finished_ || open_handles_ > 0 || connection_closing_ || !self_) return;
   auto handler = std::move(stopped_handler);
-  if (handler) handler(error);
+  auto self = std::move(self_);
+  if (handler) handler(final_error_);
 }
 
 }  // namespace detail

@@ -172,7 +172,7 @@ TEST_CASE("Ids older than the retention are deleted, and a copy after that runs 
   inbox::InboxOptions options;
   options.database = database.url;
   options.consumer = "billing";
-  options.retention = 50ms;
+  options.retention = 2s;
   options.cleanup_interval = std::chrono::hours(1);  // only the explicit clean_up below
   options.cleanup_batch = 2;
   auto inbox = inbox::Inbox::create(options);
@@ -185,7 +185,7 @@ TEST_CASE("Ids older than the retention are deleted, and a copy after that runs 
   }
   CHECK(effects(database) == 3);
   CHECK(inbox->clean_up() == 0);  // too young
-  std::this_thread::sleep_for(100ms);
+  std::this_thread::sleep_for(2500ms);
   CHECK(inbox->clean_up() == 3);  // in statements of 2
   consumer::Message again;
   again.properties.message_id = "a";

@@ -130,7 +130,8 @@ TEST_CASE("retryloop outbox relay publishes until SIGTERM, then says what it did
   auto database = test::fresh_postgres("cli_relay");
   test::TestLoop loop;
   test::QueueUnderTest target(loop, "outbox.cli");
-  auto& [connection, channel, queue] = target;
+  auto& connection = target.connection;
+  const std::string& queue = target.queue;
   auto db = database.open();
   {
     store::Transaction transaction(*db);

@@ -184,7 +184,8 @@ TEST_CASE("The relay publishes every committed row with its properties, then del
   auto db = database.open();
   test::TestLoop loop;
   test::QueueUnderTest target(loop, "outbox.relay");
-  auto& [connection, channel, queue] = target;
+  auto& connection = target.connection;
+  const std::string& queue = target.queue;
 
   std::vector<outbox::OutboxMessage> messages;
   for (int i = 0; i < 1200; ++i) {
@@ -227,11 +228,11 @@ TEST_CASE("A row the broker returns stays failed with the error until it is retr
   auto database = database_for(label, "returned");
   auto db = database.open();
   test::TestLoop loop;
-  auto connection = test::connect(loop, test::broker_url());
-  auto channel = test::open_channel(loop, *connection);
+  test::QueueUnderTest target(loop, "outbox.present");
+  auto& connection = target.connection;
+  auto& channel = target.channel;
+  const std::string& present = target.queue;
   const std::string missing = test::unique_name("outbox.missing");
-  const std::string present = test::unique_name("outbox.present");
-  test::declare_queue(loop, *channel, present);
 
   // k1: a failed row holds back the rows of its key committed after it; k2 and unkeyed rows
   // flow on.
@@ -289,7 +290,8 @@ TEST_CASE("With notifications, a commit wakes an idle relay long before its poll
   auto db = database.open();
   test::TestLoop loop;
   test::QueueUnderTest target(loop, "outbox.notify");
-  auto& [connection, channel, queue] = target;
+  auto& connection = target.connection;
+  const std::string& queue = target.queue;
 
   auto options = relay_options(database);
   options.poll_interval = std::chrono::minutes(10);  // only a notification can wake it in time
@@ -310,7 +312,7 @@ TEST_CASE("Published rows kept for a while are cleaned up later, in batches", "[
   auto db = database.open();
   test::TestLoop loop;
   test::QueueUnderTest target(loop, "outbox.retain");
-  auto& [connection, channel, queue] = target;
+  const std::string& queue = target.queue;
   std::vector<outbox::OutboxMessage> messages;
   for (int i = 0; i < 50; ++i)
     messages.push_back(message_to(queue, std::to_string(i)));
@@ -335,7 +337,8 @@ TEST_CASE("Three relays share a PostgreSQL table; each ordering key arrives in c
   auto db = database.open();
   test::TestLoop loop;
   test::QueueUnderTest target(loop, "outbox.three");
-  auto& [connection, channel, queue] = target;
+  auto& connection = target.connection;
+  const std::string& queue = target.queue;
   constexpr int keys = 7, per_key = 300;
   std::vector<outbox::OutboxMessage> messages;
   for (int n = 0; n < per_key; ++n) {

@@ -282,11 +282,19 @@ std::vector<client::GetResult> drain_queue(TestLoop& loop, client::Connection& c
   return messages;
 }
 
-QueueUnderTest::QueueUnderTest(TestLoop& loop, const std::string& prefix)
-    : connection(connect(loop, broker_url())),
+QueueUnderTest::QueueUnderTest(TestLoop& l, const std::string& prefix)
+    : loop(l),
+      connection(connect(loop, broker_url())),
       channel(open_channel(loop, *connection)),
       queue(unique_name(prefix)) {
   declare_queue(loop, *channel, queue);
+}
+
+QueueUnderTest::~QueueUnderTest() {
+  channel.reset();
+  bool closed = false;
+  connection->close([&](const client::Error&) { closed = true; });
+  loop.run_until([&] { return closed; }, std::chrono::seconds(10));
 }
 
 }  // namespace retryloop::test

@@ -107,12 +107,16 @@ std::vector<client::GetResult> drain_queue(TestLoop& loop, client::Connection& c
                                            const std::string& queue);
 
 /// A connection, a channel and a fresh durable queue with a unique name, for a test that reads
-/// what something published to the queue.
+/// what something published to the queue. The destructor closes the connection.
 struct QueueUnderTest {
+  TestLoop& loop;
   std::shared_ptr<client::Connection> connection;
   std::shared_ptr<client::Channel> channel;
   std::string queue;
   QueueUnderTest(TestLoop& loop, const std::string& prefix);
+  ~QueueUnderTest();
+  QueueUnderTest(const QueueUnderTest&) = delete;
+  QueueUnderTest& operator=(const QueueUnderTest&) = delete;
 };
 
 }  // namespace retryloop::test

@@ -61,7 +61,8 @@ struct RelayStats {
   uint64_t broker_losses = 0;
 };
 
-/// Told once when the relay has stopped: an empty text after stop() or stop_now(), otherwise
+/// Told once when the relay has stopped and closed its connections: an empty text after stop()
+/// or stop_now(), otherwise
 /// the error that made it give up (the schema is missing or of another version).
 using RelayStoppedHandler = std::function<void(const std::string& error)>;
 
