@@ -176,15 +176,20 @@ const char* const detail::row_columns =
     "id, exchange, routing_key, message_id, properties, headers, body, ordering_key, created_at, "
     "state, attempts, last_error, updated_at";
 
-OutboxRow detail::decode_row(const store::Row& row) {
+OutboxRow detail::decode_row(const store::Row& row, bool lenient) {
   OutboxRow out;
   out.id = row.integer(0);
   out.exchange = row.text(1).value_or("");
   out.routing_key = row.text(2).value_or("");
   out.message_id = row.text(3).value_or("");
-  out.properties = properties_from_json(row.text(4).value_or("{}"));
-  auto headers = headers_from_json(row.text(5).value_or("{}"));
-  if (!headers.empty()) out.properties.headers = std::move(headers);
+  try {
+    out.properties = properties_from_json(row.text(4).value_or("{}"));
+    auto headers = headers_from_json(row.text(5).value_or("{}"));
+    if (!headers.empty()) out.properties.headers = std::move(headers);
+  } catch (const store::StoreError&) {
+    if (!lenient) throw;
+    out.properties = amqp::BasicProperties{};
+  }
   out.properties.message_id = out.message_id;
   out.body = row.text(6).value_or("");
   out.ordering_key = row.text(7);
@@ -303,7 +308,7 @@ std::vector<OutboxRow> list_rows(store::Database& database, std::optional<RowSta
   std::vector<OutboxRow> rows;
   rows.reserve(result.rows.size());
   for (const auto& row : result.rows)
-    rows.push_back(detail::decode_row(row));
+    rows.push_back(detail::decode_row(row, true));
   return rows;
 }
 

@@ -79,6 +79,7 @@ class RelayImpl : public std::enable_shared_from_this<RelayImpl> {
   void publish_batch();
   void on_outcome(uint64_t generation, size_t index, const client::PublishOutcome& outcome);
   void settle_batch();
+  void mark_failed(int64_t id, const std::string& error);
   void clean_up();
   void finish(std::string error);
   void maybe_done();
@@ -322,9 +323,20 @@ void RelayImpl::publish_batch() {
     auto result = database_->execute(claim_sql(database_->dialect()),
                                      {static_cast<int64_t>(options_.batch_size)});
     batch.rows.reserve(result.rows.size());
-    for (const auto& row : result.rows)
-      batch.rows.push_back(decode_row(row));
+    for (const auto& row : result.rows) {
+      try {
+        batch.rows.push_back(decode_row(row));
+      } catch (const store::StoreError& error) {
+        // A row written by hand that cannot become a message (headers that are not a JSON
+        // object, a property of the wrong type) fails at once, with the reason, instead of
+        // stopping the relay at the same row for ever.
+        if (error.kind() != store::ErrorKind::usage) throw;
+        mark_failed(row.integer(0), std::string("cannot be published: ") + error.what());
+        ++stats.failed;
+      }
+    }
     if (batch.rows.empty()) database_->commit();
+    if (batch.rows.empty() && !result.rows.empty()) return wake(std::chrono::milliseconds(0));
   } catch (const store::StoreError& error) {
     if (database_->usable()) database_->rollback();
     if (error.kind() == store::ErrorKind::busy) {
@@ -408,8 +420,8 @@ void RelayImpl::settle_batch() {
       failed.emplace_back(batch.rows[i].id, outcome_text(outcome));
     }
   }
-  const int64_t now = now_ms();
   try {
+    const int64_t now = now_ms();
     constexpr size_t chunk = 500;
     for (size_t first = 0; first < published.size(); first += chunk) {
       size_t count = std::min(chunk, published.size() - first);
@@ -430,13 +442,8 @@ void RelayImpl::settle_batch() {
             values);
       }
     }
-    for (const auto& [id, error] : failed) {
-      database_->execute(
-          "UPDATE retryloop_outbox SET state = 'failed', attempts = attempts + 1, "
-          "last_error = $1, updated_at = $2 WHERE id = $3",
-          {error, now, id});
-      if (auto* l = log()) l->error("outbox relay: row {} failed: {}", id, error);
-    }
+    for (const auto& [id, error] : failed)
+      mark_failed(id, error);
     database_->commit();
   } catch (const store::StoreError& error) {
     // The batch rolls back: its rows stay pending and are published again.
@@ -453,6 +460,15 @@ void RelayImpl::settle_batch() {
   // look that finds nothing makes the relay idle and waits for the next wake-up.
   database_->take_notifications();
   wake(std::chrono::milliseconds(0));
+}
+
+// Marks a claimed row failed, in the batch's transaction.
+void RelayImpl::mark_failed(int64_t id, const std::string& error) {
+  database_->execute(
+      "UPDATE retryloop_outbox SET state = 'failed', attempts = attempts + 1, last_error = $1, "
+      "updated_at = $2 WHERE id = $3",
+      {error, now_ms(), id});
+  if (auto* l = log()) l->error("outbox relay: row {} failed: {}", id, error);
 }
 
 void RelayImpl::clean_up() {

@@ -21,7 +21,7 @@ constexpr Step steps[] = {
      R"sql(
 CREATE TABLE retryloop_outbox (
   id INTEGER PRIMARY KEY AUTOINCREMENT,
-  exchange TEXT NOT NULL,
+  exchange TEXT NOT NULL DEFAULT '',
   routing_key TEXT NOT NULL DEFAULT '',
   message_id TEXT NOT NULL DEFAULT (lower(hex(randomblob(16)))),
   properties TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(properties)),
@@ -51,7 +51,7 @@ CREATE INDEX retryloop_inbox_received ON retryloop_inbox (received_at);
 CREATE SEQUENCE retryloop_outbox_id_seq;
 CREATE TABLE retryloop_outbox (
   id bigint PRIMARY KEY DEFAULT nextval('retryloop_outbox_id_seq'),
-  exchange text NOT NULL,
+  exchange text NOT NULL DEFAULT '',
   routing_key text NOT NULL DEFAULT '',
   message_id text NOT NULL DEFAULT gen_random_uuid()::text,
   properties jsonb NOT NULL DEFAULT '{}',

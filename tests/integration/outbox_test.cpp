@@ -302,7 +302,7 @@ TEST_CASE("With notifications, a commit wakes an idle relay long before its poll
   // A bound on a hang, not on speed: without the notification this would take ten minutes.
   REQUIRE(test::eventually(
       loop, [&] { return test::queue_depth(loop, *connection, queue) == 1; }, 60s));
-  CHECK(count_rows(*db) == 0);
+  CHECK(test::eventually(loop, [&] { return count_rows(*db) == 0; }));
 }
 
 TEST_CASE("Published rows kept for a while are cleaned up later, in batches", "[outbox][relay]") {
@@ -377,4 +377,35 @@ TEST_CASE("Three relays share a PostgreSQL table; each ordering key arrives in c
     last[key] = n;
   }
   CHECK(last.size() == keys);
+}
+
+TEST_CASE(
+    "A row written by hand that cannot become a message fails with the reason; the rest "
+    "flow on",
+    "[outbox][relay]") {
+  const std::string label = GENERATE("sqlite", "postgresql");
+  INFO(label);
+  auto database = database_for(label, "bad_row");
+  auto db = database.open();
+  test::TestLoop loop;
+  test::QueueUnderTest target(loop, "outbox.bad");
+  const std::string cast = label == "postgresql" ? "::jsonb" : "";
+  db->execute("INSERT INTO retryloop_outbox (routing_key, headers, body) VALUES ($1, '[1, 2]'" +
+                  cast + ", $2)",
+              {target.queue, store::Blob{"headers not an object"}});
+  db->execute(
+      "INSERT INTO retryloop_outbox (routing_key, properties, body) VALUES ($1, "
+      "'{\"priority\": \"high\"}'" +
+          cast + ", $2)",
+      {target.queue, store::Blob{"priority not a number"}});
+  enqueue_committed(*db, {message_to(target.queue, "fine")});
+  RunningRelay relay(loop, relay_options(database));
+  REQUIRE(test::eventually(loop, [&] { return relay.relay->stats().published == 1; }));
+  relay.wait_idle();
+  auto failed = outbox::list_rows(*db, outbox::RowState::failed, 10);
+  REQUIRE(failed.size() == 2);
+  CHECK_THAT(*failed[0].last_error,
+             Catch::Contains("cannot be published") && Catch::Contains("headers"));
+  CHECK_THAT(*failed[1].last_error, Catch::Contains("priority"));
+  CHECK(test::queue_depth(loop, *target.connection, target.queue) == 1);
 }

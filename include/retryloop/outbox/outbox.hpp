@@ -56,7 +56,8 @@ struct OutboxRow {
   std::optional<int64_t> updated_at_ms;
 };
 
-/// Rows in the given state (all states when unset), oldest first, at most `limit`.
+/// Rows in the given state (all states when unset), oldest first, at most `limit`. A row whose
+/// properties or headers cannot be read (written by hand) is listed without them.
 std::vector<OutboxRow> list_rows(store::Database& database, std::optional<RowState> state,
                                  size_t limit, int64_t after_id = 0);
 
