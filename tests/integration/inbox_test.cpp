@@ -16,8 +16,8 @@ using consumer::Outcome;
 
 namespace {
 
-TestDatabase database_for(const std::string& label, const std::string& name) {
-  auto database = label == "sqlite" ? fresh_sqlite(name) : fresh_postgres(name);
+TestDatabase business_database(const std::string& label, const std::string& name) {
+  auto database = test::database_for(label, name);
   database.open()->execute_script("CREATE TABLE effects (message_id text, body text)");
   return database;
 }
@@ -53,7 +53,7 @@ uint64_t settled(const consumer::Consumer& c) {
 TEST_CASE("A message delivered twice runs the handler once", "[inbox]") {
   const std::string label = GENERATE("sqlite", "postgresql");
   INFO(label);
-  auto database = database_for(label, "twice");
+  auto database = business_database(label, "twice");
   auto inbox = make_inbox(database);
   TestLoop loop;
   Broker broker(loop);
@@ -82,7 +82,7 @@ TEST_CASE("A message delivered twice runs the handler once", "[inbox]") {
 TEST_CASE("Copies handled at the same moment: one runs, the others see the duplicate", "[inbox]") {
   const std::string label = GENERATE("sqlite", "postgresql");
   INFO(label);
-  auto database = database_for(label, "concurrent");
+  auto database = business_database(label, "concurrent");
   auto inbox = make_inbox(database);
   TestLoop loop;
   Broker broker(loop);
@@ -108,7 +108,7 @@ TEST_CASE("Copies handled at the same moment: one runs, the others see the dupli
 TEST_CASE("A failed handler's writes and id roll back, and its retry runs it again", "[inbox]") {
   const std::string label = GENERATE("sqlite", "postgresql");
   INFO(label);
-  auto database = database_for(label, "failed");
+  auto database = business_database(label, "failed");
   auto inbox = make_inbox(database);
   TestLoop loop;
   Broker broker(loop);
@@ -135,7 +135,7 @@ TEST_CASE(
     "[inbox]") {
   const std::string label = GENERATE("sqlite", "postgresql");
   INFO(label);
-  auto database = database_for(label, "no_id");
+  auto database = business_database(label, "no_id");
   TestLoop loop;
   Broker broker(loop);
   const auto service = make_service(unique_name("in"), R"("delays": ["200ms"], "max_attempts": 3)");
@@ -168,7 +168,7 @@ TEST_CASE(
 TEST_CASE("Ids older than the retention are deleted, and a copy after that runs again", "[inbox]") {
   const std::string label = GENERATE("sqlite", "postgresql");
   INFO(label);
-  auto database = database_for(label, "retention");
+  auto database = business_database(label, "retention");
   inbox::InboxOptions options;
   options.database = database.url;
   options.consumer = "billing";

@@ -34,17 +34,13 @@ Run outbox_command(const std::vector<std::string>& args) {
   return run;
 }
 
-test::TestDatabase database_for(const std::string& label, const std::string& name) {
-  return label == "sqlite" ? test::fresh_sqlite(name) : test::fresh_postgres(name);
-}
-
 }  // namespace
 
 TEST_CASE("retryloop outbox init, list, stats, retry and purge do what an operator expects",
           "[outbox][cli]") {
   const std::string label = GENERATE("sqlite", "postgresql");
   INFO(label);
-  auto database = database_for(label, "cli");
+  auto database = test::database_for(label, "cli");
   auto run = outbox_command({"init", "--db", database.url});
   CHECK(run.exit_code == 0);
   CHECK_THAT(run.out, Catch::Contains("nothing to do"));

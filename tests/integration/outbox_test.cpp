@@ -16,10 +16,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-test::TestDatabase database_for(const std::string& label, const std::string& name) {
-  return label == "sqlite" ? test::fresh_sqlite(name) : test::fresh_postgres(name);
-}
-
 outbox::OutboxMessage message_to(const std::string& queue, const std::string& body,
                                  std::optional<std::string> key = std::nullopt) {
   outbox::OutboxMessage message;
@@ -79,7 +75,7 @@ int64_t count_rows(store::Database& db, const std::string& where = "1 = 1") {
 TEST_CASE("An outbox row keeps every property, header and byte of the message", "[outbox]") {
   const std::string label = GENERATE("sqlite", "postgresql");
   INFO(label);
-  auto db = database_for(label, "row").open();
+  auto db = test::database_for(label, "row").open();
   outbox::OutboxMessage message;
   message.exchange = "orders";
   message.routing_key = "order.created";
@@ -143,7 +139,7 @@ TEST_CASE("An outbox row keeps every property, header and byte of the message", 
 TEST_CASE("A row enqueued in a transaction that rolls back does not exist", "[outbox]") {
   const std::string label = GENERATE("sqlite", "postgresql");
   INFO(label);
-  auto db = database_for(label, "rollback").open();
+  auto db = test::database_for(label, "rollback").open();
   {
     store::Transaction transaction(*db);
     outbox::enqueue(*db, message_to("q", "phantom"));
@@ -157,7 +153,7 @@ TEST_CASE("Rows inserted with plain SQL, as docs/outbox.md describes, get their 
           "[outbox]") {
   const std::string label = GENERATE("sqlite", "postgresql");
   INFO(label);
-  auto db = database_for(label, "plain_sql").open();
+  auto db = test::database_for(label, "plain_sql").open();
   const bool postgres = label == "postgresql";
   db->execute(std::string("INSERT INTO retryloop_outbox (exchange, routing_key, headers, body) "
                           "VALUES ('ex', 'rk', ") +
@@ -180,7 +176,7 @@ TEST_CASE("The relay publishes every committed row with its properties, then del
           "[outbox][relay]") {
   const std::string label = GENERATE("sqlite", "postgresql");
   INFO(label);
-  auto database = database_for(label, "relay");
+  auto database = test::database_for(label, "relay");
   auto db = database.open();
   test::TestLoop loop;
   test::QueueUnderTest target(loop, "outbox.relay");
@@ -225,7 +221,7 @@ TEST_CASE("A row the broker returns stays failed with the error until it is retr
           "[outbox][relay]") {
   const std::string label = GENERATE("sqlite", "postgresql");
   INFO(label);
-  auto database = database_for(label, "returned");
+  auto database = test::database_for(label, "returned");
   auto db = database.open();
   test::TestLoop loop;
   test::QueueUnderTest target(loop, "outbox.present");
@@ -272,7 +268,7 @@ TEST_CASE("A row the broker returns stays failed with the error until it is retr
 TEST_CASE("retry and purge act on failed rows only", "[outbox]") {
   const std::string label = GENERATE("sqlite", "postgresql");
   INFO(label);
-  auto db = database_for(label, "purge").open();
+  auto db = test::database_for(label, "purge").open();
   enqueue_committed(*db, {message_to("q", "1"), message_to("q", "2"), message_to("q", "3")});
   auto rows = outbox::list_rows(*db, std::nullopt, 10);
   db->execute("UPDATE retryloop_outbox SET state = 'failed' WHERE id IN ($1, $2)",
@@ -308,7 +304,7 @@ TEST_CASE("With notifications, a commit wakes an idle relay long before its poll
 TEST_CASE("Published rows kept for a while are cleaned up later, in batches", "[outbox][relay]") {
   const std::string label = GENERATE("sqlite", "postgresql");
   INFO(label);
-  auto database = database_for(label, "retain");
+  auto database = test::database_for(label, "retain");
   auto db = database.open();
   test::TestLoop loop;
   test::QueueUnderTest target(loop, "outbox.retain");
@@ -385,7 +381,7 @@ TEST_CASE(
     "[outbox][relay]") {
   const std::string label = GENERATE("sqlite", "postgresql");
   INFO(label);
-  auto database = database_for(label, "bad_row");
+  auto database = test::database_for(label, "bad_row");
   auto db = database.open();
   test::TestLoop loop;
   test::QueueUnderTest target(loop, "outbox.bad");

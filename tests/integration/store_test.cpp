@@ -10,18 +10,10 @@
 
 using namespace retryloop;
 
-namespace {
-
-test::TestDatabase database_for(const std::string& label, const std::string& name) {
-  return label == "sqlite" ? test::fresh_sqlite(name) : test::fresh_postgres(name);
-}
-
-}  // namespace
-
 TEST_CASE("One statement text runs on SQLite and PostgreSQL with every kind of value", "[store]") {
   const std::string label = GENERATE("sqlite", "postgresql");
   INFO(label);
-  auto db = database_for(label, "values").open();
+  auto db = test::database_for(label, "values").open();
   const bool postgres = db->dialect() == store::Dialect::postgresql;
   db->execute_script(std::string("CREATE TABLE t (id ") +
                      (postgres ? "bigserial PRIMARY KEY" : "INTEGER PRIMARY KEY AUTOINCREMENT") +
@@ -58,7 +50,7 @@ TEST_CASE("One statement text runs on SQLite and PostgreSQL with every kind of v
 TEST_CASE("Store errors say what kind of failure they are", "[store]") {
   const std::string label = GENERATE("sqlite", "postgresql");
   INFO(label);
-  auto db = database_for(label, "errors").open();
+  auto db = test::database_for(label, "errors").open();
   db->execute_script("CREATE TABLE u (k text PRIMARY KEY)");
   db->execute("INSERT INTO u (k) VALUES ($1)", {"a"});
 
@@ -86,7 +78,7 @@ TEST_CASE(
     "[store]") {
   const std::string label = GENERATE("sqlite", "postgresql");
   INFO(label);
-  auto database = database_for(label, "transactions");
+  auto database = test::database_for(label, "transactions");
   auto writer = database.open();
   auto reader = database.open();
   writer->execute_script("CREATE TABLE v (n integer)");
@@ -109,7 +101,7 @@ TEST_CASE(
 TEST_CASE("The schema migrates once, is checked, and a newer one is refused", "[store]") {
   const std::string label = GENERATE("sqlite", "postgresql");
   INFO(label);
-  auto db = database_for(label, "schema").open();
+  auto db = test::database_for(label, "schema").open();
   CHECK(outbox::installed_version(*db) == outbox::schema_version);
   auto again = outbox::migrate(*db);
   CHECK(again.from == outbox::schema_version);

@@ -46,6 +46,10 @@ TestDatabase fresh_postgres(const std::string& name) {
   return database;
 }
 
+TestDatabase database_for(const std::string& label, const std::string& name) {
+  return label == "sqlite" ? fresh_sqlite(name) : fresh_postgres(name);
+}
+
 std::vector<TestDatabase> test_databases(const std::string& name) {
   return {fresh_sqlite(name), fresh_postgres(name)};
 }

@@ -26,5 +26,8 @@ std::string postgres_url();
 std::vector<TestDatabase> test_databases(const std::string& name);
 TestDatabase fresh_sqlite(const std::string& name);
 TestDatabase fresh_postgres(const std::string& name);
+/// fresh_sqlite or fresh_postgres by label ("sqlite" or "postgresql"), for a test that runs once
+/// per store: `database_for(GENERATE("sqlite", "postgresql"), name)`.
+TestDatabase database_for(const std::string& label, const std::string& name);
 
 }  // namespace retryloop::test
