@@ -24,7 +24,8 @@ BUILD = os.path.abspath(os.environ.get("BENCH_BUILD", os.path.join(ROOT, "build-
 PYTHON = "/usr/bin/python3"
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1" if QUICK else "3"))
-ALL_BENCHMARKS = ["consume", "callgrind", "publish", "retry", "lateness", "memory", "replay"]
+ALL_BENCHMARKS = ["consume", "callgrind", "publish", "retry", "lateness", "memory", "replay",
+                  "outbox"]
 ALL_CLIENTS = ["retryloop", "rabbitmq-c", "amqp091-go", "amqplib", "amqp-client.js", "pika"]
 
 
@@ -56,6 +57,16 @@ SIZES = {
     "replay": size("replay_n", 20000, 5000, 100000),
     "replay_pika": size("replay_pika_n", 1000, 500, 10000),
     "callgrind": size("callgrind_n", 20000, 2000, 20000),
+    # The outbox: rows drained by the relays, and by the naive loop (one transaction per row, a
+    # few hundred a second: its rate is steady); the latency run's steady rate and length; the
+    # messages each inbox run handles.
+    "outbox": size("outbox_n", 50000, 10000, 100000),
+    "outbox_naive": size("outbox_naive_n", 2000, 500, 5000),
+    "outbox_body": size("outbox_body", 1024, 1024, 1024),
+    "outbox_keys": size("outbox_keys", 1000, 1000, 1000),
+    "outbox_latency_rate": size("outbox_latency_rate", 200, 200, 200),
+    "outbox_latency_seconds": size("outbox_latency_seconds", 20, 5, 60),
+    "inbox": size("inbox_n", 5000, 2000, 20000),
 }
 PREFETCHES = [int(x) for x in env_list("BENCH_PREFETCH", ["1", "10", "100", "300"])]
 QUEUE_TYPES = env_list("BENCH_QUEUE_TYPES", ["classic", "quorum"])
@@ -63,6 +74,8 @@ BENCHMARKS = env_list("BENCH_ONLY", ALL_BENCHMARKS)
 CLIENTS = env_list("BENCH_CLIENTS", ALL_CLIENTS)
 RETRY_PREFETCH = 200
 PUBLISH_WINDOW = 1000
+OUTBOX_RELAYS = [int(x) for x in env_list("BENCH_OUTBOX_RELAYS", ["1", "2", "4"])]
+INBOX_CONCURRENCY = [int(x) for x in env_list("BENCH_INBOX_CONCURRENCY", ["1"])]
 
 TOOL = os.path.join(BUILD, "bench", "bench_retryloop")
 CLI = os.path.join(BUILD, "retryloop")
@@ -176,6 +189,57 @@ class Broker:
         return round(time.time() - start, 2)
 
 
+def machine_cpu():
+    """CPU seconds the whole machine has spent busy (every process, other users' too)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class PostgresServer:
+    """CPU time of the throwaway PostgreSQL (scripts/with-postgres): the postmaster and every
+    process of its cluster, plus what the postmaster reaped (backends that ended: a relay's
+    connection closes with the relay)."""
+
+    def __init__(self):
+        self.url = os.environ["RETRYLOOP_TEST_PG_URL"]
+        with open(os.path.join(os.environ["RETRYLOOP_TEST_PG_DIR"], "data",
+                               "postmaster.pid")) as f:
+            self.pid = f.readline().strip()
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def _stat(pid):
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+
+    def cpu(self):
+        """A backend reaped while /proc is read (the one a client that just exited had) would
+        be counted twice or not at all: the reading is taken again until the postmaster's
+        reaped time stays the same across it."""
+        for _ in range(10):
+            before = self._stat(self.pid)[11:15]  # utime stime cutime cstime
+            total = 0
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    fields = self._stat(pid)
+                except OSError:
+                    continue
+                if fields[1] == self.pid:
+                    total += int(fields[11]) + int(fields[12])
+            after = self._stat(self.pid)[11:15]
+            if after[2:] == before[2:]:
+                break
+            time.sleep(0.05)
+        return (total + sum(int(x) for x in after)) / self.tick
+
+    def version(self):
+        done = subprocess.run(["psql", "-XAtq", "-d", self.url, "-c", "show server_version"],
+                              capture_output=True, text=True)
+        return done.stdout.strip().split(" ")[0] or None
+
+
 class Bench:
     def __init__(self, out):
         self.url = os.environ["RETRYLOOP_TEST_URL"]
@@ -188,7 +252,12 @@ class Bench:
             "quick": QUICK, "profile": PROFILE, "rounds": ROUNDS, "sizes": SIZES, "prefetches": PREFETCHES,
             "queue_types": QUEUE_TYPES, "benchmarks": BENCHMARKS, "clients": CLIENTS,
             "machine": machine(), "load_before": os.getloadavg(), "versions": versions(),
+            "outbox_relays": OUTBOX_RELAYS, "inbox_concurrency": INBOX_CONCURRENCY,
         }
+        self.postgres = None
+        if "outbox" in BENCHMARKS:
+            self.postgres = PostgresServer()
+            self.meta["versions"]["postgresql"] = self.postgres.version()
 
     def tool(self, *args, **kwargs):
         return run([TOOL, args[0], "--url", self.url, *map(str, args[1:])], **kwargs)
@@ -206,13 +275,22 @@ class Bench:
         self.save()
         return row
 
-    def timed(self, command, count):
+    def timed(self, command, count, postgres=False, machine=False):
         """Runs a contender; adds the broker's CPU over its measured window. A contender that
-        fails or hangs (at least 20 msg/s is expected) is recorded as failed; the run goes on."""
+        fails or hangs (at least 20 msg/s is expected) is recorded as failed; the run goes on.
+        With `postgres`, adds the PostgreSQL server's CPU over the contender's whole run, and
+        with it or `machine`, the cores the whole machine kept busy meanwhile."""
         quiet_wait = self.broker.wait_quiet()
         try:
+            pg0 = self.postgres.cpu() if postgres else None
+            busy0, wall0 = machine_cpu(), time.time()
             with self.broker:
                 row = run(command, timeout=max(300, count / 20))
+            if row and postgres:
+                row["pg_cpu_seconds"] = round(self.postgres.cpu() - pg0, 4)
+            if row and (postgres or machine):
+                row["machine_busy_cores"] = round((machine_cpu() - busy0) /
+                                                  (time.time() - wall0), 3)
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             text = str(e).replace(self.url, "URL").replace(BUILD, "BUILD").replace(ROOT, ".")[:500]
             log(f"FAILED: {text}")
@@ -427,6 +505,173 @@ class Bench:
                 if "failed" not in row:
                     log(f"replay round {r + 1}: {contender:10s} {row['rate']:8.0f} msg/s")
 
+    # ---- 7. The outbox and the inbox ----
+
+    def outbox_databases(self):
+        """The PostgreSQL of scripts/with-postgres and a SQLite file, with retryloop's tables."""
+        sqlite_path = os.path.join(self.work, "outbox.db")
+        dbs = {"postgresql": self.postgres.url, "sqlite": "sqlite:" + sqlite_path}
+        for url in dbs.values():
+            run([CLI, "outbox", "init", "--db", url])
+        return dbs
+
+    def outbox_fill(self, db, count):
+        """Empties the outbox, then fills it with `count` rows, outside any timed window."""
+        return run([TOOL, "outbox-fill", "--db", db, "--queue", "bench.outbox", "--count",
+                    str(count), "--size", str(SIZES["outbox_body"]), "--keys",
+                    str(SIZES["outbox_keys"])], timeout=3600)
+
+    def relays(self, db, n, count):
+        """n `retryloop outbox relay --until-idle` processes on a full table, from their start to
+        the last one's exit; their CPU time (rusage of each child), the broker's and
+        PostgreSQL's over the same window."""
+        logs = [tempfile.TemporaryFile(mode="w+") for _ in range(n)]
+        pg0 = self.postgres.cpu()
+        busy0 = machine_cpu()
+        with self.broker:
+            t0 = time.time()
+            processes = [subprocess.Popen([CLI, "outbox", "relay", "--db", db, "--url", self.url,
+                                           "--until-idle"], stdout=subprocess.DEVNULL,
+                                          stderr=log) for log in logs]
+            cpu, failed = 0.0, []
+            for p in processes:
+                _, status, usage = os.wait4(p.pid, 0)
+                p.returncode = os.waitstatus_to_exitcode(status)
+                cpu += usage.ru_utime + usage.ru_stime
+                if p.returncode != 0:
+                    failed.append(p.returncode)
+            t1 = time.time()
+        pg1 = self.postgres.cpu()
+        busy = machine_cpu() - busy0
+        published = 0
+        text = ""
+        for log in logs:
+            log.seek(0)
+            text = log.read()
+            for line in text.splitlines():
+                if "stopped; published" in line:
+                    published += int(line.split("published ")[1].split(",")[0])
+            log.close()
+        if failed or published != count:
+            raise RuntimeError(f"relays exited {failed}, published {published} of {count}:\n"
+                               f"{text[-1500:]}")
+        return {"messages": count, "relays": n, "seconds": round(t1 - t0, 4),
+                "rate": round(count / (t1 - t0), 1), "cpu_seconds": round(cpu, 4),
+                "t0": t0, "t1": t1,
+                "broker_cpu_seconds": round(self.broker.cpu_between(t0, t1), 4),
+                "pg_cpu_seconds": round(pg1 - pg0, 4) if "postgresql" in db else 0.0,
+                "machine_busy_cores": round(busy / (t1 - t0), 3),
+                "note": "wall time of the relay processes, start to the last exit"}
+
+    def outbox(self):
+        dbs = self.outbox_databases()
+        count, naive = SIZES["outbox"], SIZES["outbox_naive"]
+        # The first fill of each database goes through outbox::enqueue, as an application writes
+        # (a side figure); later fills copy those rows.
+        for name, db in dbs.items():
+            row = self.outbox_fill(db, count)
+            self.record(row, bench="outbox-fill", client=name)
+            log(f"outbox fill {name}: {row['rows']} rows at {row['rate']:.0f} rows/s "
+                f"({row['method']})")
+        contenders = [("relay", "postgresql", n) for n in OUTBOX_RELAYS] + \
+            [("relay", "sqlite", 1), ("naive", "postgresql", 1), ("naive", "sqlite", 1),
+             ("publish", "broker", 1)]
+        for r in range(ROUNDS):
+            for kind, database, n in rotate(contenders, r):
+                self.tool("reset", "--queue", "bench.outbox")
+                if kind == "publish":
+                    # The broker's own ceiling: the same messages (body, headers, mandatory)
+                    # to the same queue, pipelined (1,000 unconfirmed), with no database at all.
+                    row = self.timed([TOOL, "publish", "--url", self.url, "--queue",
+                                      "bench.outbox", "--count", str(count), "--window", "1000",
+                                      "--size", str(SIZES["outbox_body"]), "--fresh",
+                                      "--mandatory", "--outbox-headers"], count,
+                                     machine=True)
+                    client = "broker-publish"
+                elif kind == "naive":
+                    self.outbox_fill(dbs[database], naive)
+                    row = self.timed([TOOL, "outbox-naive", "--db", dbs[database], "--url",
+                                      self.url, "--count", str(naive)], naive,
+                                     postgres=database == "postgresql")
+                    client = f"naive-{database}"
+                else:
+                    self.outbox_fill(dbs[database], count)
+                    quiet = self.broker.wait_quiet()
+                    try:
+                        row = self.relays(dbs[database], n, count)
+                        row["broker_quiet_wait_seconds"] = quiet
+                    except (RuntimeError, OSError) as e:
+                        log(f"FAILED: {e}")
+                        row = {"failed": str(e)[:500], "messages": count}
+                    client = f"relay-{database}-{n}"
+                self.record(row, bench="outbox", client=client, database=database, relays=n,
+                            round=r + 1)
+                if "failed" not in row:
+                    log(f"outbox round {r + 1}: {client:22s} {row['rate']:8.0f} rows/s  "
+                        f"client {row['cpu_seconds'] / row['messages'] * 1e6:6.1f} us/row  "
+                        f"broker {row['broker_cpu_seconds'] / row['messages'] * 1e6:6.1f} "
+                        f"us/row  postgresql "
+                        f"{row.get('pg_cpu_seconds', 0) / row['messages'] * 1e6:6.1f} us/row")
+        self.tool("reset", "--queue", "bench.outbox", "--delete-only")
+        self.outbox_latency(dbs["postgresql"])
+        self.inbox(dbs)
+
+    def outbox_latency(self, db):
+        rate = SIZES["outbox_latency_rate"]
+        count = rate * SIZES["outbox_latency_seconds"]
+        modes = ["notify", "poll"]
+        for r in range(ROUNDS):
+            for mode in rotate(modes, r):
+                self.tool("reset", "--queue", "bench.outbox")
+                self.outbox_fill(db, 0)
+                relay = subprocess.Popen(
+                    [CLI, "outbox", "relay", "--db", db, "--url", self.url] +
+                    (["--no-notify"] if mode == "poll" else []),
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                time.sleep(1)  # connected to both before the first commit
+                try:
+                    row = run([TOOL, "outbox-latency", "--db", db, "--url", self.url, "--queue",
+                               "bench.outbox", "--count", str(count), "--rate", str(rate),
+                               "--size", str(SIZES["outbox_body"]), "--keys",
+                               str(SIZES["outbox_keys"])], timeout=count / rate + 120)
+                except (RuntimeError, subprocess.TimeoutExpired) as e:
+                    log(f"FAILED: {e}")
+                    row = {"failed": str(e)[:500], "messages": count}
+                relay.terminate()
+                _, _, usage = os.wait4(relay.pid, 0)
+                relay.returncode = 0
+                row["relay_cpu_seconds"] = round(usage.ru_utime + usage.ru_stime, 4)
+                self.record(row, bench="outbox-latency", client=mode, round=r + 1,
+                            poll_interval_ms=100 if mode == "poll" else 5000)
+                if "failed" not in row:
+                    late = row["latency_ms"]
+                    log(f"outbox latency round {r + 1}: {mode:6s} p50 {late['p50']:6.1f} ms  "
+                        f"p99 {late['p99']:6.1f} ms  max {late['max']:6.1f} ms")
+        self.tool("reset", "--queue", "bench.outbox", "--delete-only")
+
+    def inbox(self, dbs):
+        count = SIZES["inbox"]
+        for database, db in dbs.items():
+            for concurrency in INBOX_CONCURRENCY:
+                for r in range(ROUNDS):
+                    for contender in rotate(["plain", "inbox"], r):
+                        name = f"bench.inbox.{database}.{contender}.{r + 1}"
+                        path = self.topology(name, "classic", "reject", "10s")
+                        self.tool("fill", "--queue", name, "--count", count, "--fresh",
+                                  "--unique-ids")
+                        run([TOOL, "inbox-reset", "--db", db])
+                        row = self.timed([TOOL, "inbox", "--db", db, "--url", self.url,
+                                          "--topology", path, "--service", name, "--count",
+                                          str(count), "--concurrency", str(concurrency)] +
+                                         (["--inbox"] if contender == "inbox" else []), count,
+                                         postgres=database == "postgresql")
+                        self.drop_topology(path)
+                        self.record(row, bench="inbox", client=contender, database=database,
+                                    concurrency=concurrency, round=r + 1)
+                        if "failed" not in row:
+                            log(f"inbox {database} concurrency {concurrency} round {r + 1}: "
+                                f"{contender:6s} {row['rate']:8.0f} msg/s")
+
     def run_all(self):
         started = time.time()
         try:
@@ -489,7 +734,8 @@ def versions():
             "golang": package("golang-go"), "librabbitmq": package("librabbitmq-dev"),
             "amqplib": npm("amqplib"), "@cloudamqp/amqp-client": npm("@cloudamqp/amqp-client"),
             "node": subprocess.run(["node", "--version"], capture_output=True,
-                                   text=True).stdout.strip()}
+                                   text=True).stdout.strip(),
+            "sqlite": package("libsqlite3-0")}
 
 
 if __name__ == "__main__":

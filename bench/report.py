@@ -413,6 +413,209 @@ class Report:
                          f"of what the broker takes for the confirmed publishes alone "
                          f"({med(publish):.0f} msg/s, section 3)" if publish else ""))
 
+    # ---- 7. Outbox and inbox ----
+
+    def per(self, rows, key, scale=1e6):
+        """Median of a per-row cost: rows[key] / messages, times `scale`."""
+        return med([r[key] / r["messages"] * scale for r in rows if r.get(key) is not None])
+
+    def cores(self, rows, key):
+        return med([r[key] / r["seconds"] for r in rows if r.get(key) is not None and
+                    r.get("seconds")])
+
+    def outbox_bound(self, client, rows):
+        """What held a contender back: its rate against the broker's ceiling for the same
+        messages, and the CPU each process (and the whole machine) used over its window."""
+        cpus = self.meta["machine"]["cpus"]
+        broker = self.cores(rows, "broker_cpu_seconds") or 0
+        client_cores = self.cores(rows, "cpu_seconds") or 0
+        pg = self.cores(rows, "pg_cpu_seconds") or 0
+        machine = med([r["machine_busy_cores"] for r in rows if "machine_busy_cores" in r])
+        used = (f"broker {broker:.2f}, {'relays' if client.startswith('relay') else 'client'} "
+                f"{client_cores:.2f}, PostgreSQL {pg:.2f} cores"
+                + (f"; the whole machine {machine:.2f} of {cpus}" if machine else ""))
+        if client.startswith("naive"):
+            return (f"waiting, not CPU ({used}): every row waits for its own confirm, which the "
+                    f"broker sends once the message is on disk, and for its own commit, which "
+                    f"waits for the database's disk sync")
+        rate = med([r["rate"] for r in rows])
+        ceiling = med(self.values("outbox", client="broker-publish"))
+        share = f"{rate / ceiling * 100:.0f}% of" if ceiling else "against"
+        if ceiling and rate >= 0.8 * ceiling:
+            ours = self.per(rows, "broker_cpu_seconds")
+            theirs = self.per(self.select("outbox", client="broker-publish"),
+                              "broker_cpu_seconds")
+            return (f"the broker ({used}): {share} what it takes of the same messages with no "
+                    f"database at all (broker-publish); its CPU per message "
+                    f"{ours:.0f} µs against {theirs:.0f} µs there. One classic queue, whose "
+                    f"process takes every publish in turn, however many relays publish")
+        if machine and machine >= 0.85 * cpus:
+            return (f"the machine's {cpus} CPUs, all busy ({used}"
+                    + (": other work took the rest" if broker + client_cores + pg <
+                       machine - 0.3 else "") + f"); {share} broker-publish")
+        if client.endswith(("-2", "-4")):
+            return (f"the relays' claims ({used}): {share} broker-publish. Each relay skips the "
+                    f"rows the others hold (SKIP LOCKED) and the rows of every ordering key "
+                    f"they hold, so its scan grows with the relays, and PostgreSQL spends more "
+                    f"per row; one classic queue takes all the publishes")
+        return (f"the relay's cycle ({used}): {share} broker-publish. A relay waits for every "
+                f"confirm of a batch, then settles it and claims the next in the database, and "
+                f"the broker gets nothing new from it meanwhile")
+
+    def outbox(self):
+        rows = self.select("outbox")
+        latency = self.select("outbox-latency")
+        inbox = self.select("inbox")
+        if not (rows or latency or inbox):
+            return
+        sizes, ver = self.meta["sizes"], self.meta["versions"]
+        self.out("## 7. Outbox and inbox")
+        self.out()
+        self.out(f"PostgreSQL {ver.get('postgresql') or '?'} (a throwaway server on loopback, "
+                 f"default settings: synchronous_commit on, fsync on) and SQLite "
+                 f"{(ver.get('sqlite') or '?').split('-')[0]} (a WAL file on the same disk, "
+                 f"synchronous FULL). CPU is the user + sys time of each process over the "
+                 f"contender's window: the relays' and the clients' from their rusage, the "
+                 f"broker's beam.smp from /proc, and PostgreSQL's cluster (backends, the ones that "
+                 f"ended included, and its background processes) from /proc.")
+        self.out()
+        if rows:
+            fills = [r for r in self.rows if r.get("bench") == "outbox-fill" and
+                     r.get("method") == "enqueue"]
+            self.out(f"**Relay throughput.** {sizes['outbox']:,} pending rows in "
+                     f"`retryloop_outbox` (1 KB body, five headers, every other row with one of "
+                     f"{sizes['outbox_keys']:,} ordering keys), drained by `retryloop outbox "
+                     f"relay --until-idle` processes (batch 500, the default) into one classic "
+                     f"queue; rows per second from their start to the last one's exit. The naive "
+                     f"loop ({sizes['outbox_naive']:,} rows) is written in the bench program with "
+                     f"the same client and store layer: one transaction per row (select the "
+                     f"oldest pending row, publish it with mandatory, wait for its confirm, delete "
+                     f"it, commit). `broker-publish` is the broker's ceiling with no database: "
+                     f"the same number of the same messages (1 KB body, the rows' headers and "
+                     f"message-id length, persistent, mandatory) published with confirms to the "
+                     f"same queue by the same client, 1,000 unconfirmed at most "
+                     f"(`bench_retryloop publish --mandatory --outbox-headers`). CPU per 1,000 rows, in ms, "
+                     f"and (in parentheses) the cores it kept busy.")
+            self.out()
+            order = [f"relay-postgresql-{n}" for n in self.meta.get("outbox_relays", [])] + \
+                ["relay-sqlite-1", "naive-postgresql", "naive-sqlite", "broker-publish"]
+            body, bounds = [], []
+            for client in order:
+                sel = self.select("outbox", client=client)
+                if not sel:
+                    continue
+                rates = [r["rate"] for r in sel]
+                # CPU seconds per row, times 1e6: ms per 1,000 rows.
+                cost = lambda key: (f"{self.per(sel, key):.1f} ({self.cores(sel, key):.2f})"
+                                    if self.per(sel, key) is not None else "–")
+                body.append([client, spread(rates), cost("cpu_seconds"),
+                             cost("broker_cpu_seconds"),
+                             cost("pg_cpu_seconds") if "postgresql" in client else "–"])
+                if client != "broker-publish":
+                    bounds.append(f"- {client}: {self.outbox_bound(client, sel)}.")
+            self.table(["contender", "rows/s", "relay or client CPU", "broker CPU",
+                        "PostgreSQL CPU"], body)
+            if bounds:
+                self.out("What bounds each (cores: CPU seconds over the window's wall seconds, "
+                         "medians):")
+                self.out()
+                for line in bounds:
+                    self.out(line)
+                self.out()
+            if fills:
+                self.out("Side figure: the first fill of each database, through "
+                         "`outbox::enqueue` in transactions of 500 rows from one connection, "
+                         "wrote " + ", ".join(f"{r['client']} {r['rate']:,.0f} rows/s"
+                                              for r in fills) + ".")
+                self.out()
+            one = med(self.values("outbox", client="relay-postgresql-1"))
+            naive = med(self.values("outbox", client="naive-postgresql"))
+            ceiling = med(self.values("outbox", client="broker-publish"))
+            if one:
+                sel = self.select("outbox", client="relay-postgresql-1")
+                self.target("outbox relay ≥ 5,000 rows/s (PostgreSQL, 1 relay)",
+                            f"{one:,.0f} rows/s", one >= 5000, "" if one >= 5000 else
+                            self.outbox_bound("relay-postgresql-1", sel) +
+                            (f"; the broker alone takes {ceiling:,.0f} confirmed publishes a "
+                             f"second here" if ceiling else ""))
+            if one and naive:
+                self.target("outbox relay ≥ 10x the naive loop (PostgreSQL)",
+                            f"{one / naive:.1f}x ({one:,.0f} vs {naive:,.0f} rows/s)",
+                            one >= 10 * naive, "" if one >= 10 * naive else
+                            f"the relay runs at the broker's pace "
+                            f"({ceiling:,.0f} confirmed publishes a second with no database), "
+                            f"and the naive loop at the pace of two disk syncs per row, which "
+                            f"are short on this disk" if ceiling else "")
+        if latency:
+            rate, seconds = sizes["outbox_latency_rate"], sizes["outbox_latency_seconds"]
+            self.out(f"**Commit-to-publish latency.** An application thread commits one row per "
+                     f"transaction at {rate} rows/s for {seconds} s (PostgreSQL); one `retryloop "
+                     f"outbox relay` runs; a consumer on the queue takes each message. Latency is "
+                     f"from the moment the row's COMMIT returned to the application to the "
+                     f"message's delivery to the consumer, in ms: medians of the rounds' "
+                     f"percentiles, max the largest seen. `notify`: the default (LISTEN/NOTIFY "
+                     f"wakes the relay at each commit; it also polls every 5 s). `poll`: "
+                     f"`--no-notify`, polling every 100 ms (the default interval without "
+                     f"notifications); a relay that finds rows looks again at once, so only a "
+                     f"row that arrives while it sleeps waits for the poll.")
+            self.out()
+            body = []
+            for mode in ("notify", "poll"):
+                sel = self.select("outbox-latency", client=mode)
+                if not sel:
+                    continue
+                lat = [r["latency_ms"] for r in sel]
+                relay = med([r["relay_cpu_seconds"] / r["messages"] * 1e6 for r in sel])
+                body.append([mode, f"{med([l['p50'] for l in lat]):.1f}",
+                             f"{med([l['p99'] for l in lat]):.1f}",
+                             f"{max(l['max'] for l in lat):.1f}", f"{relay:.1f}"])
+                if mode == "notify":
+                    p99 = med([l["p99"] for l in lat])
+                    self.target("commit-to-publish p99 < 50 ms (notify)", f"{p99:.1f} ms",
+                                p99 < 50, "" if p99 < 50 else
+                                "the relay settles a batch (the broker's confirm, its own "
+                                "commit) before it looks for the next rows")
+            self.table(["relay wakes by", "p50", "p99", "max", "relay CPU ms / 1,000 rows"],
+                       body)
+        if inbox:
+            self.out(f"**Inbox overhead.** A retry consumer (worker-thread handler, prefetch "
+                     f"200) handles {sizes['inbox']:,} messages, each with a message-id of its "
+                     f"own; the handler writes one row in a transaction. `plain`: the handler "
+                     f"opens the transaction itself (a connection per worker thread); `inbox`: "
+                     f"`inbox::Inbox` wraps it, recording the message id in the same "
+                     f"transaction. Messages per second from the first delivery to the last "
+                     f"handler's return; the µs added is 1/inbox − 1/plain of the medians.")
+            self.out()
+            body = []
+            for database in ("sqlite", "postgresql"):
+                for concurrency in self.meta.get("inbox_concurrency", [1]):
+                    plain = self.select("inbox", client="plain", database=database,
+                                        concurrency=concurrency)
+                    wrapped = self.select("inbox", client="inbox", database=database,
+                                          concurrency=concurrency)
+                    if not plain or not wrapped:
+                        continue
+                    a, b = med([r["rate"] for r in plain]), med([r["rate"] for r in wrapped])
+                    pg = (f"{self.per(plain, 'pg_cpu_seconds'):.0f} / "
+                          f"{self.per(wrapped, 'pg_cpu_seconds'):.0f}"
+                          if database == "postgresql" and
+                          self.per(plain, "pg_cpu_seconds") is not None else "–")
+                    body.append([database, str(concurrency), spread([r["rate"] for r in plain]),
+                                 spread([r["rate"] for r in wrapped]),
+                                 f"{(1 / b - 1 / a) * 1e6:.0f}", f"{(1 - b / a) * 100:.0f}%",
+                                 f"{self.per(plain, 'cpu_seconds'):.0f} / "
+                                 f"{self.per(wrapped, 'cpu_seconds'):.0f}", pg])
+            self.table(["database", "handlers at once", "plain msg/s", "inbox msg/s",
+                        "µs added per message", "slower by", "consumer CPU µs/msg (plain / "
+                        "inbox)", "PostgreSQL CPU µs/msg"], body, left=2)
+        self.out("**Published figures to compare with** (quoted from their authors, not "
+                 "measured here, on other machines and workloads): pgmq reads about 30,000 "
+                 "messages a second on 16 vCPU; Watermill's PostgreSQL subscriber handles about "
+                 "460 messages a second on 16 vCPU. This machine has "
+                 f"{self.meta['machine']['cpus']} CPUs shared by the broker, the database and "
+                 f"the relays.")
+        self.out()
+
     def write(self, path_md, chart_name):
         self.header()
         body_start = len(self.lines)
@@ -422,6 +625,7 @@ class Report:
         self.retry()
         self.memory()
         self.replay()
+        self.outbox()
         body = self.lines[body_start:]
         self.lines = self.lines[:body_start]
         if self.targets:
@@ -538,6 +742,21 @@ def readme_block(report, chart_path):
                   f"moved {m['sizes']['replay']:,} parked 1 KB messages at {spread(ours)} msg/s, "
                   f"the pika get-publish-confirm-ack loop at {spread(loop)} msg/s: "
                   f"**{med(ours) / med(loop):.1f}x**. Command: `BENCH_ONLY=replay bench/run`.", ""]
+    relay = report.values("outbox", client="relay-postgresql-1")
+    naive = report.values("outbox", client="naive-postgresql")
+    ceiling = report.values("outbox", client="broker-publish")
+    notify = [r["latency_ms"]["p99"] for r in report.select("outbox-latency", client="notify")]
+    if relay:
+        lines += [f"**Outbox relay** (targets: at least 5,000 rows/s and 10x the naive loop): one "
+                  f"`retryloop outbox relay` drained {m['sizes']['outbox']:,} PostgreSQL rows at "
+                  f"{spread(relay)} rows/s"
+                  + (f", the naive loop (a transaction per row) {spread(naive)} rows/s: "
+                     f"**{med(relay) / med(naive):.1f}x**" if naive else "")
+                  + (f"; the broker alone takes the same publishes at {spread(ceiling)} msg/s"
+                     if ceiling else "")
+                  + (f". Commit-to-publish p99 with notifications: {med(notify):.1f} ms"
+                     if notify else "")
+                  + ". Command: `BENCH_ONLY=outbox bench/run`.", ""]
     if report.targets:
         lines += ["**Targets** (the reasons for each miss are in the report):", "",
                   "| target | figure | |", "|---|---|---|"]

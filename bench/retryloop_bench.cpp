@@ -3,26 +3,36 @@
 //   bench_retryloop reset   --url URL --queue Q [--type classic|quorum] [--exchange FANOUT]
 //                           [--ttl MS --dead-letter-to Q2] [--delete-only]
 //   bench_retryloop fill    --url URL (--queue Q | --exchange FANOUT) --count N [--size BYTES]
-//                           [--fresh] [--parked]
+//                           [--fresh] [--parked] [--unique-ids]
 //   bench_retryloop consume --url URL --queue Q --count N --prefetch P [--ack-delay MS]
 //   bench_retryloop publish --url URL --queue Q --count N --window W [--rate MSG_PER_S]
+//                           [--mandatory] [--outbox-headers]
 //   bench_retryloop retry   --url URL --topology FILE --service S --count N --fail K [--lateness]
 //                           [--ack-delay MS]
 //   bench_retryloop ttl     --url URL --queue Q --count N --delay-ms D
 //   bench_retryloop hold    --url URL --topology FILE --service S --count N --prefetch P
+//   bench_retryloop outbox-fill    --db DB --queue Q --count N [--size BYTES] [--keys K]
+//   bench_retryloop outbox-naive   --db DB --url URL --count N
+//   bench_retryloop outbox-latency --db DB --url URL --queue Q --count N --rate ROWS_PER_S
+//   bench_retryloop inbox-reset --db DB
+//   bench_retryloop inbox   --db DB --url URL --topology FILE --service S --count N
+//                           [--inbox] [--concurrency C]
 //
 // `reset` deletes Q and (unless --delete-only) declares it again, durable, of the given type (a TTL
 // queue that dead-letters to Q2 through the default exchange with --ttl; bound to the fanout
 // exchange FANOUT with --exchange, so that one fill fills every client's queue). `fill` publishes N
 // persistent messages with the shared header table (an x-death array as after two trips through a
 // retry loop; --fresh leaves out the x- headers, as before a first failure; --parked adds the
-// headers of a parked message), pipelined with confirms; it is how every queue is filled, outside
-// the timed window. The other modes print one JSON line:
+// headers of a parked message; --unique-ids gives each message a message-id of its own, for the
+// inbox), pipelined with confirms; it is how every queue is filled, outside the timed window. The
+// other modes print one JSON line:
 //
 //   consume  N deliveries acked one by one, no-op handler: time from the first delivery to the last
 //            ack, and the process's CPU time over the same window.
 //   publish  N messages with confirms, at most W unconfirmed (1: one at a time); --rate paces
-//            them and stamps each with the time it was sent (for `ttl`).
+//            them and stamps each with the time it was sent (for `ttl`). --mandatory and
+//            --outbox-headers publish as the outbox relay does: with mandatory, and with the
+//            headers and the message-id length of the benchmark's outbox rows.
 //   retry    the retry consumer on a service of FILE, handler on the loop: each message fails K
 //            times, then is acked; completed messages per second from the first delivery.
 //            --lateness: the time from each failure to the next delivery, minus the delay.
@@ -30,12 +40,38 @@
 //            reports arrival minus the sent stamp minus the delay.
 //   hold     the retry consumer with a slow handler (500 ms a message) until N deliveries have
 //            arrived, nearly all of them held unacked; then the peak RSS of the process.
+//
+// The outbox and inbox modes take a database URL (store::Database::open) whose retryloop tables
+// exist (`retryloop outbox init`):
+//
+//   outbox-fill     empties retryloop_outbox, then enqueues N rows for queue Q (default exchange)
+//                   in transactions of 500, as an application would (outbox::enqueue): a body of
+//                   BYTES, a few headers, every other row with one of K ordering keys; on
+//                   PostgreSQL it ends with VACUUM ANALYZE. Not timed for the relay.
+//   outbox-naive    the loop a user would write without the relay, with the same client and
+//                   store layer: one transaction per row (select the oldest pending row, FOR
+//                   UPDATE SKIP LOCKED on PostgreSQL; publish it with mandatory; wait for its
+//                   confirm; delete it; commit) until N rows are done.
+//   outbox-latency  commit-to-publish latency: a thread commits one row per transaction at
+//                   ROWS_PER_S (each row's commit time is taken when COMMIT returns), while the
+//                   loop consumes Q; a relay runs in another process. Latency is the time from
+//                   a row's commit to its delivery to this consumer.
+//   inbox-reset     empties the inbox's table and the handler's (made if missing), before a run.
+//   inbox           the retry consumer whose handler writes one row in a transaction to DB (one
+//                   connection per worker thread), with --inbox through inbox::Inbox (the row and
+//                   the message id in one transaction), without it in a plain transaction;
+//                   handled messages per second from the first delivery to the last completion.
 
 #include <sys/resource.h>
 #include <uv.h>
 #include <retryloop/client/connection.hpp>
 #include <retryloop/consumer/consumer.hpp>
+#include <retryloop/inbox/inbox.hpp>
+#include <retryloop/outbox/outbox.hpp>
+#include <retryloop/store/database.hpp>
 #include <retryloop/topology/topology_json.hpp>
+
+#include <nlohmann/json.hpp>
 
 #if __has_include(<valgrind/callgrind.h>)
 #include <valgrind/callgrind.h>
@@ -45,11 +81,13 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -83,11 +121,22 @@ struct Args {
   bool lateness = false;
   long timeout_s = 900;
   long ack_delay_ms = -1;  ///< -1: the library's default
+  std::string db;
+  long keys = 1000;
+  int concurrency = 1;
+  bool inbox = false;
+  bool unique_ids = false;
+  bool mandatory = false;
+  bool outbox_headers = false;
 };
 
+// Exits at once: from the timeout's thread, or with worker threads running a handler, std::exit
+// would run destructors under their feet, and can hang.
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "bench_retryloop: %s\n", what.c_str());
-  std::exit(1);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(1);
 }
 
 void check(const Error& error, const char* what) {
@@ -130,6 +179,17 @@ amqp::FieldTable realistic_headers() {
   headers.append("x-first-death-queue", "orders");
   headers.append("x-first-death-reason", "rejected");
   headers.append("trace-id", "4bf92f3577b34da6a3ce929d0e0e4736");
+  return headers;
+}
+
+/// The headers of the benchmark's outbox rows, as an application might set them.
+amqp::FieldTable outbox_headers(long seq) {
+  amqp::FieldTable headers;
+  headers.append("event-type", "order.created");
+  headers.append("schema-version", int64_t{3});
+  headers.append("tenant", "acme-" + std::to_string(seq % 17));
+  headers.append("trace-id", "4bf92f3577b34da6a3ce929d0e0e4736");
+  headers.append("bench-seq", int64_t{seq});
   return headers;
 }
 
@@ -266,10 +326,17 @@ PublishResult publish(uv_loop_t* loop, const Args& args, bool stamp) {
     }
     while (published < allowed && published - confirmed < args.window) {
       *properties.headers->find("bench-seq") = int64_t{published};
+      if (args.unique_ids) properties.message_id = "bench-" + std::to_string(published);
+      if (args.outbox_headers) {
+        properties.headers = outbox_headers(published);
+        char uuid[40];  // as long as the outbox's random message ids
+        std::snprintf(uuid, sizeof uuid, "5f1c2b9e-8a64-4c7e-9d0b-%012ld", published);
+        properties.message_id = uuid;
+      }
       if (stamp) *properties.headers->find("bench-sent-us") = wall_us();
       ++published;
       check(chan->publish(args.exchange, args.exchange.empty() ? args.queue : "", properties, body,
-                          Mandatory::no,
+                          args.mandatory ? Mandatory::yes : Mandatory::no,
                           [&](const PublishOutcome& outcome) {
                             if (!outcome.ok()) die("publish: " + outcome.error.message());
                             if (++confirmed == args.count) {
@@ -504,6 +571,386 @@ void hold(uv_loop_t* loop, const Args& args) {
       held, args.prefetch, args.size, rss_start, peak);
 }
 
+// ---- the outbox and the inbox ----
+
+std::unique_ptr<store::Database> open_database(const Args& args) {
+  if (args.db.empty()) die("--db is required");
+  try {
+    return store::Database::open(args.db, false);
+  } catch (const store::StoreError& e) {
+    die(std::string("database: ") + e.what());
+  }
+}
+
+bool postgres(const store::Database& database) {
+  return database.dialect() == store::Dialect::postgresql;
+}
+
+/// An outbox message as an application writes one: the body, a few headers, and (every other
+/// row) one of `keys` ordering keys.
+outbox::OutboxMessage outbox_message(const Args& args, long seq, const std::string& body) {
+  outbox::OutboxMessage message;
+  message.routing_key = args.queue;
+  message.body = body;
+  message.properties.content_type = "application/json";
+  message.properties.headers = outbox_headers(seq);
+  if (seq % 2 == 0 && args.keys > 0) {
+    message.ordering_key = "order-" + std::to_string((seq / 2) % args.keys);
+  }
+  return message;
+}
+
+void outbox_fill(const Args& args) {
+  auto database = open_database(args);
+  const std::string body(static_cast<size_t>(args.size), 'x');
+  const double t0 = wall_seconds();
+  const char* method = "enqueue";
+  const char* columns =
+      "exchange, routing_key, message_id, properties, headers, body, ordering_key";
+  try {
+    database->execute("DELETE FROM retryloop_outbox");
+    database->execute_script(
+        "CREATE TABLE IF NOT EXISTS bench_outbox_copy AS SELECT * FROM retryloop_outbox WHERE "
+        "1 = 0");
+    auto copied = database->execute("SELECT count(*) FROM bench_outbox_copy").rows[0].integer(0);
+    if (args.count == 0) {
+      method = "none";
+    } else if (copied >= args.count) {
+      // The rows of an earlier fill, copied back in id order (new ids, in the same order).
+      method = "copy";
+      store::Transaction transaction(*database);
+      database->execute(std::string("INSERT INTO retryloop_outbox (") + columns + ") SELECT " +
+                            columns + " FROM bench_outbox_copy ORDER BY id LIMIT $1",
+                        {int64_t{args.count}});
+      transaction.commit();
+    } else {
+      constexpr long per_transaction = 500;
+      for (long first = 0; first < args.count; first += per_transaction) {
+        store::Transaction transaction(*database);
+        for (long seq = first; seq < std::min(args.count, first + per_transaction); ++seq) {
+          outbox::enqueue(*database, outbox_message(args, seq, body));
+        }
+        transaction.commit();
+      }
+    }
+  } catch (const store::StoreError& e) {
+    die(std::string("outbox-fill: ") + e.what());
+  }
+  const double seconds = wall_seconds() - t0;
+  try {
+    if (std::string(method) == "enqueue") {
+      store::Transaction transaction(*database);
+      database->execute("DELETE FROM bench_outbox_copy");
+      database->execute("INSERT INTO bench_outbox_copy SELECT * FROM retryloop_outbox");
+      transaction.commit();
+    }
+    // The relay starts on a table without dead rows and with fresh statistics.
+    if (postgres(*database)) database->execute_script("VACUUM ANALYZE retryloop_outbox");
+  } catch (const store::StoreError& e) {
+    die(std::string("outbox-fill: ") + e.what());
+  }
+  std::printf(
+      "{\"bench\": \"outbox-fill\", \"rows\": %ld, \"method\": \"%s\", \"seconds\": %.3f, "
+      "\"rate\": %.1f}\n",
+      args.count, method, seconds, seconds > 0 ? args.count / seconds : 0.0);
+}
+
+/// What a user would write without the relay: one row per transaction, each published and
+/// confirmed before it is deleted and the transaction commits.
+void outbox_naive(uv_loop_t* loop, const Args& args) {
+  auto database = open_database(args);
+  const bool pg = postgres(*database);
+  const std::string select =
+      std::string(
+          "SELECT id, exchange, routing_key, message_id, properties, headers, body "
+          "FROM retryloop_outbox WHERE state = 'pending' ORDER BY id LIMIT 1") +
+      (pg ? " FOR UPDATE SKIP LOCKED" : "");
+  long done = 0;
+  PublishResult r;
+  double cpu0 = 0;
+  std::shared_ptr<Connection> conn;
+  std::shared_ptr<Channel> chan;
+  std::function<void()> next = [&] {
+    try {
+      if (done == args.count) {
+        r.t1 = wall_seconds();
+        r.cpu = cpu_seconds() - cpu0;
+        return conn->close();
+      }
+      database->begin();
+      auto result = database->execute(select);
+      if (result.rows.empty()) die("outbox-naive: the table ran out of rows");
+      const store::Row& row = result.rows[0];
+      const int64_t id = row.integer(0);
+      amqp::BasicProperties properties;
+      auto stored = nlohmann::json::parse(row.text(4).value_or("{}"));
+      if (stored.contains("content_type")) {
+        properties.content_type = stored["content_type"].get<std::string>();
+      }
+      properties.delivery_mode = 2;
+      properties.message_id = row.text(3).value_or("");
+      properties.headers = outbox::headers_from_json(row.text(5).value_or("{}"));
+      check(chan->publish(row.text(1).value_or(""), row.text(2).value_or(""), properties,
+                          row.text(6).value_or(""), Mandatory::yes,
+                          [&, id](const PublishOutcome& outcome) {
+                            if (!outcome.ok()) die("publish: " + outcome.error.message());
+                            try {
+                              database->execute("DELETE FROM retryloop_outbox WHERE id = $1", {id});
+                              database->commit();
+                            } catch (const store::StoreError& e) {
+                              die(std::string("outbox-naive: ") + e.what());
+                            }
+                            ++done;
+                            next();
+                          }),
+            "publish");
+    } catch (const store::StoreError& e) {
+      die(std::string("outbox-naive: ") + e.what());
+    }
+  };
+  with_channel(loop, args, [&](auto connection, auto channel) {
+    conn = connection;
+    chan = channel;
+    check(channel->confirm_select([&](const Error& e) {
+      check(e, "confirm.select");
+      r.t0 = wall_seconds();
+      cpu0 = cpu_seconds();
+      next();
+    }),
+          "confirm.select");
+  });
+  if (done != args.count) die("outbox-naive did not finish");
+  std::printf(
+      "{\"client\": \"naive-loop\", \"bench\": \"outbox-naive\", \"messages\": %ld, "
+      "\"seconds\": %.4f, \"rate\": %.1f, \"cpu_seconds\": %.4f, \"t0\": %.6f, \"t1\": %.6f}\n",
+      done, r.t1 - r.t0, done / (r.t1 - r.t0), r.cpu, r.t0, r.t1);
+}
+
+/// Commit-to-delivery latency through a relay that runs in another process.
+void outbox_latency(uv_loop_t* loop, const Args& args) {
+  auto database = open_database(args);
+  const size_t count = static_cast<size_t>(args.count);
+  std::vector<std::atomic<int64_t>> committed_us(count);
+  std::vector<int64_t> received_us(count, 0);
+  long received = 0;
+  std::atomic<bool> producer_failed{false};
+  std::thread producer;
+  const std::string body(static_cast<size_t>(args.size), 'x');
+  double t0 = 0, t1 = 0;
+
+  uv_timer_t giveup{};
+  uv_timer_init(loop, &giveup);
+  with_channel(loop, args, [&](auto connection, auto channel) {
+    check(channel->qos(static_cast<uint16_t>(args.prefetch), {}), "qos");
+    giveup.data = connection.get();
+    check(
+        channel->consume(
+            args.queue, {},
+            [&, connection, channel](Delivery&& delivery) {
+              const int64_t now = wall_us();
+              const int64_t seq = header_int(delivery.message.properties, "bench-seq");
+              (void)channel->ack(delivery.delivery_tag);
+              if (seq < 0 || seq >= args.count || received_us[seq] != 0) return;
+              received_us[seq] = now;
+              if (++received == args.count) {
+                t1 = wall_seconds();
+                uv_timer_stop(&giveup);
+                uv_close(reinterpret_cast<uv_handle_t*>(&giveup), nullptr);
+                connection->close();
+              }
+            },
+            [&](const Error& e, const std::string&) {
+              check(e, "basic.consume");
+              // Consuming: start committing rows.
+              t0 = wall_seconds();
+              producer = std::thread([&] {
+                try {
+                  const auto start = std::chrono::steady_clock::now();
+                  for (size_t seq = 0; seq < count; ++seq) {
+                    std::this_thread::sleep_until(start +
+                                                  std::chrono::microseconds(static_cast<int64_t>(
+                                                      seq * 1e6 / static_cast<double>(args.rate))));
+                    store::Transaction transaction(*database);
+                    outbox::enqueue(*database, outbox_message(args, static_cast<long>(seq), body));
+                    transaction.commit();
+                    committed_us[seq] = wall_us();
+                  }
+                } catch (const store::StoreError& e) {
+                  std::fprintf(stderr, "bench_retryloop: producer: %s\n", e.what());
+                  producer_failed = true;
+                }
+              });
+              // Rows that never arrive end the run 30 s after the last one was due.
+              uv_timer_start(
+                  &giveup,
+                  [](uv_timer_t* t) {
+                    static_cast<Connection*>(t->data)->close();
+                    uv_close(reinterpret_cast<uv_handle_t*>(t), nullptr);
+                  },
+                  static_cast<uint64_t>(args.count * 1000 / args.rate + 30000), 0);
+            }),
+        "consume");
+  });
+  if (producer.joinable()) producer.join();
+  if (producer_failed) die("the producer failed");
+  if (received != args.count) {
+    die("outbox-latency: " + std::to_string(received) + " of " + std::to_string(args.count) +
+        " rows arrived");
+  }
+  std::vector<double> latency_ms;
+  latency_ms.reserve(count);
+  for (size_t i = 0; i < count; ++i)
+    latency_ms.push_back((received_us[i] - committed_us[i].load()) / 1000.0);
+  std::printf(
+      "{\"bench\": \"outbox-latency\", \"messages\": %ld, \"rate\": %ld, \"seconds\": %.3f, "
+      "\"latency_ms\": %s, \"t0\": %.6f, \"t1\": %.6f}\n",
+      args.count, args.rate, t1 - t0, percentiles_json(latency_ms).c_str(), t0, t1);
+}
+
+/// A pool of database connections, one per worker thread at a time.
+class Connections {
+ public:
+  explicit Connections(std::string url) : url_(std::move(url)) {}
+  std::unique_ptr<store::Database> take() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!idle_.empty()) {
+        auto database = std::move(idle_.back());
+        idle_.pop_back();
+        return database;
+      }
+    }
+    return store::Database::open(url_, false);
+  }
+  void give(std::unique_ptr<store::Database> database) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    idle_.push_back(std::move(database));
+  }
+
+ private:
+  std::string url_;
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<store::Database>> idle_;
+};
+
+/// Every inbox run starts from empty tables: the message ids repeat from run to run.
+void inbox_reset(const Args& args) {
+  auto database = open_database(args);
+  try {
+    database->execute_script(
+        "CREATE TABLE IF NOT EXISTS bench_effects (message_id text NOT NULL, bytes bigint NOT "
+        "NULL, received_at bigint NOT NULL)");
+    database->execute("DELETE FROM bench_effects");
+    database->execute("DELETE FROM retryloop_inbox");
+    if (postgres(*database)) {
+      database->execute_script("VACUUM ANALYZE bench_effects, retryloop_inbox");
+    }
+  } catch (const store::StoreError& e) {
+    die(std::string("inbox-reset: ") + e.what());
+  }
+}
+
+void inbox_bench(uv_loop_t* loop, const Args& args) {
+  consumer::ConsumerOptions options;
+  options.service = load_service(args);
+  options.connection.uri = parse_uri(args.url);
+  options.prefetch = static_cast<uint16_t>(args.prefetch);
+  options.concurrency = static_cast<uint32_t>(args.concurrency);
+  std::atomic<long> completed{0};
+  std::atomic<bool> started{false};
+  std::atomic<double> t0{0}, t1{0}, cpu0{0}, cpu1{0};
+  auto begin = [&] {
+    bool expected = false;
+    if (started.compare_exchange_strong(expected, true)) {
+      t0 = wall_seconds();
+      cpu0 = cpu_seconds();
+    }
+  };
+  auto end = [&] {
+    if (++completed == args.count) {
+      t1 = wall_seconds();
+      cpu1 = cpu_seconds();
+    }
+  };
+  // The business write: one row per message.
+  auto write = [](const consumer::Message& message, store::Database& db) {
+    db.execute("INSERT INTO bench_effects (message_id, bytes, received_at) VALUES ($1, $2, $3)",
+               {std::string(message.message_id()), static_cast<int64_t>(message.body.size()),
+                outbox::now_ms()});
+  };
+  consumer::Handler handler;
+  std::shared_ptr<inbox::Inbox> box;
+  Connections connections(args.db);
+  if (args.inbox) {
+    inbox::InboxOptions inbox_options;
+    inbox_options.database = args.db;
+    inbox_options.consumer = "bench";
+    try {
+      box = inbox::Inbox::create(inbox_options);
+    } catch (const store::StoreError& e) {
+      die(std::string("inbox: ") + e.what());
+    }
+    auto wrapped = box->wrap([&](const consumer::Message& message, store::Database& db) {
+      write(message, db);
+      return consumer::Outcome::ack();
+    });
+    handler = [&, wrapped](const consumer::Message& message) {
+      begin();
+      auto outcome = wrapped(message);
+      end();
+      return outcome;
+    };
+  } else {
+    handler = [&](const consumer::Message& message) {
+      begin();
+      auto db = connections.take();
+      {
+        store::Transaction transaction(*db);
+        write(message, *db);
+        transaction.commit();
+      }
+      connections.give(std::move(db));
+      end();
+      return consumer::Outcome::ack();
+    };
+  }
+  auto service_consumer = consumer::Consumer::create(loop, options, handler);
+  service_consumer->set_stopped_handler([](const Error& e) { check(e, "consumer"); });
+  uv_timer_t poll{};
+  uv_timer_init(loop, &poll);
+  struct State {
+    std::shared_ptr<consumer::Consumer> consumer;
+    std::atomic<long>* completed;
+    long count;
+  } state{service_consumer, &completed, args.count};
+  poll.data = &state;
+  uv_timer_start(
+      &poll,
+      [](uv_timer_t* t) {
+        auto* s = static_cast<State*>(t->data);
+        if (s->completed->load() < s->count) return;
+        auto metrics = s->consumer->metrics();
+        if (metrics.acked < static_cast<uint64_t>(s->count)) return;
+        s->consumer->stop(std::chrono::seconds(10));
+        uv_close(reinterpret_cast<uv_handle_t*>(t), nullptr);
+      },
+      5, 5);
+  check(service_consumer->start(), "consumer start");
+  service_consumer.reset();
+  uv_run(loop, UV_RUN_DEFAULT);
+  state.consumer.reset();
+  if (completed != args.count) die("inbox consumer stopped early");
+  const double seconds = t1 - t0;
+  const auto stats = box ? box->stats() : inbox::InboxStats{};
+  std::printf(
+      "{\"client\": \"%s\", \"bench\": \"inbox\", \"messages\": %ld, \"concurrency\": %d, "
+      "\"seconds\": %.4f, \"rate\": %.1f, \"cpu_seconds\": %.4f, \"t0\": %.6f, \"t1\": %.6f, "
+      "\"duplicates\": %llu}\n",
+      args.inbox ? "inbox" : "plain", completed.load(), args.concurrency, seconds,
+      completed.load() / seconds, cpu1 - cpu0, t0.load(), t1.load(),
+      static_cast<unsigned long long>(stats.duplicates));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -526,6 +973,22 @@ int main(int argc, char** argv) {
     }
     if (flag == "--lateness") {
       args.lateness = true;
+      continue;
+    }
+    if (flag == "--inbox") {
+      args.inbox = true;
+      continue;
+    }
+    if (flag == "--unique-ids") {
+      args.unique_ids = true;
+      continue;
+    }
+    if (flag == "--mandatory") {
+      args.mandatory = true;
+      continue;
+    }
+    if (flag == "--outbox-headers") {
+      args.outbox_headers = true;
       continue;
     }
     if (i + 1 >= argc) die(flag + " needs a value");
@@ -562,13 +1025,21 @@ int main(int argc, char** argv) {
       args.prefetch = std::atoi(value);
     } else if (flag == "--ack-delay") {
       args.ack_delay_ms = std::atol(value);
+    } else if (flag == "--db") {
+      args.db = value;
+    } else if (flag == "--keys") {
+      args.keys = std::atol(value);
+    } else if (flag == "--concurrency") {
+      args.concurrency = std::atoi(value);
     } else if (flag == "--timeout") {
       args.timeout_s = std::atol(value);
     } else {
       die("unknown flag " + flag);
     }
   }
-  if (args.url.empty()) die("--url is required");
+  if (args.url.empty() && args.mode != "outbox-fill" && args.mode != "inbox-reset") {
+    die("--url is required");
+  }
   // A benchmark that hangs (a broker that stopped sending) fails instead of holding the run.
   std::thread([timeout = args.timeout_s] {
     std::this_thread::sleep_for(std::chrono::seconds(timeout));
@@ -591,6 +1062,16 @@ int main(int argc, char** argv) {
     ttl(loop, args);
   } else if (args.mode == "hold") {
     hold(loop, args);
+  } else if (args.mode == "outbox-fill") {
+    outbox_fill(args);
+  } else if (args.mode == "outbox-naive") {
+    outbox_naive(loop, args);
+  } else if (args.mode == "outbox-latency") {
+    outbox_latency(loop, args);
+  } else if (args.mode == "inbox-reset") {
+    inbox_reset(args);
+  } else if (args.mode == "inbox") {
+    inbox_bench(loop, args);
   } else {
     die("unknown mode " + args.mode);
   }
