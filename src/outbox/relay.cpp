@@ -5,8 +5,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
+#include <map>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "retryloop/client/channel.hpp"
@@ -31,6 +34,53 @@ std::string claim_sql(store::Dialect dialect) {
          "f.ordering_key = o.ordering_key AND f.id < o.id)" +
          (postgres ? " AND pg_try_advisory_xact_lock(727272002, hashtext(o.ordering_key))" : "") +
          ")) ORDER BY o.id LIMIT $1" + (postgres ? " FOR UPDATE OF o SKIP LOCKED" : "");
+}
+
+// PostgreSQL: the keys of a claimed batch (each with its first row in the batch) that have an
+// earlier row still pending or failed. The claim takes a key's lock at the first of the key's rows
+// it evaluates while the lock is free. When the relay that held the key ends its transaction in
+// the middle of the claim (it died, or settled its batch with rows it could not publish), the
+// claim has passed over the key's earlier rows already and takes only later ones, which would
+// overtake them. This statement sees the table as it is now, with the keys' locks held: nothing
+// another relay did to these keys is hidden from it.
+std::string earlier_rows_sql(size_t keys) {
+  std::string values;
+  for (size_t i = 0; i < keys; ++i) {
+    values += std::string(i == 0 ? "" : ", ") + "($" + std::to_string(2 * i + 1) + "::text, $" +
+              std::to_string(2 * i + 2) + "::bigint)";
+  }
+  return "SELECT v.ordering_key FROM (VALUES " + values +
+         ") AS v(ordering_key, first_id) WHERE EXISTS (SELECT 1 FROM retryloop_outbox p WHERE "
+         "p.state IN ('pending', 'failed') AND p.ordering_key = v.ordering_key AND "
+         "p.id < v.first_id)";
+}
+
+// Leaves the rows of such keys out of `rows` (claimed, in id order): they stay pending and are
+// claimed again, from the key's first row. Returns how many it left out.
+size_t leave_out_overtaking_rows(store::Database& database, std::vector<OutboxRow>& rows) {
+  std::map<std::string, int64_t> first_ids;
+  for (const auto& row : rows) {
+    if (row.ordering_key) first_ids.emplace(*row.ordering_key, row.id);
+  }
+  if (first_ids.empty()) return 0;
+  std::vector<store::Value> values;
+  values.reserve(2 * first_ids.size());
+  for (const auto& [key, id] : first_ids) {
+    values.emplace_back(key);
+    values.emplace_back(id);
+  }
+  auto result = database.execute(earlier_rows_sql(first_ids.size()), values);
+  if (result.rows.empty()) return 0;
+  std::set<std::string> keys;
+  for (const auto& row : result.rows)
+    keys.insert(*row.text(0));
+  const size_t claimed = rows.size();
+  rows.erase(std::remove_if(rows.begin(), rows.end(),
+                            [&keys](const OutboxRow& row) {
+                              return row.ordering_key && keys.count(*row.ordering_key) != 0;
+                            }),
+             rows.end());
+  return claimed - rows.size();
 }
 
 std::string outcome_text(const client::PublishOutcome& outcome) {
@@ -318,6 +368,7 @@ void RelayImpl::cycle() {
 
 void RelayImpl::publish_batch() {
   Batch batch;
+  size_t left_out = 0;
   try {
     database_->begin();
     auto result = database_->execute(claim_sql(database_->dialect()),
@@ -335,7 +386,17 @@ void RelayImpl::publish_batch() {
         ++stats.failed;
       }
     }
+    if (database_->dialect() == store::Dialect::postgresql) {
+      left_out = leave_out_overtaking_rows(*database_, batch.rows);
+      if (left_out != 0 && log()) {
+        log()->info(
+            "outbox relay: left {} claimed rows for a later batch: their keys have earlier rows "
+            "still to publish",
+            left_out);
+      }
+    }
     if (batch.rows.empty()) database_->commit();
+    // Rows left out, or failed at once: their keys' locks are free again; claim in order now.
     if (batch.rows.empty() && !result.rows.empty()) return wake(std::chrono::milliseconds(0));
   } catch (const store::StoreError& error) {
     if (database_->usable()) database_->rollback();
