@@ -122,7 +122,7 @@ void TcpProxy::on_accept() {
                        [](uv_stream_t* stream, ssize_t n, const uv_buf_t* buf) {
                          auto* pp = static_cast<Pipe*>(stream->data);
                          if (n < 0) {
-                           if (pp->proxy->frozen_) {
+                           if (pp->proxy->frozen_ || pp->proxy->replies_held_) {
                              pp->upstream_ended = true;
                              uv_read_stop(stream);
                              return;
@@ -131,7 +131,9 @@ void TcpProxy::on_accept() {
                            return;
                          }
                          pp->to_client.append(buf->base, static_cast<size_t>(n));
-                         if (!pp->proxy->frozen_) write_to(&pp->client, pp->to_client);
+                         if (!pp->proxy->frozen_ && !pp->proxy->replies_held_) {
+                           write_to(&pp->client, pp->to_client);
+                         }
                        });
                  });
 }
@@ -140,8 +142,13 @@ void TcpProxy::freeze() {
   frozen_ = true;
 }
 
+void TcpProxy::hold_replies() {
+  replies_held_ = true;
+}
+
 void TcpProxy::thaw() {
   frozen_ = false;
+  replies_held_ = false;
   for (auto& pipe : pipes_) {
     if (pipe->closing) continue;
     if (pipe->upstream_ended) {

@@ -11,7 +11,9 @@ namespace retryloop::test {
 
 /// A TCP proxy on 127.0.0.1 that the tests control: it passes traffic to an upstream port, and
 /// can freeze (stop relaying in both directions, keeping the sockets open, as a network that
-/// drops every packet) or cut (close every proxied connection). Runs on the test's loop.
+/// drops every packet), hold back only the replies (what the upstream sends: a client's
+/// publishes reach the broker, its confirms never come back) or cut (close every proxied
+/// connection). Runs on the test's loop.
 class TcpProxy {
  public:
   TcpProxy(uv_loop_t* loop, uint16_t upstream_port);
@@ -24,7 +26,9 @@ class TcpProxy {
 
   /// Stops relaying; bytes already read are held back.
   void freeze();
-  /// Relays again, held bytes first.
+  /// Stops relaying from the upstream to the clients only; those bytes are held back.
+  void hold_replies();
+  /// Relays again, held bytes first (after freeze() or hold_replies()).
   void thaw();
   /// Closes every proxied connection at once (both sides see the socket close).
   void cut();
@@ -43,6 +47,7 @@ class TcpProxy {
   uint16_t port_ = 0;
   uv_tcp_t listener_{};
   bool frozen_ = false;
+  bool replies_held_ = false;
   bool closed_ = false;
   bool listener_closed_ = false;
   int accepted_ = 0;
