@@ -49,10 +49,13 @@ std::string earlier_rows_sql(size_t keys) {
     values += std::string(i == 0 ? "" : ", ") + "($" + std::to_string(2 * i + 1) + "::text, $" +
               std::to_string(2 * i + 2) + "::bigint)";
   }
-  return "SELECT v.ordering_key FROM (VALUES " + values +
-         ") AS v(ordering_key, first_id) WHERE EXISTS (SELECT 1 FROM retryloop_outbox p WHERE "
-         "p.state IN ('pending', 'failed') AND p.ordering_key = v.ordering_key AND "
-         "p.id < v.first_id)";
+  // One pass over the pending rows (joined, not looked up key by key), one over the failed ones:
+  // each uses its partial index.
+  return "WITH v (ordering_key, first_id) AS (VALUES " + values +
+         ") SELECT p.ordering_key FROM retryloop_outbox p JOIN v ON p.ordering_key = "
+         "v.ordering_key AND p.id < v.first_id WHERE p.state = 'pending' UNION SELECT "
+         "f.ordering_key FROM retryloop_outbox f JOIN v ON f.ordering_key = v.ordering_key AND "
+         "f.id < v.first_id WHERE f.state = 'failed'";
 }
 
 // Leaves the rows of such keys out of `rows` (claimed, in id order): they stay pending and are
