@@ -44,6 +44,7 @@ struct OutboxArgs {
   bool all = false;
   bool yes = false;
   size_t batch = 500;
+  size_t in_flight = 2;
   std::string poll_interval;
   bool no_notify = false;
   std::string retain = "0s";
@@ -210,6 +211,8 @@ int run_relay(const OutboxArgs& args) {
   options.connection.connection_name = "retryloop outbox relay";
   options.batch_size = args.batch;
   if (options.batch_size == 0) throw Failure(exit_usage, "--batch must be at least 1");
+  options.batches_in_flight = args.in_flight;
+  if (options.batches_in_flight == 0) throw Failure(exit_usage, "--in-flight must be at least 1");
   options.notifications = !args.no_notify;
   if (!args.poll_interval.empty()) {
     options.poll_interval = duration_or_fail("--poll-interval", args.poll_interval);
@@ -303,6 +306,11 @@ void add_outbox_commands(CLI::App& app, int& exit_code) {
       *group, "relay", "Publish outbox rows to the broker with confirms until stopped", relay_args);
   add_connection_option(*relay, relay_args->connection);
   relay->add_option("--batch", relay_args->batch, "Rows per batch (default 500)")->type_name("N");
+  relay
+      ->add_option("--in-flight", relay_args->in_flight,
+                   "Batches out at once, each in a transaction and a database connection of its "
+                   "own (PostgreSQL; default 2)")
+      ->type_name("N");
   relay
       ->add_option("--poll-interval", relay_args->poll_interval,
                    "Look for rows this often when nothing woke the relay (default: 5s with "

@@ -49,13 +49,16 @@ std::string earlier_rows_sql(size_t keys) {
     values += std::string(i == 0 ? "" : ", ") + "($" + std::to_string(2 * i + 1) + "::text, $" +
               std::to_string(2 * i + 2) + "::bigint)";
   }
-  // One pass over the pending rows (joined, not looked up key by key), one over the failed ones:
-  // each uses its partial index.
+  // One pass over the pending rows before the last key's first row (joined, not looked up key
+  // by key: a range of the pending index, about as long as the batch), one over the failed ones.
+  const std::string last = "$" + std::to_string(2 * keys + 1) + "::bigint";
   return "WITH v (ordering_key, first_id) AS (VALUES " + values +
          ") SELECT p.ordering_key FROM retryloop_outbox p JOIN v ON p.ordering_key = "
-         "v.ordering_key AND p.id < v.first_id WHERE p.state = 'pending' UNION SELECT "
-         "f.ordering_key FROM retryloop_outbox f JOIN v ON f.ordering_key = v.ordering_key AND "
-         "f.id < v.first_id WHERE f.state = 'failed'";
+         "v.ordering_key AND p.id < v.first_id WHERE p.state = 'pending' AND p.id < " +
+         last +
+         " UNION SELECT f.ordering_key FROM retryloop_outbox f JOIN v ON f.ordering_key = "
+         "v.ordering_key AND f.id < v.first_id WHERE f.state = 'failed' AND f.id < " +
+         last;
 }
 
 // Leaves the rows of such keys out of `rows` (claimed, in id order): they stay pending and are
@@ -67,11 +70,14 @@ size_t leave_out_overtaking_rows(store::Database& database, std::vector<OutboxRo
   }
   if (first_ids.empty()) return 0;
   std::vector<store::Value> values;
-  values.reserve(2 * first_ids.size());
+  values.reserve(2 * first_ids.size() + 1);
+  int64_t last = 0;
   for (const auto& [key, id] : first_ids) {
     values.emplace_back(key);
     values.emplace_back(id);
+    last = std::max(last, id);
   }
+  values.emplace_back(last);
   auto result = database.execute(earlier_rows_sql(first_ids.size()), values);
   if (result.rows.empty()) return 0;
   std::set<std::string> keys;
@@ -120,23 +126,39 @@ class RelayImpl : public std::enable_shared_from_this<RelayImpl> {
     size_t settled = 0;
   };
 
+  // A database connection and the batch its transaction holds. While one lane's batch waits for
+  // its confirms, another lane claims and publishes the next batch: its claim skips the rows and
+  // the ordering keys the first transaction holds, as it would another relay's. Lane 0's
+  // connection also listens for notifications. SQLite has a single writer, so one lane.
+  struct Lane {
+    RelayImpl* relay = nullptr;
+    size_t index = 0;
+    std::unique_ptr<store::Database> database;
+    std::optional<Batch> batch;
+    uv_timer_t confirm_timer{};
+  };
+
   spdlog::logger* log() const { return options_.logger.get(); }
 
-  void open_database();
-  void drop_database(const std::string& why);
+  void open_database(Lane& lane);
+  void drop_database(Lane& lane, const std::string& why);
   void connect_broker();
   void drop_broker(const client::Error& why);
   void on_notification();
   void wake(std::chrono::milliseconds delay);
+  Lane* free_lane();
+  bool busy() const;
   void cycle();
-  void publish_batch();
+  void publish_batch(Lane& lane);
   void on_outcome(uint64_t generation, size_t index, const client::PublishOutcome& outcome);
-  void settle_batch();
-  void mark_failed(int64_t id, const std::string& error);
-  void clean_up();
+  void settle_batch(Lane& lane);
+  void after_batch(std::chrono::milliseconds delay);
+  void mark_failed(store::Database& database, int64_t id, const std::string& error);
+  void clean_up(Lane& lane);
   void finish(std::string error);
   void maybe_done();
   void close_poll();
+  void close_handle(uv_handle_t* handle);
 
   uv_loop_t* loop_;
   RelayOptions options_;
@@ -145,7 +167,8 @@ class RelayImpl : public std::enable_shared_from_this<RelayImpl> {
   bool stopping_ = false;
   bool finished_ = false;
 
-  std::unique_ptr<store::Database> database_;
+  std::vector<std::unique_ptr<Lane>> lanes_;
+  bool single_writer_ = false;
   uint32_t database_failures_ = 0;
   uv_poll_t* poll_ = nullptr;
   std::chrono::milliseconds poll_interval_{100};
@@ -157,12 +180,10 @@ class RelayImpl : public std::enable_shared_from_this<RelayImpl> {
 
   uv_timer_t wake_timer_{};
   uv_timer_t broker_timer_{};
-  uv_timer_t confirm_timer_{};
   int open_handles_ = 0;
   bool connection_closing_ = false;
   std::string final_error_;
 
-  std::optional<Batch> batch_;
   uint64_t generation_ = 0;
   uint64_t last_cleanup_ms_ = 0;
   std::unique_ptr<client::StopSignals> signals_;
@@ -171,19 +192,31 @@ class RelayImpl : public std::enable_shared_from_this<RelayImpl> {
 std::string RelayImpl::start() {
   if (started_) return "the relay was started already";
   if (options_.batch_size == 0) return "batch size must be at least 1";
+  if (options_.batches_in_flight == 0) return "batches in flight must be at least 1";
+  for (size_t i = 0; i < options_.batches_in_flight; ++i) {
+    lanes_.push_back(std::make_unique<Lane>());
+    lanes_.back()->relay = this;
+    lanes_.back()->index = i;
+  }
   try {
-    open_database();
+    open_database(*lanes_[0]);
   } catch (const store::StoreError& error) {
     if (error.kind() == store::ErrorKind::usage || error.kind() == store::ErrorKind::schema) {
+      lanes_.clear();
       return error.what();
     }
     if (auto* l = log()) l->warn("outbox relay: {}; trying again", error.what());
   }
   started_ = true;
   self_ = shared_from_this();
-  for (uv_timer_t* timer : {&wake_timer_, &broker_timer_, &confirm_timer_}) {
+  for (uv_timer_t* timer : {&wake_timer_, &broker_timer_}) {
     uv_timer_init(loop_, timer);
     timer->data = this;
+    ++open_handles_;
+  }
+  for (auto& lane : lanes_) {
+    uv_timer_init(loop_, &lane->confirm_timer);
+    lane->confirm_timer.data = lane.get();
     ++open_handles_;
   }
   if (options_.stop_on_signals) {
@@ -195,7 +228,7 @@ std::string RelayImpl::start() {
           if (!self) return;
           if (auto* l = self->log()) {
             l->info(
-                "outbox relay: got {}: stopping after the batch in flight (send it again to "
+                "outbox relay: got {}: stopping after the batches in flight (send it again to "
                 "stop at once)",
                 signum == SIGINT ? "SIGINT" : "SIGTERM");
           }
@@ -210,14 +243,19 @@ std::string RelayImpl::start() {
   return {};
 }
 
-// Opens the database if there is none (or it broke); throws StoreError.
-void RelayImpl::open_database() {
-  if (database_ && database_->usable()) return;
-  if (database_) drop_database("connection broken");
+// Opens the lane's connection if it has none (or it broke); throws StoreError.
+void RelayImpl::open_database(Lane& lane) {
+  if (lane.database && lane.database->usable()) return;
+  if (lane.database) drop_database(lane, "connection broken");
   auto database = store::Database::open(options_.database, false);
   require_schema(*database);
   // A relay waits briefly for SQLite's write lock (another relay's batch), then tries later.
   database->set_lock_timeout(std::chrono::milliseconds(200));
+  single_writer_ = database->dialect() == store::Dialect::sqlite;
+  if (lane.index > 0) {
+    lane.database = std::move(database);
+    return;
+  }
   bool listening = false;
   if (options_.notifications && database->dialect() == store::Dialect::postgresql) {
     database->listen("retryloop_outbox");
@@ -239,7 +277,7 @@ void RelayImpl::open_database() {
   poll_interval_ = options_.poll_interval.count() > 0 ? options_.poll_interval
                    : listening                        ? std::chrono::milliseconds(5000)
                                                       : std::chrono::milliseconds(100);
-  database_ = std::move(database);
+  lane.database = std::move(database);
   if (database_failures_ > 0 && log()) log()->info("outbox relay: database reachable again");
   database_failures_ = 0;
 }
@@ -259,26 +297,26 @@ void RelayImpl::close_poll() {
   poll_ = nullptr;
 }
 
-void RelayImpl::drop_database(const std::string& why) {
+void RelayImpl::drop_database(Lane& lane, const std::string& why) {
   ++stats.database_errors;
   if (auto* l = log()) l->warn("outbox relay: database: {}", why);
-  close_poll();  // before the connection closes its socket
-  database_.reset();
+  if (lane.index == 0) close_poll();  // before the connection closes its socket
+  lane.database.reset();
 }
 
 void RelayImpl::on_notification() {
-  if (!database_) return;
-  database_->take_notifications();
-  if (!database_->usable()) {
-    close_poll();        // the socket stays readable (closed): stop watching it at once
-    if (batch_) return;  // settling the batch meets the error
-    drop_database("connection lost");
+  Lane& lane = *lanes_[0];
+  if (!lane.database) return;
+  lane.database->take_notifications();
+  if (!lane.database->usable()) {
+    close_poll();            // the socket stays readable (closed): stop watching it at once
+    if (lane.batch) return;  // settling the batch meets the error
+    drop_database(lane, "connection lost");
     wake(options_.recovery.delay(database_failures_++));
     return;
   }
-  if (!batch_) wake(std::chrono::milliseconds(0));
+  if (free_lane()) wake(std::chrono::milliseconds(0));
 }
-
 void RelayImpl::connect_broker() {
   if (stopping_ || broker_pending_) return;
   broker_pending_ = true;
@@ -348,34 +386,59 @@ void RelayImpl::wake(std::chrono::milliseconds delay) {
       delay.count(), 0);
 }
 
+// The lane to claim the next batch with; none while every lane has a batch out.
+RelayImpl::Lane* RelayImpl::free_lane() {
+  const size_t usable = single_writer_ ? 1 : lanes_.size();
+  for (size_t i = 0; i < usable; ++i) {
+    if (!lanes_[i]->batch) return lanes_[i].get();
+  }
+  return nullptr;
+}
+
+bool RelayImpl::busy() const {
+  return std::any_of(lanes_.begin(), lanes_.end(),
+                     [](const std::unique_ptr<Lane>& lane) { return lane->batch.has_value(); });
+}
+
 void RelayImpl::cycle() {
-  if (stopping_ || batch_) return;
+  if (stopping_) return;
+  Lane* lane = free_lane();
+  if (!lane) return;  // a settled batch wakes the relay
   try {
-    open_database();
+    // Lane 0 first, while it has no batch out: it listens, and its connection tells the
+    // dialect (and so how many lanes there are).
+    if (!lanes_[0]->batch) open_database(*lanes_[0]);
+    lane = free_lane();
+    if (!lane) return;
+    open_database(*lane);
   } catch (const store::StoreError& error) {
     if (error.kind() == store::ErrorKind::schema) return finish(error.what());
     ++stats.database_errors;
     if (auto* l = log()) l->warn("outbox relay: database: {}; trying again", error.what());
-    wake(options_.recovery.delay(database_failures_++));
+    if (!busy()) wake(options_.recovery.delay(database_failures_++));
     return;
   }
   if (!channel_) return;  // the broker's confirm_select wakes the relay
   if (options_.retain_published.count() > 0 &&
       uv_now(loop_) - last_cleanup_ms_ >=
           static_cast<uint64_t>(options_.cleanup_interval.count())) {
-    clean_up();
-    if (!database_) return wake(options_.recovery.delay(database_failures_++));
+    clean_up(*lane);
+    if (!lane->database) {
+      if (!busy()) wake(options_.recovery.delay(database_failures_++));
+      return;
+    }
   }
-  publish_batch();
+  publish_batch(*lane);
 }
 
-void RelayImpl::publish_batch() {
+void RelayImpl::publish_batch(Lane& lane) {
+  store::Database& database = *lane.database;
   Batch batch;
   size_t left_out = 0;
   try {
-    database_->begin();
-    auto result = database_->execute(claim_sql(database_->dialect()),
-                                     {static_cast<int64_t>(options_.batch_size)});
+    database.begin();
+    auto result = database.execute(claim_sql(database.dialect()),
+                                   {static_cast<int64_t>(options_.batch_size)});
     batch.rows.reserve(result.rows.size());
     for (const auto& row : result.rows) {
       try {
@@ -385,12 +448,12 @@ void RelayImpl::publish_batch() {
         // object, a property of the wrong type) fails at once, with the reason, instead of
         // stopping the relay at the same row for ever.
         if (error.kind() != store::ErrorKind::usage) throw;
-        mark_failed(row.integer(0), std::string("cannot be published: ") + error.what());
+        mark_failed(database, row.integer(0), std::string("cannot be published: ") + error.what());
         ++stats.failed;
       }
     }
-    if (database_->dialect() == store::Dialect::postgresql) {
-      left_out = leave_out_overtaking_rows(*database_, batch.rows);
+    if (database.dialect() == store::Dialect::postgresql) {
+      left_out = leave_out_overtaking_rows(database, batch.rows);
       if (left_out != 0 && log()) {
         log()->info(
             "outbox relay: left {} claimed rows for a later batch: their keys have earlier rows "
@@ -398,34 +461,40 @@ void RelayImpl::publish_batch() {
             left_out);
       }
     }
-    if (batch.rows.empty()) database_->commit();
+    if (batch.rows.empty()) database.commit();
     // Rows left out, or failed at once: their keys' locks are free again; claim in order now.
     if (batch.rows.empty() && !result.rows.empty()) return wake(std::chrono::milliseconds(0));
   } catch (const store::StoreError& error) {
-    if (database_->usable()) database_->rollback();
+    if (database.usable()) database.rollback();
     if (error.kind() == store::ErrorKind::busy) {
       idle = false;
-      return wake(poll_interval_);
+      if (!busy()) wake(poll_interval_);
+      return;
     }
-    drop_database(error.what());
-    return wake(options_.recovery.delay(database_failures_++));
+    drop_database(lane, error.what());
+    if (!busy()) wake(options_.recovery.delay(database_failures_++));
+    return;
   }
   if (batch.rows.empty()) {
+    // With another batch out, the rows it holds (and its keys' rows) were skipped: its
+    // settlement looks again.
+    if (busy()) return;
     idle = true;
     return wake(poll_interval_);
   }
   idle = false;
   ++stats.batches;
+  if (busy()) ++stats.overlapped;
   batch.generation = ++generation_;
   batch.outcomes.resize(batch.rows.size());
-  batch_ = std::move(batch);
+  lane.batch = std::move(batch);
   std::weak_ptr<RelayImpl> weak = shared_from_this();
   const uint64_t generation = generation_;
   // After a publish that could not start, none of the rest is tried: a later row of the same
   // key must not reach the broker before it.
   bool broken = false;
-  for (size_t i = 0; i < batch_->rows.size(); ++i) {
-    const OutboxRow& row = batch_->rows[i];
+  for (size_t i = 0; i < lane.batch->rows.size(); ++i) {
+    const OutboxRow& row = lane.batch->rows[i];
     client::Error error;
     if (!broken && channel_) {
       error = channel_->publish(row.exchange, row.routing_key, row.properties, row.body,
@@ -444,33 +513,39 @@ void RelayImpl::publish_batch() {
       failed.status = client::PublishStatus::failed;
       failed.error = error;
       on_outcome(generation, i, failed);
-      if (!batch_) return;  // settled at once: nothing was published
+      if (!lane.batch || lane.batch->generation != generation) return;  // settled at once
     }
   }
-  if (batch_ && batch_->generation == generation) {
-    uv_timer_start(
-        &confirm_timer_,
-        [](uv_timer_t* timer) {
-          auto* self = static_cast<RelayImpl*>(timer->data);
-          self->drop_broker(client::Error(client::ClientError::connection_lost,
-                                          "publishes not confirmed within the confirm timeout"));
-        },
-        options_.confirm_timeout.count(), 0);
-  }
+  uv_timer_start(
+      &lane.confirm_timer,
+      [](uv_timer_t* timer) {
+        static_cast<Lane*>(timer->data)
+            ->relay->drop_broker(
+                client::Error(client::ClientError::connection_lost,
+                              "publishes not confirmed within the confirm timeout"));
+      },
+      options_.confirm_timeout.count(), 0);
+  // While this batch waits for its confirms, the next is claimed and published.
+  if (free_lane()) wake(std::chrono::milliseconds(0));
 }
 
 void RelayImpl::on_outcome(uint64_t generation, size_t index,
                            const client::PublishOutcome& outcome) {
-  if (!batch_ || batch_->generation != generation || batch_->outcomes[index]) return;
-  batch_->outcomes[index] = outcome;
-  if (++batch_->settled == batch_->rows.size()) settle_batch();
+  for (auto& lane : lanes_) {
+    auto& batch = lane->batch;
+    if (!batch || batch->generation != generation) continue;
+    if (batch->outcomes[index]) return;
+    batch->outcomes[index] = outcome;
+    if (++batch->settled == batch->rows.size()) settle_batch(*lane);
+    return;
+  }
 }
 
-// Every publish of the batch has an outcome: record them and commit.
-void RelayImpl::settle_batch() {
-  uv_timer_stop(&confirm_timer_);
-  Batch batch = std::move(*batch_);
-  batch_.reset();
+// Every publish of the lane's batch has an outcome: record them and commit.
+void RelayImpl::settle_batch(Lane& lane) {
+  uv_timer_stop(&lane.confirm_timer);
+  Batch batch = std::move(*lane.batch);
+  lane.batch.reset();
   std::vector<int64_t> published;
   std::vector<std::pair<int64_t, std::string>> failed;
   uint64_t unsettled = 0;
@@ -485,6 +560,10 @@ void RelayImpl::settle_batch() {
     }
   }
   try {
+    if (!lane.database) {
+      throw store::StoreError(store::ErrorKind::connection, "the connection was closed");
+    }
+    store::Database& database = *lane.database;
     const int64_t now = now_ms();
     constexpr size_t chunk = 500;
     for (size_t first = 0; first < published.size(); first += chunk) {
@@ -496,72 +575,88 @@ void RelayImpl::settle_batch() {
         values.emplace_back(published[first + i]);
       std::string ids = "(" + store::placeholders(2, count) + ")";
       if (options_.retain_published.count() > 0) {
-        database_->execute(
+        database.execute(
             "UPDATE retryloop_outbox SET state = 'published', updated_at = $1 WHERE id IN " + ids,
             values);
       } else {
         values.erase(values.begin());
-        database_->execute(
+        database.execute(
             "DELETE FROM retryloop_outbox WHERE id IN (" + store::placeholders(1, count) + ")",
             values);
       }
     }
     for (const auto& [id, error] : failed)
-      mark_failed(id, error);
-    database_->commit();
+      mark_failed(database, id, error);
+    database.commit();
   } catch (const store::StoreError& error) {
     // The batch rolls back: its rows stay pending and are published again.
-    drop_database(std::string("settling a batch: ") + error.what());
+    drop_database(lane, std::string("settling a batch: ") + error.what());
     stats.unsettled += batch.rows.size();
-    if (stopping_) return finish({});
-    return wake(options_.recovery.delay(database_failures_++));
+    return after_batch(options_.recovery.delay(database_failures_++));
   }
   stats.published += published.size();
   stats.failed += failed.size();
   stats.unsettled += unsettled;
-  if (stopping_) return finish({});
   // Look again at once: rows committed while this batch was out, or a full batch's rest. The
   // look that finds nothing makes the relay idle and waits for the next wake-up.
-  database_->take_notifications();
-  wake(std::chrono::milliseconds(0));
+  if (lanes_[0]->database) lanes_[0]->database->take_notifications();
+  after_batch(std::chrono::milliseconds(0));
+}
+
+// A batch has settled (or rolled back): the relay stops once none is out, or looks for rows.
+void RelayImpl::after_batch(std::chrono::milliseconds delay) {
+  if (stopping_) {
+    if (!busy()) finish({});
+    return;
+  }
+  wake(delay);
 }
 
 // Marks a claimed row failed, in the batch's transaction.
-void RelayImpl::mark_failed(int64_t id, const std::string& error) {
-  database_->execute(
+void RelayImpl::mark_failed(store::Database& database, int64_t id, const std::string& error) {
+  database.execute(
       "UPDATE retryloop_outbox SET state = 'failed', attempts = attempts + 1, last_error = $1, "
       "updated_at = $2 WHERE id = $3",
       {error, now_ms(), id});
   if (auto* l = log()) l->error("outbox relay: row {} failed: {}", id, error);
 }
 
-void RelayImpl::clean_up() {
+void RelayImpl::clean_up(Lane& lane) {
   last_cleanup_ms_ = uv_now(loop_);
   try {
-    uint64_t deleted = delete_published(*database_, now_ms() - options_.retain_published.count(),
-                                        options_.cleanup_batch);
+    uint64_t deleted = delete_published(
+        *lane.database, now_ms() - options_.retain_published.count(), options_.cleanup_batch);
     stats.cleaned += deleted;
     if (deleted && log()) log()->info("outbox relay: deleted {} published rows", deleted);
   } catch (const store::StoreError& error) {
     if (error.kind() == store::ErrorKind::busy) return;
-    drop_database(std::string("cleanup: ") + error.what());
+    drop_database(lane, std::string("cleanup: ") + error.what());
   }
 }
 
 void RelayImpl::stop() {
   if (!started_ || stopping_) return;
   stopping_ = true;
-  if (!batch_) finish({});
+  if (!busy()) finish({});
 }
 
 void RelayImpl::stop_now() {
   if (!started_ || finished_) return;
   stopping_ = true;
-  if (batch_) {
-    batch_.reset();
-    if (database_) database_->rollback();
+  for (auto& lane : lanes_) {
+    if (!lane->batch) continue;
+    lane->batch.reset();
+    if (lane->database && lane->database->usable()) lane->database->rollback();
   }
   finish({});
+}
+
+void RelayImpl::close_handle(uv_handle_t* handle) {
+  uv_close(handle, [](uv_handle_t* closed) {
+    auto* self = static_cast<RelayImpl*>(closed->data);
+    --self->open_handles_;
+    self->maybe_done();
+  });
 }
 
 void RelayImpl::finish(std::string error) {
@@ -583,14 +678,15 @@ void RelayImpl::finish(std::string error) {
     });
   }
   close_poll();
-  database_.reset();
-  for (uv_timer_t* timer : {&wake_timer_, &broker_timer_, &confirm_timer_}) {
+  for (uv_timer_t* timer : {&wake_timer_, &broker_timer_}) {
     uv_timer_stop(timer);
-    uv_close(reinterpret_cast<uv_handle_t*>(timer), [](uv_handle_t* handle) {
-      auto* self = static_cast<RelayImpl*>(handle->data);
-      --self->open_handles_;
-      self->maybe_done();
-    });
+    close_handle(reinterpret_cast<uv_handle_t*>(timer));
+  }
+  for (auto& lane : lanes_) {
+    lane->database.reset();
+    uv_timer_stop(&lane->confirm_timer);
+    lane->confirm_timer.data = this;  // the close callback counts it as the relay's handle
+    close_handle(reinterpret_cast<uv_handle_t*>(&lane->confirm_timer));
   }
 }
 

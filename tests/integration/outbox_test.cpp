@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <map>
+#include <set>
 
 #include "retryloop/client/channel.hpp"
 #include "retryloop/outbox/outbox.hpp"
@@ -68,6 +69,50 @@ struct RunningRelay {
 
 int64_t count_rows(store::Database& db, const std::string& where = "1 = 1") {
   return db.execute("SELECT count(*) FROM retryloop_outbox WHERE " + where).rows[0].integer(0);
+}
+
+// `per_key` rounds of one message for each of `keys` ordering keys ("K:N") and one without a key
+// ("free:N").
+std::vector<outbox::OutboxMessage> keyed_messages(const std::string& queue, int keys, int per_key) {
+  std::vector<outbox::OutboxMessage> messages;
+  for (int n = 0; n < per_key; ++n) {
+    for (int k = 0; k < keys; ++k) {
+      messages.push_back(message_to(queue, std::to_string(k) + ":" + std::to_string(n),
+                                    "key-" + std::to_string(k)));
+    }
+    messages.push_back(message_to(queue, "free:" + std::to_string(n)));
+  }
+  return messages;
+}
+
+// Commits `messages` in transactions of `per_transaction`, running the loop between them, so
+// that relays work while rows keep coming.
+void enqueue_while_running(test::TestLoop& loop, store::Database& db,
+                           const std::vector<outbox::OutboxMessage>& messages,
+                           size_t per_transaction) {
+  for (size_t first = 0; first < messages.size(); first += per_transaction) {
+    enqueue_committed(db,
+                      std::vector<outbox::OutboxMessage>(
+                          messages.begin() + first,
+                          messages.begin() + std::min(messages.size(), first + per_transaction)));
+    loop.run_for(20ms);
+  }
+}
+
+// Each key's messages of keyed_messages arrived once each, in order.
+void check_key_order(const std::vector<client::GetResult>& received, int keys) {
+  std::map<std::string, int> last;
+  for (const auto& got : received) {
+    const std::string& body = got.message.body;
+    auto colon = body.find(':');
+    std::string key = body.substr(0, colon);
+    int n = std::stoi(body.substr(colon + 1));
+    if (key == "free") continue;
+    INFO("key " << key << ": " << n << " after " << (last.count(key) ? last[key] : -1));
+    CHECK(n == (last.count(key) ? last[key] + 1 : 0));
+    last[key] = n;
+  }
+  CHECK(last.size() == static_cast<size_t>(keys));
 }
 
 }  // namespace
@@ -335,25 +380,12 @@ TEST_CASE("Three relays share a PostgreSQL table; each ordering key arrives in c
   test::QueueUnderTest target(loop, "outbox.three");
   auto& connection = target.connection;
   const std::string& queue = target.queue;
-  constexpr int keys = 7, per_key = 300;
-  std::vector<outbox::OutboxMessage> messages;
-  for (int n = 0; n < per_key; ++n) {
-    for (int k = 0; k < keys; ++k) {
-      messages.push_back(message_to(queue, std::to_string(k) + ":" + std::to_string(n),
-                                    "key-" + std::to_string(k)));
-    }
-    messages.push_back(message_to(queue, "free:" + std::to_string(n)));
-  }
-  // Several transactions, so that the relays start while rows keep coming.
+  constexpr int keys = 7;
+  auto messages = keyed_messages(queue, keys, 300);
   auto options = relay_options(database);
   options.batch_size = 50;
   RunningRelay a(loop, options), b(loop, options), c(loop, options);
-  for (size_t first = 0; first < messages.size(); first += 400) {
-    enqueue_committed(*db, std::vector<outbox::OutboxMessage>(
-                               messages.begin() + first,
-                               messages.begin() + std::min(messages.size(), first + 400)));
-    loop.run_for(20ms);
-  }
+  enqueue_while_running(loop, *db, messages, 400);
   const uint32_t total = messages.size();
   REQUIRE(
       test::eventually(loop, [&] { return test::queue_depth(loop, *connection, queue) == total; }));
@@ -361,18 +393,84 @@ TEST_CASE("Three relays share a PostgreSQL table; each ordering key arrives in c
         total);
   auto received = test::drain_queue(loop, *connection, queue);
   REQUIRE(received.size() == total);
-  std::map<std::string, int> last;
-  for (const auto& got : received) {
-    const std::string& body = got.message.body;
-    auto colon = body.find(':');
-    std::string key = body.substr(0, colon);
-    int n = std::stoi(body.substr(colon + 1));
-    if (key == "free") continue;
-    INFO("key " << key << ": " << n << " after " << (last.count(key) ? last[key] : -1));
-    CHECK(n == (last.count(key) ? last[key] + 1 : 0));
-    last[key] = n;
+  check_key_order(received, keys);
+}
+
+TEST_CASE("One relay with several batches out keeps each key's order and publishes each row once",
+          "[outbox][relay]") {
+  auto database = test::fresh_postgres("in_flight");
+  auto db = database.open();
+  test::TestLoop loop;
+  test::QueueUnderTest target(loop, "outbox.in_flight");
+  constexpr int keys = 5;
+  auto messages = keyed_messages(target.queue, keys, 200);
+  auto options = relay_options(database);
+  options.batch_size = 40;
+  options.batches_in_flight = 3;
+  RunningRelay relay(loop, options);
+  enqueue_while_running(loop, *db, messages, 300);
+  const uint32_t total = messages.size();
+  REQUIRE(test::eventually(
+      loop, [&] { return test::queue_depth(loop, *target.connection, target.queue) == total; }));
+  relay.wait_idle();
+  CHECK(count_rows(*db) == 0);
+  auto stats = relay.relay->stats();
+  CHECK(stats.published == total);
+  CHECK(stats.failed == 0);
+  CHECK(stats.unsettled == 0);
+  CHECK(stats.overlapped > 0);  // batches claimed while another was out
+  auto received = test::drain_queue(loop, *target.connection, target.queue);
+  REQUIRE(received.size() == total);
+  check_key_order(received, keys);
+}
+
+TEST_CASE("A relay stopped with batches out: stop settles each of them, stop_now rolls them back",
+          "[outbox][relay]") {
+  auto database = test::fresh_postgres("stop_in_flight");
+  auto db = database.open();
+  test::TestLoop loop;
+  test::QueueUnderTest target(loop, "outbox.stop_in_flight");
+  constexpr int total = 3000;
+  std::vector<outbox::OutboxMessage> messages;
+  for (int i = 0; i < total; ++i)
+    messages.push_back(message_to(target.queue, std::to_string(i) + std::string(1000, 'x')));
+  enqueue_committed(*db, messages);
+  auto options = relay_options(database);
+  options.batch_size = 100;
+  options.batches_in_flight = 3;
+  RunningRelay relay(loop, options);
+  REQUIRE(loop.run_until([&] { return relay.relay->stats().batches >= 3; }));
+
+  SECTION("stop: every batch claimed is settled and committed") {
+    relay.relay->stop();
+    REQUIRE(loop.run_until([&] { return relay.stopped; }, 30s));
+    CHECK(relay.error.empty());
+    auto stats = relay.relay->stats();
+    CHECK(stats.unsettled == 0);
+    CHECK(stats.published < total);
+    // What it published is gone from the table, the rest is pending, and the queue holds
+    // exactly what it published.
+    CHECK(count_rows(*db) == total - static_cast<int64_t>(stats.published));
+    CHECK(count_rows(*db, "state = 'pending'") == count_rows(*db));
+    CHECK(test::queue_depth(loop, *target.connection, target.queue) ==
+          static_cast<uint32_t>(stats.published));
   }
-  CHECK(last.size() == keys);
+  SECTION("stop_now: the batches roll back, and the next relay publishes their rows") {
+    relay.relay->stop_now();
+    REQUIRE(loop.run_until([&] { return relay.stopped; }, 10s));
+    // Nothing was deleted that the broker had not confirmed: every row is in the queue or still
+    // in the table (a rolled-back batch may be in both).
+    const int64_t left = count_rows(*db);
+    CHECK(left > 0);
+    CHECK(test::queue_depth(loop, *target.connection, target.queue) + left >= total);
+    RunningRelay next(loop, options);
+    next.wait_idle();
+    CHECK(count_rows(*db) == 0);
+    std::set<std::string> bodies;
+    for (const auto& got : test::drain_queue(loop, *target.connection, target.queue))
+      bodies.insert(got.message.body);
+    CHECK(bodies.size() == static_cast<size_t>(total));
+  }
 }
 
 TEST_CASE(

@@ -27,6 +27,12 @@ struct RelayOptions {
   client::ConnectionOptions connection;
   /// Rows claimed, published and settled together.
   size_t batch_size = 500;
+  /// Batches out at once (PostgreSQL), each claimed in a transaction of its own on a database
+  /// connection of its own: while one waits for its confirms, the next is claimed and
+  /// published, so that neither the broker nor the database waits for the other. A batch skips
+  /// the rows and the ordering keys the others hold, as another relay's would. SQLite, with its
+  /// single writer, has one batch out at a time.
+  size_t batches_in_flight = 2;
   /// Wake on PostgreSQL notifications (LISTEN retryloop_outbox; the table's trigger notifies at
   /// each commit that inserts rows). SQLite has none and always polls.
   bool notifications = true;
@@ -52,11 +58,12 @@ struct RelayOptions {
 
 /// What a relay has done since it started.
 struct RelayStats {
-  uint64_t published = 0;  ///< rows confirmed by the broker and then deleted or marked published
-  uint64_t failed = 0;     ///< rows the broker returned or nacked, marked failed
-  uint64_t unsettled = 0;  ///< rows left pending because the connection ended before the confirm
-  uint64_t batches = 0;    ///< batches that claimed at least one row
-  uint64_t cleaned = 0;    ///< published rows deleted by the cleanup
+  uint64_t published = 0;   ///< rows confirmed by the broker and then deleted or marked published
+  uint64_t failed = 0;      ///< rows the broker returned or nacked, marked failed
+  uint64_t unsettled = 0;   ///< rows left pending because the connection ended before the confirm
+  uint64_t batches = 0;     ///< batches that claimed at least one row
+  uint64_t overlapped = 0;  ///< of those, batches claimed while another was out
+  uint64_t cleaned = 0;     ///< published rows deleted by the cleanup
   uint64_t database_errors = 0;
   uint64_t broker_losses = 0;
 };
@@ -70,8 +77,9 @@ using RelayStoppedHandler = std::function<void(const std::string& error)>;
 /// claims up to `batch_size` pending rows (PostgreSQL: `FOR UPDATE SKIP LOCKED`, so that several
 /// relays share the table; SQLite: the database's single write lock), publishes them in id order
 /// with `mandatory` on a confirm-mode channel, then deletes (or marks published) each confirmed
-/// row, marks each returned or nacked row failed with the broker's error, and commits. A row
-/// whose outcome is unknown (the connection ended) stays pending. A crash or a lost database
+/// row, marks each returned or nacked row failed with the broker's error, and commits. On
+/// PostgreSQL up to `batches_in_flight` batches are out at once, each in its own transaction. A
+/// row whose outcome is unknown (the connection ended) stays pending. A crash or a lost database
 /// rolls the whole batch back. So every committed row reaches the broker at least once; a row
 /// may be published twice (a consumer deduplicates by message id).
 ///
@@ -92,9 +100,9 @@ class Relay {
   /// Starts relaying; keeps trying while the database or the broker is unreachable. Returns an
   /// error text (and starts nothing) when called twice or the options are unusable.
   std::string start();
-  /// Claims no more rows; the batch in flight settles and commits, then the relay closes.
+  /// Claims no more rows; the batches in flight settle and commit, then the relay closes.
   void stop();
-  /// Closes at once; the batch in flight rolls back (its rows are published again later).
+  /// Closes at once; the batches in flight roll back (their rows are published again later).
   void stop_now();
   void set_stopped_handler(RelayStoppedHandler handler);
 
