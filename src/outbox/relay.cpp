@@ -3,10 +3,14 @@
 #include <spdlog/spdlog.h>
 #include <uv.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <set>
@@ -92,6 +96,33 @@ size_t leave_out_overtaking_rows(store::Database& database, std::vector<OutboxRo
   return claimed - rows.size();
 }
 
+// SQLite: an exclusive lock on a file beside the database (`FILE-relay-lock`), held by the one
+// relay that publishes; the others stand by. The kernel lets go of it when its holder dies.
+class RelayFileLock {
+ public:
+  // The lock, or nullptr while another process holds it; throws StoreError when the file cannot
+  // be opened.
+  static std::unique_ptr<RelayFileLock> try_take(const std::string& path) {
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      throw store::StoreError(store::ErrorKind::connection,
+                              "cannot open the relay lock " + path + ": " + std::strerror(errno));
+    }
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd);
+      return nullptr;
+    }
+    return std::unique_ptr<RelayFileLock>(new RelayFileLock(fd));
+  }
+  ~RelayFileLock() { ::close(fd_); }
+  RelayFileLock(const RelayFileLock&) = delete;
+  RelayFileLock& operator=(const RelayFileLock&) = delete;
+
+ private:
+  explicit RelayFileLock(int fd) : fd_(fd) {}
+  int fd_;
+};
+
 std::string outcome_text(const client::PublishOutcome& outcome) {
   switch (outcome.status) {
     case client::PublishStatus::returned:
@@ -129,7 +160,8 @@ class RelayImpl : public std::enable_shared_from_this<RelayImpl> {
   // A database connection and the batch its transaction holds. While one lane's batch waits for
   // its confirms, another lane claims and publishes the next batch: its claim skips the rows and
   // the ordering keys the first transaction holds, as it would another relay's. Lane 0's
-  // connection also listens for notifications. SQLite has a single writer, so one lane.
+  // connection also listens for notifications. SQLite has one lane, and its batch holds no
+  // transaction while it is out (see RelayFileLock).
   struct Lane {
     RelayImpl* relay = nullptr;
     size_t index = 0;
@@ -148,10 +180,12 @@ class RelayImpl : public std::enable_shared_from_this<RelayImpl> {
   void wake(std::chrono::milliseconds delay);
   Lane* free_lane();
   bool busy() const;
+  bool take_file_lock(store::Database& database);
   void cycle();
   void publish_batch(Lane& lane);
   void on_outcome(uint64_t generation, size_t index, const client::PublishOutcome& outcome);
   void settle_batch(Lane& lane);
+  void settle_later(Lane& lane, Batch batch);
   void after_batch(std::chrono::milliseconds delay);
   void mark_failed(store::Database& database, int64_t id, const std::string& error);
   void clean_up(Lane& lane);
@@ -168,7 +202,9 @@ class RelayImpl : public std::enable_shared_from_this<RelayImpl> {
   bool finished_ = false;
 
   std::vector<std::unique_ptr<Lane>> lanes_;
-  bool single_writer_ = false;
+  bool sqlite_ = false;
+  std::unique_ptr<RelayFileLock> file_lock_;
+  bool standing_by_ = false;
   uint32_t database_failures_ = 0;
   uv_poll_t* poll_ = nullptr;
   std::chrono::milliseconds poll_interval_{100};
@@ -251,7 +287,7 @@ void RelayImpl::open_database(Lane& lane) {
   require_schema(*database);
   // A relay waits briefly for SQLite's write lock (another relay's batch), then tries later.
   database->set_lock_timeout(std::chrono::milliseconds(200));
-  single_writer_ = database->dialect() == store::Dialect::sqlite;
+  sqlite_ = database->dialect() == store::Dialect::sqlite;
   if (lane.index > 0) {
     lane.database = std::move(database);
     return;
@@ -388,7 +424,7 @@ void RelayImpl::wake(std::chrono::milliseconds delay) {
 
 // The lane to claim the next batch with; none while every lane has a batch out.
 RelayImpl::Lane* RelayImpl::free_lane() {
-  const size_t usable = single_writer_ ? 1 : lanes_.size();
+  const size_t usable = sqlite_ ? 1 : lanes_.size();
   for (size_t i = 0; i < usable; ++i) {
     if (!lanes_[i]->batch) return lanes_[i].get();
   }
@@ -398,6 +434,28 @@ RelayImpl::Lane* RelayImpl::free_lane() {
 bool RelayImpl::busy() const {
   return std::any_of(lanes_.begin(), lanes_.end(),
                      [](const std::unique_ptr<Lane>& lane) { return lane->batch.has_value(); });
+}
+
+// SQLite: true once this relay holds the relay lock. A relay that stands by is idle when no row
+// is pending (the one that publishes has them all).
+bool RelayImpl::take_file_lock(store::Database& database) {
+  if (!sqlite_ || file_lock_) return true;
+  const std::string file = database.file_path();
+  if (file.empty()) return true;  // an in-memory database is this connection's alone
+  const std::string path = file + "-relay-lock";
+  file_lock_ = RelayFileLock::try_take(path);
+  if (file_lock_) {
+    if (standing_by_ && log()) log()->info("outbox relay: took over {}: publishing", path);
+    standing_by_ = false;
+    return true;
+  }
+  if (!standing_by_ && log()) {
+    log()->info("outbox relay: another relay holds {}: standing by until it stops", path);
+  }
+  standing_by_ = true;
+  idle = database.execute("SELECT 1 FROM retryloop_outbox WHERE state = 'pending' LIMIT 1")
+             .rows.empty();
+  return false;
 }
 
 void RelayImpl::cycle() {
@@ -419,6 +477,12 @@ void RelayImpl::cycle() {
     return;
   }
   if (!channel_) return;  // the broker's confirm_select wakes the relay
+  try {
+    if (!take_file_lock(*lane->database)) return wake(poll_interval_);
+  } catch (const store::StoreError& error) {
+    if (auto* l = log()) l->warn("outbox relay: {}; trying again", error.what());
+    return wake(options_.recovery.delay(database_failures_++));
+  }
   if (options_.retain_published.count() > 0 &&
       uv_now(loop_) - last_cleanup_ms_ >=
           static_cast<uint64_t>(options_.cleanup_interval.count())) {
@@ -436,10 +500,14 @@ void RelayImpl::publish_batch(Lane& lane) {
   Batch batch;
   size_t left_out = 0;
   try {
-    database.begin();
+    // PostgreSQL: the batch's transaction holds its rows and keys until it settles. SQLite: the
+    // relay lock keeps other relays away, and the claim is a read, so that the application's
+    // writers never wait for the broker.
+    if (!sqlite_) database.begin();
     auto result = database.execute(claim_sql(database.dialect()),
                                    {static_cast<int64_t>(options_.batch_size)});
     batch.rows.reserve(result.rows.size());
+    std::vector<std::pair<int64_t, std::string>> undecodable;
     for (const auto& row : result.rows) {
       try {
         batch.rows.push_back(decode_row(row));
@@ -448,9 +516,17 @@ void RelayImpl::publish_batch(Lane& lane) {
         // object, a property of the wrong type) fails at once, with the reason, instead of
         // stopping the relay at the same row for ever.
         if (error.kind() != store::ErrorKind::usage) throw;
-        mark_failed(database, row.integer(0), std::string("cannot be published: ") + error.what());
-        ++stats.failed;
+        undecodable.emplace_back(row.integer(0),
+                                 std::string("cannot be published: ") + error.what());
       }
+    }
+    if (!undecodable.empty()) {
+      const bool own_transaction = !database.in_transaction();
+      if (own_transaction) database.begin();
+      for (const auto& [id, reason] : undecodable)
+        mark_failed(database, id, reason);
+      if (own_transaction) database.commit();
+      stats.failed += undecodable.size();
     }
     if (database.dialect() == store::Dialect::postgresql) {
       left_out = leave_out_overtaking_rows(database, batch.rows);
@@ -461,7 +537,7 @@ void RelayImpl::publish_batch(Lane& lane) {
             left_out);
       }
     }
-    if (batch.rows.empty()) database.commit();
+    if (batch.rows.empty() && database.in_transaction()) database.commit();
     // Rows left out, or failed at once: their keys' locks are free again; claim in order now.
     if (batch.rows.empty() && !result.rows.empty()) return wake(std::chrono::milliseconds(0));
   } catch (const store::StoreError& error) {
@@ -564,6 +640,7 @@ void RelayImpl::settle_batch(Lane& lane) {
       throw store::StoreError(store::ErrorKind::connection, "the connection was closed");
     }
     store::Database& database = *lane.database;
+    if (!database.in_transaction()) database.begin();  // SQLite: the claim held none
     const int64_t now = now_ms();
     constexpr size_t chunk = 500;
     for (size_t first = 0; first < published.size(); first += chunk) {
@@ -589,6 +666,10 @@ void RelayImpl::settle_batch(Lane& lane) {
       mark_failed(database, id, error);
     database.commit();
   } catch (const store::StoreError& error) {
+    if (sqlite_ && error.kind() == store::ErrorKind::busy) {
+      lane.database->rollback();
+      return settle_later(lane, std::move(batch));
+    }
     // The batch rolls back: its rows stay pending and are published again.
     drop_database(lane, std::string("settling a batch: ") + error.what());
     stats.unsettled += batch.rows.size();
@@ -601,6 +682,22 @@ void RelayImpl::settle_batch(Lane& lane) {
   // look that finds nothing makes the relay idle and waits for the next wake-up.
   if (lanes_[0]->database) lanes_[0]->database->take_notifications();
   after_batch(std::chrono::milliseconds(0));
+}
+
+// SQLite: the application's writers kept the write lock longer than the relay waits for it. The
+// batch keeps its outcomes, and its rows stay pending (no other relay publishes them: this one
+// holds the relay lock) until it settles, a moment later.
+void RelayImpl::settle_later(Lane& lane, Batch batch) {
+  if (auto* l = log())
+    l->info("outbox relay: settling a batch: the database is busy; trying again");
+  lane.batch = std::move(batch);
+  uv_timer_start(
+      &lane.confirm_timer,
+      [](uv_timer_t* timer) {
+        auto* busy_lane = static_cast<Lane*>(timer->data);
+        busy_lane->relay->settle_batch(*busy_lane);
+      },
+      50, 0);
 }
 
 // A batch has settled (or rolled back): the relay stops once none is out, or looks for rows.
@@ -682,6 +779,7 @@ void RelayImpl::finish(std::string error) {
     uv_timer_stop(timer);
     close_handle(reinterpret_cast<uv_handle_t*>(timer));
   }
+  file_lock_.reset();
   for (auto& lane : lanes_) {
     lane->database.reset();
     uv_timer_stop(&lane->confirm_timer);

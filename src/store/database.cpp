@@ -89,6 +89,9 @@ void Database::rollback() {
   }
 }
 
+std::string Database::file_path() const {
+  return {};
+}
 void Database::listen(const std::string&) {}
 int Database::notification_descriptor() const {
   return -1;

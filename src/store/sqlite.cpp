@@ -66,6 +66,10 @@ class Sqlite final : public Database {
   Dialect dialect() const override { return Dialect::sqlite; }
   bool in_transaction() const override { return sqlite3_get_autocommit(db_) == 0; }
   bool usable() const override { return true; }
+  std::string file_path() const override {
+    const char* file = sqlite3_db_filename(db_, "main");
+    return file ? file : "";
+  }
   void set_lock_timeout(std::chrono::milliseconds timeout) override {
     sqlite3_busy_timeout(db_, static_cast<int>(timeout.count()));
   }

@@ -184,9 +184,8 @@ class OutboxRun {
   /// hold_batch_in_flight, then kills the relay with SIGKILL and cuts the proxy.
   std::set<std::string> kill_relay_mid_batch(ChildProcess& relay, TcpProxy& proxy);
   /// Freezes `proxy` (the relay behind it publishes into a network that delivers nothing) until
-  /// a relay has held a claimed batch for 300 ms (PostgreSQL: a session idle in its transaction
-  /// that long after a statement on the outbox; SQLite: the write lock held that long), then
-  /// kills the relay with SIGKILL and cuts the proxy: its batch never reached the broker.
+  /// the relay has sent a batch into it, then kills the relay with SIGKILL and cuts the proxy:
+  /// its batch never reached the broker.
   void kill_relay_with_batch_unsent(ChildProcess& relay, TcpProxy& proxy);
   /// Stops the application, waits until the outbox is empty and every committed row has taken
   /// effect (or nothing changes for 10 s), drains the audit and parking queues, stops the relays

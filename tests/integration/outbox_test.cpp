@@ -7,10 +7,12 @@
 #include <set>
 
 #include "retryloop/client/channel.hpp"
+#include "retryloop/client/uri.hpp"
 #include "retryloop/outbox/outbox.hpp"
 #include "retryloop/outbox/relay.hpp"
 #include "support/databases.hpp"
 #include "support/harness.hpp"
+#include "support/tcp_proxy.hpp"
 
 using namespace retryloop;
 using namespace std::chrono_literals;
@@ -471,6 +473,66 @@ TEST_CASE("A relay stopped with batches out: stop settles each of them, stop_now
       bodies.insert(got.message.body);
     CHECK(bodies.size() == static_cast<size_t>(total));
   }
+}
+
+TEST_CASE(
+    "On SQLite, a batch waiting for its confirms holds no lock: the application commits "
+    "meanwhile",
+    "[outbox][relay]") {
+  auto database = test::fresh_sqlite("unlocked");
+  auto db = database.open();
+  test::TestLoop loop;
+  test::QueueUnderTest target(loop, "outbox.unlocked");
+  test::TcpProxy proxy(loop.get(), client::parse_uri(test::broker_url()).port);
+  auto options = relay_options(database);
+  options.connection.uri.port = proxy.port();
+  RunningRelay relay(loop, options);
+  relay.wait_idle();
+  // The broker's confirms are held back: the relay's batch stays out.
+  proxy.hold_replies();
+  enqueue_committed(*db, {message_to(target.queue, "first")});
+  REQUIRE(test::eventually(loop, [&] { return relay.relay->stats().batches == 1; }));
+  // The application's writer waits at most 100 ms for the write lock, and gets it.
+  db->set_lock_timeout(100ms);
+  REQUIRE_NOTHROW(enqueue_committed(*db, {message_to(target.queue, "second")}));
+  CHECK(relay.relay->stats().published == 0);
+  proxy.thaw();
+  REQUIRE(test::eventually(loop, [&] { return relay.relay->stats().published == 2; }));
+  relay.wait_idle();
+  CHECK(count_rows(*db) == 0);
+  auto received = test::drain_queue(loop, *target.connection, target.queue);
+  REQUIRE(received.size() == 2);
+  CHECK(received[0].message.body == "first");
+  CHECK(received[1].message.body == "second");
+}
+
+TEST_CASE("On SQLite one relay publishes and the others stand by; one takes over when it stops",
+          "[outbox][relay]") {
+  auto database = test::fresh_sqlite("standby");
+  auto db = database.open();
+  test::TestLoop loop;
+  test::QueueUnderTest target(loop, "outbox.standby");
+  constexpr int keys = 3;
+  auto messages = keyed_messages(target.queue, keys, 300);
+  const size_t half = messages.size() / 2;
+  auto options = relay_options(database);
+  options.batch_size = 50;
+  auto first = std::make_unique<RunningRelay>(loop, options);
+  REQUIRE(test::eventually(loop, [&] { return first->relay->idle(); }));
+  RunningRelay second(loop, options);
+  enqueue_while_running(loop, *db, {messages.begin(), messages.begin() + half}, 200);
+  REQUIRE(test::eventually(loop, [&] { return count_rows(*db) == 0; }));
+  CHECK(first->relay->stats().published == half);
+  CHECK(second.relay->stats().batches == 0);
+  // Nothing pending: a standby has nothing to wait for.
+  CHECK(test::eventually(loop, [&] { return second.relay->idle(); }));
+  first.reset();                // stops it
+  enqueue_while_running(loop, *db, {messages.begin() + half, messages.end()}, 200);
+  REQUIRE(test::eventually(loop, [&] { return count_rows(*db) == 0; }));
+  CHECK(second.relay->stats().published == messages.size() - half);
+  auto received = test::drain_queue(loop, *target.connection, target.queue);
+  REQUIRE(received.size() == messages.size());
+  check_key_order(received, keys);
 }
 
 TEST_CASE(

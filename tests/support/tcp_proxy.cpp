@@ -142,6 +142,13 @@ void TcpProxy::freeze() {
   frozen_ = true;
 }
 
+size_t TcpProxy::held_from_clients() const {
+  size_t held = 0;
+  for (const auto& pipe : pipes_)
+    held += pipe->to_upstream.size();
+  return held;
+}
+
 void TcpProxy::hold_replies() {
   replies_held_ = true;
 }

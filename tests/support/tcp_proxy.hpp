@@ -30,6 +30,8 @@ class TcpProxy {
   void hold_replies();
   /// Relays again, held bytes first (after freeze() or hold_replies()).
   void thaw();
+  /// Bytes the clients sent that are held back (frozen), over every connection.
+  size_t held_from_clients() const;
   /// Closes every proxied connection at once (both sides see the socket close).
   void cut();
   /// Closes the listener and all connections (the destructor does too, and waits for them).

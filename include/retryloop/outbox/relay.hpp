@@ -73,15 +73,18 @@ struct RelayStats {
 /// the error that made it give up (the schema is missing or of another version).
 using RelayStoppedHandler = std::function<void(const std::string& error)>;
 
-/// Moves rows of `retryloop_outbox` to the broker. Each batch is one database transaction: it
-/// claims up to `batch_size` pending rows (PostgreSQL: `FOR UPDATE SKIP LOCKED`, so that several
-/// relays share the table; SQLite: the database's single write lock), publishes them in id order
-/// with `mandatory` on a confirm-mode channel, then deletes (or marks published) each confirmed
-/// row, marks each returned or nacked row failed with the broker's error, and commits. On
-/// PostgreSQL up to `batches_in_flight` batches are out at once, each in its own transaction. A
-/// row whose outcome is unknown (the connection ended) stays pending. A crash or a lost database
-/// rolls the whole batch back. So every committed row reaches the broker at least once; a row
-/// may be published twice (a consumer deduplicates by message id).
+/// Moves rows of `retryloop_outbox` to the broker. Each batch claims up to `batch_size` pending
+/// rows, publishes them in id order with `mandatory` on a confirm-mode channel, then deletes (or
+/// marks published) each confirmed row, marks each returned or nacked row failed with the
+/// broker's error, and commits. A row whose outcome is unknown (the connection ended) stays
+/// pending. So every committed row reaches the broker at least once; a row may be published
+/// twice (a consumer deduplicates by message id).
+///
+/// PostgreSQL: a batch is one transaction, which claims with `FOR UPDATE SKIP LOCKED` so that
+/// several relays share the table; up to `batches_in_flight` batches are out at once. A crash or
+/// a lost database rolls the batch back. SQLite: one relay publishes, holding an exclusive lock
+/// on the file `DATABASE-relay-lock`, and the others stand by; its claim is a read and its
+/// settle a short transaction, so that the application's writers never wait for the broker.
 ///
 /// Ordering: rows with the same ordering key are claimed by one relay at a time and published in
 /// id order, which is their commit order; a failed row holds back the later rows of its key

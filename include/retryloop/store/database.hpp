@@ -119,6 +119,10 @@ class Database {
   /// False once the connection broke; such a connection is useless and should be replaced.
   virtual bool usable() const = 0;
 
+  /// SQLite: the database file's absolute path (empty for an in-memory database). PostgreSQL:
+  /// empty.
+  virtual std::string file_path() const;
+
   /// PostgreSQL: LISTEN on `channel`. SQLite: does nothing (it has no notifications).
   virtual void listen(const std::string& channel);
   /// A descriptor that becomes readable when a notification may have arrived; -1 if none.
