@@ -526,7 +526,7 @@ TEST_CASE("On SQLite one relay publishes and the others stand by; one takes over
   CHECK(second.relay->stats().batches == 0);
   // Nothing pending: a standby has nothing to wait for.
   CHECK(test::eventually(loop, [&] { return second.relay->idle(); }));
-  first.reset();                // stops it
+  first.reset();  // stops it
   enqueue_while_running(loop, *db, {messages.begin() + half, messages.end()}, 200);
   REQUIRE(test::eventually(loop, [&] { return count_rows(*db) == 0; }));
   CHECK(second.relay->stats().published == messages.size() - half);
