@@ -184,9 +184,9 @@ class OutboxRun {
   /// hold_batch_in_flight, then kills the relay with SIGKILL and cuts the proxy.
   std::set<std::string> kill_relay_mid_batch(ChildProcess& relay, TcpProxy& proxy);
   /// Freezes `proxy` (the relay behind it publishes into a network that delivers nothing) until
-  /// the relay has sent a batch into it, then kills the relay with SIGKILL and cuts the proxy:
-  /// its batch never reached the broker.
-  void kill_relay_with_batch_unsent(ChildProcess& relay, TcpProxy& proxy);
+  /// the relay has sent a batch into it, or for 5 s (it had a batch out, whose confirms cannot
+  /// come), then kills the relay with SIGKILL and cuts the proxy.
+  void kill_relay_behind_frozen_network(ChildProcess& relay, TcpProxy& proxy);
   /// Stops the application, waits until the outbox is empty and every committed row has taken
   /// effect (or nothing changes for 10 s), drains the audit and parking queues, stops the relays
   /// and consumers (SIGTERM: exit 0), classifies and reports. `in_flight`: ids that reached the
