@@ -80,7 +80,9 @@ int main(int argc, char** argv) {
   uint16_t prefetch = 200;
   bool quiet = false;
   bool verbose = false;
-  app.add_option("--url", url, "broker URL, amqp://user:pass@host:port/vhost")
+  app.add_option("--url", url,
+                 "broker URL, amqp://user:pass@host:port/vhost; several hosts: "
+                 "amqp://user:pass@h1:5672,h2:5673/vhost")
       ->envname("RETRYLOOP_URL")
       ->required();
   app.add_option("--topology", topology_file, "topology file")->required();

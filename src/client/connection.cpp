@@ -4,6 +4,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <random>
+#include <vector>
 
 #include "tls_session.hpp"
 
@@ -773,50 +775,150 @@ void ConnectionImpl::on_handle_closed() {
 
 }  // namespace detail
 
-std::shared_ptr<Connection> Connection::create(uv_loop_t* loop, ConnectionOptions options) {
-  return std::make_shared<Connection>(detail::ConnectionImpl::create(loop, std::move(options)));
+namespace detail {
+
+// A connection's hosts and the attempt in progress: a ConnectionImpl connects to one host, and
+// when it fails in a way another node may not, the next host gets a fresh ConnectionImpl.
+struct ConnectionAttempts {
+  uv_loop_t* loop = nullptr;
+  ConnectionOptions options;
+  std::shared_ptr<ConnectionImpl> current;
+  std::vector<Endpoint> order;
+  size_t next = 0;
+  std::string failures;  // the hosts tried so far and why each failed
+  ConnectionLostHandler on_lost;
+  BlockedHandler on_blocked;
+  bool connecting = false;
+  bool closing = false;
+};
+
+namespace {
+
+// Failures another node of a cluster may not have; a refused login or vhost, or the
+// application's own close, would be the same everywhere.
+bool another_host_may_answer(const Error& error) {
+  if (error.code.category() != client_category()) return false;
+  switch (static_cast<ClientError>(error.code.value())) {
+    case ClientError::resolve_failed:
+    case ClientError::connect_failed:
+    case ClientError::connect_timeout:
+    case ClientError::tls_failed:
+    case ClientError::connection_lost:
+    case ClientError::connection_closed:
+    case ClientError::protocol_error:
+    case ClientError::heartbeat_timeout:
+      return true;
+    default:
+      return false;
+  }
 }
-Connection::Connection(std::shared_ptr<detail::ConnectionImpl> impl) : impl_(std::move(impl)) {}
+
+std::shared_ptr<ConnectionImpl> make_attempt(ConnectionAttempts& attempts,
+                                             const Endpoint& endpoint) {
+  ConnectionOptions options = attempts.options;
+  options.uri = attempts.options.uri.with_only(endpoint);
+  auto impl = ConnectionImpl::create(attempts.loop, std::move(options));
+  if (attempts.on_lost) impl->set_lost_handler(attempts.on_lost);
+  if (attempts.on_blocked) impl->set_blocked_handler(attempts.on_blocked);
+  attempts.current = impl;
+  return impl;
+}
+
+Error connect_next(const std::shared_ptr<ConnectionAttempts>& attempts,
+                   std::shared_ptr<ConnectCallback> callback) {
+  const Endpoint endpoint = attempts->order[attempts->next++];
+  auto impl = make_attempt(*attempts, endpoint);
+  // The callback holds the attempts until it fires (once), and no longer.
+  return impl->connect([attempts, endpoint, callback](const Error& error) {
+    const bool more = attempts->next < attempts->order.size();
+    if (error && more && !attempts->closing && another_host_may_answer(error)) {
+      attempts->failures += (attempts->failures.empty() ? "" : "; ") + error.message();
+      if (auto* log = attempts->current->logger()) {
+        log->info("trying {} (host {} of {}) after {}: {}", attempts->order[attempts->next].text(),
+                  attempts->next + 1, attempts->order.size(), endpoint.text(), error.message());
+      }
+      if (Error next = connect_next(attempts, callback)) (*callback)(next);
+      return;
+    }
+    attempts->connecting = false;
+    if (error && !attempts->failures.empty() && error.reply_code == 0) {
+      Error all = error;
+      all.reply_text += "; tried before: " + attempts->failures;
+      return (*callback)(all);
+    }
+    (*callback)(error);
+  });
+}
+
+}  // namespace
+}  // namespace detail
+
+std::shared_ptr<Connection> Connection::create(uv_loop_t* loop, ConnectionOptions options) {
+  auto attempts = std::make_shared<detail::ConnectionAttempts>();
+  attempts->loop = loop;
+  attempts->options = std::move(options);
+  attempts->order = attempts->options.uri.hosts();
+  // Until connect() picks a host, the handle answers for the first.
+  detail::make_attempt(*attempts, attempts->order.front());
+  return std::make_shared<Connection>(std::move(attempts));
+}
+Connection::Connection(std::shared_ptr<detail::ConnectionAttempts> attempts)
+    : attempts_(std::move(attempts)) {}
 Connection::~Connection() = default;
 
 Error Connection::connect(ConnectCallback callback) {
-  return impl_->connect(std::move(callback));
+  auto& attempts = *attempts_;
+  if (attempts.connecting || attempts.next != 0 || attempts.closing) {
+    return Error(ClientError::invalid_argument, "connect called twice");
+  }
+  if (attempts.options.uri.host_order == HostOrder::shuffled) {
+    std::shuffle(attempts.order.begin(), attempts.order.end(),
+                 std::mt19937(std::random_device{}()));
+  }
+  attempts.connecting = true;
+  Error error =
+      detail::connect_next(attempts_, std::make_shared<ConnectCallback>(std::move(callback)));
+  if (error) attempts.connecting = false;
+  return error;
 }
 Error Connection::open_channel(ChannelCallback callback) {
-  return impl_->open_channel(std::move(callback));
+  return attempts_->current->open_channel(std::move(callback));
 }
 void Connection::close(CompletionCallback callback) {
-  impl_->close(std::move(callback));
+  attempts_->closing = true;
+  attempts_->current->close(std::move(callback));
 }
 void Connection::set_lost_handler(ConnectionLostHandler handler) {
-  impl_->set_lost_handler(std::move(handler));
+  attempts_->on_lost = handler;
+  attempts_->current->set_lost_handler(std::move(handler));
 }
 void Connection::set_blocked_handler(BlockedHandler handler) {
-  impl_->set_blocked_handler(std::move(handler));
+  attempts_->on_blocked = handler;
+  attempts_->current->set_blocked_handler(std::move(handler));
 }
 bool Connection::is_open() const {
-  return impl_->is_open();
+  return attempts_->current->is_open();
 }
 bool Connection::is_blocked() const {
-  return impl_->is_blocked();
+  return attempts_->current->is_blocked();
 }
 const Tuning& Connection::tuning() const {
-  return impl_->tuning();
+  return attempts_->current->tuning();
 }
 const amqp::FieldTable& Connection::server_properties() const {
-  return impl_->server_properties();
+  return attempts_->current->server_properties();
 }
 const Uri& Connection::uri() const {
-  return impl_->uri();
+  return attempts_->current->uri();
 }
 uv_loop_t* Connection::loop() const {
-  return impl_->loop();
+  return attempts_->current->loop();
 }
 spdlog::logger* Connection::logger() const {
-  return impl_->logger();
+  return attempts_->current->logger();
 }
 size_t Connection::buffered_bytes() const {
-  return impl_->buffered_bytes();
+  return attempts_->current->buffered_bytes();
 }
 
 void look_up_queue(const std::shared_ptr<Connection>& connection, const std::string& queue,

@@ -1,5 +1,6 @@
 #include "retryloop/client/uri.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <stdexcept>
 
@@ -74,10 +75,51 @@ void apply_query(Uri& uri, std::string_view query) {
       uri.verify_peer = value == "verify_peer";
     } else if (key == "server_name_indication") {
       uri.server_name = value;
+    } else if (key == "host_order") {
+      if (value != "in_order" && value != "shuffled") {
+        throw std::invalid_argument("URI host_order must be in_order or shuffled, not '" + value +
+                                    "'");
+      }
+      uri.host_order = value == "shuffled" ? HostOrder::shuffled : HostOrder::in_order;
     } else {
       throw std::invalid_argument("unknown URI query option '" + key + "'");
     }
   }
+}
+
+// One `host[:port]` of the URI's host list (`[v6]:port` for IPv6); `default_port` when it has
+// none. `index` names it in errors.
+Endpoint parse_endpoint(std::string_view text, uint16_t default_port, size_t index) {
+  const std::string which = index == 0 ? "" : " (host " + std::to_string(index + 1) + ")";
+  if (text.empty()) throw std::invalid_argument("URI host list has an empty host" + which);
+  std::string_view host = text;
+  std::string_view port;
+  if (text.front() == '[') {
+    size_t close = text.find(']');
+    if (close == std::string_view::npos) {
+      throw std::invalid_argument("URI IPv6 host lacks ']'" + which);
+    }
+    host = text.substr(1, close - 1);
+    std::string_view after = text.substr(close + 1);
+    if (!after.empty()) {
+      if (after.front() != ':') {
+        throw std::invalid_argument("URI has junk after the IPv6 host" + which);
+      }
+      port = after.substr(1);
+      if (port.empty()) throw std::invalid_argument("URI port is empty" + which);
+    }
+  } else {
+    size_t colon = text.rfind(':');
+    if (colon != std::string_view::npos) {
+      host = text.substr(0, colon);
+      port = text.substr(colon + 1);
+      if (port.empty()) throw std::invalid_argument("URI port is empty" + which);
+    }
+  }
+  Endpoint endpoint;
+  endpoint.host = host.empty() ? "localhost" : percent_decode(host, "host");
+  endpoint.port = port.empty() ? default_port : parse_number<uint16_t>(port, "port", 1, 65535);
+  return endpoint;
 }
 
 }  // namespace
@@ -125,39 +167,43 @@ Uri parse_uri(std::string_view text) {
                        : percent_decode(userinfo.substr(colon + 1), "password");
   }
 
-  std::string_view host = authority;
-  std::string_view port;
-  if (!authority.empty() && authority.front() == '[') {
-    size_t close = authority.find(']');
-    if (close == std::string_view::npos) throw std::invalid_argument("URI IPv6 host lacks ']'");
-    host = authority.substr(1, close - 1);
-    std::string_view after = authority.substr(close + 1);
-    if (!after.empty()) {
-      if (after.front() != ':') throw std::invalid_argument("URI has junk after the IPv6 host");
-      port = after.substr(1);
-      if (port.empty()) throw std::invalid_argument("URI port is empty");
-    }
+  if (authority.empty()) {
+    uri.host = "localhost";
   } else {
-    size_t colon = authority.rfind(':');
-    if (colon != std::string_view::npos) {
-      host = authority.substr(0, colon);
-      port = authority.substr(colon + 1);
-      if (port.empty()) throw std::invalid_argument("URI port is empty");
+    size_t index = 0;
+    while (true) {
+      const size_t comma = authority.find(',');
+      Endpoint endpoint = parse_endpoint(authority.substr(0, comma), uri.port, index);
+      if (index == 0) {
+        uri.host = endpoint.host;
+        uri.port = endpoint.port;
+      } else {
+        uri.other_hosts.push_back(endpoint);
+      }
+      ++index;
+      if (comma == std::string_view::npos) break;
+      authority = authority.substr(comma + 1);
     }
   }
-  if (!host.empty()) uri.host = percent_decode(host, "host");
-  if (!port.empty()) uri.port = parse_number<uint16_t>(port, "port", 1, 65535);
   apply_query(uri, query);
   return uri;
+}
+
+std::string Endpoint::text() const {
+  bool ipv6 = host.find(':') != std::string::npos;
+  return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
 std::string Uri::redacted() const {
   std::string out = tls ? "amqps://" : "amqp://";
   out += user;
   out += ":***@";
-  bool ipv6 = host.find(':') != std::string::npos;
-  out += ipv6 ? "[" + host + "]" : host;
-  out += ":" + std::to_string(port) + "/";
+  bool first = true;
+  for (const auto& endpoint : hosts()) {
+    out += (first ? "" : ",") + endpoint.text();
+    first = false;
+  }
+  out += "/";
   for (char c : vhost) {
     if (c == '/') {
       out += "%2F";
@@ -166,6 +212,32 @@ std::string Uri::redacted() const {
     }
   }
   return out;
+}
+
+std::vector<Endpoint> Uri::hosts() const {
+  std::vector<Endpoint> all{Endpoint{host, port}};
+  all.insert(all.end(), other_hosts.begin(), other_hosts.end());
+  return all;
+}
+
+Uri Uri::with_only(const Endpoint& endpoint) const {
+  Uri one = *this;
+  one.host = endpoint.host;
+  one.port = endpoint.port;
+  one.other_hosts.clear();
+  return one;
+}
+
+Uri Uri::with_last(const Endpoint& endpoint) const {
+  std::vector<Endpoint> all = hosts();
+  auto found = std::find(all.begin(), all.end(), endpoint);
+  if (found == all.end() || all.size() == 1) return *this;
+  std::rotate(found, found + 1, all.end());
+  Uri rotated = *this;
+  rotated.host = all.front().host;
+  rotated.port = all.front().port;
+  rotated.other_hosts.assign(all.begin() + 1, all.end());
+  return rotated;
 }
 
 }  // namespace retryloop::client

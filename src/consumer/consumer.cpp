@@ -165,6 +165,11 @@ void ConsumerImpl::session_failed(const Error& error, bool fatal) {
   if (auto* log = options_.logger.get()) {
     log->warn("service={} session lost: {}; reconnecting", options_.service.name, error.message());
   }
+  // With several hosts, the next session tries the host this one was on last.
+  if (session_ && !options_.connection.uri.other_hosts.empty()) {
+    const client::Uri& on = session_->consume_connection()->uri();
+    options_.connection.uri = options_.connection.uri.with_last(client::Endpoint{on.host, on.port});
+  }
   close_session();
   state_ = State::backing_off;
   schedule_reconnect();

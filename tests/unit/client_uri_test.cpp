@@ -1,9 +1,29 @@
 #include <catch2/catch.hpp>
 
+#include <stdexcept>
+#include <string>
+#include <vector>
+
 #include "retryloop/client/uri.hpp"
 
+using retryloop::client::Endpoint;
+using retryloop::client::HostOrder;
 using retryloop::client::parse_uri;
 using retryloop::client::Uri;
+
+namespace {
+
+// What parse_uri says of `text`, or "no error".
+std::string message_of(const char* text) {
+  try {
+    parse_uri(text);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
 
 TEST_CASE("A full AMQP URI is parsed into its parts", "[client]") {
   Uri uri = parse_uri("amqp://alice:s3cret@broker.example:5673/orders?heartbeat=10&frame_max=8192");
@@ -40,14 +60,6 @@ TEST_CASE("URI parts are percent-decoded", "[client]") {
 }
 
 TEST_CASE("A bad URI is refused with a message naming the part at fault", "[client]") {
-  auto message_of = [](const char* text) {
-    try {
-      parse_uri(text);
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   CHECK(message_of("http://h").find("scheme") != std::string::npos);
   CHECK(message_of("localhost:5672").find("amqp://") != std::string::npos);
   CHECK(message_of("amqp://h:99999").find("port") != std::string::npos);
@@ -62,4 +74,35 @@ TEST_CASE("A bad URI is refused with a message naming the part at fault", "[clie
 TEST_CASE("A redacted URI never shows the password", "[client]") {
   Uri uri = parse_uri("amqp://alice:s3cret@h:5672/%2F");
   CHECK(uri.redacted() == "amqp://alice:***@h:5672/%2F");
+}
+
+TEST_CASE("A URI names several hosts, each with its port or the scheme's", "[client]") {
+  Uri uri = parse_uri("amqp://u:p@h1:5672,h2:5673,h3,[::1]:5999/v?host_order=shuffled");
+  CHECK(uri.host == "h1");
+  CHECK(uri.port == 5672);
+  REQUIRE(uri.other_hosts.size() == 3);
+  CHECK(uri.other_hosts[0] == Endpoint{"h2", 5673});
+  CHECK(uri.other_hosts[1] == Endpoint{"h3", 5672});
+  CHECK(uri.other_hosts[2] == Endpoint{"::1", 5999});
+  CHECK(uri.host_order == HostOrder::shuffled);
+  CHECK(uri.vhost == "v");
+  CHECK(uri.redacted() == "amqp://u:***@h1:5672,h2:5673,h3:5672,[::1]:5999/v");
+  CHECK(parse_uri("amqps://a,b").other_hosts.at(0).port == 5671);
+  CHECK(parse_uri("amqp://h").host_order == HostOrder::in_order);
+
+  CHECK(message_of("amqp://h1,,h3") == "URI host list has an empty host (host 2)");
+  CHECK(message_of("amqp://h1,h2:x").find("port") != std::string::npos);
+  CHECK(message_of("amqp://h1,h2:").find("(host 2)") != std::string::npos);
+  CHECK(message_of("amqp://h?host_order=random").find("in_order or shuffled") != std::string::npos);
+}
+
+TEST_CASE("After losing a host, the URI for reconnecting tries it last", "[client]") {
+  Uri uri = parse_uri("amqp://h1:1,h2:2,h3:3");
+  Uri next = uri.with_last(Endpoint{"h1", 1});
+  CHECK(next.hosts() == std::vector<Endpoint>{{"h2", 2}, {"h3", 3}, {"h1", 1}});
+  CHECK(next.with_last(Endpoint{"h3", 3}).hosts() ==
+        std::vector<Endpoint>{{"h2", 2}, {"h1", 1}, {"h3", 3}});
+  CHECK(uri.with_last(Endpoint{"elsewhere", 1}).hosts() == uri.hosts());
+  Uri one = uri.with_only(Endpoint{"h2", 2});
+  CHECK(one.hosts() == std::vector<Endpoint>{{"h2", 2}});
 }

@@ -20,7 +20,7 @@ class logger;
 namespace retryloop::client {
 
 namespace detail {
-class ConnectionImpl;
+struct ConnectionAttempts;
 }
 
 /// TLS settings for `amqps://` URIs (ignored for `amqp://`). Each unset field takes the URI's
@@ -91,16 +91,21 @@ class Connection {
  public:
   static std::shared_ptr<Connection> create(uv_loop_t* loop, ConnectionOptions options);
   /// Made by create(); a Connection is a handle that shares its connection's state.
-  explicit Connection(std::shared_ptr<detail::ConnectionImpl> impl);
+  explicit Connection(std::shared_ptr<detail::ConnectionAttempts> attempts);
   ~Connection();
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
   /// Resolves, connects, runs the TLS handshake (amqps://), authenticates with PLAIN and opens
-  /// the vhost. `callback` fires once: empty Error when the connection is open, otherwise why
-  /// it failed (authentication_failed, vhost_refused, connect_failed, connect_timeout,
-  /// tls_failed with the certificate problem, ...). When connect() itself returns an error
-  /// (called twice, a CA file that cannot be read), the callback never fires.
+  /// the vhost. With several hosts in the URI (`uri.other_hosts`), it tries them in the URI's
+  /// `host_order`, moving to the next when a host does not resolve, refuses the connection,
+  /// times out, fails the TLS handshake, closes or breaks the connection before it is open, or
+  /// breaks the protocol; a refused login or vhost stops at once, as they would on every node.
+  /// Each host gets the whole connect timeout. The final error names every host tried. `callback`
+  /// fires once: empty Error when the connection is open, otherwise why it failed
+  /// (authentication_failed, vhost_refused, connect_failed, connect_timeout, tls_failed with the
+  /// certificate problem, ...). When connect() itself returns an error (called twice, a CA file
+  /// that cannot be read), the callback never fires.
   ///
   /// Process-wide effect: SIGPIPE is set to ignored when it still has its default disposition,
   /// so that a broker that resets the connection mid-write ends the connection with an error
@@ -123,6 +128,8 @@ class Connection {
   bool is_blocked() const;
   const Tuning& tuning() const;
   const amqp::FieldTable& server_properties() const;
+  /// The URI of the host this connection is on (or tried last): the options' URI with that one
+  /// host.
   const Uri& uri() const;
   uv_loop_t* loop() const;
   spdlog::logger* logger() const;
@@ -131,7 +138,7 @@ class Connection {
   size_t buffered_bytes() const;
 
  private:
-  std::shared_ptr<detail::ConnectionImpl> impl_;
+  std::shared_ptr<detail::ConnectionAttempts> attempts_;
 };
 
 /// Looks `queue` up with a passive declare on a channel of its own, closed afterwards (a missing
