@@ -81,6 +81,7 @@ TEST_CASE(
   CHECK(hangs_up.received().substr(0, 4) == "AMQP");  // it was tried, and said nothing
   auto channel = test::open_channel(loop, *connection);
   CHECK(channel != nullptr);
+  test::close(loop, connection);
 }
 
 TEST_CASE("Wrong credentials stop at the first host: no other host is tried",
@@ -126,6 +127,7 @@ TEST_CASE("A host that does not answer costs one connect timeout, then the next 
   REQUIRE_FALSE(outcome.error);
   CHECK(std::chrono::steady_clock::now() - started >= 500ms);
   CHECK(connection->uri().port == broker_port());
+  test::close(loop, connection);
 }
 
 TEST_CASE("Shuffled hosts spread connections over every host", "[client][failover][integration]") {
