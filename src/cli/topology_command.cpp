@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common.hpp"
+#include "retryloop/management/management.hpp"
 #include "retryloop/topology/declarer.hpp"
 #include "retryloop/topology/definitions.hpp"
 #include "retryloop/topology/duration.hpp"
@@ -38,6 +39,8 @@ struct TopologyArgs {
   bool yes = false;
   bool force = false;
   bool exists_only = false;
+  /// verify: the management API to ask for quorum queues' members (--management).
+  std::string management;
 };
 
 std::string service_names(const topology::Topology& t) {
@@ -409,6 +412,76 @@ int report_exit_code(const Report& report, const client::Uri& uri) {
   return report.ok() ? exit_ok : exit_broker_refused;
 }
 
+// ---- quorum members (verify --management) ----
+
+std::string members_note(const management::MembersCheck& check) {
+  if (!check.found) return check.error.message;
+  const management::QueueMembers& m = *check.found;
+  std::string note = std::to_string(m.online.size()) + " of " + std::to_string(m.members.size()) +
+                     " members online";
+  std::vector<std::string> offline = check.offline();
+  if (!offline.empty()) note += " (offline: " + join(offline) + ")";
+  if (!m.leader.empty()) {
+    const bool leader_offline =
+        std::find(offline.begin(), offline.end(), m.leader) != offline.end();
+    note += ", leader " + m.leader + (leader_offline ? " (offline: not yet replaced)" : "");
+  }
+  if (check.wanted) {
+    note += "; the file asks for " + std::to_string(*check.wanted);
+    if (m.members.size() < static_cast<size_t>(*check.wanted)) {
+      note += ": add members with rabbitmq-queues grow or add_member";
+    }
+  }
+  return note;
+}
+
+management::ApiUrl parse_management_url(const std::string& url, const client::Uri& uri) {
+  try {
+    return management::parse_api_url(url, uri.user, uri.password);
+  } catch (const std::exception& e) {
+    throw Failure(exit_usage, std::string("invalid management URL (--management or "
+                                          "RETRYLOOP_MANAGEMENT_URL): ") +
+                                  e.what());
+  }
+}
+
+/// Asks the management API about the plan's quorum queues; false when one has fewer members
+/// online than it should, or could not be asked. With `json`, adds a row to it per queue instead
+/// of printing.
+bool check_quorum_members(const management::ApiUrl& url, const client::Uri& uri,
+                          const topology::Plan& plan, nlohmann::json* json) {
+  management::ManagementClient api(url);
+  auto checks = management::check_members(api, plan, uri.vhost);
+  bool ok = true;
+  Table table;
+  for (const auto& check : checks) {
+    ok = ok && check.ok();
+    if (json != nullptr) {
+      nlohmann::json j = {{"queue", check.queue}, {"ok", check.ok()}};
+      if (check.wanted) j["wanted"] = *check.wanted;
+      if (check.found) {
+        j["members"] = check.found->members;
+        j["online"] = check.found->online;
+        j["leader"] = check.found->leader;
+      } else {
+        j["error"] = check.error.message;
+      }
+      json->push_back(std::move(j));
+    } else {
+      table.add({check.ok()    ? "ok"
+                 : check.found ? "too few"
+                               : "failed",
+                 "members", check.queue, members_note(check)});
+    }
+  }
+  if (json == nullptr && !checks.empty()) {
+    std::cout << "Quorum members, from " << api.url().redacted() << ":\n";
+    table.print(std::cout, "  ");
+    std::cout << "\n";
+  }
+  return ok;
+}
+
 std::string counted(const Report& report, Outcome o, const std::string& text) {
   size_t n = report.count(o);
   return n == 0 ? std::string() : std::to_string(n) + " " + text;
@@ -432,6 +505,9 @@ int run_report(const TopologyArgs& args, const std::string& command) {
   auto t = load_topology_or_fail(args.file, args.services);
   auto uri = parse_url(args.connection);
   auto plan = topology::make_plan(t);
+  const bool members = command == "verify" && !args.management.empty();
+  const management::ApiUrl api =
+      members ? parse_management_url(args.management, uri) : management::ApiUrl{};
   topology::VerifyOptions verify_options;
   verify_options.compare_arguments = !args.exists_only;
   auto runner = [&command, verify_options](const std::shared_ptr<client::Connection>& connection,
@@ -458,11 +534,18 @@ int run_report(const TopologyArgs& args, const std::string& command) {
   });
   if (code != exit_ok) return code;
   if (args.json) {
-    std::cout << report_json(command, args.file, uri, result).dump(2) << "\n";
-    return report_exit_code(result, uri);
+    nlohmann::json out = report_json(command, args.file, uri, result);
+    if (members) {
+      out["members"] = nlohmann::json::array();
+      if (!check_quorum_members(api, uri, plan, &out["members"])) out["ok"] = false;
+    }
+    std::cout << out.dump(2) << "\n";
+    code = report_exit_code(result, uri);
+    return code == exit_ok && out["ok"] == false ? exit_broker_refused : code;
   }
   print_results(result, command == "verify");
   std::cout << "\n";
+  const bool members_ok = !members || check_quorum_members(api, uri, plan, nullptr);
   print_defaults_hint(result);
   print_older_form_hint(result);
   print_missing_queue_hint(result);
@@ -497,6 +580,10 @@ int run_report(const TopologyArgs& args, const std::string& command) {
     if (args.exists_only) {
       std::cout << "Arguments were not compared (--exists-only): drift is not detected.\n";
     }
+    if (!members_ok) {
+      std::cerr << "retryloop: quorum queues have fewer members online than " << args.file
+                << " asks for, or their members could not be read (see above)\n";
+    }
     if (!result.ok() && !result.connection_error) {
       std::cerr << "retryloop: the broker does not match " << args.file << " (see above)\n";
       if (result.count(Outcome::drifted) > 0) std::cerr << drift_hint;
@@ -507,7 +594,8 @@ int run_report(const TopologyArgs& args, const std::string& command) {
       }
     }
   }
-  return report_exit_code(result, uri);
+  code = report_exit_code(result, uri);
+  return code == exit_ok && !members_ok ? exit_broker_refused : code;
 }
 
 // ---- export ----
@@ -664,6 +752,14 @@ void add_topology_commands(CLI::App& app, int& exit_code) {
   verify->add_flag("--exists-only", verify_args->exists_only,
                    "Only check that the objects exist (passive declares): never creates anything "
                    "and needs no configure permission, but cannot see drifted arguments");
+  verify
+      ->add_option("--management", verify_args->management,
+                   "Also read each quorum queue's members from this management API "
+                   "(http://[user:pass@]host:15672/; the user of --url by default) and report a "
+                   "queue with fewer members online than the file's \"replicas\" (or than it "
+                   "has); also RETRYLOOP_MANAGEMENT_URL")
+      ->envname("RETRYLOOP_MANAGEMENT_URL")
+      ->type_name("URL");
   verify->callback([args = verify_args, &exit_code] { exit_code = run_report(*args, "verify"); });
 
   auto [exp, exp_args] = add_command(

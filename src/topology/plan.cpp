@@ -17,10 +17,16 @@ amqp::FieldValue integer(int64_t value) {
 }
 
 /// The queue type; classic queues are version 2 (the only version from RabbitMQ 4.0 on, and
-/// twice as fast to consume from on 3.10), as a default an existing version 1 queue keeps.
+/// twice as fast to consume from on 3.10), as a default an existing version 1 queue keeps. A
+/// quorum queue's initial replica count is also a default: it tells only how the queue began, so
+/// a queue declared without it is used as it is (verify --management compares the members).
 void add_queue_type(const Service& service, Action& queue) {
   if (service.queue_type == QueueType::quorum) {
     queue.arguments.append("x-queue-type", "quorum");
+    if (service.replicas) {
+      queue.arguments.append("x-quorum-initial-group-size", integer(*service.replicas));
+      queue.defaults.push_back("x-quorum-initial-group-size");
+    }
   } else {
     queue.arguments.append("x-queue-version", integer(2));
     queue.defaults.push_back("x-queue-version");

@@ -13,6 +13,8 @@ namespace retryloop::topology {
 namespace {
 
 constexpr size_t max_name_bytes = 255;
+// More members than any cluster retryloop has met; Raft wants an odd number, and 3 or 5 is usual.
+constexpr int64_t max_replicas = 99;
 
 std::string service_path(size_t index) {
   return "services[" + std::to_string(index) + "]";
@@ -175,6 +177,7 @@ class Validator {
     check_retry(p + ".retry", service);
     check_parking(p + ".parking", service);
     check_delivery_limit(p + ".delivery_limit", service);
+    check_replicas(p + ".replicas", service);
     return name_ok;
   }
 
@@ -192,6 +195,20 @@ class Validator {
       add(service.name, p,
           "must be below " + std::to_string(broker_delivery_limit) +
               ", the limit retryloop gives the queue itself so that the broker never acts on it");
+    }
+  }
+
+  void check_replicas(const std::string& p, const Service& service) {
+    if (!service.replicas) return;
+    if (service.queue_type != QueueType::quorum) {
+      add(service.name, p,
+          "applies to quorum queues only (a classic queue lives on one node); set "
+          "\"queue_type\": \"quorum\" or leave it out");
+    } else if (*service.replicas < 1 || *service.replicas > max_replicas) {
+      add(service.name, p,
+          "must be from 1 to " + std::to_string(max_replicas) + ", not " +
+              std::to_string(*service.replicas) +
+              " (leave it out for a member on every node of the cluster)");
     }
   }
 

@@ -415,10 +415,10 @@ class Reader {
 
   Service read_service(const json& value, const std::string& p) {
     Service service;
-    if (!expect_object(
-            value, p,
-            {"name", "queue", "queue_type", "delivery_limit", "input", "retry", "parking"},
-            "{\"name\": \"orders\", \"input\": {...}, \"retry\": {...}}")) {
+    if (!expect_object(value, p,
+                       {"name", "queue", "queue_type", "delivery_limit", "replicas", "input",
+                        "retry", "parking"},
+                       "{\"name\": \"orders\", \"input\": {...}, \"retry\": {...}}")) {
       return service;
     }
     service.name = read_string(value, "name", p, true);
@@ -434,6 +434,12 @@ class Reader {
       service.delivery_limit = 1;
       if (auto limit = read_integer(value, "delivery_limit", p, false, INT32_MAX)) {
         service.delivery_limit = *limit;
+      }
+    }
+    if (value.contains("replicas")) {
+      service.replicas = 1;
+      if (auto replicas = read_integer(value, "replicas", p, false, INT32_MAX)) {
+        service.replicas = *replicas;
       }
     }
     if (const json* input = field(value, "input", p, true)) {

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -212,6 +213,31 @@ TEST_CASE(
   const Action& q = find(explicit_limit, ActionKind::declare_queue, "orders");
   CHECK(q.defaults == Strings{"x-delivery-limit"});
   CHECK(format_value(*q.arguments.find("x-delivery-limit")) == "1000000");
+}
+
+TEST_CASE(
+    "A quorum service's replicas become every one of its queues' initial group size, a default an "
+    "existing queue may lack",
+    "[topology]") {
+  Plan plan =
+      make_plan(parse(one(service_json("orders", R"("queue_type": "quorum", "replicas": 3)"))));
+  size_t queues = 0;
+  for (const auto& a : plan.actions) {
+    if (a.kind != ActionKind::declare_queue) continue;
+    INFO(describe(a));
+    ++queues;
+    const amqp::FieldValue* size = a.arguments.find("x-quorum-initial-group-size");
+    REQUIRE(size != nullptr);
+    CHECK(size->type_letter() == 'l');
+    CHECK(format_value(*size) == "3");
+    CHECK(std::count(a.defaults.begin(), a.defaults.end(), "x-quorum-initial-group-size") == 1);
+  }
+  CHECK(queues == 3);  // input, wait, parking
+
+  Plan without = make_plan(parse(one(service_json("orders", R"("queue_type": "quorum")"))));
+  for (const auto& a : without.actions) {
+    CHECK(a.arguments.find("x-quorum-initial-group-size") == nullptr);
+  }
 }
 
 TEST_CASE("Parking limits refuse new messages rather than drop old ones", "[topology]") {

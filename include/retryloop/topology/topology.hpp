@@ -91,6 +91,11 @@ struct Service {
   /// parked by the consumer, reason `delivery_limit`, without running its handler. The queue's
   /// own limit is broker_delivery_limit. nullopt: default_delivery_limit.
   std::optional<int64_t> delivery_limit;
+  /// Quorum queues only: how many nodes of a cluster hold each of the service's queues when it is
+  /// first declared (`x-quorum-initial-group-size`). nullopt: RabbitMQ's default, every node of
+  /// the cluster then (at most its quorum_cluster_size). Membership changes afterwards only with
+  /// `rabbitmq-queues grow|shrink|add_member`; `topology verify --management` compares it.
+  std::optional<int64_t> replicas;
   Input input;
   Retry retry;
   Parking parking;
