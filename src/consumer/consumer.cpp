@@ -451,6 +451,7 @@ void ConsumerImpl::on_tick() {
   }
   if (state_ == State::running) parking_depth_.tick(now, session_->consume_connection());
   if (session_ && !blocked_) check_copies(now);
+  if (session_) session_->close_drained_channels();
 }
 
 void ConsumerImpl::stop(std::chrono::milliseconds deadline) {

@@ -192,6 +192,8 @@ void ConsumerImpl::copy_settled(const std::shared_ptr<Pending>& pending,
 void ConsumerImpl::copy_refused(const std::shared_ptr<Pending>& pending,
                                 const client::PublishOutcome& outcome) {
   ++metrics_.publish_failures;
+  if (outcome.status == client::PublishStatus::nacked && session_)
+    session_->renew_publish_channel();
   const auto delay = options_.publish_retry.delay(pending->handling->publish_tries++);
   pending->handling->retry_at_ms = uv_now(loop_) + uint64_t(delay.count());
   std::string why = outcome.status == client::PublishStatus::returned

@@ -181,6 +181,33 @@ void Session::select_confirms(std::shared_ptr<client::Channel> channel) {
   })));
 }
 
+void Session::renew_publish_channel() {
+  if (renewing_ || ended_ || !publish_channel_) return;
+  renewing_ = true;
+  check(publish_connection_->open_channel(
+      then([](Session& self, std::shared_ptr<client::Channel> channel) {
+        self.watch(channel);
+        self.check(channel->confirm_select(self.then([channel](Session& self) {
+          self.replaced_channels_.push_back(std::move(self.publish_channel_));
+          self.publish_channel_ = channel;
+          self.renewing_ = false;
+          self.close_drained_channels();
+        })));
+      })));
+}
+
+void Session::close_drained_channels() {
+  for (auto it = replaced_channels_.begin(); it != replaced_channels_.end();) {
+    if ((*it)->unconfirmed_count() != 0) {
+      ++it;
+      continue;
+    }
+    (*it)->set_close_handler({});  // closed on purpose: not a failure of the session
+    (void)(*it)->close();
+    it = replaced_channels_.erase(it);
+  }
+}
+
 void Session::open_consume_channel() {
   check(consume_connection_->open_channel(
       then([](Session& self, std::shared_ptr<client::Channel> channel) {

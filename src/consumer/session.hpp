@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "retryloop/client/channel.hpp"
 #include "retryloop/client/connection.hpp"
@@ -55,6 +56,14 @@ class Session : public std::enable_shared_from_this<Session> {
   const std::shared_ptr<client::Channel>& consume_channel() const { return consume_channel_; }
   /// Null until the publish channel is open and in confirm mode.
   const std::shared_ptr<client::Channel>& publish_channel() const { return publish_channel_; }
+  /// After a nack: opens a fresh publish channel in confirm mode, and publish_channel() is that
+  /// one from then on. RabbitMQ 3.10 nacks every later publish on a channel whose first publish
+  /// to a quorum queue came while the queue was between leaders (its leader's node lost); a new
+  /// channel reaches the new leader. The replaced channel stays open until the confirms it awaits
+  /// are in (close_drained_channels). One renewal at a time; a failure fails the session.
+  void renew_publish_channel();
+  /// Closes the replaced publish channels that await no confirm.
+  void close_drained_channels();
   const std::string& consumer_tag() const { return consumer_tag_; }
 
  private:
@@ -85,6 +94,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::shared_ptr<client::Connection> publish_connection_;
   std::shared_ptr<client::Channel> consume_channel_;
   std::shared_ptr<client::Channel> publish_channel_;
+  std::vector<std::shared_ptr<client::Channel>> replaced_channels_;
+  bool renewing_ = false;
   std::string consumer_tag_;
   int connected_ = 0;
   bool ended_ = false;

@@ -625,6 +625,7 @@ void RelayImpl::settle_batch(Lane& lane) {
   std::vector<int64_t> published;
   std::vector<std::pair<int64_t, std::string>> failed;
   uint64_t unsettled = 0;
+  uint64_t nacked = 0;
   for (size_t i = 0; i < batch.rows.size(); ++i) {
     const auto& outcome = *batch.outcomes[i];
     if (outcome.ok()) {
@@ -632,6 +633,7 @@ void RelayImpl::settle_batch(Lane& lane) {
     } else if (outcome.status == client::PublishStatus::failed) {
       ++unsettled;
     } else {
+      if (outcome.status == client::PublishStatus::nacked) ++nacked;
       failed.emplace_back(batch.rows[i].id, outcome_text(outcome));
     }
   }
@@ -678,6 +680,13 @@ void RelayImpl::settle_batch(Lane& lane) {
   stats.published += published.size();
   stats.failed += failed.size();
   stats.unsettled += unsettled;
+  // RabbitMQ 3.10 nacks every later publish on a channel whose publish to a quorum queue came
+  // while the queue was between leaders: after a nack the relay goes on on a new connection.
+  if (nacked > 0 && channel_) {
+    drop_broker(client::Error(
+        client::ClientError::connection_lost,
+        std::to_string(nacked) + " publishes nacked; reconnecting for a fresh channel"));
+  }
   // Look again at once: rows committed while this batch was out, or a full batch's rest. The
   // look that finds nothing makes the relay idle and waits for the next wake-up.
   if (lanes_[0]->database) lanes_[0]->database->take_notifications();
