@@ -202,10 +202,11 @@ size_t Lane::expected_parked() const {
 }
 
 std::vector<std::unique_ptr<Lane>> make_lanes(const std::string& fault,
-                                              std::chrono::milliseconds delay) {
+                                              std::chrono::milliseconds delay,
+                                              const std::vector<topology::QueueType>& types) {
   std::vector<std::unique_ptr<Lane>> lanes;
   for (auto mode : {topology::RetryMode::reject, topology::RetryMode::republish}) {
-    for (auto type : {topology::QueueType::classic, topology::QueueType::quorum}) {
+    for (auto type : types) {
       lanes.push_back(std::make_unique<Lane>(fault, mode, type, delay));
     }
   }
@@ -922,6 +923,137 @@ void tear_down(Probe& probe, const std::vector<std::unique_ptr<Lane>>& lanes) {
     if (error)
       WARN("could not delete the objects of " << lane->service.name << ": " << error.message());
   }
+}
+
+// ---- a run with in-process consumers
+// -------------------------------------------------------------
+
+void expect_ok(int exit_code, const std::string& output) {
+  INFO(output);
+  REQUIRE(exit_code == 0);
+}
+
+BrokerBackUp::~BrokerBackUp() {
+  const char* dir = std::getenv("RETRYLOOP_TEST_BROKER_DIR");
+  if (dir == nullptr) return;
+  const std::string broker = std::string(RETRYLOOP_SOURCE_DIR) + "/scripts/broker";
+  const std::string quiet = " >/dev/null 2>&1";
+  if (std::system((broker + " status " + dir + quiet).c_str()) != 0) {
+    std::system((broker + " restart " + dir + quiet).c_str());
+  }
+  if (const char* ctl = std::getenv("RETRYLOOP_TEST_CTL")) {
+    std::system((std::string(ctl) + " start_app" + quiet).c_str());
+  }
+}
+
+InProcessRun::InProcessRun(const std::string& fault, bool gated,
+                           const std::function<void(Lane&)>& adjust)
+    : InProcessRun(fault, Options{gated, adjust}) {}
+
+InProcessRun::InProcessRun(const std::string& fault, Options options) {
+  lanes = make_lanes(fault, options.delay, options.types);
+  if (options.adjust) {
+    for (auto& lane : lanes)
+      options.adjust(*lane);
+  }
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    ledgers.push_back(std::make_unique<Ledger>());
+    gates.push_back(options.gated ? std::make_unique<Gate>() : nullptr);
+  }
+  set_up(probe, lanes);
+}
+
+InProcessRun::~InProcessRun() {
+  for (auto& gate : gates) {
+    if (gate) gate->open();
+  }
+  consumers.clear();
+}
+
+void InProcessRun::start(const std::string& url) {
+  started = Clock::now();
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    consumers.push_back(
+        std::make_unique<LaneConsumer>(loop, *lanes[i], url, *ledgers[i], gates[i].get()));
+    consumers.back()->start();
+  }
+  REQUIRE(poll_until(loop, 60s, [&] {
+    for (const auto& c : consumers) {
+      if (!c->ready()) return false;
+    }
+    return true;
+  }));
+}
+
+void InProcessRun::wait_flowing(double fraction) {
+  REQUIRE(poll_until(
+      loop, 60s,
+      [&] {
+        for (const auto& ledger : ledgers) {
+          if (double(ledger->size()) < fraction * messages_per_lane) return false;
+        }
+        return true;
+      },
+      5ms));
+}
+
+void InProcessRun::check_mid_stream() {
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    const auto acks = ledgers[i]->acks();
+    const size_t acked = std::set<std::string>(acks.begin(), acks.end()).size();
+    INFO(lanes[i]->label() << ": the fault came after the stream had ended");
+    CHECK(acked < lanes[i]->expected_count(Expect::acked));
+  }
+}
+
+bool InProcessRun::wait_quiet(std::chrono::milliseconds timeout) {
+  std::vector<QuietCheck> checks;
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    LaneConsumer* c = consumers[i].get();
+    Ledger* ledger = ledgers[i].get();
+    checks.push_back(
+        {lanes[i].get(), [c] { return c->idle(); }, [ledger] { return ledger->acks(); }});
+  }
+  return retryloop::test::fault::wait_quiet(loop, probe, checks, timeout);
+}
+
+bool InProcessRun::wait_quiet_after_restart(const std::string& fault) {
+  const bool ready = poll_until(loop, 30s, [&] {
+    for (const auto& c : consumers) {
+      if (!c->get().is_consuming()) return false;
+    }
+    return true;
+  });
+  if (ready && wait_quiet(60s)) return true;
+  std::vector<const Lane*> all;
+  for (const auto& lane : lanes)
+    all.push_back(lane.get());
+  const auto elected = elect_leaderless_quorum_queues(loop, all);
+  if (!elected.empty()) {
+    std::string names;
+    for (const auto& name : elected)
+      names += " " + name;
+    note(fault +
+         ": RabbitMQ restarted quorum queues without a leader (rabbitmq-server#10070); "
+         "elected by hand:" +
+         names);
+  }
+  return wait_quiet(120s);
+}
+
+void InProcessRun::finish(const std::string& fault, const std::vector<size_t>& extra) {
+  std::vector<uint64_t> reconnects;
+  for (const auto& c : consumers) {
+    c->stop();
+    reconnects.push_back(c->get().metrics().reconnects);
+  }
+  const double seconds = seconds_since(started);
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    Tally tally = classify(probe, *lanes[i], ledgers[i]->acks());
+    report(fault, *lanes[i], tally, seconds,
+           consumer_prefetch * reconnects[i] + (i < extra.size() ? extra[i] : 0));
+  }
+  tear_down(probe, lanes);
 }
 
 }  // namespace retryloop::test::fault

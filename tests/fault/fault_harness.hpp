@@ -116,9 +116,13 @@ struct Lane {
       std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(300);
 };
 
-/// The four lanes of a fault run: reject and republish, each with classic and quorum queues.
+/// The lanes of a fault run: reject and republish, each with every queue type in `types`
+/// (classic and quorum: four lanes).
 std::vector<std::unique_ptr<Lane>> make_lanes(const std::string& fault,
-                                              std::chrono::milliseconds delay = retry_delay);
+                                              std::chrono::milliseconds delay = retry_delay,
+                                              const std::vector<topology::QueueType>& types = {
+                                                  topology::QueueType::classic,
+                                                  topology::QueueType::quorum});
 
 // ---- evidence of acks --------------------------------------------------------------------------
 
@@ -310,5 +314,54 @@ void report(const std::string& fault, const Lane& lane, const Tally& tally, doub
 void tear_down(Probe& probe, const std::vector<std::unique_ptr<Lane>>& lanes);
 
 double seconds_since(Clock::time_point start);
+
+/// Fails the test when a command that injects or ends a fault did not succeed.
+void expect_ok(int exit_code, const std::string& output);
+
+/// Brings the test broker back however a test that stops or kills it ends, so that one failure
+/// does not fail every test after it.
+struct BrokerBackUp {
+  ~BrokerBackUp();
+};
+
+/// A run with one in-process consumer per lane, against test::broker_url().
+struct InProcessRun {
+  struct Options {
+    bool gated = false;
+    /// Changes each lane (its scripts) before anything is published.
+    std::function<void(Lane&)> adjust;
+    std::chrono::milliseconds delay = retry_delay;
+    std::vector<topology::QueueType> types = {topology::QueueType::classic,
+                                              topology::QueueType::quorum};
+  };
+  explicit InProcessRun(const std::string& fault, bool gated = false,
+                        const std::function<void(Lane&)>& adjust = {});
+  InProcessRun(const std::string& fault, Options options);
+  ~InProcessRun();
+
+  /// Starts the consumers (through `url`) and waits until each consumes.
+  void start(const std::string& url);
+  /// Waits until every lane's handler has been called for `fraction` of its messages.
+  void wait_flowing(double fraction);
+  /// Checks that the fault has hit every lane mid-stream: some messages are not yet done.
+  void check_mid_stream();
+  bool wait_quiet(std::chrono::milliseconds timeout = 120s);
+  /// After a broker restart: waits until every consumer consumes again and the loops are quiet.
+  /// When RabbitMQ has restarted a quorum queue without a leader (a broker bug), it gets an
+  /// election by hand, as an operator would do, and a note under the table says so.
+  bool wait_quiet_after_restart(const std::string& fault);
+  /// Stops the consumers, classifies and reports every lane. Duplicates are allowed up to the
+  /// prefetch once per session the consumer lost (none when it lost none), plus `extra[i]` for
+  /// lane i when given.
+  void finish(const std::string& fault, const std::vector<size_t>& extra = {});
+
+  TestLoop loop;
+  Probe probe{loop, test::broker_url()};
+  std::vector<std::unique_ptr<Lane>> lanes;
+  std::vector<std::unique_ptr<Ledger>> ledgers;
+  std::vector<std::unique_ptr<Gate>> gates;
+  std::vector<std::unique_ptr<LaneConsumer>> consumers;
+  Clock::time_point started = Clock::now();
+};
 
 }  // namespace retryloop::test::fault

@@ -34,12 +34,6 @@ std::string proxied_url(const TcpProxy& proxy) {
   return "amqp://guest:guest@127.0.0.1:" + std::to_string(proxy.port()) + "/";
 }
 
-/// Fails the test when a command that injects or ends a fault did not succeed.
-void expect_ok(int exit_code, const std::string& output) {
-  INFO(output);
-  REQUIRE(exit_code == 0);
-}
-
 size_t count_lines_containing(const std::string& text, const std::string& part) {
   size_t n = 0;
   std::istringstream lines(text);
@@ -65,22 +59,6 @@ std::string relay_losses(const OutboxRun& run) {
          std::to_string(broker) + " broker errors, and left keys for a later batch in " +
          std::to_string(left_out) + " claims";
 }
-
-/// Brings the broker back however a test that stops or kills it ends.
-struct BrokerBackUp {
-  ~BrokerBackUp() {
-    const char* dir = std::getenv("RETRYLOOP_TEST_BROKER_DIR");
-    if (dir == nullptr) return;
-    const std::string broker = std::string(RETRYLOOP_SOURCE_DIR) + "/scripts/broker";
-    const std::string quiet = " >/dev/null 2>&1";
-    if (std::system((broker + " status " + dir + quiet).c_str()) != 0) {
-      std::system((broker + " restart " + dir + quiet).c_str());
-    }
-    if (const char* ctl = std::getenv("RETRYLOOP_TEST_CTL")) {
-      std::system((std::string(ctl) + " start_app" + quiet).c_str());
-    }
-  }
-};
 
 /// Brings PostgreSQL back however a test that restarts or kills it ends.
 struct PostgresBackUp {

@@ -1,0 +1,293 @@
+// The fault suite's lanes on a real 3-node cluster: a quorum service in reject and in republish
+// mode, its consumers given every node in one URL, while a node is killed (the consumers' own, or
+// the one leading the service's queues), while all three restart one at a time, and while a
+// parking replay runs. Each run ends with the fault suite's checker: every message id acked or
+// parked where its script says, nothing lost, nothing unexpected. How long the consumers took to
+// consume again on a live node is measured and bounded.
+
+#include <signal.h>
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cluster_support.hpp"
+#include "fault_harness.hpp"
+#include "retryloop/client/uri.hpp"
+#include "retryloop/management/management.hpp"
+#include "support/tcp_proxy.hpp"
+
+using namespace retryloop;
+using namespace retryloop::test::fault;
+using test::ChildProcess;
+using test::TestLoop;
+
+namespace {
+
+/// How soon after its node is lost a consumer must consume again on another node. Measured here:
+/// under a second (a killed node's sockets close at once, and the consumer's first reconnect comes
+/// after its initial backoff); the bound leaves room for a loaded machine.
+constexpr auto failover_bound = 15s;
+
+/// Restarts every node that is not running, however the test ends, so that the next test finds
+/// the whole cluster.
+struct NodesBackUp {
+  ~NodesBackUp() {
+    const std::string broker = std::string(RETRYLOOP_SOURCE_DIR) + "/scripts/broker";
+    const std::string quiet = " >/dev/null 2>&1";
+    for (const auto& dir : test::node_dirs()) {
+      if (std::system((broker + " status " + dir + quiet).c_str()) != 0) {
+        std::system((broker + " restart " + dir + quiet).c_str());
+      }
+    }
+  }
+};
+
+/// scripts/broker COMMAND DIR for one node, with the loop running meanwhile.
+void node_script(TestLoop& loop, const std::string& command, const std::string& dir) {
+  std::string output;
+  expect_ok(run_async(loop, {std::string(RETRYLOOP_SOURCE_DIR) + "/scripts/broker", command, dir},
+                      180s, &output),
+            output);
+}
+
+/// The cluster's URL with its hosts in another order: the hosts at `first` and on come first.
+std::string url_starting_at(size_t first) {
+  client::Uri uri = client::parse_uri(test::broker_url());
+  std::vector<client::Endpoint> hosts = uri.hosts();
+  std::rotate(hosts.begin(), hosts.begin() + static_cast<std::ptrdiff_t>(first), hosts.end());
+  std::string text;
+  for (const auto& host : hosts)
+    text += (text.empty() ? "" : ",") + host.text();
+  return "amqp://" + uri.user + ":" + uri.password + "@" + text + "/";
+}
+
+/// The directory of the node that leads `queue`, asked of the management API (the first node that
+/// answers).
+std::string leader_of(const std::string& queue) {
+  management::ManagementClient api(management::parse_api_url(test::management_url(), "", ""), 5s);
+  management::ApiError error;
+  auto members = api.queue("/", queue, error);
+  INFO(error.message);
+  REQUIRE(members);
+  REQUIRE(members->leader.rfind("rl-", 0) == 0);  // rl-PORT@localhost (scripts/broker)
+  return test::node_on_port(
+      static_cast<uint16_t>(std::stoi(members->leader.substr(3, members->leader.find('@') - 3))));
+}
+
+/// Waits until every consumer of `run` has reconnected and consumes again; returns how long that
+/// took from `since`, and fails the test past the bound.
+std::chrono::milliseconds wait_consuming_again(InProcessRun& run, Clock::time_point since) {
+  REQUIRE(poll_until(
+      run.loop, 120s,
+      [&] {
+        for (const auto& c : run.consumers) {
+          if (c->get().metrics().reconnects == 0 || !c->get().is_consuming()) return false;
+        }
+        return true;
+      },
+      5ms));
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - since);
+  CHECK(took < failover_bound);
+  return took;
+}
+
+InProcessRun::Options quorum_lanes(std::chrono::milliseconds delay = retry_delay) {
+  InProcessRun::Options options;
+  options.types = {topology::QueueType::quorum};
+  options.delay = delay;
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE("On a cluster, SIGKILL of the node the consumers are on loses nothing",
+          "[cluster][node-loss]") {
+  NodesBackUp back_up;
+  InProcessRun run("cl-kill-own", quorum_lanes());
+  run.start(test::broker_url());  // in order: every connection is on the first node
+  const std::string victim = test::node_on_port(client::parse_uri(test::broker_url()).port);
+  run.wait_flowing(0.15);
+  const auto killed = Clock::now();
+  node_script(run.loop, "kill", victim);
+  run.check_mid_stream();
+  const auto took = wait_consuming_again(run, killed);
+  note("cluster, consumers' node SIGKILL: consuming again on another node " +
+       std::to_string(took.count()) + " ms after the kill");
+  CHECK(run.wait_quiet());
+  run.finish("cluster: consumers' node SIGKILL");
+  node_script(run.loop, "restart", victim);
+}
+
+TEST_CASE("On a cluster, SIGKILL of the node leading the service's queues loses nothing",
+          "[cluster][node-loss]") {
+  NodesBackUp back_up;
+  InProcessRun run("cl-kill-leader", quorum_lanes());
+  // The queues were declared through the first node, which leads them; the consumers connect
+  // to the second, so that what fails over is the queues' leadership, not the connections.
+  const std::string leader = leader_of(run.lanes.front()->input_queue());
+  run.start(url_starting_at(1));
+  const std::string consumers_node = test::node_on_port(client::parse_uri(url_starting_at(1)).port);
+  REQUIRE(leader != consumers_node);
+  run.wait_flowing(0.15);
+  const auto killed = Clock::now();
+  node_script(run.loop, "kill", leader);
+  run.check_mid_stream();
+  CHECK(run.wait_quiet());
+  const std::string new_leader = leader_of(run.lanes.front()->input_queue());
+  CHECK(new_leader != leader);
+  note("cluster, leader SIGKILL: the loops were quiet " +
+       std::to_string(static_cast<long>(seconds_since(killed))) +
+       " s after the kill; the consumers reconnected " +
+       std::to_string(run.consumers.front()->get().metrics().reconnects) + " time(s)");
+  run.finish("cluster: queue leader SIGKILL");
+  node_script(run.loop, "restart", leader);
+}
+
+TEST_CASE(
+    "On a cluster, a rolling restart of all three nodes while messages flow and retries wait "
+    "loses nothing",
+    "[cluster][node-loss]") {
+  NodesBackUp back_up;
+  // Retries wait 5 s, so that the loop goes on across the restarts.
+  InProcessRun run("cl-rolling", quorum_lanes(5s));
+  run.start(test::broker_url());
+  run.wait_flowing(0.05);
+  std::vector<long> failovers;
+  for (const auto& node : test::node_dirs()) {
+    const auto stopped = Clock::now();
+    const uint64_t before = run.consumers.front()->get().metrics().reconnects;
+    node_script(run.loop, "stop", node);
+    // The consumers were on this node when they reconnect once more; wait for them.
+    if (poll_until(run.loop, 2s,
+                   [&] { return run.consumers.front()->get().metrics().reconnects > before; })) {
+      REQUIRE(poll_until(run.loop, failover_bound, [&] {
+        for (const auto& c : run.consumers) {
+          if (!c->get().is_consuming()) return false;
+        }
+        return true;
+      }));
+      failovers.push_back(static_cast<long>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - stopped).count()));
+    }
+    node_script(run.loop, "restart", node);
+  }
+  CHECK(run.wait_quiet());
+  std::string took;
+  for (long ms : failovers)
+    took += (took.empty() ? "" : ", ") + std::to_string(ms) + " ms";
+  note("cluster, rolling restart: the consumers moved " + std::to_string(failovers.size()) +
+       " time(s), consuming again after " + (took.empty() ? "-" : took) +
+       " (from the stop command)");
+  CHECK_FALSE(failovers.empty());
+  run.finish("cluster: rolling restart");
+}
+
+TEST_CASE(
+    "On a cluster, the node a parking replay is on stopped mid-run loses nothing, and the replay "
+    "run again finishes on another node",
+    "[cluster]") {
+  NodesBackUp back_up;
+  TestLoop loop;
+  Probe probe(loop, test::broker_url());
+  auto lanes = make_lanes("cl-replay", retry_delay, {topology::QueueType::quorum});
+  set_up(probe, lanes);
+  const auto started = Clock::now();
+
+  // An outage: every message that is not permanent or poison exhausts its attempts; all park.
+  {
+    std::vector<std::unique_ptr<Ledger>> outage_ledgers;
+    std::vector<std::unique_ptr<LaneConsumer>> outage;
+    for (const auto& lane : lanes) {
+      outage_ledgers.push_back(std::make_unique<Ledger>());
+      outage.push_back(std::make_unique<LaneConsumer>(loop, *lane, test::broker_url(),
+                                                      *outage_ledgers.back(), nullptr, true));
+      outage.back()->start();
+    }
+    REQUIRE(poll_until(loop, 60s, [&] {
+      for (const auto& lane : lanes) {
+        if (probe.depth(lane->parking_queue()).messages < messages_per_lane) return false;
+      }
+      return true;
+    }));
+    for (const auto& c : outage)
+      c->stop();
+  }
+
+  // The replay of the first lane goes to the first node through a proxy, which holds its traffic
+  // once a few messages have moved; the node is stopped meanwhile, so the replay loses its node
+  // with copies in flight.
+  const size_t replay_window = 5;
+  const client::Uri all = client::parse_uri(test::broker_url());
+  const std::string victim = test::node_on_port(all.port);
+  test::TcpProxy proxy(loop.get(), all.port);
+  auto replay_command = [&](const Lane& lane, const std::string& url) {
+    return std::vector<std::string>{test::built_program("retryloop"),
+                                    "parking",
+                                    "replay",
+                                    "--url",
+                                    url,
+                                    "-t",
+                                    lane.topology_path,
+                                    lane.service.name,
+                                    "--where",
+                                    "retryloop-reason=exhausted",
+                                    "--window",
+                                    std::to_string(replay_window)};
+  };
+  const Lane& first = *lanes.front();
+  {
+    ChildProcess replay(replay_command(
+        first, "amqp://guest:guest@127.0.0.1:" + std::to_string(proxy.port()) + "/"));
+    REQUIRE(poll_until(
+        loop, 60s,
+        [&] { return probe.depth(first.input_queue()).messages >= 8 || !replay.running(); }, 2ms));
+    proxy.freeze();
+    REQUIRE(replay.running());
+    node_script(loop, "stop", victim);
+    proxy.thaw();
+    REQUIRE(poll_until(loop, 60s, [&] { return !replay.running(); }));
+    INFO(replay.out() << replay.err());
+    CHECK(replay.wait() != 0);  // it lost its node mid-run and says so
+    CHECK_THAT(replay.err(), Catch::Contains("retryloop:"));
+  }
+  proxy.close();
+  // Run again through every node, to the end: it finds a live one. The other lane's replay runs
+  // while the first node is still down.
+  for (const auto& lane : lanes) {
+    std::string output;
+    const int code = run_async(loop, replay_command(*lane, test::broker_url()), 60s, &output);
+    INFO(lane->label() << "\n" << output);
+    CHECK(code == 0);
+  }
+  node_script(loop, "restart", victim);
+
+  // A consumer drains what was replayed: the scripts run as written now.
+  std::vector<std::unique_ptr<Ledger>> ledgers;
+  std::vector<std::unique_ptr<LaneConsumer>> consumers;
+  std::vector<QuietCheck> checks;
+  for (const auto& lane : lanes) {
+    ledgers.push_back(std::make_unique<Ledger>());
+    consumers.push_back(
+        std::make_unique<LaneConsumer>(loop, *lane, test::broker_url(), *ledgers.back()));
+    consumers.back()->start();
+    LaneConsumer* c = consumers.back().get();
+    Ledger* ledger = ledgers.back().get();
+    checks.push_back({lane.get(), [c] { return c->idle(); }, [ledger] { return ledger->acks(); }});
+  }
+  CHECK(wait_quiet(loop, probe, checks));
+  for (const auto& c : consumers)
+    c->stop();
+  const double seconds = seconds_since(started);
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    Tally tally = classify(probe, *lanes[i], ledgers[i]->acks());
+    // A copy confirmed whose parked original was not yet acked is replayed twice: at most the
+    // replay window.
+    report("cluster: replay's node stopped", *lanes[i], tally, seconds, replay_window);
+  }
+  tear_down(probe, lanes);
+}
