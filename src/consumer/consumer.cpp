@@ -527,6 +527,12 @@ void ConsumerImpl::on_handle_closed() {
   if (handler) handler(fatal_error_);
 }
 
+std::optional<client::Endpoint> ConsumerImpl::consuming_from() const {
+  if (!is_consuming() || !session_) return std::nullopt;
+  const client::Uri& uri = session_->consume_connection()->uri();
+  return client::Endpoint{uri.host, uri.port};
+}
+
 }  // namespace detail
 
 std::shared_ptr<Consumer> Consumer::create(uv_loop_t* loop, ConsumerOptions options,
@@ -566,6 +572,9 @@ Metrics Consumer::metrics() const {
 }
 bool Consumer::is_consuming() const {
   return impl_->is_consuming();
+}
+std::optional<client::Endpoint> Consumer::consuming_from() const {
+  return impl_->consuming_from();
 }
 size_t Consumer::in_flight() const {
   return impl_->in_flight();

@@ -39,6 +39,7 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   ConsumerOptions options_;
 
   bool is_consuming() const { return state_ == State::running; }
+  std::optional<client::Endpoint> consuming_from() const;
   size_t in_flight() const;
   size_t handlers_running() const;
   bool wait_for_handlers(std::chrono::milliseconds timeout) const;

@@ -164,12 +164,16 @@ TEST_CASE("A consumer whose host goes away reconnects to the next host and consu
     return consumer::Outcome::ack();
   });
   CHECK(second.accepted() == 0);  // in order: the first host took both connections
+  REQUIRE(consumer->consuming_from());
+  CHECK(consumer->consuming_from()->port == first->port());
   broker.publish(service.input.exchange, "key", "before");
   REQUIRE(loop.run_until([&] { return recorder.of("before").size() == 1; }));
 
   first.reset();  // the host goes away: its connections end, and it refuses new ones
   REQUIRE(loop.run_until([&] { return consumer->metrics().reconnects == 1; }, 30s));
   CHECK(second.accepted() == 2);  // the consume and the publish connection
+  REQUIRE(loop.run_until([&] { return consumer->consuming_from().has_value(); }));
+  CHECK(consumer->consuming_from()->port == second.port());
   broker.publish(service.input.exchange, "key", "after");
   REQUIRE(loop.run_until([&] { return recorder.of("after").size() == 1; }));
   test::stop(loop, consumer);

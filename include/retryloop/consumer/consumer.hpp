@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -196,6 +197,8 @@ class Consumer {
   Metrics metrics() const;
   /// True while consuming (between ready and a loss or stop).
   bool is_consuming() const;
+  /// The host (of the URI's hosts) the consumer consumes from; nullopt while it is not consuming.
+  std::optional<client::Endpoint> consuming_from() const;
   /// Deliveries received and not yet settled (waiting, in a handler, or being published).
   size_t in_flight() const;
   /// Synchronous handlers running on the worker threads now, also after `stopped` (one that
