@@ -165,14 +165,18 @@ void ConsumerImpl::session_failed(const Error& error, bool fatal) {
   if (auto* log = options_.logger.get()) {
     log->warn("service={} session lost: {}; reconnecting", options_.service.name, error.message());
   }
-  // With several hosts, the next session tries the host this one was on last.
-  if (session_ && !options_.connection.uri.other_hosts.empty()) {
+  // With several hosts, the next session tries the host this one was on last; the first try
+  // after losing a working session goes at once, since it goes to another node. Only a failed
+  // try waits for the recovery backoff.
+  const bool several_hosts = !options_.connection.uri.other_hosts.empty();
+  if (session_ && several_hosts) {
     const client::Uri& on = session_->consume_connection()->uri();
     options_.connection.uri = options_.connection.uri.with_last(client::Endpoint{on.host, on.port});
   }
+  const bool elsewhere_at_once = several_hosts && state_ == State::running;
   close_session();
   state_ = State::backing_off;
-  schedule_reconnect();
+  schedule_reconnect(elsewhere_at_once);
 }
 
 void ConsumerImpl::fail_fatally(const Error& error) {
@@ -200,8 +204,9 @@ void ConsumerImpl::close_session(std::function<void()> done) {
   session->close(std::move(done));
 }
 
-void ConsumerImpl::schedule_reconnect() {
-  const auto delay = options_.recovery.delay(reconnect_attempt_++);
+void ConsumerImpl::schedule_reconnect(bool at_once) {
+  const auto delay =
+      at_once ? std::chrono::milliseconds(0) : options_.recovery.delay(reconnect_attempt_++);
   if (auto* log = options_.logger.get()) {
     log->info("service={} reconnecting in {} ms", options_.service.name, delay.count());
   }

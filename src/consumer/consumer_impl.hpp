@@ -87,7 +87,7 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   void session_failed(const client::Error& error, bool fatal);
   void fail_fatally(const client::Error& error);
   void close_session(std::function<void()> done = {});
-  void schedule_reconnect();
+  void schedule_reconnect(bool at_once = false);
 
   void on_delivery(client::Delivery&& delivery);
   void begin_handling(Pending& pending);

@@ -112,7 +112,9 @@ struct ConsumerOptions {
   /// Declare the service's topology (idempotently) on every (re)connect. When false, the
   /// objects must exist; a missing queue is retried with the recovery backoff.
   bool declare_topology = true;
-  /// Delay before each reconnect after a loss (and between failed reconnects).
+  /// Delay before each reconnect after a loss (and between failed reconnects). With several
+  /// hosts in the URI, the first reconnect after losing a working session goes at once: it tries
+  /// the other hosts first, the one just lost last.
   Backoff recovery{};
   /// Delay before publishing a retry or parking copy again after the broker nacked or returned
   /// it (the original stays unacked meanwhile).
