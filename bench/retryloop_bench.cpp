@@ -17,6 +17,7 @@
 //   bench_retryloop inbox-reset --db DB
 //   bench_retryloop inbox   --db DB --url URL --topology FILE --service S --count N
 //                           [--inbox] [--concurrency C]
+//   bench_retryloop failover --url CLUSTER_URL --topology FILE --service S --count KILLS
 //
 // `reset` deletes Q and (unless --delete-only) declares it again, durable, of the given type (a TTL
 // queue that dead-letters to Q2 through the default exchange with --ttl; bound to the fanout
@@ -40,6 +41,9 @@
 //            reports arrival minus the sent stamp minus the delay.
 //   hold     the retry consumer with a slow handler (500 ms a message) until N deliveries have
 //            arrived, nearly all of them held unacked; then the peak RSS of the process.
+//   failover on a cluster (RETRYLOOP_TEST_NODE_DIRS, as scripts/with-broker --nodes sets it): the
+//            node the retry consumer is on is killed with SIGKILL KILLS times, restarted after
+//            each; the milliseconds from each kill to consuming on another node.
 //
 // The outbox and inbox modes take a database URL (store::Database::open) whose retryloop tables
 // exist (`retryloop outbox init`):
@@ -62,6 +66,7 @@
 //                   the message id in one transaction), without it in a plain transaction;
 //                   handled messages per second from the first delivery to the last completion.
 
+#include <signal.h>
 #include <sys/resource.h>
 #include <uv.h>
 #include <retryloop/client/connection.hpp>
@@ -86,8 +91,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -951,6 +959,116 @@ void inbox_bench(uv_loop_t* loop, const Args& args) {
       static_cast<unsigned long long>(stats.duplicates));
 }
 
+// ---- failover: the consumer's node killed, again and again ----
+
+/// The AMQP port of each node of the cluster under test (RETRYLOOP_TEST_NODE_DIRS): port -> dir.
+std::unordered_map<uint16_t, std::string> node_dirs_by_port() {
+  const char* dirs = std::getenv("RETRYLOOP_TEST_NODE_DIRS");
+  if (dirs == nullptr) die("failover needs RETRYLOOP_TEST_NODE_DIRS (scripts/with-broker --nodes)");
+  std::unordered_map<uint16_t, std::string> out;
+  std::istringstream all(dirs);
+  const std::string key = "export RETRYLOOP_TEST_AMQP_PORT=";
+  for (std::string dir; all >> dir;) {
+    std::ifstream env(dir + "/broker.env");
+    for (std::string line; std::getline(env, line);) {
+      if (line.rfind(key, 0) == 0) {
+        out[static_cast<uint16_t>(std::stoi(line.substr(key.size())))] = dir;
+      }
+    }
+  }
+  if (out.empty()) die("no node of RETRYLOOP_TEST_NODE_DIRS has a broker.env");
+  return out;
+}
+
+/// The pid of the Erlang VM of the node in `dir` (its beam.smp runs with -home DIR/home).
+pid_t node_pid(const std::string& dir) {
+  const std::string home = dir + "/home";
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<std::string> words;
+    for (size_t start = 0; start < cmdline.size();) {
+      size_t end = cmdline.find('\0', start);
+      if (end == std::string::npos) end = cmdline.size();
+      words.push_back(cmdline.substr(start, end - start));
+      start = end + 1;
+    }
+    if (words.empty() || words[0].find("beam.smp") == std::string::npos) continue;
+    for (size_t i = 0; i + 1 < words.size(); ++i) {
+      if (words[i] == "-home" && words[i + 1] == home) return static_cast<pid_t>(std::stol(name));
+    }
+  }
+  die("no beam.smp runs with -home " + home);
+}
+
+/// Runs the loop until `done`, or dies after `seconds`.
+void run_until(uv_loop_t* loop, const std::function<bool()>& done, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) die("failover: timed out");
+    uv_run(loop, UV_RUN_NOWAIT);
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+/// The consumer's node is killed with SIGKILL COUNT times, and started again after each: the
+/// milliseconds from the kill to the consumer consuming on another node.
+void failover(uv_loop_t* loop, const Args& args) {
+  const auto nodes = node_dirs_by_port();
+  const char* source = std::getenv("RETRYLOOP_SOURCE_DIR");
+  const std::string broker = std::string(source != nullptr ? source : ".") + "/scripts/broker";
+  consumer::ConsumerOptions options;
+  options.service = load_service(args);
+  options.connection.uri = parse_uri(args.url);
+  options.handler_on_loop = true;
+  auto service_consumer = consumer::Consumer::create(
+      loop, options,
+      consumer::Handler([](const consumer::Message&) { return consumer::Outcome::ack(); }));
+  check(service_consumer->start(), "consumer start");
+  run_until(
+      loop, [&] { return service_consumer->consuming_from().has_value(); }, 60);
+  std::vector<double> consuming_again_ms;
+  for (long k = 0; k < args.count; ++k) {
+    const uint16_t port = service_consumer->consuming_from()->port;
+    const auto node = nodes.find(port);
+    if (node == nodes.end()) die("the consumer is on port " + std::to_string(port) + ": no node");
+    const pid_t pid = node_pid(node->second);
+    const auto killed = std::chrono::steady_clock::now();
+    if (::kill(pid, SIGKILL) != 0) die("kill failed");
+    run_until(
+        loop,
+        [&] {
+          auto on = service_consumer->consuming_from();
+          return on && on->port != port;
+        },
+        120);
+    consuming_again_ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - killed)
+            .count());
+    std::fprintf(stderr, "failover %ld: %.0f ms\n", k + 1, consuming_again_ms.back());
+    // The node comes back (its restart runs beside the loop, which keeps the consumer going).
+    std::atomic<int> status{-1};
+    std::thread restart([&] {
+      status = std::system((broker + " restart '" + node->second + "' >/dev/null 2>&1").c_str());
+    });
+    run_until(
+        loop, [&] { return status.load() != -1; }, 180);
+    restart.join();
+    if (status != 0) die("scripts/broker restart " + node->second + " failed");
+  }
+  bool stopped = false;
+  service_consumer->set_stopped_handler([&](const Error&) { stopped = true; });
+  service_consumer->stop(std::chrono::seconds(10));
+  run_until(
+      loop, [&] { return stopped; }, 30);
+  std::printf(
+      "{\"client\": \"retryloop\", \"bench\": \"failover\", \"kills\": %ld, "
+      "\"consuming_again_ms\": %s}\n",
+      args.count, percentiles_json(consuming_again_ms).c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1072,6 +1190,8 @@ int main(int argc, char** argv) {
     inbox_reset(args);
   } else if (args.mode == "inbox") {
     inbox_bench(loop, args);
+  } else if (args.mode == "failover") {
+    failover(loop, args);
   } else {
     die("unknown mode " + args.mode);
   }
