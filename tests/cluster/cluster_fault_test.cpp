@@ -198,25 +198,7 @@ TEST_CASE(
   set_up(probe, lanes);
   const auto started = Clock::now();
 
-  // An outage: every message that is not permanent or poison exhausts its attempts; all park.
-  {
-    std::vector<std::unique_ptr<Ledger>> outage_ledgers;
-    std::vector<std::unique_ptr<LaneConsumer>> outage;
-    for (const auto& lane : lanes) {
-      outage_ledgers.push_back(std::make_unique<Ledger>());
-      outage.push_back(std::make_unique<LaneConsumer>(loop, *lane, test::broker_url(),
-                                                      *outage_ledgers.back(), nullptr, true));
-      outage.back()->start();
-    }
-    REQUIRE(poll_until(loop, 60s, [&] {
-      for (const auto& lane : lanes) {
-        if (probe.depth(lane->parking_queue()).messages < messages_per_lane) return false;
-      }
-      return true;
-    }));
-    for (const auto& c : outage)
-      c->stop();
-  }
+  park_everything(loop, probe, lanes);  // an outage
 
   // The replay of the first lane goes to the first node through a proxy, which holds its traffic
   // once a few messages have moved; the node is stopped meanwhile, so the replay loses its node
@@ -266,28 +248,7 @@ TEST_CASE(
   }
   node_script(loop, "restart", victim);
 
-  // A consumer drains what was replayed: the scripts run as written now.
-  std::vector<std::unique_ptr<Ledger>> ledgers;
-  std::vector<std::unique_ptr<LaneConsumer>> consumers;
-  std::vector<QuietCheck> checks;
-  for (const auto& lane : lanes) {
-    ledgers.push_back(std::make_unique<Ledger>());
-    consumers.push_back(
-        std::make_unique<LaneConsumer>(loop, *lane, test::broker_url(), *ledgers.back()));
-    consumers.back()->start();
-    LaneConsumer* c = consumers.back().get();
-    Ledger* ledger = ledgers.back().get();
-    checks.push_back({lane.get(), [c] { return c->idle(); }, [ledger] { return ledger->acks(); }});
-  }
-  CHECK(wait_quiet(loop, probe, checks));
-  for (const auto& c : consumers)
-    c->stop();
-  const double seconds = seconds_since(started);
-  for (size_t i = 0; i < lanes.size(); ++i) {
-    Tally tally = classify(probe, *lanes[i], ledgers[i]->acks());
-    // A copy confirmed whose parked original was not yet acked is replayed twice: at most the
-    // replay window.
-    report("cluster: replay's node stopped", *lanes[i], tally, seconds, replay_window);
-  }
-  tear_down(probe, lanes);
+  // Consumers drain what was replayed: the scripts run as written now. A copy confirmed whose
+  // parked original was not yet acked is replayed twice: at most the replay window.
+  drain_and_report(loop, probe, lanes, "cluster: replay's node stopped", started, replay_window);
 }

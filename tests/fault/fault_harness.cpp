@@ -925,6 +925,52 @@ void tear_down(Probe& probe, const std::vector<std::unique_ptr<Lane>>& lanes) {
   }
 }
 
+void park_everything(TestLoop& loop, Probe& probe,
+                     const std::vector<std::unique_ptr<Lane>>& lanes) {
+  std::vector<std::unique_ptr<Ledger>> ledgers;
+  std::vector<std::unique_ptr<LaneConsumer>> outage;
+  for (const auto& lane : lanes) {
+    ledgers.push_back(std::make_unique<Ledger>());
+    outage.push_back(std::make_unique<LaneConsumer>(loop, *lane, test::broker_url(),
+                                                    *ledgers.back(), nullptr, true));
+    outage.back()->start();
+  }
+  REQUIRE(poll_until(loop, 60s, [&] {
+    for (const auto& lane : lanes) {
+      if (probe.depth(lane->parking_queue()).messages < messages_per_lane) return false;
+    }
+    return true;
+  }));
+  for (const auto& c : outage)
+    c->stop();
+}
+
+void drain_and_report(TestLoop& loop, Probe& probe, const std::vector<std::unique_ptr<Lane>>& lanes,
+                      const std::string& fault, Clock::time_point started,
+                      size_t allowed_duplicates) {
+  std::vector<std::unique_ptr<Ledger>> ledgers;
+  std::vector<std::unique_ptr<LaneConsumer>> consumers;
+  std::vector<QuietCheck> checks;
+  for (const auto& lane : lanes) {
+    ledgers.push_back(std::make_unique<Ledger>());
+    consumers.push_back(
+        std::make_unique<LaneConsumer>(loop, *lane, test::broker_url(), *ledgers.back()));
+    consumers.back()->start();
+    LaneConsumer* c = consumers.back().get();
+    Ledger* ledger = ledgers.back().get();
+    checks.push_back({lane.get(), [c] { return c->idle(); }, [ledger] { return ledger->acks(); }});
+  }
+  CHECK(wait_quiet(loop, probe, checks));
+  for (const auto& c : consumers)
+    c->stop();
+  const double seconds = seconds_since(started);
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    Tally tally = classify(probe, *lanes[i], ledgers[i]->acks());
+    report(fault, *lanes[i], tally, seconds, allowed_duplicates);
+  }
+  tear_down(probe, lanes);
+}
+
 // ---- a run with in-process consumers
 // -------------------------------------------------------------
 

@@ -310,6 +310,17 @@ void note(const std::string& text);
 void report(const std::string& fault, const Lane& lane, const Tally& tally, double seconds,
             size_t allowed_duplicates);
 
+/// An outage: consumers whose handler fails every message that is not permanent or poison run
+/// until every lane's messages are all parked; then they stop.
+void park_everything(TestLoop& loop, Probe& probe, const std::vector<std::unique_ptr<Lane>>& lanes);
+
+/// Consumers drain the lanes with their scripts running as written (after a replay), until the
+/// loops are quiet; then every lane is classified and reported (at most `allowed_duplicates`
+/// duplicates each), and its objects deleted.
+void drain_and_report(TestLoop& loop, Probe& probe, const std::vector<std::unique_ptr<Lane>>& lanes,
+                      const std::string& fault, Clock::time_point started,
+                      size_t allowed_duplicates);
+
 /// Deletes a lane's objects so that later faults restart a lighter broker.
 void tear_down(Probe& probe, const std::vector<std::unique_ptr<Lane>>& lanes);
 

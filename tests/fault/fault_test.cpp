@@ -452,25 +452,7 @@ TEST_CASE(
   set_up(probe, lanes);
   const auto started = Clock::now();
 
-  // An outage: every message that is not permanent or poison exhausts its attempts; all park.
-  {
-    std::vector<std::unique_ptr<Ledger>> outage_ledgers;
-    std::vector<std::unique_ptr<LaneConsumer>> outage;
-    for (const auto& lane : lanes) {
-      outage_ledgers.push_back(std::make_unique<Ledger>());
-      outage.push_back(std::make_unique<LaneConsumer>(loop, *lane, test::broker_url(),
-                                                      *outage_ledgers.back(), nullptr, true));
-      outage.back()->start();
-    }
-    REQUIRE(poll_until(loop, 60s, [&] {
-      for (const auto& lane : lanes) {
-        if (probe.depth(lane->parking_queue()).messages < messages_per_lane) return false;
-      }
-      return true;
-    }));
-    for (const auto& c : outage)
-      c->stop();
-  }
+  park_everything(loop, probe, lanes);  // an outage
 
   // The cause is fixed; the on-call engineer replays the exhausted ones. The replay goes through
   // a proxy that freezes once a few of them have moved, so it is killed with copies in flight.
@@ -525,30 +507,9 @@ TEST_CASE(
   }
   proxy.close();
 
-  // A consumer drains what was replayed: the scripts run as written now.
-  std::vector<std::unique_ptr<Ledger>> ledgers;
-  std::vector<std::unique_ptr<LaneConsumer>> consumers;
-  std::vector<QuietCheck> checks;
-  for (const auto& lane : lanes) {
-    ledgers.push_back(std::make_unique<Ledger>());
-    consumers.push_back(
-        std::make_unique<LaneConsumer>(loop, *lane, test::broker_url(), *ledgers.back()));
-    consumers.back()->start();
-    LaneConsumer* c = consumers.back().get();
-    Ledger* ledger = ledgers.back().get();
-    checks.push_back({lane.get(), [c] { return c->idle(); }, [ledger] { return ledger->acks(); }});
-  }
-  CHECK(wait_quiet(loop, probe, checks));
-  for (const auto& c : consumers)
-    c->stop();
-  const double seconds = seconds_since(started);
-  for (size_t i = 0; i < lanes.size(); ++i) {
-    Tally tally = classify(probe, *lanes[i], ledgers[i]->acks());
-    // A copy confirmed whose parked original was not yet acked is replayed twice: at most the
-    // replay window.
-    report("parking replay SIGKILL", *lanes[i], tally, seconds, replay_window);
-  }
-  tear_down(probe, lanes);
+  // Consumers drain what was replayed: the scripts run as written now. A copy confirmed whose
+  // parked original was not yet acked is replayed twice: at most the replay window.
+  drain_and_report(loop, probe, lanes, "parking replay SIGKILL", started, replay_window);
 }
 
 TEST_CASE("A topology mismatch at start-up stops the consumer with exit 3 and consumes nothing",

@@ -448,7 +448,9 @@ void OutboxRun::kill_relay_behind_frozen_network(ChildProcess& relay, TcpProxy& 
 OutboxTally OutboxRun::finish(const std::string& notes, const std::set<std::string>& in_flight) {
   writer.stop();
   // Quiet: the outbox is empty, every committed row has taken effect, and the service's queues
-  // are empty; or nothing has changed for 10 s (then the tally shows what is missing).
+  // are empty; or nothing has changed for 10 s, or for 40 s while rows are pending: a relay whose
+  // broker was down long (a slow restart) waits up to its largest recovery backoff, 30 s, before
+  // it connects again (then the tally shows what is missing).
   std::string last_signature;
   auto last_change = Clock::now();
   const bool quiet = poll_until(
@@ -474,7 +476,7 @@ OutboxTally OutboxRun::finish(const std::string& notes, const std::set<std::stri
             wait.messages == 0) {
           return true;
         }
-        return Clock::now() - last_change > 10s;
+        return Clock::now() - last_change > (rows->pending > 0 ? 40s : 10s);
       },
       250ms);
   const double seconds = seconds_since(started);
