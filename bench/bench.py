@@ -114,23 +114,30 @@ def rotate(items, k):
     return items[k:] + items[:k]
 
 
+def beam_pids(homes):
+    """The pids of the beam.smp processes of the nodes whose home directory is in `homes`."""
+    wanted = {h.encode() for h in homes}
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if args and args[0].endswith(b"beam.smp") and b"-home" in args and \
+                wanted.intersection(args):
+            pids.append(pid)
+    return pids
+
+
 class Broker:
     """CPU time of the throwaway node's beam.smp, sampled while a contender runs."""
 
     def __init__(self):
-        home = os.path.join(os.environ["RETRYLOOP_TEST_BROKER_DIR"], "home")
-        self.pid = None
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    args = f.read().split(b"\0")
-            except OSError:
-                continue
-            if args and args[0].endswith(b"beam.smp") and b"-home" in args and \
-                    home.encode() in args:
-                self.pid = pid
-        if not self.pid:
+        pids = beam_pids([os.path.join(os.environ["RETRYLOOP_TEST_BROKER_DIR"], "home")])
+        if not pids:
             raise RuntimeError("cannot find the broker's beam.smp")
+        self.pid = pids[0]
         self.tick = os.sysconf("SC_CLK_TCK")
         self.samples = []
         self.running = False

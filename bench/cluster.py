@@ -15,7 +15,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import CLI, ROUNDS, TOOL, log, rotate, run  # noqa: E402
+from bench import CLI, ROUNDS, TOOL, beam_pids, log, rotate, run  # noqa: E402
 
 CONSUME_N = int(os.environ.get("BENCH_CLUSTER_CONSUME_N", "20000"))
 RETRY_N = int(os.environ.get("BENCH_CLUSTER_RETRY_N", "3000"))
@@ -30,25 +30,11 @@ def node_homes():
     return [os.path.join(d, "home") for d in dirs.split()]
 
 
-def beam_pids():
-    homes = [h.encode() for h in node_homes()]
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
-            continue
-        if args and args[0].endswith(b"beam.smp") and any(h in args for h in homes):
-            pids.append(pid)
-    return pids
-
-
 def brokers_cpu():
     """User + system CPU seconds of every node's VM, summed."""
     tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
-    for pid in beam_pids():
+    for pid in beam_pids(node_homes()):
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         total += (int(fields[11]) + int(fields[12])) / tick
