@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -16,6 +17,7 @@
 #include "retryloop/management/management.hpp"
 #include "retryloop/topology/declarer.hpp"
 #include "retryloop/topology/definitions.hpp"
+#include "retryloop/topology/delay_levels.hpp"
 #include "retryloop/topology/duration.hpp"
 #include "retryloop/topology/plan.hpp"
 #include "retryloop/topology/topology.hpp"
@@ -86,6 +88,8 @@ Columns columns(const Action& a) {
       return {"queue", a.name, ""};
     case ActionKind::bind_queue:
       return {"binding", a.exchange + " -> " + a.name, binding_detail(a)};
+    case ActionKind::bind_exchange:
+      return {"binding", a.exchange + " -> exchange " + a.name, binding_detail(a)};
   }
   return {"", a.name, ""};
 }
@@ -115,9 +119,27 @@ std::string service_summary(const topology::Service& s) {
     delays.push_back(topology::duration_label(d));
   std::string text = s.name + ": queue " + topology::input_queue_name(s) + " (" +
                      topology::to_string(s.queue_type) + "), " + topology::to_string(s.retry.mode) +
-                     " mode, " + (delays.size() == 1 ? "delay " : "delays ") + join(delays) +
-                     (delays.size() > 1 ? " (the last repeats)" : "") + ", at most " +
-                     plural(static_cast<size_t>(s.retry.max_attempts), "attempt");
+                     " mode, ";
+  if (s.retry.backoff) {
+    const auto& b = *s.retry.backoff;
+    char factor[64];
+    std::snprintf(factor, sizeof factor, "x%g, jitter %g", b.multiplier, b.jitter);
+    text += "backoff " + topology::duration_label(b.initial) + " to " +
+            topology::duration_label(b.max) + " (" + factor + ")";
+  } else {
+    text += (delays.size() == 1 ? "delay " : "delays ") + join(delays) +
+            (delays.size() > 1 ? " (the last repeats)" : "");
+  }
+  text += ", at most " + plural(static_cast<size_t>(s.retry.max_attempts), "attempt");
+  if (s.retry.max_retry_duration) {
+    text +=
+        " or " + topology::duration_label(*s.retry.max_retry_duration) + " after the first failure";
+  }
+  if (s.retry.delay_levels) {
+    text += ", delay levels of " + topology::duration_label(s.retry.delay_levels->base) + " (" +
+            plural(static_cast<size_t>(s.retry.delay_levels->levels), "level") + ", at most " +
+            topology::duration_label(topology::longest_level_delay(s)) + ")";
+  }
   if (s.queue_type == topology::QueueType::quorum) {
     text += ", parked after " +
             plural(static_cast<size_t>(s.delivery_limit.value_or(topology::default_delivery_limit)),
@@ -158,6 +180,7 @@ void print_plan(const std::string& file, const topology::Topology& t, const topo
         detail = std::string(a.arguments.find("x-queue-type") ? "quorum" : "classic") + ", durable";
         break;
       case ActionKind::bind_queue:
+      case ActionKind::bind_exchange:
         detail = c.detail;
         break;
       default:
@@ -166,7 +189,7 @@ void print_plan(const std::string& file, const topology::Topology& t, const topo
     std::string note = shared_note(a);
     if (!note.empty()) detail += "; " + note;
     table.add({std::to_string(step), c.kind, c.object, detail});
-    if (a.kind != ActionKind::bind_queue) {
+    if (a.kind != ActionKind::bind_queue && a.kind != ActionKind::bind_exchange) {
       for (const auto& entry : a.arguments)
         table.add({"", "", "", argument_text(entry)});
     }
@@ -361,7 +384,9 @@ void print_results(const Report& report, bool counts) {
     if (r.outcome == Outcome::absent && r.action.kind == ActionKind::bind_queue) continue;
     Columns c = columns(r.action);
     std::string note = result_note(r, counts);
-    if (r.action.kind == ActionKind::bind_queue && !c.detail.empty()) {
+    const bool binding =
+        r.action.kind == ActionKind::bind_queue || r.action.kind == ActionKind::bind_exchange;
+    if (binding && !c.detail.empty()) {
       note = c.detail + (note.empty() ? "" : "; " + note);
     }
     table.add({outcome_word(r.outcome), c.kind, c.object, note});

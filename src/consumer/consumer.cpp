@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "consumer_impl.hpp"
+#include "retryloop/topology/duration.hpp"
 #include "retryloop/topology/plan.hpp"
 
 namespace retryloop::consumer {
@@ -20,18 +21,13 @@ std::string default_consumer_name() {
   return std::string(host[0] != '\0' ? host : "unknown-host") + ":" + std::to_string(getpid());
 }
 
-Outcome invoke(const Handler& handler, const Message& message, bool& threw) {
+Outcome invoke(const Handler& handler, const ExceptionPolicy& exceptions, const Message& message,
+               bool& threw) {
   try {
     return handler(message);
-  } catch (const PermanentError& e) {
-    threw = true;
-    return Outcome::permanent(e.what());
-  } catch (const std::exception& e) {
-    threw = true;
-    return Outcome::retry(e.what());
   } catch (...) {
     threw = true;
-    return Outcome::retry("unknown exception escaped the handler");
+    return exceptions.classify(std::current_exception());
   }
 }
 
@@ -324,28 +320,23 @@ void ConsumerImpl::run_handler(const std::shared_ptr<Pending>& pending) {
     };
     try {
       async_handler_(pending->message, settle);
-    } catch (const PermanentError& e) {
-      ++metrics_.handler_errors;
-      settle(Outcome::permanent(e.what()));
-    } catch (const std::exception& e) {
-      ++metrics_.handler_errors;
-      settle(Outcome::retry(e.what()));
     } catch (...) {
       ++metrics_.handler_errors;
-      settle(Outcome::retry("unknown exception escaped the handler"));
+      settle(options_.exceptions.classify(std::current_exception()));
     }
     return;
   }
   if (options_.handler_on_loop) {
-    Outcome outcome = invoke(*handler_, pending->message, pending->handling->threw);
+    Outcome outcome =
+        invoke(*handler_, options_.exceptions, pending->message, pending->handling->threw);
     handler_done(pending, std::move(outcome));
     return;
   }
   std::weak_ptr<ConsumerImpl> weak = weak_from_this();
   pool_->post(
-      [pending, handler = handler_] {
+      [pending, handler = handler_, exceptions = exceptions_] {
         pending->handling->work_outcome =
-            invoke(*handler, pending->message, pending->handling->threw);
+            invoke(*handler, *exceptions, pending->message, pending->handling->threw);
       },
       [weak, pending] {
         if (auto self = weak.lock())
@@ -420,9 +411,19 @@ void ConsumerImpl::log_outcome(const Pending& pending, const char* what,
   if (!log->should_log(level)) return;
   std::string detail;
   if (std::string_view(what) == "retry") {
-    detail = decision.action == Action::reject_to_wait
-                 ? " via=reject"
-                 : " via=republish delay=" + decision.wait_routing_key;
+    detail = decision.action == Action::reject_to_wait ? " via=reject"
+             : decision.hops > 0 || !decision.wait_exchange.empty()
+                 ? " via=delay-levels hops=" + std::to_string(decision.hops)
+                 : " via=republish";
+    detail += " delay=" + topology::duration_label(decision.delay);
+    if (decision.requested_delay) {
+      detail += " requested=" + topology::duration_label(*decision.requested_delay);
+      if (decision.capped) {
+        detail += decision.action == Action::reject_to_wait
+                      ? " (reject mode waits its one delay)"
+                      : " (capped: the longest wait the topology allows)";
+      }
+    }
   } else if (std::string_view(what) == "parked") {
     detail = std::string(" reason=") + to_string(decision.reason);
   }
@@ -544,6 +545,7 @@ std::shared_ptr<Consumer> Consumer::create(uv_loop_t* loop, ConsumerOptions opti
                                            Handler handler) {
   auto impl = std::make_shared<detail::ConsumerImpl>(loop, std::move(options));
   impl->handler_ = std::make_shared<const Handler>(std::move(handler));
+  impl->exceptions_ = std::make_shared<const ExceptionPolicy>(impl->options_.exceptions);
   return std::make_shared<Consumer>(std::move(impl));
 }
 

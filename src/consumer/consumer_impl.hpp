@@ -32,6 +32,8 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   void stop_now();
 
   std::shared_ptr<const Handler> handler_;
+  /// options_.exceptions, shared with handler calls on the worker pool, which may outlive this.
+  std::shared_ptr<const ExceptionPolicy> exceptions_;
   AsyncHandler async_handler_;
   ReadyHandler on_ready_;
   StoppedHandler on_stopped_;

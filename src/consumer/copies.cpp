@@ -28,7 +28,8 @@ void ConsumerImpl::publish_copy(const std::shared_ptr<Pending>& pending) {
   if (!pending->handling->copy) {
     if (to_wait) {
       pending->handling->copy =
-          make_retry_copy(pending->message.properties, pending->handling->info, unix_seconds());
+          make_retry_copy(pending->message.properties, pending->handling->info, unix_seconds(),
+                          unix_milliseconds() + uint64_t(decision.delay.count()));
     } else {
       ParkingNote note;
       note.reason = decision.reason;
@@ -40,8 +41,10 @@ void ConsumerImpl::publish_copy(const std::shared_ptr<Pending>& pending) {
           make_parking_copy(pending->message.properties, pending->handling->info, note);
     }
   }
-  const std::string exchange = to_wait ? topology::wait_exchange_name(options_.service.name)
-                                       : topology::parking_exchange_name(options_.service.name);
+  const std::string exchange = !to_wait ? topology::parking_exchange_name(options_.service.name)
+                               : decision.wait_exchange.empty()
+                                   ? topology::wait_exchange_name(options_.service.name)
+                                   : decision.wait_exchange;
   const std::string& routing_key =
       to_wait ? decision.wait_routing_key : topology::input_queue_name(options_.service);
   pending->handling->published_at_ms = uv_now(loop_);

@@ -165,8 +165,15 @@ uint64_t unix_seconds() {
                       .count());
 }
 
+uint64_t unix_milliseconds() {
+  return uint64_t(std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count());
+}
+
 amqp::BasicProperties make_retry_copy(const amqp::BasicProperties& properties,
-                                      const AttemptInfo& info, uint64_t now_seconds) {
+                                      const AttemptInfo& info, uint64_t now_seconds,
+                                      uint64_t due_milliseconds) {
   amqp::BasicProperties copy = properties;
   amqp::FieldTable& headers = copy.headers ? *copy.headers : copy.headers.emplace();
   headers.erase_if(is_death_header);
@@ -182,6 +189,9 @@ amqp::BasicProperties make_retry_copy(const amqp::BasicProperties& properties,
   if (headers.find(header::first_failure) == nullptr) {
     headers.set(std::string(header::first_failure),
                 amqp::Timestamp{info.first_failure.value_or(now_seconds)});
+  }
+  if (due_milliseconds > 0) {
+    headers.set(std::string(header::retry_due), static_cast<int64_t>(due_milliseconds));
   }
   keep_expiration(copy, headers, info);
   return copy;

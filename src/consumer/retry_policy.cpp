@@ -1,5 +1,12 @@
 #include "retryloop/consumer/retry_policy.hpp"
 
+#include <algorithm>
+#include <random>
+
+#include "retryloop/consumer/backoff.hpp"
+#include "retryloop/topology/delay_levels.hpp"
+#include "retryloop/topology/duration.hpp"
+
 namespace retryloop::consumer {
 namespace {
 
@@ -45,12 +52,17 @@ const char* to_string(Action action) {
   return "unknown";
 }
 
-Decision decide(const topology::Service& service, const AttemptInfo& info, const Outcome& outcome) {
+Decision decide(const topology::Service& service, const AttemptInfo& info, const Outcome& outcome,
+                const DecisionContext& context) {
   switch (outcome.kind) {
     case OutcomeKind::ack:
-      return Decision{Action::ack, {}, ParkReason::exhausted, {}};
-    case OutcomeKind::drop:
-      return Decision{Action::drop, {}, ParkReason::exhausted, outcome.text};
+      return Decision{};
+    case OutcomeKind::drop: {
+      Decision decision;
+      decision.action = Action::drop;
+      decision.error = outcome.text;
+      return decision;
+    }
     case OutcomeKind::permanent:
       return park(ParkReason::permanent, outcome.text);
     case OutcomeKind::poison:
@@ -62,19 +74,95 @@ Decision decide(const topology::Service& service, const AttemptInfo& info, const
     return park(ParkReason::poison,
                 "cannot count attempts: " + info.malformed + "; last error: " + outcome.text);
   }
-  if (info.attempt >= service.retry.max_attempts) {
+  const topology::Retry& retry = service.retry;
+  if (info.attempt >= retry.max_attempts) {
     return park(ParkReason::exhausted, outcome.text);
+  }
+  if (retry.max_retry_duration) {
+    const uint64_t first =
+        std::min(info.first_failure.value_or(context.now_seconds), context.now_seconds);
+    const auto elapsed = std::chrono::seconds(context.now_seconds - first);
+    if (elapsed >= *retry.max_retry_duration) {
+      return park(ParkReason::exhausted,
+                  outcome.text + "\n(retry budget used up: first failed " +
+                      std::to_string(elapsed.count()) + "s ago, max_retry_duration " +
+                      topology::duration_label(*retry.max_retry_duration) + ")");
+    }
   }
   Decision decision;
   decision.error = outcome.text;
-  if (service.retry.mode == topology::RetryMode::reject) {
+  decision.requested_delay = outcome.delay;
+  const int attempt = info.attempt > 1000000 ? 1000000 : static_cast<int>(info.attempt);
+  if (retry.mode == topology::RetryMode::reject) {
     decision.action = Action::reject_to_wait;
-  } else {
-    decision.action = Action::publish_to_wait;
-    int attempt = info.attempt > 1000000 ? 1000000 : static_cast<int>(info.attempt);
-    decision.wait_routing_key = topology::wait_routing_key(service, attempt);
+    decision.delay = topology::delay_after_attempt(service, attempt);
+    decision.capped = outcome.delay && *outcome.delay != decision.delay;
+    return decision;
   }
+  decision.action = Action::publish_to_wait;
+  std::optional<std::chrono::milliseconds> wanted = outcome.delay;
+  if (!wanted && retry.backoff && retry.delay_levels) {
+    const topology::RetryBackoff& b = *retry.backoff;
+    Backoff backoff{b.initial, b.max, b.multiplier, b.jitter};
+    wanted = backoff.delay(static_cast<uint32_t>(attempt - 1), context.random);
+  }
+  if (wanted && retry.delay_levels) {
+    const topology::DelayRoute route = topology::delay_route(service, *wanted);
+    decision.wait_exchange = route.exchange;
+    decision.wait_routing_key = route.routing_key;
+    decision.delay = route.delay;
+    decision.hops = route.hops;
+    decision.capped = outcome.delay && route.capped;
+    return decision;
+  }
+  if (wanted) {
+    // No delay levels: the shortest tier that waits long enough, else the longest.
+    const auto tiers = topology::wait_delays(service);
+    std::optional<std::chrono::milliseconds> best;
+    std::chrono::milliseconds longest{0};
+    for (auto tier : tiers) {
+      longest = std::max(longest, tier);
+      if (tier >= *wanted && (!best || tier < *best)) best = tier;
+    }
+    decision.delay = best.value_or(longest);
+    decision.capped = !best;
+  } else {
+    decision.delay = topology::delay_after_attempt(service, attempt);
+  }
+  decision.wait_routing_key = topology::duration_label(decision.delay);
   return decision;
+}
+
+Decision decide(const topology::Service& service, const AttemptInfo& info, const Outcome& outcome) {
+  thread_local std::mt19937_64 engine{std::random_device{}()};
+  DecisionContext context;
+  context.now_seconds = unix_seconds();
+  context.random = std::uniform_real_distribution<double>(0.0, 1.0)(engine);
+  return decide(service, info, outcome, context);
+}
+
+Outcome ExceptionPolicy::classify(const std::exception_ptr& error) const {
+  for (const auto& rule : rules_) {
+    try {
+      if (auto outcome = rule(error)) return std::move(*outcome);
+    } catch (const std::exception& e) {
+      return Outcome::retry(std::string("the exception policy threw while mapping an exception: ") +
+                            e.what());
+    } catch (...) {
+      return Outcome::retry("the exception policy threw while mapping an exception");
+    }
+  }
+  try {
+    std::rethrow_exception(error);
+  } catch (const PermanentError& e) {
+    return Outcome::permanent(e.what());
+  } catch (const RetryAfterError& e) {
+    return Outcome::retry_after(e.delay(), e.what());
+  } catch (const std::exception& e) {
+    return Outcome::retry(e.what());
+  } catch (...) {
+    return Outcome::retry("unknown exception escaped the handler");
+  }
 }
 
 }  // namespace retryloop::consumer

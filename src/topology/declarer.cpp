@@ -67,7 +67,8 @@ class Runner : public std::enable_shared_from_this<Runner> {
         ++index_;
         continue;
       }
-      if (r.action.kind == ActionKind::bind_queue && mode_ == Mode::verify) {
+      if ((r.action.kind == ActionKind::bind_queue || r.action.kind == ActionKind::bind_exchange) &&
+          mode_ == Mode::verify) {
         r.outcome = Outcome::not_checked;
         ++index_;
         continue;
@@ -100,6 +101,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
     }
     switch (a.kind) {
       case ActionKind::bind_queue:
+      case ActionKind::bind_exchange:
         bind_current();
         return;
       case ActionKind::check_exchange:
@@ -252,6 +254,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
         });
         return;
       case ActionKind::bind_queue:
+      case ActionKind::bind_exchange:
         return;
     }
   }
@@ -352,7 +355,9 @@ class Runner : public std::enable_shared_from_this<Runner> {
       self->advance();
     };
     Error immediate =
-        channel_->queue_bind(a.name, a.exchange, a.routing_key, a.arguments, on_result);
+        a.kind == ActionKind::bind_exchange
+            ? channel_->exchange_bind(a.name, a.exchange, a.routing_key, a.arguments, on_result)
+            : channel_->queue_bind(a.name, a.exchange, a.routing_key, a.arguments, on_result);
     if (immediate) on_result(immediate);
   }
 

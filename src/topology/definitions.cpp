@@ -28,12 +28,14 @@ nlohmann::json export_definitions(const Plan& plan, std::string_view vhost) {
                           {"arguments", to_json(a.arguments)}});
         break;
       case ActionKind::bind_queue:
-        bindings.push_back({{"source", a.exchange},
-                            {"vhost", host},
-                            {"destination", a.name},
-                            {"destination_type", "queue"},
-                            {"routing_key", a.routing_key},
-                            {"arguments", to_json(a.arguments)}});
+      case ActionKind::bind_exchange:
+        bindings.push_back(
+            {{"source", a.exchange},
+             {"vhost", host},
+             {"destination", a.name},
+             {"destination_type", a.kind == ActionKind::bind_queue ? "queue" : "exchange"},
+             {"routing_key", a.routing_key},
+             {"arguments", to_json(a.arguments)}});
         break;
       case ActionKind::check_exchange:
       case ActionKind::delete_queue:

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 
+#include "retryloop/topology/delay_levels.hpp"
 #include "retryloop/topology/duration.hpp"
 
 namespace retryloop::topology {
@@ -27,6 +28,17 @@ void add_queue_type(const Service& service, Action& queue) {
       queue.arguments.append("x-quorum-initial-group-size", integer(*service.replicas));
       queue.defaults.push_back("x-quorum-initial-group-size");
     }
+  } else {
+    queue.arguments.append("x-queue-version", integer(2));
+    queue.defaults.push_back("x-queue-version");
+  }
+}
+
+/// The queue type of an object shared by services (the delay levels): as add_queue_type, without
+/// an initial replica count, which the services sharing it may set differently.
+void add_shared_queue_type(QueueType type, Action& queue) {
+  if (type == QueueType::quorum) {
+    queue.arguments.append("x-queue-type", "quorum");
   } else {
     queue.arguments.append("x-queue-version", integer(2));
     queue.defaults.push_back("x-queue-version");
@@ -93,6 +105,53 @@ amqp::FieldTable headers_arguments(const Binding& binding) {
   return arguments;
 }
 
+Action exchange_binding_action(const Service& service, Role role, std::string destination,
+                               std::string source, std::string routing_key) {
+  Action a = binding_action(service, role, std::move(destination), std::move(source), "topic",
+                            std::move(routing_key));
+  a.kind = ActionKind::bind_exchange;
+  return a;
+}
+
+/// The objects of a set of delay levels (delay_levels.hpp), `levels` deep, for `users`.
+void add_delay_levels(const Service& s, int levels, const std::vector<std::string>& users,
+                      Plan& plan) {
+  const size_t first = plan.actions.size();
+  const std::string unrouted = delay_unrouted_name(s);
+  const std::string deliver = delay_delivery_exchange_name(s);
+  plan.actions.push_back(exchange_action(s, Role::delay_exchange, unrouted, "fanout"));
+  Action unrouted_queue = queue_action(s, Role::delay_queue, unrouted);
+  add_shared_queue_type(s.queue_type, unrouted_queue);
+  add_delivery_limit(s, unrouted_queue);
+  plan.actions.push_back(std::move(unrouted_queue));
+  plan.actions.push_back(
+      binding_action(s, Role::delay_queue, unrouted, unrouted, "fanout", std::string()));
+  Action deliver_exchange = exchange_action(s, Role::delay_exchange, deliver, "topic");
+  deliver_exchange.arguments.append("alternate-exchange", unrouted);
+  plan.actions.push_back(std::move(deliver_exchange));
+  const int64_t base = s.retry.delay_levels->base.count();
+  for (int k = 0; k < levels; ++k) {
+    const std::string level = delay_level_name(s, k);
+    const std::string below = k == 0 ? deliver : delay_level_name(s, k - 1);
+    Action exchange = exchange_action(s, Role::delay_exchange, level, "topic");
+    exchange.arguments.append("alternate-exchange", unrouted);
+    plan.actions.push_back(std::move(exchange));
+    Action queue = queue_action(s, Role::delay_queue, level);
+    add_shared_queue_type(s.queue_type, queue);
+    queue.arguments.append("x-message-ttl", integer(base << k));
+    // No dead-letter routing key: the message keeps its own, which spells the lower bits.
+    queue.arguments.append("x-dead-letter-exchange", below);
+    add_safe_dead_lettering(s, queue.arguments);
+    plan.actions.push_back(std::move(queue));
+    plan.actions.push_back(
+        binding_action(s, Role::delay_queue, level, level, "topic", level_binding_key(k, true)));
+    plan.actions.push_back(exchange_binding_action(s, Role::delay_exchange, below, level,
+                                                   level_binding_key(k, false)));
+  }
+  for (size_t i = first; i < plan.actions.size(); ++i)
+    plan.actions[i].services = users;
+}
+
 }  // namespace
 
 Plan make_plan(const Topology& topology) {
@@ -105,6 +164,16 @@ Plan make_plan(const Topology& topology) {
     declared_by_any[s.input.exchange] = declared_by_any[s.input.exchange] || s.input.declare;
   }
   std::map<std::string, bool> input_done;
+  // Delay level sets: the most levels any service asks of each, and its users.
+  std::map<std::string, int> set_levels;
+  std::map<std::string, std::vector<std::string>> set_users;
+  for (const auto& s : topology.services) {
+    if (!s.retry.delay_levels) continue;
+    int& levels = set_levels[delay_set_name(s)];
+    levels = std::max(levels, s.retry.delay_levels->levels);
+    set_users[delay_set_name(s)].push_back(s.name);
+  }
+  std::map<std::string, bool> set_done;
 
   for (const auto& s : topology.services) {
     const std::string& q = input_queue_name(s);
@@ -149,6 +218,11 @@ Plan make_plan(const Topology& topology) {
           binding_action(s, Role::wait_queue, name, wait, "direct", duration_label(delay)));
     }
 
+    if (s.retry.delay_levels && !set_done[delay_set_name(s)]) {
+      set_done[delay_set_name(s)] = true;
+      add_delay_levels(s, set_levels[delay_set_name(s)], set_users[delay_set_name(s)], plan);
+    }
+
     // Input.
     if (!input_done[s.input.exchange]) {
       input_done[s.input.exchange] = true;
@@ -185,6 +259,12 @@ Plan make_plan(const Topology& topology) {
     // The way back from the wait queues.
     if (!delays.empty()) {
       plan.actions.push_back(binding_action(s, Role::input_queue, q, wait, "direct", q));
+    }
+    // The way back from the delay levels.
+    if (s.retry.delay_levels) {
+      plan.actions.push_back(binding_action(s, Role::input_queue, q,
+                                            delay_delivery_exchange_name(s), "topic",
+                                            delivery_binding_key(s)));
     }
   }
   return plan;
@@ -230,6 +310,8 @@ const char* to_string(ActionKind kind) {
       return "declare_queue";
     case ActionKind::bind_queue:
       return "bind_queue";
+    case ActionKind::bind_exchange:
+      return "bind_exchange";
     case ActionKind::delete_queue:
       return "delete_queue";
     case ActionKind::delete_exchange:
@@ -252,6 +334,10 @@ const char* to_string(Role role) {
       return "parking exchange";
     case Role::parking_queue:
       return "parking queue";
+    case Role::delay_exchange:
+      return "delay exchange";
+    case Role::delay_queue:
+      return "delay queue";
   }
   return "?";
 }
@@ -274,6 +360,9 @@ std::string describe(const Action& action) {
     case ActionKind::declare_queue:
     case ActionKind::delete_queue:
       return "queue " + action.name;
+    case ActionKind::bind_exchange:
+      return "binding " + action.exchange + " -> exchange " + action.name + " (" +
+             action.routing_key + ")";
     case ActionKind::bind_queue: {
       std::string out = "binding " + action.exchange + " -> " + action.name;
       if (action.exchange_type == "fanout") return out;
@@ -340,6 +429,12 @@ nlohmann::json to_json(const Plan& plan) {
         j["queue"] = a.name;
         j["durable"] = a.durable;
         j["arguments"] = to_json(a.arguments);
+        break;
+      case ActionKind::bind_exchange:
+        j["destination"] = a.name;
+        j["exchange"] = a.exchange;
+        j["exchange_type"] = a.exchange_type;
+        j["routing_key"] = a.routing_key;
         break;
       case ActionKind::bind_queue:
         j["queue"] = a.name;

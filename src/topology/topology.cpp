@@ -6,6 +6,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "retryloop/topology/delay_levels.hpp"
 #include "retryloop/topology/duration.hpp"
 
 namespace retryloop::topology {
@@ -144,6 +145,11 @@ class Validator {
             quote(name) + " contains a control character; use letters, digits, '.', '-', '_'");
         return false;
       }
+    }
+    if (is_delay_level_object(name)) {
+      add(service.name, path,
+          quote(name) + " begins with \"retryloop.delay.\", which the shared delay levels use");
+      return false;
     }
     if (!reserved_allowed && name.rfind("amq.", 0) == 0) {
       add(service.name, path,
@@ -327,7 +333,7 @@ class Validator {
   void check_retry(const std::string& p, const Service& service) {
     const Retry& retry = service.retry;
     const std::string d = p + ".delays";
-    if (retry.delays.empty()) {
+    if (retry.delays.empty() && !retry.backoff) {
       add(service.name, d, "must list at least one delay, such as [\"30s\"]");
     } else if (retry.mode == RetryMode::reject && retry.delays.size() > 1) {
       add(service.name, d,
@@ -342,6 +348,106 @@ class Validator {
           "must be at least 1 (it counts the first delivery), not " +
               std::to_string(retry.max_attempts));
     }
+    if (retry.max_retry_duration && retry.max_retry_duration->count() <= 0) {
+      add(service.name, p + ".max_retry_duration",
+          "must be longer than zero (leave it out for no time limit)");
+    }
+    if (retry.delay_levels) check_delay_levels(p + ".delay_levels", service);
+    if (retry.backoff) check_backoff(p + ".backoff", service);
+  }
+
+  void check_delay_levels(const std::string& p, const Service& service) {
+    const DelayLevels& levels = *service.retry.delay_levels;
+    if (service.retry.mode != RetryMode::republish) {
+      add(service.name, p,
+          "needs \"mode\": \"republish\": the consumer publishes each retry into the levels");
+      return;
+    }
+    if (levels.base.count() <= 0) {
+      add(service.name, p + ".base", "must be longer than zero");
+      return;
+    }
+    if (levels.max && *levels.max < levels.base) {
+      add(service.name, p + ".max",
+          duration_label(*levels.max) + " is shorter than the base " + duration_label(levels.base));
+      return;
+    }
+    if (levels.levels < 1 || levels.levels > max_delay_levels) {
+      add(service.name, p + (levels.max ? ".max" : ".levels"),
+          (levels.max ? "needs " + std::to_string(levels.levels) + " levels; " : std::string()) +
+              "the levels must number 1 to " + std::to_string(max_delay_levels) +
+              (levels.max ? "; raise the base" : ""));
+      return;
+    }
+    const int64_t top = levels.base.count() << (levels.levels - 1);
+    if (top > max_ttl.count() || top <= 0) {
+      add(service.name, p + (levels.max ? ".max" : ".levels"),
+          "the top level would hold messages for " +
+              duration_label(std::chrono::milliseconds(top)) +
+              ", longer than the largest TTL RabbitMQ accepts (about 49 days); use fewer levels "
+              "or a larger base");
+      return;
+    }
+    const std::string& queue = input_queue_name(service);
+    const size_t key_bytes = size_t(levels.levels) * 2 + queue.size();
+    if (key_bytes > max_name_bytes) {
+      add(service.name, p,
+          "a retry's routing key (" + std::to_string(levels.levels) +
+              " bits and the queue name) would be " + std::to_string(key_bytes) +
+              " bytes; RabbitMQ allows 255: use fewer levels or a shorter queue name");
+    }
+    size_t start = 0;
+    while (start <= queue.size()) {
+      size_t end = queue.find('.', start);
+      if (end == std::string::npos) end = queue.size();
+      std::string_view word(queue.data() + start, end - start);
+      if (word == "*" || word == "#") {
+        add(service.name, p,
+            "the queue name " + quote(queue) + " has the word " + quote(std::string(word)) +
+                ", which a topic binding reads as a wildcard; rename the queue");
+        break;
+      }
+      start = end + 1;
+    }
+  }
+
+  void check_backoff(const std::string& p, const Service& service) {
+    const RetryBackoff& backoff = *service.retry.backoff;
+    if (!service.retry.delay_levels) {
+      add(service.name, p,
+          "waits in the delay levels: add \"delay_levels\", such as {\"base\": \"100ms\", "
+          "\"max\": \"1h\"}");
+      return;
+    }
+    if (!service.retry.delays.empty()) {
+      add(service.name, service_path_of(p) + ".delays",
+          "give either \"delays\" or \"backoff\": both say how long a retry waits");
+    }
+    if (backoff.initial.count() <= 0) {
+      add(service.name, p + ".initial", "must be longer than zero");
+    }
+    if (backoff.max < backoff.initial) {
+      add(service.name, p + ".max",
+          duration_label(backoff.max) + " is shorter than initial " +
+              duration_label(backoff.initial));
+    }
+    const auto longest = longest_level_delay(service);
+    if (longest.count() > 0 && backoff.max > longest) {
+      add(service.name, p + ".max",
+          duration_label(backoff.max) + " is longer than the delay levels wait (at most " +
+              duration_label(longest) + ")");
+    }
+    if (!(backoff.multiplier >= 1.0 && backoff.multiplier <= 1000.0)) {
+      add(service.name, p + ".multiplier", "must be from 1 to 1000");
+    }
+    if (!(backoff.jitter >= 0.0 && backoff.jitter <= 1.0)) {
+      add(service.name, p + ".jitter", "must be from 0 to 1 (a fraction of the delay)");
+    }
+  }
+
+  /// "services[0].retry" from "services[0].retry.backoff".
+  static std::string service_path_of(const std::string& path) {
+    return path.substr(0, path.rfind('.'));
   }
 
   void check_parking(const std::string& p, const Service& service) {

@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "retryloop/topology/delay_levels.hpp"
 #include "retryloop/topology/duration.hpp"
 
 namespace retryloop::topology {
@@ -548,8 +549,10 @@ class Reader {
     Retry retry;
     retry.delays.push_back(std::chrono::seconds(1));  // placeholder until read
     retry.max_attempts = 1;
-    if (!expect_object(value, p, {"mode", "delays", "max_attempts"},
-                       "{\"mode\": \"reject\", \"delays\": [\"30s\"], \"max_attempts\": 5}")) {
+    if (!expect_object(
+            value, p,
+            {"mode", "delays", "max_attempts", "max_retry_duration", "delay_levels", "backoff"},
+            "{\"mode\": \"reject\", \"delays\": [\"30s\"], \"max_attempts\": 5}")) {
       return retry;
     }
     bool mode_ok = true;
@@ -558,7 +561,10 @@ class Reader {
                   {{"reject", RetryMode::reject}, {"republish", RetryMode::republish}}, &mode_ok);
     // An unreadable mode must not also produce "reject mode takes exactly one delay".
     if (!mode_ok) retry.mode = RetryMode::republish;
-    if (const json* delays = field(value, "delays", p, true)) {
+    // A backoff gives the delays itself: then the tiers are optional.
+    const bool has_backoff = value.contains("backoff");
+    if (has_backoff && !value.contains("delays")) retry.delays.clear();
+    if (const json* delays = field(value, "delays", p, !has_backoff)) {
       const std::string d = child(p, "delays");
       if (delays->is_array()) {
         retry.delays.clear();
@@ -576,7 +582,70 @@ class Reader {
     if (auto max = read_integer(value, "max_attempts", p, true, INT_MAX)) {
       retry.max_attempts = static_cast<int>(std::max<int64_t>(*max, INT_MIN));
     }
+    if (const json* budget = field(value, "max_retry_duration", p, false)) {
+      retry.max_retry_duration = read_duration(*budget, child(p, "max_retry_duration"));
+    }
+    if (const json* levels = field(value, "delay_levels", p, false)) {
+      retry.delay_levels = read_delay_levels(*levels, child(p, "delay_levels"));
+    }
+    if (const json* backoff = field(value, "backoff", p, false)) {
+      retry.backoff = read_backoff(*backoff, child(p, "backoff"));
+    }
     return retry;
+  }
+
+  DelayLevels read_delay_levels(const json& value, const std::string& p) {
+    DelayLevels levels{std::chrono::seconds(1), 1, std::nullopt};
+    if (!expect_object(value, p, {"base", "levels", "max"},
+                       "{\"base\": \"100ms\", \"max\": \"1h\"}")) {
+      return levels;
+    }
+    if (const json* base = field(value, "base", p, true)) {
+      levels.base = read_duration(*base, child(p, "base"));
+    }
+    const bool has_levels = value.contains("levels");
+    const bool has_max = value.contains("max");
+    if (has_levels == has_max) {
+      error(child(p, has_levels ? "levels" : "max"),
+            has_levels ? "give either \"levels\" or \"max\", not both"
+                       : "is missing; give \"max\" (the longest delay, such as \"1h\") or "
+                         "\"levels\" (how many)");
+    }
+    if (has_levels) {
+      if (auto count = read_integer(value, "levels", p, false, INT_MAX)) {
+        levels.levels = static_cast<int>(std::max<int64_t>(*count, INT_MIN));
+      }
+    } else if (const json* max = field(value, "max", p, false)) {
+      levels.max = read_duration(*max, child(p, "max"));
+      levels.levels = levels_for(levels.base, *levels.max);
+    }
+    return levels;
+  }
+
+  std::optional<double> read_number(const json& object, const char* key, const std::string& path) {
+    const json* value = field(object, key, path, false);
+    if (value == nullptr) return std::nullopt;
+    if (value->is_number()) return value->get<double>();
+    error(child(path, key), std::string("must be a number, not ") + type_name(*value));
+    return std::nullopt;
+  }
+
+  RetryBackoff read_backoff(const json& value, const std::string& p) {
+    RetryBackoff backoff{std::chrono::seconds(1), std::chrono::seconds(1), 2.0, 0.2};
+    if (!expect_object(value, p, {"initial", "max", "multiplier", "jitter"},
+                       "{\"initial\": \"1s\", \"max\": \"10m\", \"multiplier\": 2, "
+                       "\"jitter\": 0.2}")) {
+      return backoff;
+    }
+    if (const json* initial = field(value, "initial", p, true)) {
+      backoff.initial = read_duration(*initial, child(p, "initial"));
+    }
+    if (const json* max = field(value, "max", p, true)) {
+      backoff.max = read_duration(*max, child(p, "max"));
+    }
+    if (auto multiplier = read_number(value, "multiplier", p)) backoff.multiplier = *multiplier;
+    if (auto jitter = read_number(value, "jitter", p)) backoff.jitter = *jitter;
+    return backoff;
   }
 
   Parking read_parking(const json& value, const std::string& p) {

@@ -9,6 +9,7 @@
 #include "retryloop/consumer/backoff.hpp"
 #include "retryloop/consumer/headers.hpp"
 #include "retryloop/consumer/metrics.hpp"
+#include "retryloop/consumer/outcome.hpp"
 #include "retryloop/consumer/retry_policy.hpp"
 #include "retryloop/topology/topology.hpp"
 
@@ -433,4 +434,141 @@ TEST_CASE("The latency histogram reports bucket bounds for quantiles", "[retry]"
   CHECK(histogram.quantile(0.95) == 40000us);  // the bucket bound (50 ms) capped at the max seen
   CHECK(histogram.max() == 40000us);
   CHECK(histogram.mean() == 4720us);
+}
+
+namespace {
+
+topology::Service with_levels(std::vector<std::chrono::milliseconds> delays, int max_attempts) {
+  topology::Service s = service(topology::RetryMode::republish, std::move(delays), max_attempts);
+  s.retry.delay_levels = topology::DelayLevels{100ms, 16, std::nullopt};
+  return s;
+}
+
+AttemptInfo attempt(int64_t number, std::optional<uint64_t> first_failure = std::nullopt) {
+  AttemptInfo info;
+  info.attempt = number;
+  info.retries = number - 1;
+  info.first_failure = first_failure;
+  return info;
+}
+
+}  // namespace
+
+TEST_CASE("retry_after waits in the delay levels, rounded to the base and capped", "[policy]") {
+  const auto s = with_levels({1s}, 5);
+  DecisionContext now{1700000000, 0.5};
+  Decision d = decide(s, attempt(1), Outcome::retry_after(17s, "429"), now);
+  CHECK(d.action == Action::publish_to_wait);
+  CHECK(d.wait_exchange == "retryloop.delay.100ms.07");
+  CHECK(d.wait_routing_key == "0.1.0.1.0.1.0.1.0.0.0.0.0.0.0.0.orders");
+  CHECK(d.delay == 17s);
+  CHECK(d.requested_delay == 17s);
+  CHECK_FALSE(d.capped);
+  CHECK(d.hops == 4);
+
+  d = decide(s, attempt(1), Outcome::retry_after(1234ms, "x"), now);
+  CHECK(d.delay == 1200ms);
+
+  // 16 levels of 100 ms reach 6553.5 s; a day is cut to that, and said so.
+  d = decide(s, attempt(1), Outcome::retry_after(24h, "maintenance"), now);
+  CHECK(d.capped);
+  CHECK(d.delay == 6553500ms);
+
+  // A plain retry still uses the tiers.
+  d = decide(s, attempt(1), Outcome::retry("x"), now);
+  CHECK(d.wait_exchange.empty());
+  CHECK(d.wait_routing_key == "1s");
+  CHECK_FALSE(d.requested_delay);
+
+  // The attempt cap applies to retry_after as to retry.
+  d = decide(s, attempt(5), Outcome::retry_after(1s, "x"), now);
+  CHECK(d.action == Action::park);
+  CHECK(d.reason == ParkReason::exhausted);
+}
+
+TEST_CASE("retry_after without delay levels takes the shortest tier long enough", "[policy]") {
+  DecisionContext now{1700000000, 0.5};
+  const auto tiers = service(topology::RetryMode::republish, {1s, 30s, 5min}, 9);
+  Decision d = decide(tiers, attempt(1), Outcome::retry_after(17s, "x"), now);
+  CHECK(d.wait_routing_key == "30s");
+  CHECK_FALSE(d.capped);
+  d = decide(tiers, attempt(1), Outcome::retry_after(1h, "x"), now);
+  CHECK(d.wait_routing_key == "5m");
+  CHECK(d.capped);
+  const auto reject = service(topology::RetryMode::reject, {30s}, 9);
+  d = decide(reject, attempt(1), Outcome::retry_after(17s, "x"), now);
+  CHECK(d.action == Action::reject_to_wait);
+  CHECK(d.delay == 30s);
+  CHECK(d.capped);
+}
+
+TEST_CASE("A backoff over the delay levels grows, jitters within its bounds and is capped",
+          "[policy]") {
+  auto s = with_levels({}, 20);
+  s.retry.backoff = topology::RetryBackoff{1s, 60s, 2.0, 0.2};
+  std::vector<std::chrono::milliseconds> middle;
+  for (int k = 1; k <= 10; ++k) {
+    Decision low = decide(s, attempt(k), Outcome::retry("x"), {1700000000, 0.0});
+    Decision mid = decide(s, attempt(k), Outcome::retry("x"), {1700000000, 0.5});
+    Decision high = decide(s, attempt(k), Outcome::retry("x"), {1700000000, 0.999999});
+    CHECK(mid.action == Action::publish_to_wait);
+    CHECK_FALSE(mid.wait_exchange.empty());
+    const auto expected = std::min<std::chrono::milliseconds>(1000ms * (1 << (k - 1)), 60s);
+    CHECK(mid.delay == expected);
+    CHECK(low.delay >= expected * 8 / 10 - 50ms);
+    CHECK(high.delay <= expected * 12 / 10 + 50ms);
+    CHECK(low.delay < high.delay);
+  }
+}
+
+TEST_CASE("max_retry_duration parks a message whose first failure is too long ago", "[policy]") {
+  auto s = service(topology::RetryMode::republish, {1s}, 100);
+  s.retry.max_retry_duration = 1h;
+  const uint64_t now = 1700000000;
+  Decision d = decide(s, attempt(3, now - 3599), Outcome::retry("timeout"), {now, 0.5});
+  CHECK(d.action == Action::publish_to_wait);
+  d = decide(s, attempt(3, now - 3600), Outcome::retry("timeout"), {now, 0.5});
+  CHECK(d.action == Action::park);
+  CHECK(d.reason == ParkReason::exhausted);
+  // The first line stays the handler's error, so parked messages still group by it.
+  CHECK(d.error.rfind("timeout\n", 0) == 0);
+  CHECK_THAT(d.error, Catch::Contains("max_retry_duration 1h"));
+  // A first failure is now: no budget is used up.
+  d = decide(s, attempt(1), Outcome::retry("timeout"), {now, 0.5});
+  CHECK(d.action == Action::publish_to_wait);
+  // A permanent outcome parks at once, budget or not.
+  d = decide(s, attempt(1), Outcome::permanent("bad"), {now, 0.5});
+  CHECK(d.reason == ParkReason::permanent);
+}
+
+namespace {
+struct RateLimited : std::runtime_error {
+  RateLimited() : std::runtime_error("HTTP 429") {}
+};
+struct TooBusy : RateLimited {};
+}  // namespace
+
+TEST_CASE("The exception policy maps the application's exceptions to outcomes", "[policy]") {
+  ExceptionPolicy policy;
+  policy.on<RateLimited>([](const RateLimited& e) { return Outcome::retry_after(17s, e.what()); });
+  policy.on<std::invalid_argument>([](const auto& e) { return Outcome::poison(e.what()); });
+  policy.on<std::out_of_range>(
+      [](const std::out_of_range&) -> Outcome { throw std::runtime_error("rule failed"); });
+  auto classify = [&](auto exception) {
+    return policy.classify(std::make_exception_ptr(exception));
+  };
+  Outcome o = classify(TooBusy{});  // derived from a mapped type
+  CHECK(o.kind == OutcomeKind::retry);
+  CHECK(o.delay == 17s);
+  CHECK(o.text == "HTTP 429");
+  CHECK(classify(std::invalid_argument("no JSON")).kind == OutcomeKind::poison);
+  CHECK(classify(PermanentError("gone")).kind == OutcomeKind::permanent);
+  CHECK(classify(RetryAfterError(3s, "busy")).delay == 3s);
+  o = classify(std::runtime_error("timeout"));
+  CHECK(o.kind == OutcomeKind::retry);
+  CHECK_FALSE(o.delay);
+  CHECK(classify(42).text == "unknown exception escaped the handler");
+  o = classify(std::out_of_range("x"));
+  CHECK(o.kind == OutcomeKind::retry);
+  CHECK_THAT(o.text, Catch::Contains("rule failed"));
 }

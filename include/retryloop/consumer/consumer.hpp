@@ -55,6 +55,7 @@ struct Message {
 /// thread, so it must be safe to call concurrently when concurrency > 1) or, with
 /// ConsumerOptions::handler_on_loop, on the loop thread. An exception escaping it counts as
 /// Outcome::retry with the exception's text, except PermanentError, which counts as permanent.
+/// (ConsumerOptions::exceptions maps other exception types to outcomes.)
 using Handler = std::function<Outcome(const Message& message)>;
 
 /// Settles one delivery of an asynchronous handler. Call it exactly once, on the loop thread;
@@ -109,6 +110,9 @@ struct ConsumerOptions {
   /// Run a synchronous handler on the loop thread instead of the worker pool: faster for cheap
   /// handlers that never block.
   bool handler_on_loop = false;
+  /// What an exception escaping a handler means (by default: PermanentError parks it, any other
+  /// is a retry): map the application's exception types to outcomes here.
+  ExceptionPolicy exceptions;
   /// Declare the service's topology (idempotently) on every (re)connect. When false, the
   /// objects must exist; a missing queue is retried with the recovery backoff.
   bool declare_topology = true;

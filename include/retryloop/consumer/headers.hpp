@@ -24,6 +24,9 @@ inline constexpr std::string_view first_failure = "retryloop-first-failure";
 inline constexpr std::string_view parked_at = "retryloop-parked-at";
 inline constexpr std::string_view consumer = "retryloop-consumer";
 inline constexpr std::string_view replays = "retryloop-replays";
+/// When a republished retry is due back in its queue: milliseconds since the epoch (int64), the
+/// time of the copy plus its delay. now - due is how late the broker brought it back.
+inline constexpr std::string_view retry_due = "retryloop-retry-due";
 /// The `expiration` property the message carried before retryloop made a copy of it. Copies
 /// never carry `expiration` (as when RabbitMQ dead-letters a message): a per-message TTL would
 /// cut a wait short or drop a parked message from a queue that dead-letters nowhere.
@@ -90,14 +93,18 @@ bool is_death_header(std::string_view name);
 
 /// Seconds since the Unix epoch: the clock of every time retryloop writes into a header.
 uint64_t unix_seconds();
+/// Milliseconds since the Unix epoch (`retryloop-retry-due`).
+uint64_t unix_milliseconds();
 
 /// The copy a republish-mode retry publishes to the wait exchange: the same properties with the
 /// death headers and the `expiration` property removed, `retryloop-retries` set to
 /// `info.attempt` (the attempts made so far, broker rejections included, so that the count never
 /// goes down when the x-death entry is stripped), and the original exchange, routing key, first
-/// failure time and expiration recorded when not recorded yet.
+/// failure time and expiration recorded when not recorded yet. With `due_milliseconds` above 0,
+/// `retryloop-retry-due` is set to it.
 amqp::BasicProperties make_retry_copy(const amqp::BasicProperties& properties,
-                                      const AttemptInfo& info, uint64_t now_seconds);
+                                      const AttemptInfo& info, uint64_t now_seconds,
+                                      uint64_t due_milliseconds = 0);
 
 /// What parking records about a message (the parking headers).
 struct ParkingNote {

@@ -1,7 +1,13 @@
 #pragma once
 
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace retryloop::consumer {
 
@@ -21,12 +27,25 @@ struct Outcome {
   /// The error (retry, permanent, poison) or the reason (drop). Parking stores it, truncated to
   /// 4 KiB, in `retryloop-error`.
   std::string text;
+  /// retry only: how long the handler asks the message to wait (Outcome::retry_after); nullopt:
+  /// the topology's delay for this attempt.
+  std::optional<std::chrono::milliseconds> delay;
 
-  static Outcome ack() { return {OutcomeKind::ack, {}}; }
-  static Outcome retry(std::string error) { return {OutcomeKind::retry, std::move(error)}; }
-  static Outcome permanent(std::string error) { return {OutcomeKind::permanent, std::move(error)}; }
-  static Outcome poison(std::string error) { return {OutcomeKind::poison, std::move(error)}; }
-  static Outcome drop(std::string reason) { return {OutcomeKind::drop, std::move(reason)}; }
+  static Outcome ack() { return {OutcomeKind::ack, {}, {}}; }
+  static Outcome retry(std::string error) { return {OutcomeKind::retry, std::move(error), {}}; }
+  /// A retry that waits `delay` (an HTTP 429's Retry-After, a rate limit's reset time). It counts
+  /// as an attempt like retry. With delay levels (republish mode) the message waits `delay`
+  /// rounded to the levels' base, at most their maximum; without them, the shortest delay tier
+  /// that is at least as long (else the longest); in reject mode, the one delay. The log line
+  /// says when the wait differs from the request.
+  static Outcome retry_after(std::chrono::milliseconds delay, std::string error) {
+    return {OutcomeKind::retry, std::move(error), delay};
+  }
+  static Outcome permanent(std::string error) {
+    return {OutcomeKind::permanent, std::move(error), {}};
+  }
+  static Outcome poison(std::string error) { return {OutcomeKind::poison, std::move(error), {}}; }
+  static Outcome drop(std::string reason) { return {OutcomeKind::drop, std::move(reason), {}}; }
 };
 
 /// "ack", "retry", "permanent", "poison", "drop".
@@ -37,6 +56,55 @@ const char* to_string(OutcomeKind kind);
 class PermanentError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+/// Throw this from a handler to retry after a delay it knows (Outcome::retry_after).
+class RetryAfterError : public std::runtime_error {
+ public:
+  RetryAfterError(std::chrono::milliseconds delay, const std::string& what)
+      : std::runtime_error(what), delay_(delay) {}
+  std::chrono::milliseconds delay() const { return delay_; }
+
+ private:
+  std::chrono::milliseconds delay_;
+};
+
+/// Maps the exceptions that escape a handler to outcomes, so that a handler can throw its
+/// application's own exception types:
+///
+///     ExceptionPolicy policy;
+///     policy.on<RateLimited>([](const RateLimited& e) {
+///       return Outcome::retry_after(e.reset_in(), e.what());
+///     });
+///     policy.on<std::invalid_argument>([](const auto& e) { return Outcome::poison(e.what()); });
+///
+/// Rules are tried in the order they were added and the first whose type matches (the type or
+/// one derived from it) decides. Without a matching rule: PermanentError is permanent,
+/// RetryAfterError a retry after its delay, any other exception a retry with its what() (or
+/// "unknown exception escaped the handler").
+class ExceptionPolicy {
+ public:
+  /// Exceptions of type E become map(e), a callable that takes `const E&` and returns an Outcome.
+  template <class E, class Map>
+  ExceptionPolicy& on(Map map) {
+    rules_.push_back(
+        [map = std::move(map)](const std::exception_ptr& error) -> std::optional<Outcome> {
+          try {
+            std::rethrow_exception(error);
+          } catch (const E& e) {
+            return Outcome(map(e));
+          } catch (...) {
+            return std::nullopt;
+          }
+        });
+    return *this;
+  }
+
+  /// The outcome for `error`. Never throws: a rule that throws counts as a retry that says so.
+  Outcome classify(const std::exception_ptr& error) const;
+
+ private:
+  std::vector<std::function<std::optional<Outcome>(const std::exception_ptr&)>> rules_;
 };
 
 }  // namespace retryloop::consumer

@@ -1,5 +1,8 @@
 #pragma once
 
+#include <chrono>
+#include <cstdint>
+#include <optional>
 #include <string>
 
 #include "retryloop/consumer/headers.hpp"
@@ -21,24 +24,49 @@ const char* to_string(Action action);
 
 struct Decision {
   Action action = Action::ack;
-  /// publish_to_wait: the wait exchange's routing key (the delay's label, e.g. `300ms`).
+  /// publish_to_wait: the exchange to publish the copy to; empty: the service's wait exchange.
+  std::string wait_exchange;
+  /// publish_to_wait: the routing key (the delay's label, e.g. `300ms`, on the wait exchange; the
+  /// delay's bits and the queue on the delay levels).
   std::string wait_routing_key;
+  /// publish_to_wait and reject_to_wait: how long the message is to wait.
+  std::chrono::milliseconds delay{0};
+  /// An Outcome::retry_after: what the handler asked for. `capped`: the topology cannot wait that
+  /// long, and the message waits `delay` instead.
+  std::optional<std::chrono::milliseconds> requested_delay;
+  bool capped = false;
+  /// publish_to_wait through the delay levels: the level queues it passes.
+  int hops = 0;
   /// park: why.
   ParkReason reason = ParkReason::exhausted;
   /// park: the text stored in `retryloop-error`.
   std::string error;
 };
 
+/// What decide() needs besides the message, passed in so that it stays pure.
+struct DecisionContext {
+  /// Now, in seconds since the epoch: max_retry_duration compares it with the first failure.
+  uint64_t now_seconds = 0;
+  /// A number in [0, 1) that picks the backoff's jitter.
+  double random = 0.5;
+};
+
 /// The retry policy: pure, so it is tested without a broker.
 ///
 /// - ack and drop settle the message.
 /// - permanent and poison park it at once.
-/// - retry parks it as `exhausted` when `info.attempt` >= max_attempts; otherwise reject mode
-///   rejects it into the wait queue and republish mode publishes it to the wait queue of the
-///   delay for this attempt (delays[min(attempt-1, last)]).
+/// - retry parks it as `exhausted` when `info.attempt` >= max_attempts, or when its first
+///   failure is max_retry_duration or longer ago (retryloop-error then gets a second line that
+///   says so). Otherwise reject mode rejects it into the wait queue, and republish mode publishes
+///   it: after Outcome::retry_after, into the delay levels (or the shortest delay tier that is
+///   long enough, else the longest); with a backoff, into the delay levels for the backoff's
+///   delay; else to the wait queue of the delay for this attempt (delays[min(attempt-1, last)]).
 /// - A retry of a message whose `x-death` or `retryloop-retries` is malformed parks it as
 ///   `poison`, naming what is wrong: its attempts cannot be counted, and RabbitMQ's own
 ///   dead-lettering must not be handed a forged `x-death`. (Its other outcomes apply as usual.)
+Decision decide(const topology::Service& service, const AttemptInfo& info, const Outcome& outcome,
+                const DecisionContext& context);
+/// decide() now, with a random number from this thread's engine.
 Decision decide(const topology::Service& service, const AttemptInfo& info, const Outcome& outcome);
 
 }  // namespace retryloop::consumer

@@ -16,6 +16,7 @@ enum class ActionKind {
   check_exchange,    ///< an input exchange with "declare": false: must exist, never declared
   declare_queue,     ///< queue.declare (durable, arguments)
   bind_queue,        ///< queue.bind `name` to `exchange` with `routing_key` and `arguments`
+  bind_exchange,     ///< exchange.bind: destination exchange `name` to source `exchange`
   delete_queue,      ///< queue.delete (used by delete plans only)
   delete_exchange,   ///< exchange.delete (used by delete plans only)
 };
@@ -28,6 +29,9 @@ enum class Role {
   wait_queue,
   parking_exchange,
   parking_queue,
+  /// The shared delay levels (delay_levels.hpp): their exchanges and bindings, and their queues.
+  delay_exchange,
+  delay_queue,
 };
 
 /// One broker operation with everything it sends. Integer arguments are AMQP `l` (int64), the
@@ -38,14 +42,15 @@ struct Action {
   Role role = Role::input_queue;
   /// The services the object belongs to (several for a shared input exchange).
   std::vector<std::string> services;
-  /// The exchange (declare/check/delete exchange) or the queue (declare/bind/delete queue).
+  /// The exchange (declare/check/delete exchange, the destination of bind_exchange) or the queue
+  /// (declare/bind/delete queue).
   std::string name;
   /// direct, topic, fanout or headers: of the exchange (declare/check), or of the source exchange
-  /// (bind_queue).
+  /// (bind_queue, bind_exchange).
   std::string exchange_type;
-  /// bind_queue: the source exchange.
+  /// bind_queue, bind_exchange: the source exchange.
   std::string exchange;
-  /// bind_queue.
+  /// bind_queue, bind_exchange.
   std::string routing_key;
   bool durable = true;
   /// declare_exchange, declare_queue, bind_queue; for delete_queue, the arguments the queue is
@@ -64,10 +69,12 @@ struct Action {
 
 /// Ordered so that every object an action refers to is declared by an earlier action: per
 /// service, the parking exchange, queue and binding, then the wait exchange (its alternate
-/// exchange is the parking exchange), the wait queues and their bindings, then the input
-/// exchange, the input queue (dead-lettering to the wait exchange), its bindings, and last its
-/// binding to the wait exchange under its own name, which brings the retries back. An input
-/// exchange shared by several services appears once.
+/// exchange is the parking exchange), the wait queues and their bindings, then its set of delay
+/// levels (the first time a service uses it, with as many levels as its largest user), then the
+/// input exchange, the input queue (dead-lettering to the wait exchange), its bindings, its
+/// binding to the wait exchange under its own name, which brings the retries back, and last its
+/// binding to the delay levels' delivery exchange. An input exchange or a set of delay levels
+/// shared by several services appears once.
 struct Plan {
   std::vector<Action> actions;
 };
@@ -76,8 +83,9 @@ struct Plan {
 Plan make_plan(const Topology& topology);
 
 /// What `topology delete` removes, in the order it removes it: per service, the input queue, the
-/// wait queues, the wait exchange, the parking queue and the parking exchange. Input exchanges are
-/// never deleted (publishers and other services may use them).
+/// wait queues, the wait exchange, the parking queue and the parking exchange. Input exchanges and
+/// delay levels are never deleted (publishers and other services, maybe of other files, may use
+/// them); deleting the input queue removes its binding to the delay levels.
 Plan make_delete_plan(const Topology& topology);
 
 const char* to_string(ActionKind kind);

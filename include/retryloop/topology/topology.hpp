@@ -52,12 +52,46 @@ struct Input {
   std::vector<Binding> bindings;
 };
 
+/// Binary delay levels (republish mode): a chain of wait queues where level k holds a message
+/// for base * 2^k, so that any delay up to base * (2^levels - 1) takes at most `levels` hops
+/// and no queue ever holds messages of different delays (no head-of-line blocking). A message's
+/// routing key spells its delay in bits; see delay_levels.hpp for the objects and the routing.
+struct DelayLevels {
+  /// The precision: every delay is rounded to a whole number of it.
+  std::chrono::milliseconds base{0};
+  /// How many levels: 1 to max_delay_levels, and base * 2^(levels-1) at most max_ttl.
+  int levels = 0;
+  /// The longest delay a handler may ask for; longer ones are cut to it (and the log says so).
+  /// nullopt: base * (2^levels - 1), all the levels can spell.
+  std::optional<std::chrono::milliseconds> max;
+};
+
+/// Capped exponential backoff with jitter over the delay levels, for Outcome::retry: the delay
+/// after failed attempt k is min(initial * multiplier^(k-1), max), moved by up to +/- jitter of
+/// itself, then rounded to the levels' base.
+struct RetryBackoff {
+  std::chrono::milliseconds initial{0};
+  std::chrono::milliseconds max{0};
+  double multiplier = 2.0;
+  /// 0 to 1: 0.2 spreads each delay over [0.8 d, 1.2 d].
+  double jitter = 0.2;
+};
+
 struct Retry {
   RetryMode mode = RetryMode::reject;
-  /// reject: exactly one. republish: the delay before retry k is delays[min(k-1, last)].
+  /// reject: exactly one. republish: the delay before retry k is delays[min(k-1, last)]. May be
+  /// empty in republish mode when `backoff` gives the delays instead.
   std::vector<std::chrono::milliseconds> delays;
   /// Handler attempts before the message is parked (the first delivery counts as one).
   int max_attempts = 1;
+  /// The retry budget: a failed message whose first failure is at least this long ago is parked
+  /// as `exhausted`, whatever its attempt count. nullopt: no budget.
+  std::optional<std::chrono::milliseconds> max_retry_duration;
+  /// Republish mode: the delay levels that Outcome::retry_after (and `backoff`) wait in.
+  std::optional<DelayLevels> delay_levels;
+  /// Republish mode with delay levels: plain retries wait this backoff in the levels instead of
+  /// the `delays` tiers.
+  std::optional<RetryBackoff> backoff;
 };
 
 struct Parking {

@@ -1,0 +1,313 @@
+// Delay levels: the topology file's keys, their validation, the shared objects of a plan, and
+// the route of a retry, checked by following the plan's bindings the way a topic exchange does.
+
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "retryloop/topology/definitions.hpp"
+#include "retryloop/topology/delay_levels.hpp"
+#include "retryloop/topology/plan.hpp"
+#include "retryloop/topology/topology_json.hpp"
+
+using namespace retryloop;
+using namespace retryloop::topology;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string service_json(const std::string& name, const std::string& queue,
+                         const std::string& retry, const std::string& type = "classic") {
+  return R"({"name": ")" + name + R"(", "queue": ")" + queue + R"(", "queue_type": ")" + type +
+         R"(", "input": {"exchange": "shop.in", "type": "topic", "bindings": ["#"]}, "retry": )" +
+         retry + "}";
+}
+
+Topology parse_ok(const std::string& text) {
+  ParseResult result = parse_topology(text);
+  std::string messages;
+  for (const auto& m : result.messages())
+    messages += m + "\n";
+  INFO(messages);
+  REQUIRE(result.ok());
+  return *result.topology;
+}
+
+std::string first_error(const std::string& text) {
+  ParseResult result = parse_topology(text);
+  REQUIRE_FALSE(result.ok());
+  return result.messages().front();
+}
+
+const std::string levels_retry =
+    R"({"mode": "republish", "delays": ["1s"], "max_attempts": 5,
+        "delay_levels": {"base": "100ms", "levels": 10}})";
+
+std::vector<std::string> words(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    size_t end = text.find('.', start);
+    out.push_back(text.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    if (end == std::string::npos) return out;
+    start = end + 1;
+  }
+}
+
+bool topic_match(const std::vector<std::string>& pattern, size_t p,
+                 const std::vector<std::string>& key, size_t k) {
+  if (p == pattern.size()) return k == key.size();
+  if (pattern[p] == "#") {
+    for (size_t skip = k; skip <= key.size(); ++skip) {
+      if (topic_match(pattern, p + 1, key, skip)) return true;
+    }
+    return false;
+  }
+  if (k == key.size()) return false;
+  return (pattern[p] == "*" || pattern[p] == key[k]) && topic_match(pattern, p + 1, key, k + 1);
+}
+
+/// The broker, as far as the plan's objects go: topic and fanout routing through queue and
+/// exchange bindings, alternate exchanges, and queues that dead-letter after their TTL.
+struct Broker {
+  struct Edge {
+    bool to_exchange;
+    std::string destination;
+    std::string key;
+  };
+  std::map<std::string, std::vector<Edge>> bindings;
+  std::map<std::string, std::string> exchange_type;
+  std::map<std::string, std::string> alternate;
+  std::map<std::string, amqp::FieldTable> queue_arguments;
+
+  explicit Broker(const Plan& plan) {
+    for (const auto& a : plan.actions) {
+      switch (a.kind) {
+        case ActionKind::declare_exchange:
+          exchange_type[a.name] = a.exchange_type;
+          if (auto ae = a.arguments.find("alternate-exchange")) {
+            alternate[a.name] = std::string(*ae->as_string());
+          }
+          break;
+        case ActionKind::declare_queue:
+          queue_arguments[a.name] = a.arguments;
+          break;
+        case ActionKind::bind_queue:
+          bindings[a.exchange].push_back({false, a.name, a.routing_key});
+          break;
+        case ActionKind::bind_exchange:
+          bindings[a.exchange].push_back({true, a.name, a.routing_key});
+          break;
+        default:
+          break;
+      }
+    }
+  }
+
+  std::set<std::string> route(const std::string& exchange, const std::string& key) const {
+    std::set<std::string> queues;
+    route_into(exchange, key, queues);
+    if (queues.empty() && alternate.count(exchange))
+      route_into(alternate.at(exchange), key, queues);
+    return queues;
+  }
+
+  void route_into(const std::string& exchange, const std::string& key,
+                  std::set<std::string>& queues) const {
+    auto it = bindings.find(exchange);
+    if (it == bindings.end()) return;
+    for (const auto& edge : it->second) {
+      const bool match =
+          exchange_type.at(exchange) == "fanout" || topic_match(words(edge.key), 0, words(key), 0);
+      if (!match) continue;
+      if (edge.to_exchange) {
+        route_into(edge.destination, key, queues);
+      } else {
+        queues.insert(edge.destination);
+      }
+    }
+  }
+
+  /// Follows a message from `exchange` until it rests in a queue without a TTL; returns that
+  /// queue, the time it waited and the queues it passed.
+  struct Journey {
+    std::string queue;
+    std::chrono::milliseconds waited{0};
+    int hops = 0;
+  };
+  Journey deliver(std::string exchange, const std::string& key) const {
+    Journey journey;
+    for (int step = 0; step < 100; ++step) {
+      auto queues = route(exchange, key);
+      REQUIRE(queues.size() == 1);
+      const std::string queue = *queues.begin();
+      const amqp::FieldTable& arguments = queue_arguments.at(queue);
+      const amqp::FieldValue* ttl = arguments.find("x-message-ttl");
+      if (!is_delay_level_object(queue) || ttl == nullptr) {
+        journey.queue = queue;
+        return journey;
+      }
+      journey.waited += std::chrono::milliseconds(*ttl->as_int64());
+      ++journey.hops;
+      exchange = std::string(*arguments.find("x-dead-letter-exchange")->as_string());
+    }
+    FAIL("the message never came to rest");
+    return journey;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("Delay levels are read as a base with a level count or a maximum", "[delay-levels]") {
+  auto t = parse_ok(R"({"services": [)" + service_json("a", "a", levels_retry) + "]}");
+  const Service& s = t.services[0];
+  REQUIRE(s.retry.delay_levels);
+  CHECK(s.retry.delay_levels->base == 100ms);
+  CHECK(s.retry.delay_levels->levels == 10);
+  CHECK(longest_level_delay(s) == 102300ms);
+
+  auto with_max =
+      parse_ok(R"({"services": [)" +
+               service_json("a", "a",
+                            R"({"mode": "republish", "delays": ["1s"], "max_attempts": 5,
+                       "max_retry_duration": "2h", "delay_levels": {"base": "1s", "max": "1h"}})") +
+               "]}");
+  const Service& m = with_max.services[0];
+  CHECK(m.retry.delay_levels->levels == 12);  // 2^12 - 1 = 4095 s >= 3600 s > 2^11 - 1
+  CHECK(longest_level_delay(m) == 1h);
+  CHECK(m.retry.max_retry_duration == 2h);
+}
+
+TEST_CASE("Delay level mistakes are named", "[delay-levels]") {
+  auto file = [](const std::string& retry, const std::string& queue = "a") {
+    return R"({"services": [)" + service_json("a", queue, retry) + "]}";
+  };
+  CHECK_THAT(first_error(file(R"({"mode": "reject", "delays": ["1s"], "max_attempts": 2,
+                                 "delay_levels": {"base": "1s", "levels": 4}})")),
+             Catch::Contains("needs \"mode\": \"republish\""));
+  CHECK_THAT(first_error(file(R"({"mode": "republish", "delays": ["1s"], "max_attempts": 2,
+                                 "delay_levels": {"base": "1s", "levels": 4, "max": "5s"}})")),
+             Catch::Contains("either \"levels\" or \"max\", not both"));
+  CHECK_THAT(first_error(file(R"({"mode": "republish", "delays": ["1s"], "max_attempts": 2,
+                                 "delay_levels": {"base": "1s"}})")),
+             Catch::Contains("give \"max\""));
+  CHECK_THAT(first_error(file(R"({"mode": "republish", "delays": ["1s"], "max_attempts": 2,
+                                 "delay_levels": {"base": "1s", "levels": 40}})")),
+             Catch::Contains("1 to 32"));
+  CHECK_THAT(first_error(file(R"({"mode": "republish", "delays": ["1s"], "max_attempts": 2,
+                                 "delay_levels": {"base": "1s", "levels": 24}})")),
+             Catch::Contains("largest TTL RabbitMQ accepts"));
+  CHECK_THAT(first_error(file(R"({"mode": "republish", "delays": ["1s"], "max_attempts": 2,
+                                 "delay_levels": {"base": "1s", "levels": 4}})",
+                              "a.*.b")),
+             Catch::Contains("wildcard"));
+  CHECK_THAT(first_error(file(R"({"mode": "republish", "max_attempts": 2,
+                                 "backoff": {"initial": "1s", "max": "1m"}})")),
+             Catch::Contains("add \"delay_levels\""));
+  CHECK_THAT(first_error(file(R"({"mode": "republish", "max_attempts": 2,
+                                 "delay_levels": {"base": "1s", "levels": 4},
+                                 "backoff": {"initial": "1s", "max": "1m"}})")),
+             Catch::Contains("longer than the delay levels wait (at most 15s)"));
+  CHECK_THAT(first_error(file(R"({"mode": "republish", "max_attempts": 2,
+                                 "delay_levels": {"base": "1s", "levels": 8},
+                                 "backoff": {"initial": "1s", "max": "1m", "jitter": 2}})")),
+             Catch::Contains("backoff.jitter (service \"a\"): must be from 0 to 1"));
+  CHECK_THAT(first_error(file(R"({"mode": "republish", "max_attempts": 2, "delays": ["1s"],
+                                 "delay_levels": {"base": "1s", "levels": 8},
+                                 "backoff": {"initial": "1s", "max": "1m"}})")),
+             Catch::Contains("either \"delays\" or \"backoff\""));
+  CHECK_THAT(first_error(R"({"services": [)" +
+                         service_json("retryloop.delay.1s.00", "q", levels_retry) + "]}"),
+             Catch::Contains("shared delay levels"));
+}
+
+TEST_CASE("Services with the same base and queue type share one set of delay levels",
+          "[delay-levels]") {
+  const std::string longer = R"({"mode": "republish", "delays": ["1s"], "max_attempts": 5,
+                                 "delay_levels": {"base": "100ms", "levels": 14}})";
+  auto t = parse_ok(R"({"services": [)" + service_json("a", "orders", levels_retry) + "," +
+                    service_json("b", "x.orders", longer) + "," +
+                    service_json("c", "c", levels_retry, "quorum") + "]}");
+  Plan plan = make_plan(t);
+  std::map<std::string, int> declared;
+  std::map<std::pair<ActionKind, std::string>, int> times;
+  for (const auto& a : plan.actions) {
+    if (a.kind == ActionKind::declare_queue || a.kind == ActionKind::declare_exchange) {
+      ++declared[a.name];
+      ++times[{a.kind, a.name}];
+    }
+  }
+  for (const auto& [object, count] : times)
+    CHECK(count == 1);
+  // The set has as many levels as its largest user.
+  CHECK(declared.count("retryloop.delay.100ms.13"));
+  CHECK_FALSE(declared.count("retryloop.delay.100ms.14"));
+  CHECK(declared.count("retryloop.delay.100ms.quorum.09"));
+  CHECK_FALSE(declared.count("retryloop.delay.100ms.quorum.10"));
+
+  for (const auto& a : plan.actions) {
+    if (a.name == "retryloop.delay.100ms.03" && a.kind == ActionKind::declare_queue) {
+      CHECK(a.services == std::vector<std::string>{"a", "b"});
+      CHECK(a.arguments.find("x-message-ttl")->as_int64() == 800);
+      CHECK(*a.arguments.find("x-dead-letter-exchange")->as_string() == "retryloop.delay.100ms.02");
+      CHECK(a.arguments.find("x-dead-letter-routing-key") == nullptr);
+    }
+    if (a.name == "retryloop.delay.100ms.quorum.00" && a.kind == ActionKind::declare_queue) {
+      CHECK(*a.arguments.find("x-queue-type")->as_string() == "quorum");
+      CHECK(*a.arguments.find("x-dead-letter-strategy")->as_string() == "at-least-once");
+      CHECK(*a.arguments.find("x-dead-letter-exchange")->as_string() ==
+            "retryloop.delay.100ms.quorum.deliver");
+      CHECK(a.arguments.find("x-quorum-initial-group-size") == nullptr);
+    }
+  }
+
+  // Exported definitions carry the exchange-to-exchange bindings.
+  auto definitions = export_definitions(plan, "/");
+  int to_exchange = 0;
+  for (const auto& b : definitions["bindings"]) {
+    if (b["destination_type"] == "exchange") ++to_exchange;
+  }
+  CHECK(to_exchange == 14 + 10);
+}
+
+TEST_CASE("A retry through the delay levels waits its delay and comes back to its own queue only",
+          "[delay-levels]") {
+  const std::string longer = R"({"mode": "republish", "delays": ["1s"], "max_attempts": 5,
+                                 "delay_levels": {"base": "100ms", "levels": 14}})";
+  auto t = parse_ok(R"({"services": [)" + service_json("a", "orders", levels_retry) + "," +
+                    service_json("b", "x.orders", longer) + "]}");
+  Broker broker(make_plan(t));
+  std::mt19937 random(7);
+  for (const Service& s : t.services) {
+    const auto longest = longest_level_delay(s);
+    std::vector<std::chrono::milliseconds> asks = {0ms,    40ms, 50ms,    100ms,         149ms,
+                                                   1700ms, 17s,  longest, longest + 1ms, 10h};
+    for (int k = 0; k < 200; ++k)
+      asks.push_back(std::chrono::milliseconds(random() % (longest.count() + 1)));
+    for (auto ask : asks) {
+      INFO(s.name << " asks " << ask.count() << " ms");
+      DelayRoute route = delay_route(s, ask);
+      CHECK(route.capped == (ask > longest));
+      if (!route.capped) CHECK(std::abs((route.delay - ask).count()) <= 50);
+      CHECK(route.delay <= longest);
+      auto journey = broker.deliver(route.exchange, route.routing_key);
+      CHECK(journey.queue == input_queue_name(s));
+      CHECK(journey.waited == route.delay);
+      CHECK(journey.hops == route.hops);
+    }
+  }
+  // 17 s on a 100 ms base: 170 = 0b10101010, four levels.
+  DelayRoute route = delay_route(t.services[0], 17s);
+  CHECK(route.routing_key == "0.1.0.1.0.1.0.1.0.0.orders");
+  CHECK(route.exchange == "retryloop.delay.100ms.07");
+  CHECK(route.hops == 4);
+  // A queue gone when the delay ends: its message waits in the set's unrouted queue.
+  CHECK(broker.route("retryloop.delay.100ms.deliver", "0.0.0.0.0.0.0.0.0.0.gone") ==
+        std::set<std::string>{"retryloop.delay.100ms.unrouted"});
+}
