@@ -1,0 +1,196 @@
+// Delays the handler chooses, against a real broker: Outcome::retry_after through the delay
+// levels, levels shared by services whose queue names overlap, a backoff with a retry budget,
+// exceptions mapped to outcomes, and the levels' objects as apply and verify see them.
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "retryloop/consumer/consumer.hpp"
+#include "retryloop/topology/declarer.hpp"
+#include "retryloop/topology/delay_levels.hpp"
+#include "retryloop/topology/plan.hpp"
+#include "support/consumer_fixture.hpp"
+#include "support/harness.hpp"
+
+using namespace retryloop;
+using namespace std::chrono_literals;
+using consumer::Outcome;
+using test::Broker;
+using test::make_service;
+using test::options_for;
+using test::Recorder;
+using test::start;
+using test::stop;
+using test::TestLoop;
+
+namespace {
+
+std::chrono::milliseconds gap(const test::Call& a, const test::Call& b) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(b.at - a.at);
+}
+
+const amqp::FieldValue* header(const client::GetResult& message, const std::string& name) {
+  if (!message.message.properties.headers) return nullptr;
+  return message.message.properties.headers->find(name);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "A handler that says \"try again in 17 s\" sees the message again 17 s later, on classic "
+    "and quorum delay levels",
+    "[delay-levels][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const std::string retry =
+      R"("mode": "republish", "delays": ["1s"], "max_attempts": 5,
+         "delay_levels": {"base": "100ms", "max": "1h"})";
+  const auto classic = make_service(test::unique_name("after17"), retry);
+  const auto quorum =
+      make_service(test::unique_name("after17q"), retry, R"("queue_type": "quorum")");
+  Recorder recorder;
+  auto handler = [&](const consumer::Message& m) {
+    recorder.add(m);
+    return m.attempt == 1 ? Outcome::retry_after(17s, "HTTP 429, Retry-After: 17") : Outcome::ack();
+  };
+  auto c1 = start(loop, options_for(classic), handler);
+  auto c2 = start(loop, options_for(quorum), handler);
+  broker.publish(classic.input.exchange, "key", "classic-17");
+  broker.publish(quorum.input.exchange, "key", "quorum-17");
+  REQUIRE(
+      loop.run_until([&] { return c1->metrics().acked == 1 && c2->metrics().acked == 1; }, 40s));
+  stop(loop, c1);
+  stop(loop, c2);
+  for (const char* id : {"classic-17", "quorum-17"}) {
+    auto calls = recorder.of(id);
+    REQUIRE(calls.size() == 2);
+    CHECK(calls[1].attempt == 2);
+    // 17 s is 170 units of 100 ms, 0b10101010: four levels, of 0.2, 0.8, 3.2 and 12.8 s. Each
+    // adds the broker's TTL lateness, a few milliseconds.
+    CHECK(calls[1].death_queue.rfind("retryloop.delay.100ms", 0) == 0);
+    const auto waited = gap(calls[0], calls[1]);
+    INFO(id << " came back after " << waited.count() << " ms");
+    CHECK(waited >= 17s);
+    CHECK(waited <= 17s + 1s);
+  }
+}
+
+TEST_CASE("Services sharing delay levels each get back only their own retries, in delay order",
+          "[delay-levels][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  // A base of its own, so that this test alone uses the set and its unrouted queue.
+  const std::string name = test::unique_name("shared");
+  const auto orders = make_service(name, R"("mode": "republish", "delays": ["1s"],
+      "max_attempts": 3, "delay_levels": {"base": "25ms", "levels": 8})");
+  // Its queue's name ends in the first one's, and it has more levels.
+  const auto other = make_service("x." + name, R"("mode": "republish", "delays": ["1s"],
+      "max_attempts": 3, "delay_levels": {"base": "25ms", "levels": 12})");
+  std::map<std::string, std::chrono::milliseconds> asked = {
+      {"a", 2400ms}, {"b", 300ms}, {"c", 1200ms}, {"d", 0ms}};
+  std::mutex mutex;
+  std::map<std::string, std::vector<std::string>> seen;  // queue -> ids, in arrival order
+  auto handler_for = [&](const std::string& queue) {
+    return [&, queue](const consumer::Message& m) {
+      const std::string id(m.message_id());
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        seen[queue].push_back(id + "#" + std::to_string(m.attempt));
+      }
+      if (m.attempt > 1) return Outcome::ack();
+      throw consumer::RetryAfterError(asked.at(id.substr(id.size() - 1)), "busy");
+    };
+  };
+  auto c1 = start(loop, options_for(orders), handler_for("orders"));
+  auto c2 = start(loop, options_for(other), handler_for("other"));
+  for (const auto& [suffix, delay] : asked) {
+    broker.publish(orders.input.exchange, "key", "o-" + suffix);
+    broker.publish(other.input.exchange, "key", "x-" + suffix);
+  }
+  REQUIRE(
+      loop.run_until([&] { return c1->metrics().acked == 4 && c2->metrics().acked == 4; }, 20s));
+  loop.run_for(500ms);  // nothing more arrives
+  stop(loop, c1);
+  stop(loop, c2);
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const auto& [queue, prefix] :
+       std::map<std::string, std::string>{{"orders", "o-"}, {"other", "x-"}}) {
+    const auto& ids = seen[queue];
+    INFO(queue);
+    REQUIRE(ids.size() == 8);
+    std::vector<std::string> retries;
+    for (const auto& id : ids) {
+      CHECK(id.rfind(prefix, 0) == 0);
+      if (id.substr(id.size() - 2) == "#2") retries.push_back(id.substr(0, id.size() - 2));
+    }
+    CHECK(retries ==
+          std::vector<std::string>{prefix + "d", prefix + "b", prefix + "c", prefix + "a"});
+  }
+  CHECK(broker.depth(topology::delay_unrouted_name(orders)) == 0);
+}
+
+TEST_CASE("A backoff over the delay levels stops at the retry budget and parks the message",
+          "[delay-levels][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const auto service = make_service(test::unique_name("budget"), R"("mode": "republish",
+      "max_attempts": 100, "max_retry_duration": "3s",
+      "delay_levels": {"base": "50ms", "max": "10m"},
+      "backoff": {"initial": "200ms", "max": "800ms", "multiplier": 2, "jitter": 0})");
+  Recorder recorder;
+  auto c = start(loop, options_for(service), [&](const consumer::Message& m) {
+    recorder.add(m);
+    return Outcome::retry("still down");
+  });
+  broker.publish(service.input.exchange, "key", "budget-1");
+  REQUIRE(loop.run_until([&] { return c->metrics().parked_exhausted == 1; }, 20s));
+  stop(loop, c);
+  auto calls = recorder.of("budget-1");
+  // 200, 400, 800, 800, ... ms: the budget (3 s, counted in whole seconds) ends it after about
+  // six attempts, far below max_attempts.
+  REQUIRE(calls.size() >= 4);
+  CHECK(calls.size() <= 9);
+  CHECK(gap(calls[0], calls[1]) >= 200ms);
+  CHECK(gap(calls[1], calls[2]) >= 400ms);
+  CHECK(gap(calls[2], calls[3]) >= 800ms);
+  CHECK(gap(calls[0], calls[1]) < gap(calls[2], calls[3]));
+  auto parked = broker.drain(topology::parking_queue_name(service.name));
+  REQUIRE(parked.size() == 1);
+  const amqp::FieldValue* error = header(parked[0], "retryloop-error");
+  REQUIRE(error != nullptr);
+  const std::string text(*error->as_string());
+  CHECK(text.rfind("still down\n", 0) == 0);
+  CHECK_THAT(text, Catch::Contains("max_retry_duration 3s"));
+}
+
+TEST_CASE("Apply declares the delay levels and verify finds them matching",
+          "[delay-levels][topology][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const auto service = make_service(test::unique_name("levelsverify"), R"("mode": "republish",
+      "delays": ["1s"], "max_attempts": 3, "delay_levels": {"base": "7ms", "levels": 5})");
+  topology::Topology t;
+  t.services.push_back(service);
+  const topology::Plan plan = topology::make_plan(t);
+  broker.apply(service);
+  std::optional<topology::Report> report;
+  REQUIRE_FALSE(
+      topology::verify(broker.connection, plan, [&](const topology::Report& r) { report = r; }));
+  REQUIRE(loop.run_until([&] { return report.has_value(); }, 20s));
+  CHECK(report->ok());
+  size_t levels = 0;
+  for (const auto& r : report->results) {
+    if (r.action.role == topology::Role::delay_queue &&
+        r.action.kind == topology::ActionKind::declare_queue) {
+      ++levels;
+      CHECK(r.outcome == topology::Outcome::matches);
+    }
+  }
+  CHECK(levels == 5 + 1);  // the levels and the unrouted queue
+}
