@@ -4,6 +4,8 @@
 //
 // Bodies:
 //   {"id": ..., "fail_times": N}      retry while the attempt is <= N, then ack
+//   "retry_after_ms": N with it       each retry asks to wait N ms (Outcome::retry_after; alone,
+//                                     it fails once)
 //   {"id": ..., "permanent": "why"}   permanent failure: parked at once
 //   not a JSON object                 poison: parked at once
 //   any other JSON object             ack
@@ -60,11 +62,18 @@ Outcome decide(const consumer::Message& message, nlohmann::json& id) {
   if (auto why = body.find("permanent"); why != body.end()) {
     return Outcome::permanent(why->is_string() ? why->get<std::string>() : why->dump());
   }
+  auto after = body.find("retry_after_ms");
+  const bool asks_delay = after != body.end() && after->is_number_unsigned();
+  int64_t fail_times = asks_delay ? 1 : 0;
   if (auto fail = body.find("fail_times"); fail != body.end() && fail->is_number_integer()) {
-    if (message.attempt <= fail->get<int64_t>()) {
-      return Outcome::retry("simulated failure " + std::to_string(message.attempt) + " of " +
-                            std::to_string(fail->get<int64_t>()));
-    }
+    fail_times = fail->get<int64_t>();
+  }
+  if (message.attempt <= fail_times) {
+    std::string error = "simulated failure " + std::to_string(message.attempt) + " of " +
+                        std::to_string(fail_times);
+    if (!asks_delay) return Outcome::retry(std::move(error));
+    return Outcome::retry_after(std::chrono::milliseconds(after->get<uint64_t>()),
+                                std::move(error));
   }
   return Outcome::ack();
 }
@@ -125,6 +134,7 @@ int main(int argc, char** argv) {
                                      {"id", id},
                                      {"attempt", message.attempt},
                                      {"outcome", consumer::to_string(outcome.kind)}};
+      if (outcome.delay) line["retry_after_ms"] = outcome.delay->count();
       std::lock_guard<std::mutex> lock(output_mutex);
       std::printf("%s\n", line.dump().c_str());
       std::fflush(stdout);

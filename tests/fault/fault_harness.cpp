@@ -17,6 +17,7 @@
 
 #include "retryloop/amqp/frame.hpp"
 #include "retryloop/topology/declarer.hpp"
+#include "retryloop/topology/delay_levels.hpp"
 #include "retryloop/topology/duration.hpp"
 #include "retryloop/topology/topology_json.hpp"
 
@@ -108,7 +109,13 @@ Outcome run_script(const consumer::Message& message, bool outage) {
   if (outage) return Outcome::retry("downstream is down");
   if (auto fail = body.find("fail_times"); fail != body.end() && fail->is_number_integer()) {
     if (message.attempt <= fail->get<int64_t>()) {
-      return Outcome::retry("simulated failure " + std::to_string(message.attempt));
+      std::string error = "simulated failure " + std::to_string(message.attempt);
+      if (auto after = body.find("retry_after_ms");
+          after != body.end() && after->is_number_unsigned()) {
+        return Outcome::retry_after(std::chrono::milliseconds(after->get<uint64_t>()),
+                                    std::move(error));
+      }
+      return Outcome::retry(std::move(error));
     }
   }
   return Outcome::ack();
@@ -117,12 +124,12 @@ Outcome run_script(const consumer::Message& message, bool outage) {
 // ---- lanes -------------------------------------------------------------------------------------
 
 Lane::Lane(const std::string& fault, topology::RetryMode mode_, topology::QueueType queue_type_,
-           std::chrono::milliseconds delay_)
-    : mode(mode_), queue_type(queue_type_), delay(delay_) {
-  const std::string name =
-      unique_name(fault + "." + (mode == topology::RetryMode::reject ? "rej" : "rep") + "." +
-                  (queue_type == topology::QueueType::classic ? "cl" : "qu"));
-  const nlohmann::json file = {
+           std::chrono::milliseconds delay_, bool delay_levels_)
+    : mode(mode_), queue_type(queue_type_), delay_levels(delay_levels_), delay(delay_) {
+  const std::string name = unique_name(
+      fault + "." + (mode == topology::RetryMode::reject ? "rej" : "rep") + "." +
+      (queue_type == topology::QueueType::classic ? "cl" : "qu") + (delay_levels ? ".lv" : ""));
+  nlohmann::json file = {
       {"services",
        {{{"name", name},
          {"queue_type", topology::to_string(queue_type)},
@@ -131,6 +138,10 @@ Lane::Lane(const std::string& fault, topology::RetryMode mode_, topology::QueueT
           {{"mode", topology::to_string(mode)},
            {"delays", {topology::duration_label(delay)}},
            {"max_attempts", max_attempts}}}}}}};
+  if (delay_levels) {
+    file["services"][0]["retry"]["delay_levels"] = {
+        {"base", topology::duration_label(delay_level_base)}, {"max", "10m"}};
+  }
   topology::ParseResult parsed = topology::parse_topology(file.dump());
   std::string problems;
   for (const auto& line : parsed.messages())
@@ -176,8 +187,11 @@ Lane::Lane(const std::string& fault, topology::RetryMode mode_, topology::QueueT
         break;
     }
     if (script.body.empty()) {
+      // Delays from 0.5 to 3 s pass one to five levels.
+      const std::string after =
+          delay_levels ? ", \"retry_after_ms\": " + std::to_string(500 + (i * 97) % 2500) : "";
       script.body =
-          "{" + id + ", \"fail_times\": " + std::to_string(script.fail_times) + sleep + "}";
+          "{" + id + ", \"fail_times\": " + std::to_string(script.fail_times) + after + sleep + "}";
     }
     expected[script.id] = script.expect;
     scripts.push_back(std::move(script));
@@ -187,6 +201,15 @@ Lane::Lane(const std::string& fault, topology::RetryMode mode_, topology::QueueT
 Lane::~Lane() {
   std::error_code ignored;
   std::filesystem::remove(topology_path, ignored);
+}
+
+std::vector<std::string> Lane::waiting_queues() const {
+  std::vector<std::string> queues = {wait_queue()};
+  if (!delay_levels) return queues;
+  for (int k = 0; k < service.retry.delay_levels->levels; ++k)
+    queues.push_back(topology::delay_level_name(service, k));
+  queues.push_back(topology::delay_unrouted_name(service));
+  return queues;
 }
 
 size_t Lane::expected_count(Expect expect) const {
@@ -203,11 +226,13 @@ size_t Lane::expected_parked() const {
 
 std::vector<std::unique_ptr<Lane>> make_lanes(const std::string& fault,
                                               std::chrono::milliseconds delay,
-                                              const std::vector<topology::QueueType>& types) {
+                                              const std::vector<topology::QueueType>& types,
+                                              bool delay_levels) {
   std::vector<std::unique_ptr<Lane>> lanes;
   for (auto mode : {topology::RetryMode::reject, topology::RetryMode::republish}) {
+    if (delay_levels && mode == topology::RetryMode::reject) continue;
     for (auto type : types) {
-      lanes.push_back(std::make_unique<Lane>(fault, mode, type, delay));
+      lanes.push_back(std::make_unique<Lane>(fault, mode, type, delay, delay_levels));
     }
   }
   return lanes;
@@ -333,7 +358,10 @@ std::vector<std::string> elect_leaderless_quorum_queues(TestLoop& loop,
   std::string names;
   for (const Lane* lane : lanes) {
     if (lane->queue_type != topology::QueueType::quorum) continue;
-    for (const auto& queue : {lane->input_queue(), lane->wait_queue(), lane->parking_queue()}) {
+    std::vector<std::string> queues = lane->waiting_queues();
+    queues.push_back(lane->input_queue());
+    queues.push_back(lane->parking_queue());
+    for (const auto& queue : queues) {
       names += std::string(names.empty() ? "" : ", ") + "<<\"" + queue + "\">>";
     }
   }
@@ -726,7 +754,13 @@ bool wait_quiet(TestLoop& loop, Probe& probe, const std::vector<QuietCheck>& che
           const auto acks = check.acks();
           const bool idle = check.idle();
           const auto input = probe.depth(lane.input_queue());
-          const auto wait = probe.depth(lane.wait_queue());
+          Probe::Depth wait;
+          wait.ok = true;
+          for (const auto& queue : lane.waiting_queues()) {
+            const auto depth = probe.depth(queue);
+            wait.ok = wait.ok && depth.ok;
+            wait.messages += depth.messages;
+          }
           const auto parking = probe.depth(lane.parking_queue());
           signature += std::to_string(acks.size()) + "/" + std::to_string(input.messages) + "/" +
                        std::to_string(wait.messages) + "/" + std::to_string(parking.messages) +
@@ -772,7 +806,8 @@ Tally classify(Probe& probe, const Lane& lane, const std::multiset<std::string>&
   for (const auto& id : acks)
     ++seen[id].acks;
 
-  const std::vector<std::string> loop_queues = {lane.input_queue(), lane.wait_queue()};
+  std::vector<std::string> loop_queues = lane.waiting_queues();
+  loop_queues.insert(loop_queues.begin(), lane.input_queue());
   for (const auto& queue : loop_queues) {
     std::vector<client::GetResult> messages;
     const bool drained = probe.drain(queue, messages);
@@ -997,7 +1032,7 @@ InProcessRun::InProcessRun(const std::string& fault, bool gated,
     : InProcessRun(fault, Options{gated, adjust}) {}
 
 InProcessRun::InProcessRun(const std::string& fault, Options options) {
-  lanes = make_lanes(fault, options.delay, options.types);
+  lanes = make_lanes(fault, options.delay, options.types, options.delay_levels);
   if (options.adjust) {
     for (auto& lane : lanes)
       options.adjust(*lane);

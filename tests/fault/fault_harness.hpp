@@ -84,8 +84,10 @@ consumer::Outcome run_script(const consumer::Message& message, bool outage = fal
 /// One service under test: its topology (also written to a file for the processes) and its
 /// scripted messages.
 struct Lane {
+  /// With `delay_levels` (republish mode), the service has delay levels of delay_level_base and
+  /// every failure asks for a delay of its own (Outcome::retry_after), 0.5 to 3 s.
   Lane(const std::string& fault, topology::RetryMode mode, topology::QueueType queue_type,
-       std::chrono::milliseconds delay = retry_delay);
+       std::chrono::milliseconds delay = retry_delay, bool delay_levels = false);
   ~Lane();
   Lane(const Lane&) = delete;
   Lane& operator=(const Lane&) = delete;
@@ -95,6 +97,9 @@ struct Lane {
   std::string label() const { return mode_name() + "/" + queue_type_name(); }
   const std::string& input_queue() const { return topology::input_queue_name(service); }
   std::string wait_queue() const { return topology::wait_queue_name(service.name, delay); }
+  /// Where a retry of this lane waits: its wait queue, and with delay levels every level queue
+  /// and the levels' unrouted queue (shared with no other lane of the run).
+  std::vector<std::string> waiting_queues() const;
   std::string parking_queue() const { return topology::parking_queue_name(service.name); }
   topology::Plan plan() const { return topology::make_plan(topology::Topology{{service}}); }
   size_t expected_count(Expect expect) const;
@@ -102,6 +107,7 @@ struct Lane {
 
   topology::RetryMode mode;
   topology::QueueType queue_type;
+  bool delay_levels = false;
   /// The lane's one retry delay (retry_delay unless a fault needs retries to wait longer).
   std::chrono::milliseconds delay;
   topology::Service service;
@@ -116,13 +122,16 @@ struct Lane {
       std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(300);
 };
 
+/// The base of the delay levels of lanes that have them.
+inline constexpr std::chrono::milliseconds delay_level_base{100};
+
 /// The lanes of a fault run: reject and republish, each with every queue type in `types`
-/// (classic and quorum: four lanes).
-std::vector<std::unique_ptr<Lane>> make_lanes(const std::string& fault,
-                                              std::chrono::milliseconds delay = retry_delay,
-                                              const std::vector<topology::QueueType>& types = {
-                                                  topology::QueueType::classic,
-                                                  topology::QueueType::quorum});
+/// (classic and quorum: four lanes); with `delay_levels`, republish lanes with delay levels only.
+std::vector<std::unique_ptr<Lane>> make_lanes(
+    const std::string& fault, std::chrono::milliseconds delay = retry_delay,
+    const std::vector<topology::QueueType>& types = {topology::QueueType::classic,
+                                                     topology::QueueType::quorum},
+    bool delay_levels = false);
 
 // ---- evidence of acks --------------------------------------------------------------------------
 
@@ -344,6 +353,8 @@ struct InProcessRun {
     std::chrono::milliseconds delay = retry_delay;
     std::vector<topology::QueueType> types = {topology::QueueType::classic,
                                               topology::QueueType::quorum};
+    /// Republish lanes with delay levels (Lane), instead of the reject and republish lanes.
+    bool delay_levels = false;
   };
   explicit InProcessRun(const std::string& fault, bool gated = false,
                         const std::function<void(Lane&)>& adjust = {});
