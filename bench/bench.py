@@ -24,8 +24,8 @@ BUILD = os.path.abspath(os.environ.get("BENCH_BUILD", os.path.join(ROOT, "build-
 PYTHON = "/usr/bin/python3"
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1" if QUICK else "3"))
-ALL_BENCHMARKS = ["consume", "callgrind", "publish", "retry", "lateness", "memory", "replay",
-                  "outbox"]
+ALL_BENCHMARKS = ["consume", "callgrind", "publish", "retry", "lateness", "delays", "memory",
+                  "replay", "outbox"]
 ALL_CLIENTS = ["retryloop", "rabbitmq-c", "amqp091-go", "amqplib", "amqp-client.js", "pika"]
 
 
@@ -53,6 +53,9 @@ SIZES = {
     "retry": size("retry_n", 3000, 1000, 10000),
     "lateness": size("lateness_n", 1000, 300, 1000),
     "lateness_rate": size("lateness_rate", 500, 500, 500),
+    # Retries through the delay levels, each with a delay of its own, published at this rate.
+    "delays": size("delays_n", 300, 100, 1000),
+    "delays_rate": size("delays_rate", 20, 20, 20),
     "memory": size("memory_n", 10000, 10000, 10000),
     "replay": size("replay_n", 20000, 5000, 100000),
     "replay_pika": size("replay_pika_n", 1000, 500, 10000),
@@ -467,6 +470,52 @@ class Bench:
                     late = row["late_ms"]
                     log(f"lateness {queue_type} round {r + 1}: {contender:20s} p50 "
                         f"{late['p50']:6.1f} ms  p99 {late['p99']:6.1f} ms  max {late['max']:6.1f} ms")
+
+    # The delay levels' accuracy: real delays on a 100 ms base, and 100 ms to 1 h compressed a
+    # hundredfold (1 ms to 36 s on a 1 ms base: the same bits, so the same hops). One round: the
+    # runs are long, and each message is its own sample.
+    DELAY_CONFIGS = [
+        {"name": "100 ms base, 100 ms to 60 s", "base": "100ms", "max": "1h",
+         "min_ms": 100, "max_ms": 60000},
+        {"name": "1 ms base, 1 ms to 36 s (100 ms to 1 h compressed 100x)", "base": "1ms",
+         "max": "1m", "min_ms": 1, "max_ms": 36000},
+    ]
+
+    def delays(self):
+        count, rate = SIZES["delays"], SIZES["delays_rate"]
+        for queue_type in QUEUE_TYPES:
+            for k, config in enumerate(self.DELAY_CONFIGS):
+                name = f"bench.delays.{queue_type}.{k}"
+                path = os.path.join(self.work, name + ".json")
+                service = {"name": name, "queue_type": queue_type,
+                           "input": {"exchange": name + ".in", "type": "direct",
+                                     "bindings": [name]},
+                           "retry": {"mode": "republish", "delays": ["1s"], "max_attempts": 3,
+                                     "delay_levels": {"base": config["base"],
+                                                      "max": config["max"]}}}
+                with open(path, "w") as f:
+                    json.dump({"services": [service]}, f)
+                run([CLI, "topology", "apply", path, "--url", self.url])
+                consumer = [TOOL, "delays", "--url", self.url, "--topology", path, "--service",
+                            name, "--count", str(count), "--min-ms", str(config["min_ms"]),
+                            "--max-ms", str(config["max_ms"]), "--prefetch",
+                            str(RETRY_PREFETCH)]
+                process = subprocess.Popen(consumer, stdout=subprocess.PIPE,
+                                           stderr=subprocess.PIPE, text=True)
+                time.sleep(1.5)  # consuming before the first message arrives
+                run([TOOL, "publish", "--url", self.url, "--queue", name, "--count", str(count),
+                     "--window", "100", "--rate", str(rate), "--fresh"])
+                stdout, stderr = process.communicate(timeout=1200)
+                if process.returncode != 0:
+                    raise RuntimeError(f"{' '.join(consumer)}: {stderr[-2000:]}")
+                row = json.loads([l for l in stdout.splitlines() if l.startswith("{")][-1])
+                self.drop_topology(path)
+                self.record(row, bench="delays", client="retryloop", queue_type=queue_type,
+                            config=config["name"], round=1)
+                log(f"delays {queue_type} {config['name']}: error p50 "
+                    f"{row['error_ms']['p50']:.1f} ms p99 {row['error_ms']['p99']:.1f} ms, "
+                    f"lateness p99 {row['late_ms']['p99']:.1f} ms, within bound "
+                    f"{row['within_bound']}/{row['messages']}")
 
     # ---- 5. Memory ----
 

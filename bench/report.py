@@ -299,6 +299,36 @@ class Report:
             body.append(line)
         self.table(header, body)
         self.lateness()
+        self.delays()
+
+    def delays(self):
+        rows = self.select("delays")
+        if not rows:
+            return
+        self.out("### Delays the handler chooses (delay levels)")
+        self.out()
+        self.out(f"The retry consumer fails each of {self.meta['sizes']['delays']:,} messages "
+                 f"(published at {self.meta['sizes']['delays_rate']} msg/s) once with "
+                 f"`Outcome::retry_after(d)`, d spread evenly on a log scale over the range; the "
+                 f"actual delay is the time from the failure to the next delivery. Error: "
+                 f"|actual − d|, which includes rounding d to the base. Lateness: actual minus d "
+                 f"rounded, what the broker adds (a TTL expiry and a dead-lettering per level "
+                 f"passed). The bound is one base step plus 10 ms per level passed.")
+        self.out()
+        body = []
+        for r in rows:
+            err, late = r["error_ms"], r["late_ms"]
+            body.append([r["queue_type"], r["config"], str(r["messages"]), str(r["most_hops"]),
+                         f"{err['p50']:.1f}", f"{err['p99']:.1f}", f"{err['max']:.1f}",
+                         f"{late['p50']:.1f}", f"{late['p99']:.1f}",
+                         f"{r['within_bound']}/{r['messages']}"])
+            met = r["within_bound"] >= r["messages"] * 0.99
+            self.target(f"delay levels: p99 error within one base step + 10 ms per level "
+                        f"({r['queue_type']}, {r['config']})",
+                        f"{r['within_bound']}/{r['messages']} within; p99 {err['p99']:.1f} ms",
+                        met, "" if met else "the broker's TTL lateness per level is larger here")
+        self.table(["queue", "delays", "messages", "most levels passed", "error p50 ms", "p99",
+                    "max", "lateness p50 ms", "p99", "within bound"], body, left=2)
 
     def lateness(self):
         rows = self.select("lateness")

@@ -10,6 +10,7 @@
 //   bench_retryloop retry   --url URL --topology FILE --service S --count N --fail K [--lateness]
 //                           [--ack-delay MS]
 //   bench_retryloop ttl     --url URL --queue Q --count N --delay-ms D
+//   bench_retryloop delays  --url URL --topology FILE --service S --count N --min-ms A --max-ms B
 //   bench_retryloop hold    --url URL --topology FILE --service S --count N --prefetch P
 //   bench_retryloop outbox-fill    --db DB --queue Q --count N [--size BYTES] [--keys K]
 //   bench_retryloop outbox-naive   --db DB --url URL --count N
@@ -39,6 +40,12 @@
 //            --lateness: the time from each failure to the next delivery, minus the delay.
 //   ttl      the broker's own TTL precision: consumes what a TTL queue dead-lettered, and
 //            reports arrival minus the sent stamp minus the delay.
+//   delays   the delay levels' accuracy: the retry consumer on a service of FILE with delay
+//            levels fails each message once with Outcome::retry_after(d), d spread evenly on a
+//            log scale from A to B ms by the message's bench-seq; reports the error, |actual -
+//            d| where actual is the time from the failure to the next delivery, its lateness
+//            (actual minus d rounded to the base), and how many stayed within one base step plus
+//            10 ms per level passed.
 //   hold     the retry consumer with a slow handler (500 ms a message) until N deliveries have
 //            arrived, nearly all of them held unacked; then the peak RSS of the process.
 //   failover on a cluster (RETRYLOOP_TEST_NODE_DIRS, as scripts/with-broker --nodes sets it): the
@@ -74,6 +81,7 @@
 #include <retryloop/inbox/inbox.hpp>
 #include <retryloop/outbox/outbox.hpp>
 #include <retryloop/store/database.hpp>
+#include <retryloop/topology/delay_levels.hpp>
 #include <retryloop/topology/topology_json.hpp>
 
 #include <nlohmann/json.hpp>
@@ -88,6 +96,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -121,6 +130,8 @@ struct Args {
   long rate = 0;
   long ttl = 0;
   long delay_ms = 0;
+  long min_ms = 100;
+  long max_ms = 60000;
   int fail = 2;
   int prefetch = 200;
   bool parked = false;
@@ -504,6 +515,82 @@ void retry(uv_loop_t* loop, const Args& args) {
       completed, args.fail, seconds, completed / seconds, r.cpu, r.t0, r.t1);
   if (args.lateness) std::printf(", \"late_ms\": %s", percentiles_json(late_ms).c_str());
   std::printf("}\n");
+}
+
+/// The delay the `delays` mode asks of message `seq`: spread over [min, max] on a log scale, in
+/// an order that mixes long and short ones.
+std::chrono::milliseconds requested_delay(int64_t seq, const Args& args) {
+  const double spread = std::fmod(static_cast<double>(seq) * 0.6180339887498949, 1.0);
+  const double low = std::log(static_cast<double>(args.min_ms));
+  const double high = std::log(static_cast<double>(args.max_ms));
+  return std::chrono::milliseconds(std::llround(std::exp(low + (high - low) * spread)));
+}
+
+void delays(uv_loop_t* loop, const Args& args) {
+  consumer::ConsumerOptions options;
+  options.service = load_service(args);
+  if (!options.service.retry.delay_levels) die("the service has no delay levels");
+  options.connection.uri = parse_uri(args.url);
+  options.prefetch = static_cast<uint16_t>(args.prefetch);
+  options.handler_on_loop = true;
+  const auto base = options.service.retry.delay_levels->base;
+  struct Failure {
+    std::chrono::steady_clock::time_point at;
+    topology::DelayRoute route;
+  };
+  std::unordered_map<int64_t, Failure> failed;
+  std::vector<double> error_ms, late_ms;
+  long within = 0;
+  int most_hops = 0;
+  long completed = 0;
+  std::shared_ptr<consumer::Consumer> service_consumer;
+  uv_timer_t stopper{};
+  uv_timer_init(loop, &stopper);
+  stopper.data = &service_consumer;
+  auto handler = [&](const consumer::Message& message) -> consumer::Outcome {
+    const auto now = std::chrono::steady_clock::now();
+    const int64_t seq = header_int(message.properties, "bench-seq");
+    if (message.attempt == 1) {
+      const auto asked = requested_delay(seq, args);
+      failed[seq] = {now, topology::delay_route(options.service, asked)};
+      return consumer::Outcome::retry_after(asked, "bench failure");
+    }
+    auto it = failed.find(seq);
+    if (it != failed.end()) {
+      const auto& route = it->second.route;
+      const double actual = std::chrono::duration<double, std::milli>(now - it->second.at).count();
+      const double error = std::abs(actual - static_cast<double>(route.requested.count()));
+      error_ms.push_back(error);
+      late_ms.push_back(actual - static_cast<double>(route.delay.count()));
+      const double bound = static_cast<double>(base.count()) + 10.0 * route.hops;
+      if (error <= bound) ++within;
+      most_hops = std::max(most_hops, route.hops);
+      failed.erase(it);
+    }
+    if (++completed == args.count) {
+      uv_timer_start(
+          &stopper,
+          [](uv_timer_t* t) {
+            (*static_cast<std::shared_ptr<consumer::Consumer>*>(t->data))
+                ->stop(std::chrono::seconds(10));
+            uv_close(reinterpret_cast<uv_handle_t*>(t), nullptr);
+          },
+          0, 0);
+    }
+    return consumer::Outcome::ack();
+  };
+  service_consumer = consumer::Consumer::create(loop, options, consumer::Handler(handler));
+  service_consumer->set_stopped_handler([](const Error& e) { check(e, "consumer"); });
+  check(service_consumer->start(), "consumer start");
+  uv_run(loop, UV_RUN_DEFAULT);
+  if (completed != args.count) die("delays consumer stopped early");
+  std::printf(
+      "{\"client\": \"retryloop\", \"bench\": \"delays\", \"messages\": %ld, \"base_ms\": %lld, "
+      "\"levels\": %d, \"min_ms\": %ld, \"max_ms\": %ld, \"most_hops\": %d, \"within_bound\": %ld, "
+      "\"error_ms\": %s, \"late_ms\": %s}\n",
+      completed, static_cast<long long>(base.count()), options.service.retry.delay_levels->levels,
+      args.min_ms, args.max_ms, most_hops, within, percentiles_json(error_ms).c_str(),
+      percentiles_json(late_ms).c_str());
 }
 
 void ttl(uv_loop_t* loop, const Args& args) {
@@ -1135,6 +1222,10 @@ int main(int argc, char** argv) {
       args.rate = std::atol(value);
     } else if (flag == "--ttl") {
       args.ttl = std::atol(value);
+    } else if (flag == "--min-ms") {
+      args.min_ms = std::atol(value);
+    } else if (flag == "--max-ms") {
+      args.max_ms = std::atol(value);
     } else if (flag == "--delay-ms") {
       args.delay_ms = std::atol(value);
     } else if (flag == "--fail") {
@@ -1176,6 +1267,8 @@ int main(int argc, char** argv) {
     consume(loop, args);
   } else if (args.mode == "retry") {
     retry(loop, args);
+  } else if (args.mode == "delays") {
+    delays(loop, args);
   } else if (args.mode == "ttl") {
     ttl(loop, args);
   } else if (args.mode == "hold") {
