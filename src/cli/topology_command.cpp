@@ -672,6 +672,17 @@ int run_delete(const TopologyArgs& args) {
   }
   std::string kept_note = "Input exchanges are never deleted (" + join(inputs) +
                           "): publishers and other services may use them.\n";
+  std::vector<std::string> level_sets;
+  for (const auto& s : t.services) {
+    const std::string set = topology::delay_set_name(s);
+    if (!set.empty() && std::find(level_sets.begin(), level_sets.end(), set) == level_sets.end()) {
+      level_sets.push_back(set);
+    }
+  }
+  if (!level_sets.empty()) {
+    kept_note += "Delay levels are never deleted (" + join(level_sets, ".*, ") +
+                 ".*): other services of the vhost may share them.\n";
+  }
   size_t refused = result.count(Outcome::not_empty) + result.count(Outcome::in_use);
   if (result.connection_error) return report_exit_code(result, uri);
   if (refused > 0) {
