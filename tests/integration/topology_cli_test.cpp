@@ -477,3 +477,56 @@ TEST_CASE("delete through the command line refuses a queue that holds messages",
   }));
   test::close(loop, connection);
 }
+
+TEST_CASE("apply, verify, export and delete with delay levels through the command line",
+          "[cli][delay-levels][integration]") {
+  const std::string url = test::broker_url();
+  const std::string name = test::unique_name("clilevels");
+  const fs::path path = fs::temp_directory_path() / (name + ".json");
+  {
+    std::ofstream out(path);
+    out << R"({"services": [{"name": ")" << name << R"(", "input": {"exchange": ")" << name
+        << R"(.in", "type": "direct", "bindings": ["key"]}, "retry": {"mode": "republish", )"
+        << R"("max_attempts": 9, "delay_levels": {"base": "3ms", "levels": 4}, )"
+        << R"("backoff": {"initial": "10ms", "max": "40ms"}}}]})";
+  }
+  struct Remove {
+    fs::path path;
+    ~Remove() { fs::remove(path); }
+  } remove{path};
+
+  Run applied = run_cli({"topology", "apply", path.string()}, url);
+  INFO(applied.out << applied.err);
+  REQUIRE(applied.exit_code == 0);
+  CHECK(contains(applied.out, "queue     retryloop.delay.3ms.03"));
+  CHECK(
+      contains(applied.out, "binding   retryloop.delay.3ms.03 -> exchange retryloop.delay.3ms.02"));
+  CHECK(contains(applied.out, "binding   retryloop.delay.3ms.deliver -> " + name));
+
+  Run again = run_cli({"topology", "apply", path.string()}, url);
+  INFO(again.out << again.err);
+  CHECK(again.exit_code == 0);
+  CHECK_FALSE(contains(again.out, "created"));
+
+  Run verified = run_cli({"topology", "verify", path.string()}, url);
+  INFO(verified.out << verified.err);
+  CHECK(verified.exit_code == 0);
+  CHECK(contains(verified.out, "ok         queue     retryloop.delay.3ms.00"));
+  CHECK(contains(verified.out, "Result: 16 match."));
+
+  Run exported = run_cli({"topology", "export", path.string()});
+  INFO(exported.out << exported.err);
+  REQUIRE(exported.exit_code == 0);
+  auto definitions = nlohmann::json::parse(exported.out);
+  size_t to_exchange = 0;
+  for (const auto& b : definitions["bindings"]) {
+    if (b["destination_type"] == "exchange") ++to_exchange;
+  }
+  CHECK(to_exchange == 4);
+
+  Run deleted = run_cli({"topology", "delete", path.string(), "--yes"}, url);
+  INFO(deleted.out << deleted.err);
+  CHECK(deleted.exit_code == 0);
+  CHECK(contains(deleted.out, "Delay levels are never deleted (retryloop.delay.3ms.*)"));
+  CHECK_FALSE(contains(deleted.out, "retryloop.delay.3ms.00"));
+}
