@@ -11,6 +11,7 @@
 #include <sstream>
 #include <utility>
 
+#include "retryloop/parking/parked_json.hpp"
 #include "retryloop/topology/topology_json.hpp"
 
 namespace retryloop::cli {
@@ -245,12 +246,7 @@ void describe_command(CLI::App& command) {
 }
 
 std::string iso_time(uint64_t seconds) {
-  std::time_t t = std::time_t(seconds);
-  std::tm utc{};
-  gmtime_r(&t, &utc);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return text;
+  return parking::iso_time(seconds);
 }
 
 std::string age_text(uint64_t seconds) {

@@ -68,7 +68,35 @@ ParkedMessage read_parked(client::Message message, uint64_t position) {
   return parked;
 }
 
+std::string first_line(std::string_view text) {
+  return std::string(text.substr(0, text.find('\n')));
+}
+
+namespace {
+
+bool contains_ignoring_case(std::string_view text, std::string_view wanted) {
+  auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? char(c - 'A' + 'a') : c; };
+  return std::search(text.begin(), text.end(), wanted.begin(), wanted.end(),
+                     [&](char a, char b) { return lower(a) == lower(b); }) != text.end();
+}
+
+}  // namespace
+
 bool Filter::matches(const ParkedMessage& parked, uint64_t now_seconds) const {
+  if (!message_ids.empty() &&
+      std::find(message_ids.begin(), message_ids.end(), parked.message_id) == message_ids.end()) {
+    return false;
+  }
+  if (parked_from || parked_until) {
+    if (!parked.parked_at) return false;
+    if (parked_from && *parked.parked_at < *parked_from) return false;
+    if (parked_until && *parked.parked_at > *parked_until) return false;
+  }
+  if (original_routing_key && parked.original_routing_key != *original_routing_key) return false;
+  if (error_first_line && first_line(parked.error) != *error_first_line) return false;
+  if (!error_contains.empty() && !contains_ignoring_case(parked.error, error_contains)) {
+    return false;
+  }
   if (older_than) {
     if (!parked.parked_at || *parked.parked_at > now_seconds) return false;
     const uint64_t age_seconds = now_seconds - *parked.parked_at;

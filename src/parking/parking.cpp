@@ -15,11 +15,6 @@ using client::Error;
 using detail::Decision;
 using detail::Walker;
 
-std::string first_line(const std::string& text) {
-  const size_t end = text.find('\n');
-  return end == std::string::npos ? text : text.substr(0, end);
-}
-
 using DepthsCallback = std::function<void(std::map<std::string, uint32_t> depths)>;
 
 /// Depths of the queues that exist, by passive declare, one channel per queue (a 404 closes
@@ -79,25 +74,38 @@ Error list(const std::shared_ptr<client::Connection>& connection, const topology
 
 Error stats(const std::shared_ptr<client::Connection>& connection, const topology::Service& service,
             StatsCallback callback) {
+  return stats(connection, service, StatsOptions{}, std::move(callback));
+}
+
+Error stats(const std::shared_ptr<client::Connection>& connection, const topology::Service& service,
+            StatsOptions options, StatsCallback callback, ProgressHandler on_progress) {
   struct Counts {
     Stats stats;
     std::unordered_map<std::string, uint64_t> by_error;
   };
   auto counts = std::make_shared<Counts>();
-  std::vector<std::string> loop_queues{topology::input_queue_name(service)};
-  for (auto delay : topology::wait_delays(service)) {
-    loop_queues.push_back(topology::wait_queue_name(service.name, delay));
+  std::vector<std::string> loop_queues;
+  if (options.loop_depths) {
+    loop_queues.push_back(topology::input_queue_name(service));
+    for (auto delay : topology::wait_delays(service)) {
+      loop_queues.push_back(topology::wait_queue_name(service.name, delay));
+    }
   }
+  const uint64_t now = consumer::unix_seconds();
   return Walker::start(
-      connection, topology::parking_queue_name(service.name), default_window,
-      [counts](ParkedMessage& parked) {
+      connection, topology::parking_queue_name(service.name), options.window,
+      [counts, filter = std::move(options.filter), keep = options.keep,
+       now](ParkedMessage& parked) {
         Stats& stats = counts->stats;
+        if (!filter.matches(parked, now)) return Decision{};
+        ++stats.matched;
         if (parked.parked_at &&
             (!stats.oldest_parked_at || *parked.parked_at < *stats.oldest_parked_at)) {
           stats.oldest_parked_at = parked.parked_at;
         }
         ++stats.by_reason[parked.reason.empty() ? "(none)" : parked.reason];
         ++counts->by_error[parked.error.empty() ? "(none)" : first_line(parked.error)];
+        if (stats.messages.size() < keep) stats.messages.push_back(std::move(parked));
         return Decision{};
       },
       [counts, connection, loop_queues, callback = std::move(callback)](
@@ -109,7 +117,7 @@ Error stats(const std::shared_ptr<client::Connection>& connection, const topolog
         std::sort(stats.by_error.begin(), stats.by_error.end(), [](const auto& a, const auto& b) {
           return a.second != b.second ? a.second > b.second : a.first < b.first;
         });
-        if (error || !connection->is_open()) {
+        if (error || !connection->is_open() || loop_queues.empty()) {
           if (callback) callback(error, stats);
           return;
         }
@@ -118,7 +126,8 @@ Error stats(const std::shared_ptr<client::Connection>& connection, const topolog
                        counts->stats.loop_depths = std::move(depths);
                        if (callback) callback(Error{}, counts->stats);
                      });
-      });
+      },
+      std::move(on_progress));
 }
 
 namespace {
@@ -227,7 +236,7 @@ Error replay(const std::shared_ptr<client::Connection>& connection,
 }
 
 Error purge(const std::shared_ptr<client::Connection>& connection, const topology::Service& service,
-            PurgeOptions options, PurgeCallback callback) {
+            PurgeOptions options, PurgeCallback callback, ProgressHandler on_progress) {
   struct Count {
     uint64_t matched = 0;
     uint64_t skipped = 0;
@@ -253,6 +262,13 @@ Error purge(const std::shared_ptr<client::Connection>& connection, const topolog
         progress.skipped = count->skipped;
         if (!execute) progress.moved = count->matched;
         if (callback) callback(error, progress);
+      },
+      [count, execute, on_progress = std::move(on_progress)](const Progress& walked) {
+        if (!on_progress) return;
+        Progress progress = walked;
+        progress.skipped = count->skipped;
+        if (!execute) progress.moved = count->matched;
+        on_progress(progress);
       });
 }
 

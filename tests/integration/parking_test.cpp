@@ -377,6 +377,43 @@ TEST_CASE("stats --fail-above exits 5 only above the threshold, and counts by re
   CHECK(s.depth(s.parking) == 30);
 }
 
+TEST_CASE("stats with a filter counts only the matching messages and keeps the first of them",
+          "[parking][integration]") {
+  TestLoop loop;
+  ParkedService s(loop, "statsfilter");
+  s.park(30, [](size_t i) { return i < 10 ? "poison" : "exhausted"; });
+
+  parking::StatsOptions options;
+  options.filter.error_first_line = "boom 1";  // ids 1, 4, 7, ...: 10 of them
+  options.filter.parked_from = 1700000000 + 5;
+  options.keep = 3;
+  options.loop_depths = false;
+  bool done = false;
+  parking::Stats stats;
+  uint64_t last_scanned = 0;
+  REQUIRE_FALSE(parking::stats(
+      s.connection, s.service, options,
+      [&](const Error& error, const parking::Stats& result) {
+        CHECK_FALSE(error);
+        stats = result;
+        done = true;
+      },
+      [&](const parking::Progress& progress) { last_scanned = progress.scanned; }));
+  REQUIRE(loop.run_until([&] { return done; }, 60s));
+  CHECK(stats.depth == 30);
+  CHECK(stats.scanned == 30);
+  CHECK(last_scanned == 30);
+  CHECK(stats.matched == 8);  // 7, 10, ..., 28
+  CHECK(stats.by_reason == std::map<std::string, uint64_t>{{"poison", 1}, {"exhausted", 7}});
+  REQUIRE(stats.by_error.size() == 1);
+  CHECK(stats.by_error[0] == std::make_pair(std::string("boom 1"), uint64_t(8)));
+  CHECK(stats.oldest_parked_at == uint64_t(1700000007));
+  CHECK(s.ids(stats.messages) == std::vector<std::string>{"id-7", "id-10", "id-13"});
+  CHECK(stats.loop_depths.empty());
+  CHECK(s.depth(s.parking) == 30);
+  CHECK(s.ids(s.list()).size() == 30);
+}
+
 TEST_CASE("replay killed with SIGKILL halfway loses nothing and duplicates at most its window",
           "[parking][integration][cli]") {
   TestLoop loop;

@@ -133,3 +133,90 @@ TEST_CASE(
              .headers->find(header::original_expiration)
              ->as_string() == "6000");
 }
+
+TEST_CASE("A time range takes the messages parked within it, bounds included", "[parking]") {
+  amqp::FieldTable headers;
+  headers.set(std::string(header::parked_at), amqp::Timestamp{1000});
+  const parking::ParkedMessage parked = parking::read_parked(parked_message(headers), 0);
+
+  parking::Filter filter;
+  filter.parked_from = 1000;
+  CHECK(filter.matches(parked, 0));
+  filter.parked_from = 1001;
+  CHECK_FALSE(filter.matches(parked, 0));
+  filter.parked_from.reset();
+  filter.parked_until = 1000;
+  CHECK(filter.matches(parked, 0));
+  filter.parked_until = 999;
+  CHECK_FALSE(filter.matches(parked, 0));
+  filter.parked_from = 900;
+  filter.parked_until = 1100;
+  CHECK(filter.matches(parked, 0));
+  CHECK_FALSE(filter.empty());
+
+  // Without retryloop-parked-at a message is outside every range.
+  const parking::ParkedMessage undated = parking::read_parked(parked_message({}), 0);
+  CHECK_FALSE(filter.matches(undated, 0));
+  filter.parked_from.reset();
+  CHECK_FALSE(filter.matches(undated, 0));
+}
+
+TEST_CASE("error_contains ignores ASCII case and error_first_line matches the whole first line",
+          "[parking]") {
+  amqp::FieldTable headers;
+  headers.set(std::string(header::error), std::string("Timeout talking to DB\n  at db.cpp:12"));
+  const parking::ParkedMessage parked = parking::read_parked(parked_message(headers), 0);
+  const parking::ParkedMessage no_error = parking::read_parked(parked_message({}), 0);
+
+  parking::Filter contains;
+  contains.error_contains = "talking to db";
+  CHECK(contains.matches(parked, 0));
+  CHECK_FALSE(contains.matches(no_error, 0));
+  contains.error_contains = "DB.CPP:12";  // past the first line
+  CHECK(contains.matches(parked, 0));
+  contains.error_contains = "refused";
+  CHECK_FALSE(contains.matches(parked, 0));
+  CHECK_FALSE(contains.empty());
+
+  parking::Filter first;
+  first.error_first_line = "Timeout talking to DB";
+  CHECK(first.matches(parked, 0));
+  first.error_first_line = "Timeout";  // a prefix is not the line
+  CHECK_FALSE(first.matches(parked, 0));
+  first.error_first_line = "";  // the messages without an error
+  CHECK_FALSE(first.matches(parked, 0));
+  CHECK(first.matches(no_error, 0));
+
+  CHECK(parking::first_line("one\ntwo") == "one");
+  CHECK(parking::first_line("only") == "only");
+  CHECK(parking::first_line("") == "");
+}
+
+TEST_CASE("message_ids takes any of the ids, original_routing_key the exact key", "[parking]") {
+  amqp::FieldTable headers;
+  headers.set(std::string(header::original_routing_key), std::string("order.created"));
+  const parking::ParkedMessage parked = parking::read_parked(parked_message(headers), 0);
+
+  parking::Filter ids;
+  ids.message_ids = {"m-0", "m-1"};
+  CHECK(ids.matches(parked, 0));
+  ids.message_ids = {"m-2"};
+  CHECK_FALSE(ids.matches(parked, 0));
+  CHECK_FALSE(ids.empty());
+
+  parking::Filter key;
+  key.original_routing_key = "order.created";
+  CHECK(key.matches(parked, 0));
+  key.original_routing_key = "order.*";  // no patterns: the key as it was published
+  CHECK_FALSE(key.matches(parked, 0));
+  key.original_routing_key = "";
+  CHECK_FALSE(key.matches(parked, 0));
+  CHECK(key.matches(parking::read_parked(parked_message({}), 0), 0));
+
+  // Every condition must hold.
+  key.original_routing_key = "order.created";
+  key.message_ids = {"m-1"};
+  key.error_contains = "x";
+  CHECK_FALSE(key.matches(parked, 0));
+  CHECK(parking::Filter{}.empty());
+}

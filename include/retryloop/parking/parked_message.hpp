@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -45,6 +46,9 @@ ParkedMessage read_parked(client::Message message, uint64_t position);
 /// booleans as true/false, timestamps as seconds; nullopt for tables, arrays and void.
 std::optional<std::string> header_text(const amqp::FieldValue& value);
 
+/// The first line of `text` (all of it when it has no line break): what `stats` groups errors by.
+std::string first_line(std::string_view text);
+
 /// Which parked messages an operation takes. Every condition must hold; an empty filter takes
 /// every message.
 struct Filter {
@@ -54,8 +58,25 @@ struct Filter {
   std::optional<std::chrono::milliseconds> older_than;
   /// Parked for one of these reasons (ParkedMessage::reason); empty: any.
   std::vector<std::string> reasons;
+  /// Parked at or after this time, and at or before `parked_until` (seconds since the epoch, by
+  /// `retryloop-parked-at`; a message without it never matches either bound).
+  std::optional<uint64_t> parked_from;
+  std::optional<uint64_t> parked_until;
+  /// The error (`retryloop-error`) contains this text, ignoring the case of ASCII letters; empty:
+  /// any.
+  std::string error_contains;
+  /// The error's first_line() is exactly this; "" takes the messages without an error.
+  std::optional<std::string> error_first_line;
+  /// The message id is one of these; empty: any.
+  std::vector<std::string> message_ids;
+  /// `retryloop-original-routing-key` is exactly this.
+  std::optional<std::string> original_routing_key;
 
-  bool empty() const { return where.empty() && !older_than && reasons.empty(); }
+  bool empty() const {
+    return where.empty() && !older_than && reasons.empty() && !parked_from && !parked_until &&
+           error_contains.empty() && !error_first_line && message_ids.empty() &&
+           !original_routing_key;
+  }
   bool matches(const ParkedMessage& parked, uint64_t now_seconds) const;
 };
 

@@ -43,27 +43,7 @@ using ListCallback =
 client::Error list(const std::shared_ptr<client::Connection>& connection,
                    const topology::Service& service, ListOptions options, ListCallback callback);
 
-struct Stats {
-  /// Messages ready in the parking queue.
-  uint32_t depth = 0;
-  /// Messages read for the counts below (the depth, unless messages came or went meanwhile).
-  uint64_t scanned = 0;
-  /// Earliest `retryloop-parked-at` among them.
-  std::optional<uint64_t> oldest_parked_at;
-  /// Count per `retryloop-reason` ("(none)" when missing).
-  std::map<std::string, uint64_t> by_reason;
-  /// Count per first line of `retryloop-error`, most frequent first.
-  std::vector<std::pair<std::string, uint64_t>> by_error;
-  /// Depths of the service's input queue and wait queues that exist (queue name -> depth).
-  std::map<std::string, uint32_t> loop_depths;
-};
-using StatsCallback = std::function<void(const client::Error& error, const Stats& stats)>;
-
-/// Counts the parked messages by reason and error, and the loop's queue depths.
-client::Error stats(const std::shared_ptr<client::Connection>& connection,
-                    const topology::Service& service, StatsCallback callback);
-
-/// Progress of a replay or purge, reported as it goes.
+/// Progress of a read, replay or purge, reported as it goes.
 struct Progress {
   /// Parking depth at the start: the most messages this run reads.
   uint64_t total = 0;
@@ -76,6 +56,46 @@ struct Progress {
   uint64_t failed = 0;
 };
 using ProgressHandler = std::function<void(const Progress& progress)>;
+
+struct Stats {
+  /// Messages ready in the parking queue.
+  uint32_t depth = 0;
+  /// Messages read (the depth, unless messages came or went meanwhile).
+  uint64_t scanned = 0;
+  /// Of those, the ones that match StatsOptions::filter: the counts below are of these only.
+  uint64_t matched = 0;
+  /// Earliest `retryloop-parked-at` among them.
+  std::optional<uint64_t> oldest_parked_at;
+  /// Count per `retryloop-reason` ("(none)" when missing).
+  std::map<std::string, uint64_t> by_reason;
+  /// Count per first line of `retryloop-error`, most frequent first.
+  std::vector<std::pair<std::string, uint64_t>> by_error;
+  /// Depths of the service's input queue and wait queues that exist (queue name -> depth).
+  std::map<std::string, uint32_t> loop_depths;
+  /// The first StatsOptions::keep matching messages, in queue order.
+  std::vector<ParkedMessage> messages;
+};
+using StatsCallback = std::function<void(const client::Error& error, const Stats& stats)>;
+
+struct StatsOptions {
+  /// Count only the messages that match; the depth and `scanned` count every message.
+  Filter filter;
+  /// Keep up to this many matching messages, from the head, in Stats::messages (0: none). One
+  /// read then both counts the queue and shows its head.
+  size_t keep = 0;
+  /// Look up the depths of the service's input and wait queues afterwards.
+  bool loop_depths = true;
+  uint16_t window = default_window;
+};
+
+/// Counts the parked messages by reason and error, and the loop's queue depths.
+client::Error stats(const std::shared_ptr<client::Connection>& connection,
+                    const topology::Service& service, StatsCallback callback);
+/// The same, counting only the messages that match `options.filter` and keeping the first ones;
+/// `on_progress` (optional) is told after each message read.
+client::Error stats(const std::shared_ptr<client::Connection>& connection,
+                    const topology::Service& service, StatsOptions options, StatsCallback callback,
+                    ProgressHandler on_progress = {});
 
 struct ReplayOptions {
   /// At most this many messages move; 0: no limit.
@@ -129,8 +149,10 @@ struct PurgeOptions {
 using PurgeCallback = std::function<void(const client::Error& error, const Progress& progress)>;
 
 /// Deletes the parked messages that match `filter` (all, when it is empty), or only counts them
-/// unless `execute`. `progress.moved` is the number deleted (or that would be).
+/// unless `execute`. `progress.moved` is the number deleted (or that would be). `on_progress`
+/// (optional) is told after each message read.
 client::Error purge(const std::shared_ptr<client::Connection>& connection,
-                    const topology::Service& service, PurgeOptions options, PurgeCallback callback);
+                    const topology::Service& service, PurgeOptions options, PurgeCallback callback,
+                    ProgressHandler on_progress = {});
 
 }  // namespace retryloop::parking
