@@ -299,15 +299,15 @@ class Report:
             body.append(line)
         self.table(header, body)
         self.lateness()
-        self.delays()
 
     def delays(self):
         rows = self.select("delays")
         if not rows:
             return
-        self.out("### Delays the handler chooses (delay levels)")
+        self.out("## Delays the handler chooses (delay levels)")
         self.out()
-        self.out(f"The retry consumer fails each of {self.meta['sizes']['delays']:,} messages "
+        self.out(f"One round. The retry consumer fails each of {self.meta['sizes']['delays']:,} "
+                 f"messages "
                  f"(published at {self.meta['sizes']['delays_rate']} msg/s) once with "
                  f"`Outcome::retry_after(d)`, d spread evenly on a log scale over the range; the "
                  f"actual delay is the time from the failure to the next delivery. Error: "
@@ -321,6 +321,7 @@ class Report:
             body.append([r["queue_type"], r["config"], str(r["messages"]), str(r["most_hops"]),
                          f"{err['p50']:.1f}", f"{err['p99']:.1f}", f"{err['max']:.1f}",
                          f"{late['p50']:.1f}", f"{late['p99']:.1f}",
+                         f"{r['late_per_hop_ms']['p50']:.1f}" if "late_per_hop_ms" in r else "–",
                          f"{r['within_bound']}/{r['messages']}"])
             met = r["within_bound"] >= r["messages"] * 0.99
             self.target(f"delay levels: p99 error within one base step + 10 ms per level "
@@ -328,7 +329,8 @@ class Report:
                         f"{r['within_bound']}/{r['messages']} within; p99 {err['p99']:.1f} ms",
                         met, "" if met else "the broker's TTL lateness per level is larger here")
         self.table(["queue", "delays", "messages", "most levels passed", "error p50 ms", "p99",
-                    "max", "lateness p50 ms", "p99", "within bound"], body, left=2)
+                    "max", "lateness p50 ms", "p99", "per level p50 ms", "within bound"],
+                   body, left=2)
 
     def lateness(self):
         rows = self.select("lateness")
@@ -658,6 +660,7 @@ class Report:
         self.cpu()
         self.publish()
         self.retry()
+        self.delays()
         self.memory()
         self.replay()
         self.outbox()
@@ -668,8 +671,9 @@ class Report:
             self.out()
             self.table(["target", "figure", "", "why"],
                        [[n, f, s, w] for n, f, s, w in self.targets], left=4)
-        self.out(f"![consume and ack throughput]({chart_name})")
-        self.out()
+        if self.select("consume"):
+            self.out(f"![consume and ack throughput]({chart_name})")
+            self.out()
         self.lines += body
         failed = [r for r in self.rows if "failed" in r]
         if failed:

@@ -539,7 +539,7 @@ void delays(uv_loop_t* loop, const Args& args) {
     topology::DelayRoute route;
   };
   std::unordered_map<int64_t, Failure> failed;
-  std::vector<double> error_ms, late_ms;
+  std::vector<double> error_ms, late_ms, late_per_hop_ms;
   long within = 0;
   int most_hops = 0;
   long completed = 0;
@@ -562,6 +562,7 @@ void delays(uv_loop_t* loop, const Args& args) {
       const double error = std::abs(actual - static_cast<double>(route.requested.count()));
       error_ms.push_back(error);
       late_ms.push_back(actual - static_cast<double>(route.delay.count()));
+      if (route.hops > 0) late_per_hop_ms.push_back(late_ms.back() / route.hops);
       const double bound = static_cast<double>(base.count()) + 10.0 * route.hops;
       if (error <= bound) ++within;
       most_hops = std::max(most_hops, route.hops);
@@ -587,10 +588,10 @@ void delays(uv_loop_t* loop, const Args& args) {
   std::printf(
       "{\"client\": \"retryloop\", \"bench\": \"delays\", \"messages\": %ld, \"base_ms\": %lld, "
       "\"levels\": %d, \"min_ms\": %ld, \"max_ms\": %ld, \"most_hops\": %d, \"within_bound\": %ld, "
-      "\"error_ms\": %s, \"late_ms\": %s}\n",
+      "\"error_ms\": %s, \"late_ms\": %s, \"late_per_hop_ms\": %s}\n",
       completed, static_cast<long long>(base.count()), options.service.retry.delay_levels->levels,
       args.min_ms, args.max_ms, most_hops, within, percentiles_json(error_ms).c_str(),
-      percentiles_json(late_ms).c_str());
+      percentiles_json(late_ms).c_str(), percentiles_json(late_per_hop_ms).c_str());
 }
 
 void ttl(uv_loop_t* loop, const Args& args) {

@@ -5,6 +5,7 @@
 
 #include "retryloop/consumer/headers.hpp"
 #include "retryloop/parking/error.hpp"
+#include "retryloop/topology/delay_levels.hpp"
 #include "walker.hpp"
 
 namespace retryloop::parking {
@@ -89,6 +90,12 @@ Error stats(const std::shared_ptr<client::Connection>& connection, const topolog
     loop_queues.push_back(topology::input_queue_name(service));
     for (auto delay : topology::wait_delays(service)) {
       loop_queues.push_back(topology::wait_queue_name(service.name, delay));
+    }
+    if (service.retry.delay_levels) {
+      for (int k = 0; k < service.retry.delay_levels->levels; ++k) {
+        loop_queues.push_back(topology::delay_level_name(service, k));
+      }
+      loop_queues.push_back(topology::delay_unrouted_name(service));
     }
   }
   const uint64_t now = consumer::unix_seconds();

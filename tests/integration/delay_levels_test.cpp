@@ -1,6 +1,7 @@
 // Delays the handler chooses, against a real broker: Outcome::retry_after through the delay
 // levels, levels shared by services whose queue names overlap, a backoff with a retry budget,
-// exceptions mapped to outcomes, and the levels' objects as apply and verify see them.
+// exceptions mapped to outcomes, and the levels' objects as apply, verify and parking stats see
+// them.
 
 #include <catch2/catch.hpp>
 
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "retryloop/consumer/consumer.hpp"
+#include "retryloop/parking/parking.hpp"
 #include "retryloop/topology/declarer.hpp"
 #include "retryloop/topology/delay_levels.hpp"
 #include "retryloop/topology/plan.hpp"
@@ -193,4 +195,16 @@ TEST_CASE("Apply declares the delay levels and verify finds them matching",
     }
   }
   CHECK(levels == 5 + 1);  // the levels and the unrouted queue
+
+  // The parking tool counts them with the service's queues.
+  std::optional<parking::Stats> stats;
+  REQUIRE_FALSE(parking::stats(broker.connection, service,
+                               [&](const client::Error& error, const parking::Stats& s) {
+                                 CHECK_FALSE(error);
+                                 stats = s;
+                               }));
+  REQUIRE(loop.run_until([&] { return stats.has_value(); }, 20s));
+  CHECK(stats->loop_depths.count("retryloop.delay.7ms.04") == 1);
+  CHECK(stats->loop_depths.count("retryloop.delay.7ms.unrouted") == 1);
+  CHECK(stats->loop_depths.count(topology::input_queue_name(service)) == 1);
 }

@@ -70,7 +70,9 @@ struct Stats {
   std::map<std::string, uint64_t> by_reason;
   /// Count per first line of `retryloop-error`, most frequent first.
   std::vector<std::pair<std::string, uint64_t>> by_error;
-  /// Depths of the service's input queue and wait queues that exist (queue name -> depth).
+  /// Depths of the service's input queue, wait queues and delay level queues that exist (queue
+  /// name -> depth). The delay levels are shared with the other services of the same base: their
+  /// depths count every service's retries.
   std::map<std::string, uint32_t> loop_depths;
   /// The first StatsOptions::keep matching messages, in queue order.
   std::vector<ParkedMessage> messages;
