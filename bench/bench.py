@@ -25,7 +25,7 @@ PYTHON = "/usr/bin/python3"
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1" if QUICK else "3"))
 ALL_BENCHMARKS = ["consume", "callgrind", "publish", "retry", "lateness", "delays", "memory",
-                  "replay", "outbox"]
+                  "replay", "outbox", "scale"]
 ALL_CLIENTS = ["retryloop", "rabbitmq-c", "amqp091-go", "amqplib", "amqp-client.js", "pika"]
 
 
@@ -70,6 +70,18 @@ SIZES = {
     "outbox_latency_rate": size("outbox_latency_rate", 200, 200, 200),
     "outbox_latency_seconds": size("outbox_latency_seconds", 20, 5, 60),
     "inbox": size("inbox_n", 5000, 2000, 20000),
+}
+# The scale benchmark's curves (bench/scale.py): the parked counts, the depths of the wait queue,
+# the services in one file and the handler concurrencies.
+SCALE_SIZES = {
+    "parking": [int(x) for x in env_list(
+        "BENCH_SCALE_PARKING", {"quick": ["10000"], "default": ["10000", "100000"],
+                                "full": ["10000", "100000", "1000000"]}[PROFILE])],
+    "wait": [int(x) for x in env_list(
+        "BENCH_SCALE_WAIT", {"quick": ["10000"], "default": ["10000", "100000"],
+                             "full": ["10000", "100000", "500000"]}[PROFILE])],
+    "services": [int(x) for x in env_list("BENCH_SCALE_SERVICES", ["1", "30", "300"])],
+    "concurrency": [int(x) for x in env_list("BENCH_SCALE_CONCURRENCY", ["1", "8", "64", "256"])],
 }
 PREFETCHES = [int(x) for x in env_list("BENCH_PREFETCH", ["1", "10", "100", "300"])]
 QUEUE_TYPES = env_list("BENCH_QUEUE_TYPES", ["classic", "quorum"])
@@ -516,6 +528,10 @@ class Bench:
                     f"{row['error_ms']['p50']:.1f} ms p99 {row['error_ms']['p99']:.1f} ms, "
                     f"lateness p99 {row['late_ms']['p99']:.1f} ms, within bound "
                     f"{row['within_bound']}/{row['messages']}")
+
+    def scale(self):
+        import scale
+        scale.run(self)
 
     # ---- 5. Memory ----
 

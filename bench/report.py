@@ -300,6 +300,122 @@ class Report:
         self.table(header, body)
         self.lateness()
 
+    def scale(self, chart_name):
+        rows = self.select("scale")
+        if not rows:
+            return
+        types = self.meta["queue_types"]
+        self.out("## Scale: how each cost grows with the work")
+        self.out()
+        self.out(f"![scale curves]({chart_name.replace('.png', '-scale.png')})")
+        self.out()
+
+        def by(part, **where):
+            return [r for r in rows if r["part"] == part and
+                    all(r.get(k) == v for k, v in where.items())]
+
+        parking = by("parking")
+        if parking:
+            counts = sorted({r["count"] for r in parking})
+            self.out("**Parking at depth.** Wall time and the command's peak RSS (`retryloop "
+                     "parking ...` as a user runs it) with N parked messages of 1 KB with the "
+                     "parking headers. The filtered replay moves the 1% whose error differs, "
+                     "reading all of them (its rate is of reading); the full replay moves the "
+                     "rest (its rate is of moving).")
+            self.out()
+            body = []
+            for q in types:
+                for op in ["stats", "list 50", "replay 1%", "replay all"]:
+                    line = [q, op]
+                    for n in counts:
+                        hit = by("parking", queue_type=q, op=op, count=n)
+                        line.append(f"{hit[0]['seconds']:.2f} s, {hit[0]['peak_rss_kb'] / 1024:.0f}"
+                                    f" MB" + (f", {hit[0]['rate']:,.0f}/s"
+                                              if op.startswith("replay") else "")
+                                    if hit else "–")
+                    body.append(line)
+            self.table(["queue", "command"] + [f"{n:,} parked" for n in counts], body, left=2)
+            for q in types:
+                rss = [r["peak_rss_kb"] for r in by("parking", queue_type=q)]
+                if rss:
+                    self.target(f"parking: client peak RSS flat and under 64 MB ({q})",
+                                f"{min(rss) / 1024:.0f}–{max(rss) / 1024:.0f} MB over "
+                                f"{counts[0]:,}–{counts[-1]:,}", max(rss) < 64 * 1024)
+                full = {r["count"]: r["rate"] for r in by("parking", queue_type=q, op="replay all")}
+                if len(full) >= 2:
+                    lo, hi = full[min(full)], full[max(full)]
+                    self.target(f"parking: full replay's rate at {max(full):,} within 20% of at "
+                                f"{min(full):,} ({q})", f"{hi:,.0f} vs {lo:,.0f} msg/s",
+                                hi >= 0.8 * lo)
+        wait = by("wait")
+        if wait:
+            depths = sorted({r["count"] for r in wait})
+            self.out("**A wait queue at depth.** N messages already wait in a 20 s delay tier "
+                     "when 500 new retries (50/s) join them; the new retries' lateness (the time "
+                     "from the failure to the next delivery, minus 20 s), the broker's RSS before "
+                     "the fill and at its peak.")
+            self.out()
+            body = []
+            for q in types:
+                for n in depths:
+                    hit = by("wait", queue_type=q, count=n)
+                    if not hit:
+                        continue
+                    r = hit[0]
+                    body.append([q, f"{n:,}", f"{r['late_ms']['p50']:.1f}",
+                                 f"{r['late_ms']['p99']:.1f}", f"{r['fill_seconds']:.1f}",
+                                 f"{r['broker_rss_before_kb'] / 1024:.0f}",
+                                 f"{r['broker_peak_rss_kb'] / 1024:.0f}"])
+                lates = {r["count"]: r["late_ms"]["p99"] for r in by("wait", queue_type=q)}
+                if len(lates) >= 2:
+                    lo, hi = lates[min(lates)], lates[max(lates)]
+                    self.target(f"wait queue: lateness p99 at {max(lates):,} within 2x of at "
+                                f"{min(lates):,} ({q})", f"{hi:.1f} vs {lo:.1f} ms",
+                                hi <= 2 * max(lo, 1.0))
+            self.table(["queue", "waiting", "lateness p50 ms", "p99", "fill s",
+                        "broker RSS before MB", "peak MB"], body, left=2)
+        services = by("services")
+        if services:
+            counts = sorted({r["count"] for r in services})
+            self.out("**Many services.** `retryloop topology` with K services in one file "
+                     "(republish mode, two delays, a parking limit: 9 objects and 5 bindings "
+                     "each), against the local broker; export needs none.")
+            self.out()
+            body = []
+            for q in types:
+                for op in ["apply", "verify", "export"]:
+                    line = [q, op]
+                    for k in counts:
+                        hit = by("services", queue_type=q, op=op, count=k)
+                        line.append(f"{hit[0]['seconds']:.2f} s" if hit else "–")
+                    body.append(line)
+                apply = {r["count"]: r["seconds"] for r in by("services", queue_type=q,
+                                                              op="apply")}
+                if 300 in apply:
+                    self.target(f"topology apply of 300 services under 10 s ({q})",
+                                f"{apply[300]:.1f} s", apply[300] < 10)
+            self.table(["queue", "command"] + [f"{k} services" for k in counts], body, left=2)
+        handlers = by("handlers")
+        if handlers:
+            concurrencies = sorted({r["count"] for r in handlers})
+            self.out("**Handlers that wait on I/O.** Each handler sleeps 20 ms; the consumer "
+                     "runs `concurrency` of them at once on its worker threads, with the default "
+                     "prefetch of 200. Ideal: 50 msg/s per handler.")
+            self.out()
+            body = []
+            for q in types:
+                for c in concurrencies:
+                    hit = by("handlers", queue_type=q, count=c)
+                    if not hit:
+                        continue
+                    r = hit[0]
+                    ideal = 1000 / r["sleep_ms"] * min(c, r["prefetch"])
+                    body.append([q, str(c), f"{r['rate']:,.0f}", f"{ideal:,.0f}",
+                                 f"{r['rate'] / ideal * 100:.0f}%",
+                                 f"{r['peak_rss_kb'] / 1024:.1f}"])
+            self.table(["queue", "concurrency", "msg/s", "ideal (min(concurrency, prefetch) × "
+                        "50)", "of ideal", "peak RSS MB"], body, left=2)
+
     def delays(self):
         rows = self.select("delays")
         if not rows:
@@ -664,6 +780,7 @@ class Report:
         self.memory()
         self.replay()
         self.outbox()
+        self.scale(chart_name)
         body = self.lines[body_start:]
         self.lines = self.lines[:body_start]
         if self.targets:
@@ -732,6 +849,58 @@ def chart(data, path_png):
     script.append("unset multiplot")
     subprocess.run(["gnuplot"], input="\n".join(script) + "\n", text=True, check=True)
     for name in data_files:
+        os.remove(name)
+
+
+def scale_chart(data, path_png):
+    """The scale curves, one panel each, a line per queue type (gnuplot)."""
+    rows = [r for r in data["rows"] if r.get("bench") == "scale" and "failed" not in r]
+    if not rows:
+        return
+    work = os.path.dirname(os.path.abspath(path_png))
+    types = data["meta"]["queue_types"]
+    panels = [
+        ("parking: seconds (log)", "parked messages", "parking", "seconds",
+         ["stats", "replay 1%", "replay all"], True),
+        ("parking: client peak RSS, MB", "parked messages", "parking", "rss",
+         ["stats", "replay all"], False),
+        ("wait queue: lateness p99 of new retries, ms", "messages waiting", "wait", "late", [None],
+         False),
+        ("topology apply: seconds", "services in the file", "services", "seconds", ["apply"],
+         False),
+        ("20 ms handlers: msg/s", "concurrency", "handlers", "rate", [None], False),
+    ]
+    script = ["set terminal pngcairo size 1500,900 font 'DejaVu Sans,10'",
+              f"set output '{path_png}'",
+              "set multiplot layout 2,3 title 'Scale: how each cost grows with the work'",
+              "set grid", "set key top left", "set logscale x", "set format x '%.0s%c'"]
+    files = []
+    for title, xlabel, part, value, ops, logy in panels:
+        plots = []
+        for q in types:
+            for op in ops:
+                points = sorted(
+                    (r["count"], {"seconds": lambda r: r["seconds"],
+                                  "rss": lambda r: r["peak_rss_kb"] / 1024,
+                                  "late": lambda r: r["late_ms"]["p99"],
+                                  "rate": lambda r: r["rate"]}[value](r))
+                    for r in rows if r["part"] == part and r["queue_type"] == q and
+                    (op is None or r.get("op") == op))
+                if not points:
+                    continue
+                name = os.path.join(work, f".scale-{len(files)}.dat")
+                with open(name, "w") as f:
+                    f.write("\n".join(f"{x} {y}" for x, y in points) + "\n")
+                files.append(name)
+                label = q + ("" if op is None else f" {op}")
+                plots.append(f"'{name}' using 1:2 with linespoints title '{label}'")
+        script += [f"set title '{title}'", f"set xlabel '{xlabel}'",
+                   "set logscale y" if logy else "unset logscale y", "set yrange [0:*]"
+                   if not logy else "set yrange [*:*]"]
+        script.append("plot " + ", ".join(plots) if plots else "plot 0 notitle")
+    script.append("unset multiplot")
+    subprocess.run(["gnuplot"], input="\n".join(script) + "\n", text=True, check=True)
+    for name in files:
         os.remove(name)
 
 
@@ -810,6 +979,7 @@ def write(path_json):
         data = json.load(f)
     base = path_json[:-len(".json")] if path_json.endswith(".json") else path_json
     chart(data, base + ".png")
+    scale_chart(data, base + "-scale.png")
     report = Report(data)
     report.write(base + ".md", os.path.basename(base) + ".png")
     readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")

@@ -3,7 +3,7 @@
 //   bench_retryloop reset   --url URL --queue Q [--type classic|quorum] [--exchange FANOUT]
 //                           [--ttl MS --dead-letter-to Q2] [--delete-only]
 //   bench_retryloop fill    --url URL (--queue Q | --exchange FANOUT) --count N [--size BYTES]
-//                           [--fresh] [--parked] [--unique-ids]
+//                           [--fresh] [--parked [--rare-every K]] [--unique-ids] [--ballast]
 //   bench_retryloop consume --url URL --queue Q --count N --prefetch P [--ack-delay MS]
 //   bench_retryloop publish --url URL --queue Q --count N --window W [--rate MSG_PER_S]
 //                           [--mandatory] [--outbox-headers]
@@ -12,6 +12,8 @@
 //   bench_retryloop ttl     --url URL --queue Q --count N --delay-ms D
 //   bench_retryloop delays  --url URL --topology FILE --service S --count N --min-ms A --max-ms B
 //   bench_retryloop hold    --url URL --topology FILE --service S --count N --prefetch P
+//   bench_retryloop handlers --url URL --topology FILE --service S --count N --concurrency C
+//                           --sleep-ms MS [--prefetch P]
 //   bench_retryloop outbox-fill    --db DB --queue Q --count N [--size BYTES] [--keys K]
 //   bench_retryloop outbox-naive   --db DB --url URL --count N
 //   bench_retryloop outbox-latency --db DB --url URL --queue Q --count N --rate ROWS_PER_S
@@ -25,9 +27,11 @@
 // exchange FANOUT with --exchange, so that one fill fills every client's queue). `fill` publishes N
 // persistent messages with the shared header table (an x-death array as after two trips through a
 // retry loop; --fresh leaves out the x- headers, as before a first failure; --parked adds the
-// headers of a parked message; --unique-ids gives each message a message-id of its own, for the
-// inbox), pipelined with confirms; it is how every queue is filled, outside the timed window. The
-// other modes print one JSON line:
+// headers of a parked message, and with --rare-every K every Kth an error of its own, "certificate
+// expired", for a filter that takes 1/K of them; --unique-ids gives each message a message-id of
+// its own, for the inbox; --ballast marks each with a `bench-ballast` header, which `retry` acks
+// without counting), pipelined with confirms; it is how every queue is filled, outside the timed
+// window. The other modes print one JSON line:
 //
 //   consume  N deliveries acked one by one, no-op handler: time from the first delivery to the last
 //            ack, and the process's CPU time over the same window.
@@ -48,6 +52,9 @@
 //            10 ms per level passed.
 //   hold     the retry consumer with a slow handler (500 ms a message) until N deliveries have
 //            arrived, nearly all of them held unacked; then the peak RSS of the process.
+//   handlers the retry consumer with C handlers at once on its worker threads, each sleeping MS
+//            (a handler waiting on I/O): messages acked per second from the first delivery to the
+//            Nth ack, and the peak RSS of the process.
 //   failover on a cluster (RETRYLOOP_TEST_NODE_DIRS, as scripts/with-broker --nodes sets it): the
 //            node the retry consumer is on is killed with SIGKILL KILLS times, restarted after
 //            each; the milliseconds from each kill to consuming on another node.
@@ -147,6 +154,9 @@ struct Args {
   bool unique_ids = false;
   bool mandatory = false;
   bool outbox_headers = false;
+  long rare_every = 0;
+  bool ballast = false;
+  long sleep_ms = 20;
 };
 
 // Exits at once: from the timeout's thread, or with worker threads running a handler, std::exit
@@ -330,6 +340,7 @@ PublishResult publish(uv_loop_t* loop, const Args& args, bool stamp) {
   amqp::BasicProperties properties = message_properties(args.fresh, args.parked);
   properties.headers->append("bench-seq", int64_t{0});
   if (stamp) properties.headers->append("bench-sent-us", int64_t{0});
+  if (args.ballast) properties.headers->append("bench-ballast", true);
   double cpu0 = 0;
   uv_timer_t pacer{};
   std::chrono::steady_clock::time_point started;
@@ -345,6 +356,11 @@ PublishResult publish(uv_loop_t* loop, const Args& args, bool stamp) {
     }
     while (published < allowed && published - confirmed < args.window) {
       *properties.headers->find("bench-seq") = int64_t{published};
+      if (args.parked && args.rare_every > 0) {
+        *properties.headers->find("retryloop-error") =
+            published % args.rare_every == 0 ? "certificate expired"
+                                             : "upstream returned 503 Service Unavailable";
+      }
       if (args.unique_ids) properties.message_id = "bench-" + std::to_string(published);
       if (args.outbox_headers) {
         properties.headers = outbox_headers(published);
@@ -471,6 +487,7 @@ void retry(uv_loop_t* loop, const Args& args) {
 
   auto handler = [&](const consumer::Message& message) -> consumer::Outcome {
     auto now = std::chrono::steady_clock::now();
+    if (message.headers().find("bench-ballast") != nullptr) return consumer::Outcome::ack();
     if (r.t0 == 0) {
       r.t0 = wall_seconds();
       cpu0 = cpu_seconds();
@@ -665,6 +682,59 @@ void hold(uv_loop_t* loop, const Args& args) {
       "{\"client\": \"retryloop\", \"bench\": \"memory\", \"held\": %ld, \"prefetch\": %d, "
       "\"size\": %ld, \"rss_start_kb\": %ld, \"peak_rss_kb\": %ld}\n",
       held, args.prefetch, args.size, rss_start, peak);
+}
+
+void handlers(uv_loop_t* loop, const Args& args) {
+  consumer::ConsumerOptions options;
+  options.service = load_service(args);
+  options.connection.uri = parse_uri(args.url);
+  options.prefetch = static_cast<uint16_t>(args.prefetch);
+  options.concurrency = static_cast<uint32_t>(args.concurrency);
+  std::atomic<long> started{0};
+  PublishResult r;
+  double cpu0 = 0;
+  auto service_consumer = consumer::Consumer::create(
+      loop, options, consumer::Handler([&](const consumer::Message&) {
+        started.fetch_add(1);
+        std::this_thread::sleep_for(std::chrono::milliseconds(args.sleep_ms));
+        return consumer::Outcome::ack();
+      }));
+  uv_timer_t poll{};
+  uv_timer_init(loop, &poll);
+  struct State {
+    std::shared_ptr<consumer::Consumer> consumer;
+    const Args* args;
+    PublishResult* r;
+    double* cpu0;
+    std::atomic<long>* started;
+  } state{service_consumer, &args, &r, &cpu0, &started};
+  poll.data = &state;
+  uv_timer_start(
+      &poll,
+      [](uv_timer_t* t) {
+        auto* s = static_cast<State*>(t->data);
+        if (s->r->t0 == 0 && s->started->load() > 0) {
+          s->r->t0 = wall_seconds();
+          *s->cpu0 = cpu_seconds();
+        }
+        if (static_cast<long>(s->consumer->metrics().acked) < s->args->count) return;
+        s->r->t1 = wall_seconds();
+        s->r->cpu = cpu_seconds() - *s->cpu0;
+        s->consumer->stop(std::chrono::seconds(10));
+        uv_close(reinterpret_cast<uv_handle_t*>(t), nullptr);
+      },
+      1, 1);
+  check(service_consumer->start(), "consumer start");
+  service_consumer.reset();
+  uv_run(loop, UV_RUN_DEFAULT);
+  state.consumer.reset();
+  const double seconds = r.t1 - r.t0;
+  std::printf(
+      "{\"client\": \"retryloop\", \"bench\": \"handlers\", \"messages\": %ld, "
+      "\"concurrency\": %d, \"prefetch\": %d, \"sleep_ms\": %ld, \"seconds\": %.4f, "
+      "\"rate\": %.1f, \"cpu_seconds\": %.4f, \"peak_rss_kb\": %ld}\n",
+      args.count, args.concurrency, args.prefetch, args.sleep_ms, seconds, args.count / seconds,
+      r.cpu, status_kb("VmHWM:"));
 }
 
 // ---- the outbox and the inbox ----
@@ -1181,6 +1251,10 @@ int main(int argc, char** argv) {
       args.lateness = true;
       continue;
     }
+    if (flag == "--ballast") {
+      args.ballast = true;
+      continue;
+    }
     if (flag == "--inbox") {
       args.inbox = true;
       continue;
@@ -1223,6 +1297,10 @@ int main(int argc, char** argv) {
       args.rate = std::atol(value);
     } else if (flag == "--ttl") {
       args.ttl = std::atol(value);
+    } else if (flag == "--rare-every") {
+      args.rare_every = std::atol(value);
+    } else if (flag == "--sleep-ms") {
+      args.sleep_ms = std::atol(value);
     } else if (flag == "--min-ms") {
       args.min_ms = std::atol(value);
     } else if (flag == "--max-ms") {
@@ -1268,6 +1346,8 @@ int main(int argc, char** argv) {
     consume(loop, args);
   } else if (args.mode == "retry") {
     retry(loop, args);
+  } else if (args.mode == "handlers") {
+    handlers(loop, args);
   } else if (args.mode == "delays") {
     delays(loop, args);
   } else if (args.mode == "ttl") {
