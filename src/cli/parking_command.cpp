@@ -3,6 +3,8 @@
 
 #include "parking_command.hpp"
 
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 #include <uv.h>
 #include <nlohmann/json.hpp>
@@ -14,10 +16,13 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common.hpp"
 #include "retryloop/client/signals.hpp"
+#include "retryloop/console/console.hpp"
 #include "retryloop/consumer/headers.hpp"
 #include "retryloop/parking/parked_json.hpp"
 #include "retryloop/parking/parking.hpp"
@@ -57,6 +62,9 @@ struct ParkingArgs {
   bool dry_run = false;
   bool yes = false;
   uint16_t window = parking::default_window;
+  std::string listen = "127.0.0.1:8080";
+  std::string token;
+  std::string rescan_after = "30s";
 };
 
 void print_messages(const std::vector<parking::ParkedMessage>& messages, bool json) {
@@ -377,6 +385,85 @@ int run_purge(const ParkingArgs& args) {
   });
 }
 
+/// `HOST:PORT` (an IPv6 host in brackets) of --listen.
+std::pair<std::string, uint16_t> parse_listen(const std::string& text) {
+  const size_t colon = text.rfind(':');
+  std::string host = colon == std::string::npos ? std::string() : text.substr(0, colon);
+  const std::string port = colon == std::string::npos ? std::string() : text.substr(colon + 1);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  const bool digits = !port.empty() && port.size() <= 5 &&
+                      port.find_first_not_of("0123456789") == std::string::npos;
+  if (host.empty() || !digits || std::stoul(port) > 65535) {
+    throw Failure(exit_usage,
+                  "--listen \"" + text + "\": write HOST:PORT, e.g. 127.0.0.1:8080 (port 0: any)");
+  }
+  return {host, uint16_t(std::stoul(port))};
+}
+
+int run_serve(const ParkingArgs& args) {
+  console::Options options;
+  options.service = load_service(args);
+  options.connection.uri = parse_url(args.connection);
+  options.connection.connect_timeout =
+      options.connection.uri.connect_timeout.value_or(std::chrono::seconds(10));
+  std::tie(options.listen_host, options.listen_port) = parse_listen(args.listen);
+  if (!args.token.empty()) {
+    const bool printable = std::all_of(args.token.begin(), args.token.end(),
+                                       [](char c) { return c > ' ' && c < 127; });
+    if (args.token.size() < 16 || !printable) {
+      throw Failure(exit_usage,
+                    "--token (or RETRYLOOP_CONSOLE_TOKEN): give at least 16 printable ASCII "
+                    "characters without spaces, or leave it out for a random one");
+    }
+    options.token = args.token;
+  }
+  std::string why;
+  auto rescan = topology::parse_duration(args.rescan_after, &why);
+  if (!rescan) throw Failure(exit_usage, "--rescan-after \"" + args.rescan_after + "\" " + why);
+  options.rescan_after = *rescan;
+  auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+  options.logger = std::make_shared<spdlog::logger>("console", sink);
+  options.logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
+
+  const std::string queue = topology::parking_queue_name(options.service.name);
+  const console::ServeResult result = console::serve(options, [&](const console::ServeInfo& info) {
+    std::cout << "retryloop parking console: service " << options.service.name << ", queue "
+              << queue << ", broker " << options.connection.uri.redacted() << "\n";
+    if (info.generated_token) {
+      std::cout << "  open  " << info.url << "#token=" << info.token << "\n"
+                << "  token " << info.token << " (every request needs it; set your own with "
+                << "--token or RETRYLOOP_CONSOLE_TOKEN)\n";
+    } else {
+      std::cout << "  open  " << info.url << " (the page asks for the token given by --token or "
+                << "RETRYLOOP_CONSOLE_TOKEN)\n";
+    }
+    if (!info.loopback) {
+      std::cout << "  warning: listening on " << info.host
+                << ", not on a loopback address: anyone who can reach this port and has the "
+                   "token can read and replay parked messages, over plain HTTP\n";
+    }
+    std::cout << "Ctrl-C stops (a replay running then finishes the copies in flight).\n"
+              << std::flush;
+  });
+  switch (result.status) {
+    case console::ServeResult::Status::stopped:
+      return exit_ok;
+    case console::ServeResult::Status::cannot_listen:
+      throw Failure(exit_usage, result.message);
+    case console::ServeResult::Status::cannot_connect:
+      std::cerr << "retryloop: cannot connect to " << options.connection.uri.redacted() << ": "
+                << result.message << "\n";
+      return exit_connection;
+    case console::ServeResult::Status::no_queue:
+      std::cerr << "retryloop: parking serve " << options.service.name << ": " << result.message
+                << "\n";
+      return exit_broker_refused;
+  }
+  return exit_ok;
+}
+
 CLI::App* add_command(CLI::App& group, const std::string& name, const std::string& summary,
                       const std::string& description, const std::shared_ptr<ParkingArgs>& args) {
   CLI::App* command = group.add_subcommand(name, summary);
@@ -485,6 +572,36 @@ void add_parking_commands(CLI::App& app, int& exit_code) {
   purge->add_flag("--yes", purge_args->yes, "Really delete");
   purge->callback([args = purge_args, &exit_code] { exit_code = run_purge(*args); });
 
+  auto serve_args = std::make_shared<ParkingArgs>();
+  CLI::App* serve = add_command(
+      *group, "serve", "A console in the browser: groups, filters, messages, replay and purge",
+      "Serves a web page for the service's parking queue, on loopback unless --listen says "
+      "otherwise: the parked messages counted by reason and by the first line of their error, "
+      "filters (when parked, error text, message id, original routing key), each message's "
+      "properties, headers and body, and replay or purge of one message, a selection, a group or "
+      "everything that matches, each after a confirmation, with its progress and what it moved. "
+      "Replays go through the same confirm-then-ack path as `parking replay`. Every request needs "
+      "the token printed at the start (or given by --token), in a header that no other site can "
+      "make a browser send. The depth is looked up every few seconds while a page is open; the "
+      "counts are read again after each action, on demand, and by themselves only when the depth "
+      "changed, at most every --rescan-after (each read of a quorum queue counts as a delivery). "
+      "Runs until Ctrl-C or SIGTERM.",
+      serve_args);
+  serve
+      ->add_option("--listen", serve_args->listen,
+                   "Address and port to listen on (default 127.0.0.1:8080; port 0: any free one)")
+      ->type_name("HOST:PORT");
+  serve
+      ->add_option("--token", serve_args->token,
+                   "The token every request must carry (default: a random one, printed)")
+      ->envname("RETRYLOOP_CONSOLE_TOKEN")
+      ->type_name("TOKEN");
+  serve
+      ->add_option("--rescan-after", serve_args->rescan_after,
+                   "Count again by itself when the depth changed, at most this often (default "
+                   "30s; 0s: only on demand and after actions)")
+      ->type_name("DURATION");
+  serve->callback([args = serve_args, &exit_code] { exit_code = run_serve(*args); });
 }
 
 }  // namespace retryloop::cli

@@ -1,0 +1,74 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "retryloop/client/connection.hpp"
+#include "retryloop/topology/topology.hpp"
+
+namespace spdlog {
+class logger;
+}
+
+namespace retryloop::console {
+
+/// The parking console: a web page, served over HTTP, that shows one service's parking queue
+/// and replays or purges its messages through retryloop::parking.
+struct Options {
+  /// The broker; the connection is made again whenever it is lost.
+  client::ConnectionOptions connection;
+  topology::Service service;
+  /// Where to listen. A host that is not a loopback address makes the console reachable from
+  /// other machines.
+  std::string listen_host = "127.0.0.1";
+  /// 0: any free port (ServeInfo::port says which).
+  uint16_t listen_port = 8080;
+  /// What every API request must carry in the X-Retryloop-Token header. Empty: a random one.
+  std::string token;
+  /// Messages shown in the list (the first matching ones, from the head of the queue).
+  size_t list_limit = 200;
+  /// A scan reads every parked message, and each read counts as a delivery in a quorum queue,
+  /// so the counts are refreshed automatically only when the depth changed, and at most this
+  /// often (and never more often than ten times the last scan's duration). 0: only on demand
+  /// and after an action.
+  std::chrono::milliseconds rescan_after{30000};
+  /// Where the console logs (start, actions, reconnects); nullptr: nowhere.
+  std::shared_ptr<spdlog::logger> logger;
+};
+
+/// Where the console listens, once it does.
+struct ServeInfo {
+  std::string host;
+  uint16_t port = 0;
+  std::string token;
+  /// Whether the token was made up (Options::token was empty).
+  bool generated_token = false;
+  /// `http://HOST:PORT/`.
+  std::string url;
+  /// Whether the host is a loopback address: otherwise other machines can reach the console.
+  bool loopback = true;
+};
+
+/// Why serve() could not run, or how it ended.
+struct ServeResult {
+  enum class Status {
+    stopped,         ///< stopped by SIGINT or SIGTERM
+    cannot_listen,   ///< the address could not be bound
+    cannot_connect,  ///< the first connection to the broker failed
+    no_queue,        ///< the service's parking queue does not exist
+  };
+  Status status = Status::stopped;
+  std::string message;
+};
+
+/// Connects, listens and serves until SIGINT or SIGTERM (the first lets a running replay's
+/// copies settle, a second stops at once). `on_ready` is called once, on the calling thread,
+/// when the console is connected and listening. The connection lives on a libuv loop of its own
+/// on the calling thread; HTTP requests are handled on other threads, which hand their work to
+/// that loop.
+ServeResult serve(const Options& options, const std::function<void(const ServeInfo&)>& on_ready);
+
+}  // namespace retryloop::console

@@ -1,0 +1,248 @@
+#include "retryloop/console/console.hpp"
+
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+#include <uv.h>
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
+
+#include "core.hpp"
+#include "loop_bridge.hpp"
+#include "page.hpp"
+#include "retryloop/client/signals.hpp"
+#include "retryloop/console/detail/api.hpp"
+
+namespace retryloop::console {
+
+namespace {
+
+using detail::Core;
+using detail::Job;
+using detail::LoopBridge;
+using detail::Reply;
+using namespace std::chrono_literals;
+
+/// How long a request waits for the loop thread; the loop answers in microseconds unless it is
+/// stuck, and every request only reads or queues.
+constexpr auto kLoopTimeout = 10s;
+
+/// Every answer forbids what the page never needs: scripts, styles and connections from
+/// elsewhere, inline scripts and event handlers, being framed, sending the address on.
+const httplib::Headers kSecurityHeaders = {
+    {"Content-Security-Policy",
+     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+     "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"},
+    {"X-Content-Type-Options", "nosniff"},
+    {"X-Frame-Options", "DENY"},
+    {"Referrer-Policy", "no-referrer"},
+    {"Cache-Control", "no-store"},
+};
+
+void send(httplib::Response& response, const Reply& reply) {
+  response.status = reply.status;
+  response.set_content(reply.body, reply.content_type.c_str());
+}
+
+void send_error(httplib::Response& response, int status, const std::string& message) {
+  send(response,
+       Reply{status, nlohmann::json({{"error", message}})
+                         .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)});
+}
+
+/// Runs `task` on the loop thread and sends its reply.
+void answer(LoopBridge& bridge, httplib::Response& response, std::function<Reply()> task) {
+  std::optional<Reply> reply = bridge.call(std::move(task), kLoopTimeout);
+  if (!reply) return send_error(response, 503, "the console is stopping or busy; try again");
+  send(response, *reply);
+}
+
+/// The request's JSON body; sends 400 and returns nullopt when it is not JSON.
+std::optional<nlohmann::json> json_body(const httplib::Request& request,
+                                        httplib::Response& response) {
+  nlohmann::json body = nlohmann::json::parse(request.body, nullptr, false);
+  if (body.is_discarded() || !body.is_object()) {
+    send_error(response, 400, "the request body must be a JSON object");
+    return std::nullopt;
+  }
+  return body;
+}
+
+std::optional<uint64_t> number_parameter(const httplib::Request& request, const char* name) {
+  if (!request.has_param(name)) return std::nullopt;
+  const std::string text = request.get_param_value(name);
+  if (text.empty() || text.size() > 18 ||
+      text.find_first_not_of("0123456789") != std::string::npos) {
+    return std::nullopt;
+  }
+  return std::stoull(text);
+}
+
+void add_routes(httplib::Server& server, LoopBridge& bridge, const std::shared_ptr<Core>& core,
+                const detail::Access& access) {
+  server.set_pre_routing_handler(
+      [access](const httplib::Request& request, httplib::Response& response) {
+        detail::RequestFacts facts;
+        facts.method = request.method;
+        facts.path = request.path;
+        facts.host = request.get_header_value("Host");
+        facts.origin = request.get_header_value("Origin");
+        facts.fetch_site = request.get_header_value("Sec-Fetch-Site");
+        facts.token = request.get_header_value(detail::token_header);
+        facts.content_type = request.get_header_value("Content-Type");
+        const detail::Refusal refusal = detail::check_request(facts, access);
+        if (refusal.status == 0) return httplib::Server::HandlerResponse::Unhandled;
+        send_error(response, refusal.status, refusal.reason);
+        return httplib::Server::HandlerResponse::Handled;
+      });
+  server.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& response, std::exception_ptr) {
+        send_error(response, 500, "internal error");
+      });
+
+  auto asset = [](std::string_view body, const char* type) {
+    return [body, type](const httplib::Request&, httplib::Response& response) {
+      response.set_content(body.data(), body.size(), type);
+    };
+  };
+  server.Get("/", asset(detail::page_html, "text/html; charset=utf-8"));
+  server.Get("/app.js", asset(detail::page_script, "text/javascript; charset=utf-8"));
+  server.Get("/app.css", asset(detail::page_style, "text/css; charset=utf-8"));
+
+  server.Get("/api/state", [&bridge, core](const httplib::Request&, httplib::Response& response) {
+    answer(bridge, response, [core] { return core->state(); });
+  });
+  server.Get("/api/messages",
+             [&bridge, core](const httplib::Request&, httplib::Response& response) {
+               answer(bridge, response, [core] { return core->messages(); });
+             });
+  server.Get("/api/message", [&bridge, core](const httplib::Request& request,
+                                             httplib::Response& response) {
+    const auto scan = number_parameter(request, "scan");
+    const auto index = number_parameter(request, "index");
+    if (!scan || !index) return send_error(response, 400, "give scan=N&index=N");
+    answer(bridge, response, [core, scan, index] { return core->message(*scan, *index); });
+  });
+  server.Post("/api/scan",
+              [&bridge, core](const httplib::Request& request, httplib::Response& response) {
+                auto body = json_body(request, response);
+                if (!body) return;
+                answer(bridge, response, [core, body] { return core->request_scan(*body); });
+              });
+  auto action = [&bridge, core](Job::Kind kind) {
+    return [&bridge, core, kind](const httplib::Request& request, httplib::Response& response) {
+      auto body = json_body(request, response);
+      if (!body) return;
+      const std::string who = request.remote_addr;
+      answer(bridge, response,
+             [core, body, kind, who] { return core->request_action(kind, *body, who); });
+    };
+  };
+  server.Post("/api/replay", action(Job::Kind::replay));
+  server.Post("/api/purge", action(Job::Kind::purge));
+  server.Post("/api/count", action(Job::Kind::count));
+  server.Post("/api/stop", [&bridge, core](const httplib::Request&, httplib::Response& response) {
+    answer(bridge, response, [core] { return core->stop_action(); });
+  });
+}
+
+std::string url_host(const std::string& host) {
+  return host.find(':') != std::string::npos && host.front() != '[' ? "[" + host + "]" : host;
+}
+
+}  // namespace
+
+ServeResult serve(const Options& given, const std::function<void(const ServeInfo&)>& on_ready) {
+  Options options = given;
+  ServeInfo info;
+  info.generated_token = options.token.empty();
+  if (options.token.empty()) options.token = detail::random_token();
+  info.token = options.token;
+  if (options.connection.connection_name.empty()) {
+    options.connection.connection_name = "retryloop parking console";
+  }
+
+  httplib::Server server;
+  server.set_default_headers(kSecurityHeaders);
+  server.set_keep_alive_timeout(2);
+  server.set_payload_max_length(1024 * 1024);
+  int port = options.listen_port;
+  const std::string host = options.listen_host;
+  if (port == 0) {
+    port = server.bind_to_any_port(host);
+  } else if (!server.bind_to_port(host, port)) {
+    port = -1;
+  }
+  if (port < 0) {
+    return {ServeResult::Status::cannot_listen,
+            "cannot listen on " + url_host(host) + ":" + std::to_string(options.listen_port) +
+                " (is the port in use, or the address not this machine's?)"};
+  }
+  info.host = host;
+  info.port = uint16_t(port);
+  info.url = "http://" + url_host(host) + ":" + std::to_string(port) + "/";
+  info.loopback = detail::is_loopback(host);
+  detail::Access access;
+  access.token = options.token;
+  access.hosts = detail::allowed_hosts(host, info.port);
+
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  ServeResult result;
+  {
+    LoopBridge bridge(&loop);
+    auto core = std::make_shared<Core>(&loop, options);
+    add_routes(server, bridge, core, access);
+    std::atomic<bool> listening_ended{false};
+    std::thread http;
+    std::unique_ptr<client::StopSignals> signals;
+    auto shut_down = [&](bool at_once) {
+      bridge.close();
+      server.stop();
+      core->stop(at_once, [&signals] {
+        if (signals) signals->close();
+      });
+    };
+    signals = std::make_unique<client::StopSignals>(
+        &loop,
+        [&](int) {
+          if (options.logger) {
+            options.logger->info(
+                "console: stopping (a running replay's copies settle first; again to stop at "
+                "once)");
+          }
+          shut_down(false);
+        },
+        [&] { shut_down(true); });
+    core->start([&](ServeResult ready) {
+      if (ready.status != ServeResult::Status::stopped) {
+        result = ready;
+        shut_down(true);
+        return;
+      }
+      http = std::thread([&server, &listening_ended] {
+        server.listen_after_bind();
+        listening_ended = true;
+      });
+      if (on_ready) on_ready(info);
+    });
+    uv_run(&loop, UV_RUN_DEFAULT);
+    // A stop() that came before the server thread began listening is lost: stop until it ends.
+    while (http.joinable() && !listening_ended) {
+      server.stop();
+      std::this_thread::sleep_for(10ms);
+    }
+    if (http.joinable()) http.join();
+  }
+  // Every handle was closed before uv_run returned: the bridge's, the core's, the signals' and
+  // the connections'.
+  if (uv_loop_close(&loop) != 0 && options.logger) {
+    options.logger->warn("console: a libuv handle was left open");
+  }
+  return result;
+}
+
+}  // namespace retryloop::console

@@ -1,0 +1,137 @@
+#pragma once
+
+#include <uv.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "loop_bridge.hpp"
+#include "retryloop/client/connection.hpp"
+#include "retryloop/console/console.hpp"
+#include "retryloop/parking/parking.hpp"
+
+namespace retryloop::console::detail {
+
+/// One read or action on the parking queue. They run one at a time: two walks over one queue
+/// would each see only what the other does not hold.
+struct Job {
+  enum class Kind {
+    scan,    ///< counts and the first messages (parking::stats)
+    replay,  ///< parking::replay
+    purge,   ///< parking::purge
+    count,   ///< parking::purge without executing: how many match
+  };
+  enum class State { queued, running, done, failed };
+
+  uint64_t id = 0;
+  Kind kind = Kind::scan;
+  parking::Filter filter;
+  /// The filter as the request gave it, to show back.
+  nlohmann::json filter_json;
+  /// A scan started by the console itself, not by a request.
+  bool automatic = false;
+  State state = State::queued;
+  bool stop_requested = false;
+  bool interrupted = false;
+  parking::Progress progress;
+  std::string error;
+  /// Loop time (ms) and wall-clock time (s).
+  uint64_t started_ms = 0;
+  uint64_t finished_ms = 0;
+  uint64_t started_at = 0;
+  uint64_t finished_at = 0;
+  std::shared_ptr<parking::Replay> replay;
+  parking::Stats stats;
+};
+
+/// The console's state and work, on the loop thread: the connection (made again when lost), the
+/// parking depth, the last scan, and the jobs. Every public call but start() and stop() answers
+/// an HTTP request, through the LoopBridge.
+class Core : public std::enable_shared_from_this<Core> {
+ public:
+  using ReadyCallback = std::function<void(ServeResult result)>;
+
+  Core(uv_loop_t* loop, Options options);
+  Core(const Core&) = delete;
+  Core& operator=(const Core&) = delete;
+
+  /// Connects and checks that the parking queue exists; `ready` gets the outcome of this first
+  /// attempt (Status::stopped meaning success). Later losses are made good by reconnecting.
+  void start(ReadyCallback ready);
+  /// Drops the queued jobs, lets a running replay's copies settle (unless `at_once`), then
+  /// closes the connection and the timers; `done` fires once all is closed.
+  void stop(bool at_once, std::function<void()> done);
+
+  /// The connection, the depths, the last scan's counts, the job running or last finished.
+  /// Looks the depths up again when they are older than a few seconds.
+  Reply state();
+  /// The messages the last scan kept, as one line each.
+  Reply messages();
+  /// One message of scan `scan_id` in full: properties, headers, body.
+  Reply message(uint64_t scan_id, size_t index);
+  /// Scans with the filter of the request's `filter`.
+  Reply request_scan(const nlohmann::json& request);
+  /// Starts a replay, purge or count of the messages that match the request's `filter`.
+  Reply request_action(Job::Kind kind, const nlohmann::json& request, const std::string& who);
+  /// Stops the running replay once its copies in flight settle.
+  Reply stop_action();
+
+ private:
+  void connect();
+  void on_connected(const std::shared_ptr<client::Connection>& connection);
+  void on_lost(const client::Connection* connection, const client::Error& error);
+  void schedule_reconnect();
+  void refresh_depths();
+  void maybe_rescan();
+  std::shared_ptr<Job> make_job(Job::Kind kind, parking::Filter filter, nlohmann::json filter_json);
+  void enqueue_scan(const parking::Filter& filter, const nlohmann::json& filter_json,
+                    bool automatic);
+  void run_next();
+  void start_job(const std::shared_ptr<Job>& job);
+  void finish_job(const std::shared_ptr<Job>& job, const client::Error& error);
+  void close_all();
+  void part_closed();
+  const Job* pending_action() const;
+  nlohmann::json job_json(const Job& job) const;
+  nlohmann::json scan_json(const Job& scan) const;
+  uint64_t now_ms() const;
+
+  uv_loop_t* loop_;
+  Options options_;
+  std::string parking_queue_;
+  std::string input_queue_;
+  std::shared_ptr<client::Connection> connection_;
+  /// A connection being made, not yet open.
+  std::shared_ptr<client::Connection> connecting_;
+  bool connected_ = false;
+  std::string connection_error_;
+  ReadyCallback ready_;
+  uint64_t reconnect_delay_ms_ = 0;
+  uv_timer_t reconnect_timer_{};
+  bool stopping_ = false;
+  bool closed_ = false;
+  int open_parts_ = 0;
+  std::function<void()> stopped_;
+
+  std::optional<uint32_t> depth_;
+  std::optional<uint32_t> input_depth_;
+  std::string depth_error_;
+  uint64_t depth_ms_ = 0;
+  bool depth_lookup_ = false;
+
+  uint64_t next_job_id_ = 1;
+  std::deque<std::shared_ptr<Job>> queue_;
+  std::shared_ptr<Job> running_;
+  /// The last scan that finished, whose counts and messages the page shows.
+  std::shared_ptr<Job> shown_scan_;
+  std::string scan_error_;
+  /// The last replay, purge or count that finished.
+  std::shared_ptr<Job> last_action_;
+};
+
+}  // namespace retryloop::console::detail

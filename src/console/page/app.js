@@ -1,0 +1,669 @@
+// The parking console's page. Every text that comes from the broker (bodies, headers, errors,
+// ids) reaches the page through textContent or an attribute, never as HTML.
+'use strict';
+
+(() => {
+  const $ = (id) => document.getElementById(id);
+  const TOKEN_KEY = 'retryloop-console-token';
+
+  const ui = {
+    token: '',
+    server: null,        // the last /api/state
+    scanId: null,        // the scan whose messages are listed
+    messages: [],
+    selected: new Set(), // message ids
+    detail: null,        // the message shown in the detail panel
+    wanted: null,        // {id, position} of the message last opened
+    detailRequest: 0,
+    errorLine: null,     // the "error is" condition of the filter form
+    busy: false,         // a dialog or an action is under way
+  };
+
+  // ---- helpers -------------------------------------------------------------------------------
+
+  function el(tag, props, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(props || {})) {
+      if (key === 'class') node.className = value;
+      else if (key === 'text') node.textContent = value;
+      else if (key === 'onclick') node.addEventListener('click', value);
+      else if (key.startsWith('data-') || key === 'title') node.setAttribute(key, value);
+      else node[key] = value;
+    }
+    for (const child of children) {
+      if (child !== null && child !== undefined) node.append(child);
+    }
+    return node;
+  }
+
+  function clear(node) {
+    while (node.firstChild) node.removeChild(node.firstChild);
+  }
+
+  function two(n) {
+    return String(n).padStart(2, '0');
+  }
+
+  function timeText(seconds) {
+    if (seconds === null || seconds === undefined) return '–';
+    const d = new Date(seconds * 1000);
+    return `${d.getFullYear()}-${two(d.getMonth() + 1)}-${two(d.getDate())} ` +
+        `${two(d.getHours())}:${two(d.getMinutes())}:${two(d.getSeconds())}`;
+  }
+
+  function ageText(seconds) {
+    if (seconds < 60) return `${seconds}s`;
+    if (seconds < 3600) return `${Math.floor(seconds / 60)}m`;
+    if (seconds < 86400) return `${Math.floor(seconds / 3600)}h${Math.floor(seconds % 3600 / 60)}m`;
+    return `${Math.floor(seconds / 86400)}d${Math.floor(seconds % 86400 / 3600)}h`;
+  }
+
+  function plural(n, word) {
+    return `${n} ${word}${n === 1 ? '' : 's'}`;
+  }
+
+  function sizeText(bytes) {
+    if (bytes < 1024) return `${bytes} B`;
+    if (bytes < 1024 * 1024) return `${(bytes / 1024).toFixed(1)} KiB`;
+    return `${(bytes / 1024 / 1024).toFixed(1)} MiB`;
+  }
+
+  function notice(text, kind) {
+    const box = $('notice');
+    box.textContent = text || '';
+    box.className = kind || '';
+    box.hidden = !text;
+  }
+
+  // ---- the API -------------------------------------------------------------------------------
+
+  function readToken() {
+    const match = /(?:^#|&)token=([^&]*)/.exec(location.hash);
+    if (match) {
+      ui.token = decodeURIComponent(match[1]);
+      sessionStorage.setItem(TOKEN_KEY, ui.token);
+      // The token leaves the address bar (and the history), not the tab.
+      history.replaceState(null, '', location.pathname + location.search);
+    } else {
+      ui.token = sessionStorage.getItem(TOKEN_KEY) || '';
+    }
+  }
+
+  function askForToken(reason) {
+    $('token-panel').hidden = false;
+    $('token-reason').textContent = reason || '';
+  }
+
+  async function api(method, path, body) {
+    const options = {method, headers: {'X-Retryloop-Token': ui.token}, cache: 'no-store'};
+    if (body !== undefined) {
+      options.headers['Content-Type'] = 'application/json';
+      options.body = JSON.stringify(body);
+    }
+    const response = await fetch(path, options);
+    let data;
+    try {
+      data = await response.json();
+    } catch (e) {
+      data = {error: `HTTP ${response.status}`};
+    }
+    if (response.status === 403 && /token/.test(data.error || '')) askForToken(data.error);
+    if (!response.ok) {
+      const error = new Error(data.error || `HTTP ${response.status}`);
+      error.status = response.status;
+      throw error;
+    }
+    return data;
+  }
+
+  // ---- filters -------------------------------------------------------------------------------
+
+  function secondsOf(input) {
+    if (!input.value) return undefined;
+    const time = new Date(input.value).getTime();
+    return Number.isNaN(time) ? undefined : Math.floor(time / 1000);
+  }
+
+  function formFilter() {
+    const filter = {};
+    const from = secondsOf($('f-from'));
+    const until = secondsOf($('f-until'));
+    if (from !== undefined) filter.parked_from = from;
+    if (until !== undefined) filter.parked_until = until;
+    if ($('f-reason').value) filter.reasons = [$('f-reason').value];
+    if ($('f-error').value.trim()) filter.error_contains = $('f-error').value.trim();
+    if ($('f-id').value.trim()) filter.message_ids = [$('f-id').value.trim()];
+    if ($('f-key').value.trim()) filter.routing_key = $('f-key').value.trim();
+    if (ui.errorLine !== null) filter.error_first_line = ui.errorLine;
+    return filter;
+  }
+
+  function filterText(filter) {
+    const parts = [];
+    if (filter.reasons) parts.push(`reason ${filter.reasons.join(' or ')}`);
+    if (filter.error_first_line !== undefined) parts.push(`error “${filter.error_first_line}”`);
+    if (filter.error_contains) parts.push(`error containing “${filter.error_contains}”`);
+    if (filter.message_ids) {
+      parts.push(filter.message_ids.length === 1 ? `id ${filter.message_ids[0]}`
+                                                 : plural(filter.message_ids.length, 'chosen id'));
+    }
+    if (filter.routing_key !== undefined) parts.push(`routing key ${filter.routing_key}`);
+    if (filter.parked_from !== undefined) parts.push(`parked from ${timeText(filter.parked_from)}`);
+    if (filter.parked_until !== undefined) parts.push(`until ${timeText(filter.parked_until)}`);
+    if (filter.older_than) parts.push(`parked more than ${filter.older_than} ago`);
+    return parts.join(', ');
+  }
+
+  function setErrorLine(line) {
+    ui.errorLine = line;
+    $('f-line').textContent = line === null ? '' : line;
+    $('f-line-chip').hidden = line === null;
+  }
+
+  async function scan(filter) {
+    try {
+      await api('POST', '/api/scan', {filter});
+      notice('');
+      schedulePoll(100);
+    } catch (e) {
+      notice(`Cannot scan: ${e.message}`, 'error');
+    }
+  }
+
+  // The filter of the counts on screen: every action works on what is shown.
+  function shownFilter() {
+    return (ui.server && ui.server.scan && ui.server.scan.filter) || {};
+  }
+
+  // ---- rendering -----------------------------------------------------------------------------
+
+  function renderHeader(s) {
+    $('service').textContent = s.service;
+    $('broker').textContent = `${s.broker} · ${s.queue_type} · queue ${s.parking_queue}`;
+    $('input-queue').textContent = s.input_queue;
+    $('depth').textContent = s.depth === null ? '–' : String(s.depth);
+    $('input-depth').textContent = s.input_depth === null ? '–' : String(s.input_depth);
+    const badge = $('connection');
+    badge.textContent = s.connected ? 'connected' : 'reconnecting';
+    badge.className = `badge ${s.connected ? 'ok' : 'bad'}`;
+    badge.title = s.connection_error || '';
+  }
+
+  function renderScanLine(s) {
+    const scanInfo = $('scan-info');
+    const progress = $('scan-progress');
+    if (!s.scan) {
+      scanInfo.textContent = s.scan_error ? `The scan failed: ${s.scan_error}` : 'Reading the parking queue…';
+    } else {
+      const sc = s.scan;
+      const seconds = (sc.duration_ms / 1000).toFixed(sc.duration_ms < 10000 ? 2 : 0);
+      let text = `Counts from ${timeText(sc.finished_at)}: read ${sc.scanned} in ${seconds} s`;
+      const filter = filterText(sc.filter || {});
+      if (filter) text += `; filter: ${filter}`;
+      if (s.depth !== null && s.depth !== sc.depth) {
+        text += `. The depth changed since (${sc.depth} → ${s.depth})`;
+        if (s.rescan_after_ms > 0) {
+          const wait = Math.max(s.rescan_after_ms, 10 * sc.duration_ms);
+          text += `: counted again after ${timeText(sc.finished_at + Math.ceil(wait / 1000))}`;
+        }
+        text += ', or Rescan now';
+      }
+      if (s.scan_error) text += `. The last scan failed: ${s.scan_error}`;
+      scanInfo.textContent = text + '.';
+    }
+    if (s.scanning && s.scanning.state === 'running') {
+      const p = s.scanning.progress;
+      progress.textContent = `scanning… ${p.scanned}/${p.total}`;
+    } else if (s.scanning) {
+      progress.textContent = 'scan queued…';
+    } else {
+      progress.textContent = '';
+    }
+  }
+
+  function groupActions(filter, description, count) {
+    return el('td', {class: 'actions'},
+      el('button', {type: 'button', class: 'show', text: 'Show', title: 'Filter the list to these',
+                    onclick: () => showGroup(filter)}),
+      el('button', {type: 'button', class: 'replay', text: 'Replay…',
+                    onclick: () => act('replay', filter, description, count)}),
+      el('button', {type: 'button', class: 'purge danger', text: 'Purge…',
+                    onclick: () => act('purge', filter, description, count)}));
+  }
+
+  let groupsShown;  // the scan whose groups the tables show
+
+  function renderGroups(s) {
+    // Rebuilt only for a new scan, so that a button is never replaced under the pointer.
+    const scanId = s.scan ? s.scan.id : null;
+    if (scanId === groupsShown) return;
+    groupsShown = scanId;
+    const reasons = $('reason-groups').tBodies[0];
+    const errors = $('error-groups').tBodies[0];
+    clear(reasons);
+    clear(errors);
+    $('more-groups').textContent = '';
+    if (!s.scan) return;
+    const base = s.scan.filter || {};
+    for (const group of s.scan.by_reason) {
+      const filter = Object.assign({}, base, {reasons: [group.reason]});
+      const description = `${plural(group.count, 'message')} with reason “${group.reason}”`;
+      reasons.append(el('tr', {'data-reason': group.reason},
+        el('td', {class: 'key', text: group.reason}),
+        el('td', {class: 'num count', text: String(group.count)}),
+        groupActions(filter, description, group.count)));
+    }
+    for (const group of s.scan.by_error) {
+      const filter = Object.assign({}, base, {error_first_line: group.error});
+      const description = `${plural(group.count, 'message')} whose error is “${group.error}”`;
+      errors.append(el('tr', {'data-error': group.error},
+        el('td', {class: 'key error-text', text: group.error}),
+        el('td', {class: 'num count', text: String(group.count)}),
+        groupActions(filter, description, group.count)));
+    }
+    if (s.scan.more_error_groups > 0) {
+      $('more-groups').textContent =
+          `${plural(s.scan.more_error_groups, 'more error')} not shown: narrow the filter.`;
+    }
+    if (s.scan.by_reason.length === 0) {
+      reasons.append(el('tr', {}, el('td', {colSpan: 3, class: 'muted', text: 'Nothing parked.'})));
+    }
+  }
+
+  function jobText(job, s) {
+    const p = job.progress;
+    const what = filterText(job.filter || {}) || 'every parked message';
+    if (job.state === 'queued') return `${job.kind} of ${what}: waiting for the scan to end…`;
+    if (job.state === 'running') {
+      const verb = {replay: 'moved', purge: 'deleted', count: 'matching'}[job.kind];
+      return `${job.kind} of ${what}: read ${p.scanned} of ${p.total}, ${p.moved} ${verb}` +
+          (job.kind === 'replay' ? `, ${p.failed} failed` : '') +
+          (job.stop_requested ? ' (stopping…)' : '');
+    }
+    let text;
+    if (job.kind === 'replay') {
+      text = `Replay of ${what}: moved ${plural(p.moved, 'message')} to queue ${job.target}; ` +
+          `${p.skipped} stayed in parking; ${p.failed} failed`;
+    } else if (job.kind === 'purge') {
+      text = `Purge of ${what}: deleted ${plural(p.moved, 'message')}; ${p.skipped} stayed`;
+    } else {
+      text = `Count of ${what}: ${plural(p.moved, 'message')} match`;
+    }
+    if (job.interrupted) text += ' (stopped)';
+    if (job.state === 'failed') text += `. It failed: ${job.error}`;
+    return text + '.';
+  }
+
+  function renderJob(s) {
+    const box = $('job');
+    const job = s.job;
+    if (!job || job.kind === 'count' && job.state === 'done') {
+      box.hidden = true;
+      return;
+    }
+    box.hidden = false;
+    box.className = job.state;
+    box.dataset.state = job.state;
+    box.dataset.kind = job.kind;
+    box.dataset.id = String(job.id);
+    $('job-text').textContent = jobText(job, s);
+    const bar = $('job-progress');
+    bar.hidden = job.state !== 'running';
+    bar.max = Math.max(job.progress.total, 1);
+    bar.value = job.progress.scanned;
+    $('job-stop').hidden = !(job.state === 'running' && job.kind === 'replay') || job.stop_requested;
+  }
+
+  function renderBulk(s) {
+    const busy = !s.connected || (s.job && (s.job.state === 'running' || s.job.state === 'queued'));
+    const matched = s.scan ? s.scan.matched : 0;
+    $('matched-info').textContent = s.scan
+        ? `${plural(matched, 'message')} match${matched === 1 ? 'es' : ''} (of ${s.scan.scanned} read)`
+        : '';
+    $('replay-matching').disabled = busy || !s.scan || matched === 0;
+    $('purge-matching').disabled = busy || !s.scan || matched === 0;
+    $('replay-selected').disabled = busy || ui.selected.size === 0;
+    $('purge-selected').disabled = busy || ui.selected.size === 0;
+    $('replay-selected').textContent = `Replay ${ui.selected.size} selected…`;
+    $('purge-selected').textContent = `Purge ${ui.selected.size} selected…`;
+    for (const button of document.querySelectorAll('#groups button.replay, #groups button.purge')) {
+      button.disabled = busy;
+    }
+  }
+
+  function renderMessages() {
+    const body = $('messages').tBodies[0];
+    clear(body);
+    const now = ui.server ? ui.server.now : Math.floor(Date.now() / 1000);
+    const ids = new Set(ui.messages.map((m) => m.message_id).filter((id) => id));
+    for (const id of [...ui.selected]) {
+      if (!ids.has(id)) ui.selected.delete(id);
+    }
+    for (const m of ui.messages) {
+      const box = el('input', {type: 'checkbox', disabled: !m.message_id,
+                               checked: ui.selected.has(m.message_id),
+                               title: m.message_id ? 'Select' : 'No message id: act on it through a group'});
+      box.addEventListener('click', (event) => {
+        event.stopPropagation();
+        if (box.checked) ui.selected.add(m.message_id); else ui.selected.delete(m.message_id);
+        if (ui.server) renderBulk(ui.server);
+      });
+      const age = m.parked_at !== null && m.parked_at <= now ? `${ageText(now - m.parked_at)} ago` : '';
+      const row = el('tr', {'data-index': String(m.index), 'data-id': m.message_id, class: 'message'},
+        el('td', {}, box),
+        el('td', {class: 'num', text: String(m.position + 1)}),
+        el('td', {class: 'id', text: m.message_id || '(none)'}),
+        el('td', {class: 'time'}, timeText(m.parked_at), el('span', {class: 'muted', text: age})),
+        el('td', {text: m.reason || '(none)'}),
+        el('td', {class: 'num', text: m.attempts === null ? '–' : String(m.attempts)}),
+        el('td', {class: 'error-text', text: m.error || '–'}),
+        el('td', {text: m.routing_key || '–'}),
+        el('td', {class: 'num', text: sizeText(m.size)}),
+        el('td', {class: 'preview', text: m.preview === null ? '(binary)' : m.preview}));
+      row.addEventListener('click', () => openDetail(m.index));
+      body.append(row);
+    }
+    const s = ui.server;
+    let note = '';
+    if (s && s.scan) {
+      if (s.scan.matched > ui.messages.length) {
+        note = `Showing the first ${ui.messages.length} of ${s.scan.matched} matching messages: ` +
+            'narrow the filter to see others. Actions on a group or on all matching take them all.';
+      } else if (ui.messages.length === 0) {
+        note = 'No parked message matches.';
+      }
+    }
+    $('list-note').textContent = note;
+    $('select-all').checked = ui.messages.length > 0 &&
+        ui.messages.every((m) => !m.message_id || ui.selected.has(m.message_id));
+  }
+
+  function render(s) {
+    ui.server = s;
+    renderHeader(s);
+    renderScanLine(s);
+    renderGroups(s);
+    renderJob(s);
+    renderBulk(s);
+  }
+
+  async function loadMessages() {
+    const data = await api('GET', '/api/messages');
+    ui.scanId = data.scan;
+    ui.messages = data.messages;
+    renderMessages();
+    if (ui.server) renderBulk(ui.server);
+    if (ui.detail && ui.detail.scan !== ui.scanId) reopenDetail();
+  }
+
+  // ---- the detail panel ----------------------------------------------------------------------
+
+  function valueText(value) {
+    if (value !== null && typeof value === 'object') return JSON.stringify(value, null, 1);
+    return String(value);
+  }
+
+  function fillTable(table, entries) {
+    const body = table.tBodies[0];
+    clear(body);
+    for (const [key, value] of entries) {
+      body.append(el('tr', {'data-key': key},
+        el('th', {text: key}), el('td', {}, el('pre', {text: valueText(value)}))));
+    }
+    if (entries.length === 0) body.append(el('tr', {}, el('td', {class: 'muted', text: 'none'})));
+  }
+
+  // The message the user last opened, found again in a new list by its id and place.
+  function findWanted() {
+    const wanted = ui.wanted;
+    if (!wanted) return undefined;
+    return ui.messages.find((m) => m.message_id === wanted.id && m.position === wanted.position) ||
+        ui.messages.find((m) => wanted.id && m.message_id === wanted.id);
+  }
+
+  async function openDetail(index, again) {
+    const listed = ui.messages.find((m) => m.index === index);
+    if (!again && listed) ui.wanted = {id: listed.message_id, position: listed.position};
+    const request = ++ui.detailRequest;  // only the latest request fills the panel
+    try {
+      const m = await api('GET', `/api/message?scan=${ui.scanId}&index=${index}`);
+      if (request !== ui.detailRequest) return;
+      ui.detail = m;
+      $('detail').hidden = false;
+      $('detail').dataset.index = String(index);
+      $('detail-id').textContent = m.message_id || '(no message id)';
+      const properties = Object.entries(m.properties);
+      properties.unshift(['parked at', m.parked_at || '–'], ['reason', m.reason || '(none)'],
+                         ['attempts', m.attempts === null ? '–' : m.attempts],
+                         ['position in queue', m.position + 1], ['replays', m.replays]);
+      fillTable($('detail-properties'), properties);
+      fillTable($('detail-headers'), Object.entries(m.headers).map(([key, value]) =>
+        [key, m.header_times[key] ? `${value} (${m.header_times[key]})` : value]));
+      $('detail-body').textContent = m.body_pretty !== undefined ? m.body_pretty : m.body;
+      const notes = [sizeText(m.body_size)];
+      if (m.body_pretty !== undefined) notes.push('JSON, indented');
+      if (m.body_encoding === 'base64') notes.push('not UTF-8: shown as base64');
+      if (m.body_truncated) notes.push('cut to the first MiB');
+      $('detail-body-note').textContent = `(${notes.join('; ')})`;
+      $('detail-replay').disabled = !m.message_id;
+      $('detail-purge').disabled = !m.message_id;
+    } catch (e) {
+      if (request !== ui.detailRequest) return;
+      if (e.status === 410 && !again) {
+        // Counted again since the list was shown: find the message in the new list.
+        await loadMessages();
+        const found = findWanted();
+        if (found) return openDetail(found.index, true);
+      }
+      notice(`Cannot open the message: ${e.message}`, 'error');
+    }
+  }
+
+  function reopenDetail() {
+    const found = findWanted();
+    if (found) openDetail(found.index, true); else closeDetail();
+  }
+
+  function closeDetail() {
+    ui.detail = null;
+    ui.wanted = null;
+    ++ui.detailRequest;
+    $('detail').hidden = true;
+  }
+
+  // ---- actions -------------------------------------------------------------------------------
+
+  function confirmDialog(text, detail, okText) {
+    return new Promise((resolve) => {
+      $('confirm-text').textContent = text;
+      $('confirm-detail').textContent = detail;
+      $('confirm-ok').textContent = okText;
+      $('confirm').hidden = false;
+      $('confirm-ok').focus();
+      const finish = (answer) => {
+        $('confirm').hidden = true;
+        $('confirm-ok').onclick = null;
+        $('confirm-cancel').onclick = null;
+        resolve(answer);
+      };
+      $('confirm-ok').onclick = () => finish(true);
+      $('confirm-cancel').onclick = () => finish(false);
+    });
+  }
+
+  async function act(kind, filter, description, count) {
+    if (ui.busy) return;
+    ui.busy = true;
+    try {
+      const s = ui.server;
+      const verb = kind === 'replay' ? 'Replay' : 'Purge';
+      const detail = kind === 'replay'
+          ? `Each one is copied to queue ${s.input_queue} and leaves parking only once the broker ` +
+            'has confirmed its copy. Counts are from the last scan; the action takes whatever ' +
+            'matches when it runs.'
+          : 'They are deleted for good. Counts are from the last scan; the action takes whatever ' +
+            'matches when it runs.';
+      if (!await confirmDialog(`${verb} ${description}?`, detail, verb)) return;
+      await api('POST', `/api/${kind}`, {filter});
+      notice('');
+      schedulePoll(100);
+    } catch (e) {
+      notice(`${kind} refused: ${e.message}`, 'error');
+    } finally {
+      ui.busy = false;
+    }
+  }
+
+  async function waitForJob(id) {
+    for (;;) {
+      const s = await api('GET', '/api/state');
+      render(s);
+      if (s.job && s.job.id === id && (s.job.state === 'done' || s.job.state === 'failed')) {
+        return s.job;
+      }
+      await new Promise((resolve) => setTimeout(resolve, 300));
+    }
+  }
+
+  async function purgeOlderThan(duration) {
+    if (ui.busy) return;
+    ui.busy = true;
+    let counted;
+    try {
+      const filter = {older_than: duration};
+      notice(`Counting the messages parked more than ${duration} ago…`);
+      const started = await api('POST', '/api/count', {filter});
+      counted = await waitForJob(started.job);
+      notice('');
+      if (counted.state === 'failed') throw new Error(counted.error);
+    } catch (e) {
+      notice(`Cannot count: ${e.message}`, 'error');
+      ui.busy = false;
+      return;
+    }
+    ui.busy = false;
+    const n = counted.progress.moved;
+    if (n === 0) {
+      notice(`No message was parked more than ${duration} ago.`);
+      return;
+    }
+    await act('purge', {older_than: duration},
+              `${plural(n, 'message')} parked more than ${duration} ago`, n);
+  }
+
+  function selectionFilter(ids) {
+    return Object.assign({}, shownFilter(), {message_ids: ids});
+  }
+
+  // ---- polling -------------------------------------------------------------------------------
+
+  let pollTimer = null;
+  let polling = false;
+
+  function schedulePoll(delay) {
+    if (pollTimer !== null) clearTimeout(pollTimer);
+    pollTimer = setTimeout(poll, delay);
+  }
+
+  async function poll() {
+    pollTimer = null;
+    if (polling) return;
+    polling = true;
+    let fast = false;
+    try {
+      const s = await api('GET', '/api/state');
+      $('token-panel').hidden = true;
+      render(s);
+      if (s.scan && s.scan.id !== ui.scanId) await loadMessages();
+      fast = Boolean(s.scanning) || Boolean(s.job && (s.job.state === 'running' || s.job.state === 'queued'));
+      if ($('notice').className === 'offline') notice('');
+    } catch (e) {
+      if (e.status !== 403) notice(`The console does not answer: ${e.message}`, 'offline');
+    } finally {
+      polling = false;
+    }
+    // Depths are looked up at most every 2 s by the console; counts are read again only when
+    // the depth changed (see the scan line), so a fast poll costs the broker nothing.
+    if (pollTimer === null) schedulePoll(fast ? 500 : 2000);
+  }
+
+  // ---- wiring --------------------------------------------------------------------------------
+
+  function wire() {
+    $('token-form').addEventListener('submit', (event) => {
+      event.preventDefault();
+      ui.token = $('token-input').value.trim();
+      sessionStorage.setItem(TOKEN_KEY, ui.token);
+      $('token-input').value = '';
+      schedulePoll(0);
+    });
+    $('filter-form').addEventListener('submit', (event) => {
+      event.preventDefault();
+      scan(formFilter());
+    });
+    $('clear').addEventListener('click', () => {
+      $('filter-form').reset();
+      setErrorLine(null);
+      scan({});
+    });
+    $('f-line-clear').addEventListener('click', () => {
+      setErrorLine(null);
+      scan(formFilter());
+    });
+    $('rescan').addEventListener('click', () => scan(shownFilter()));
+    for (const kind of ['replay', 'purge']) {
+      $(`${kind}-matching`).addEventListener('click', () => {
+        const matched = ui.server.scan.matched;
+        const filter = shownFilter();
+        const what = filterText(filter);
+        act(kind, filter, `${what ? 'the' : 'all'} ${plural(matched, 'message')}` +
+            (what ? ` that match (${what})` : ' in parking'), matched);
+      });
+      $(`${kind}-selected`).addEventListener('click', () => {
+        const ids = [...ui.selected];
+        act(kind, selectionFilter(ids), `the ${plural(ids.length, 'selected message')}`, ids.length);
+      });
+      $(`detail-${kind}`).addEventListener('click', () => {
+        const id = ui.detail.message_id;
+        act(kind, selectionFilter([id]), `the message with id ${id}`, 1);
+      });
+    }
+    $('older-form').addEventListener('submit', (event) => {
+      event.preventDefault();
+      const duration = $('older-than').value.trim();
+      if (duration) purgeOlderThan(duration);
+    });
+    $('select-all').addEventListener('change', () => {
+      for (const m of ui.messages) {
+        if (!m.message_id) continue;
+        if ($('select-all').checked) ui.selected.add(m.message_id); else ui.selected.delete(m.message_id);
+      }
+      renderMessages();
+      if (ui.server) renderBulk(ui.server);
+    });
+    $('job-stop').addEventListener('click', async () => {
+      try {
+        await api('POST', '/api/stop', {});
+        schedulePoll(100);
+      } catch (e) {
+        notice(`Cannot stop: ${e.message}`, 'error');
+      }
+    });
+    $('detail-close').addEventListener('click', closeDetail);
+    document.addEventListener('keydown', (event) => {
+      if (event.key !== 'Escape') return;
+      if (!$('confirm').hidden) $('confirm-cancel').click(); else if (!$('detail').hidden) closeDetail();
+    });
+  }
+
+  function showGroup(filter) {
+    if (filter.reasons) $('f-reason').value = filter.reasons[0];
+    if (filter.error_first_line !== undefined) setErrorLine(filter.error_first_line);
+    scan(filter);
+  }
+
+  readToken();
+  wire();
+  if (!ui.token) askForToken('');
+  poll();
+})();

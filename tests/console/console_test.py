@@ -1,0 +1,540 @@
+#!/usr/bin/python3
+"""The parking console (`retryloop parking serve`) in a real browser: headless Chromium driven by
+Selenium, against the broker of scripts/with-broker.
+
+    /usr/bin/python3 tests/console/console_test.py --retryloop BUILD/retryloop
+
+It makes a quorum service, parks messages in it as the consumer does (reasons, errors, original
+routing keys, timestamps), among them one whose body and error are HTML that would run a script
+if the page used them as HTML; starts the console on a free loopback port and checks, in the
+browser, the groups and their counts, a message's headers and pretty-printed body, that the
+hostile texts are shown as text and never run, a group replay (the counts change, and the
+messages really are in the service's queue, fresh), the live depth, a purge of a selection and
+"purge older than"; and, over plain HTTP and from a page of another origin, that requests without
+the token, with another Origin or Host, or from another site are refused and move nothing.
+
+Environment: RETRYLOOP_TEST_URL (the broker; scripts/with-broker sets it).
+             RETRYLOOP_CONSOLE_SCREENSHOT=PATH also saves a screenshot of the console there.
+"""
+
+import argparse
+import datetime
+import http.server
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pika
+from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+HOSTILE_BODY = ('<script>window.__xss = "script";</script>'
+                '<img src=x onerror="window.__xss = \'img\'">')
+HOSTILE_ERROR = '<img src=x onerror="window.__xss = \'error\'"> broke it'
+HOSTILE_HEADER = '<b onmouseover="window.__xss = \'header\'">bold</b>'
+TIMEOUT_ERROR = 'Timeout talking to payments after 5000 ms'
+PERMANENT_ERROR = 'customer 42 does not exist'
+
+
+class Failure(Exception):
+    pass
+
+
+def check(condition, message):
+    if not condition:
+        raise Failure(message)
+
+
+def log(message):
+    print(f'[{time.strftime("%H:%M:%S")}] {message}', flush=True)
+
+
+# ---- the broker -------------------------------------------------------------------------------
+
+class Broker:
+    def __init__(self, url):
+        self.connection = pika.BlockingConnection(pika.URLParameters(url))
+        self.channel = self.connection.channel()
+        self.channel.confirm_delivery()
+
+    def park(self, exchange, message_id, body, reason, error, routing_key, parked_at,
+             extra_headers=None, content_type='application/json'):
+        """Publishes a message to the parking exchange with the headers the consumer sets."""
+        headers = {
+            'tenant': 'acme',
+            'retryloop-attempts': 3 if reason == 'exhausted' else 1,
+            'retryloop-reason': reason,
+            'retryloop-error': error,
+            'retryloop-queue': self.service,
+            'retryloop-original-exchange': f'{self.service}.in',
+            'retryloop-original-routing-key': routing_key,
+            'retryloop-first-failure': parked_at - datetime.timedelta(seconds=3),
+            'retryloop-parked-at': parked_at,
+            'retryloop-consumer': 'console-test',
+        }
+        headers.update(extra_headers or {})
+        properties = pika.BasicProperties(message_id=message_id, content_type=content_type,
+                                          delivery_mode=2, headers=headers)
+        # Confirmed (the channel is in confirm mode) and routed (mandatory), or an exception.
+        self.channel.basic_publish(exchange, '', body.encode(), properties, mandatory=True)
+
+    def depth(self, queue):
+        return self.channel.queue_declare(queue, passive=True).method.message_count
+
+    def take_all(self, queue):
+        """Takes every message out of `queue`: [(properties, body)]."""
+        out = []
+        while True:
+            method, properties, body = self.channel.basic_get(queue, auto_ack=False)
+            if method is None:
+                return out
+            self.channel.basic_ack(method.delivery_tag)
+            out.append((properties, body))
+
+    def close(self):
+        try:
+            self.connection.close()
+        except Exception:  # pylint: disable=broad-except
+            pass
+
+
+# ---- the console ------------------------------------------------------------------------------
+
+class Console:
+    """`retryloop parking serve` on a free loopback port."""
+
+    def __init__(self, retryloop, topology_file, service, url, work):
+        self.errors = open(os.path.join(work, 'console.err'), 'w+', encoding='utf-8')
+        self.process = subprocess.Popen(
+            [retryloop, 'parking', 'serve', '-t', topology_file, service, '--url', url,
+             '--listen', '127.0.0.1:0', '--rescan-after', '1s'],
+            stdout=subprocess.PIPE, stderr=self.errors, text=True)
+        self.output = []
+        started = threading.Event()
+        self.reader = threading.Thread(target=self.read, args=(started,), daemon=True)
+        self.reader.start()
+        started.wait(30)
+        if not hasattr(self, 'token'):
+            self.process.kill()
+            self.process.wait()
+            raise Failure('the console did not start: ' + self.printed())
+
+    def read(self, started):
+        for line in self.process.stdout:
+            self.output.append(line)
+            match = re.search(r'open  (http://127\.0\.0\.1:(\d+)/)#token=([0-9a-f]+)', line)
+            if match:
+                self.base, self.port, self.token = match.group(1), match.group(2), match.group(3)
+                started.set()
+        started.set()
+
+    def printed(self):
+        self.errors.seek(0)
+        return ''.join(self.output) + self.errors.read()
+
+    def request(self, method, path, body=None, headers=None):
+        """An HTTP request straight to the console: (status, JSON answer)."""
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.base.rstrip('/') + path, data=data, method=method)
+        for name, value in (headers or {}).items():
+            request.add_header(name, value)
+        if data is not None and 'Content-Type' not in (headers or {}):
+            request.add_header('Content-Type', 'application/json')
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, json.loads(response.read() or b'null')
+        except urllib.error.HTTPError as error:
+            text = error.read()
+            try:
+                return error.code, json.loads(text)
+            except ValueError:
+                return error.code, text.decode(errors='replace')
+
+    def stop(self):
+        """SIGTERM; returns the exit status and everything it printed."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise Failure('the console did not stop within 20 s of SIGTERM:\n' + self.printed())
+        self.reader.join(5)
+        return self.process.returncode, self.printed()
+
+
+# ---- the browser ------------------------------------------------------------------------------
+
+def browser():
+    options = webdriver.ChromeOptions()
+    options.binary_location = '/usr/bin/chromium'
+    for argument in ('--headless=new', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage',
+                     '--window-size=1400,1250', '--lang=en-US', '--force-device-scale-factor=1'):
+        options.add_argument(argument)
+    return webdriver.Chrome(service=Service('/usr/bin/chromedriver'), options=options)
+
+
+def wait_for(driver, what, condition, timeout=20):
+    """Waits until condition(driver) is truthy; its value, or a Failure naming `what`."""
+    def attempt(d):
+        try:
+            return condition(d)
+        except StaleElementReferenceException:
+            return False
+    try:
+        return WebDriverWait(driver, timeout, poll_frequency=0.1).until(attempt)
+    except Exception as error:  # pylint: disable=broad-except
+        raise Failure(f'timed out waiting for {what}: {error.__class__.__name__}') from None
+
+
+def group_counts(driver, table):
+    """{key: count} of a group table (#reason-groups or #error-groups), read in one go."""
+    return driver.execute_script("""
+        const out = {};
+        for (const row of document.querySelectorAll(`#${arguments[0]} tbody tr`)) {
+          const cells = row.querySelectorAll('td');
+          if (cells.length === 3) out[cells[0].textContent] = Number(cells[1].textContent);
+        }
+        return out;""", table)
+
+
+def text(driver, element_id):
+    return driver.execute_script('return document.getElementById(arguments[0]).textContent;',
+                                 element_id)
+
+
+def table_values(driver, table_id):
+    """{key: value} of a detail table, as the page shows them (textContent), read in one go."""
+    return driver.execute_script("""
+        const out = {};
+        for (const row of document.querySelectorAll(`#${arguments[0]} tbody tr`)) {
+          const cells = row.querySelectorAll('th, td');
+          if (cells.length === 2) out[cells[0].textContent] = cells[1].textContent;
+        }
+        return out;""", table_id)
+
+
+def listed_ids(driver):
+    return driver.execute_script("""
+        return [...document.querySelectorAll('#messages tbody tr.message')]
+            .map((row) => row.dataset.id);""")
+
+
+def click(driver, selector):
+    """Clicks the element, again if the page replaced it meanwhile."""
+    def attempt(d):
+        d.find_element(By.CSS_SELECTOR, selector).click()
+        return True
+    wait_for(driver, selector, attempt)
+
+
+def open_message(driver, message_id):
+    click(driver, f'#messages tr[data-id="{message_id}"] td.id')
+    wait_for(driver, f'the detail of {message_id}',
+             lambda d: d.find_element(By.ID, 'detail').is_displayed()
+             and text(d, 'detail-id') == message_id)
+
+
+def confirm(driver, expect):
+    """Checks the confirmation dialog's text and accepts it."""
+    dialog_text = wait_for(driver, 'the confirmation dialog',
+                           lambda d: d.find_element(By.ID, 'confirm').is_displayed()
+                           and text(d, 'confirm-text'))
+    check(expect in dialog_text, f'the confirmation says {dialog_text!r}, not {expect!r}')
+    driver.find_element(By.ID, 'confirm-ok').click()
+
+
+def job_id(driver):
+    return driver.find_element(By.ID, 'job').get_attribute('data-id')
+
+
+def wait_job(driver, kind, contains, previous):
+    """Waits for an action other than job `previous` to end; returns its text."""
+    def finished(d):
+        box = d.find_element(By.ID, 'job')
+        return (box.get_attribute('data-id') != previous
+                and box.get_attribute('data-kind') == kind
+                and box.get_attribute('data-state') in ('done', 'failed')
+                and text(d, 'job-text'))
+    job_text = wait_for(driver, f'the {kind} to finish', finished, timeout=40)
+    check(contains in job_text, f'the {kind} reports {job_text!r}, not {contains!r}')
+    return job_text
+
+
+def xss_ran(driver):
+    return driver.execute_script('return window.__xss === undefined ? null : window.__xss;')
+
+
+# ---- a page of another origin -----------------------------------------------------------------
+
+class OtherSite:
+    """A page on another port of 127.0.0.1 (another origin) that tries the console's API."""
+
+    PAGE = """<!doctype html><title>other</title><script>
+    const target = new URLSearchParams(location.search);
+    window.result = 'pending';
+    fetch(target.get('api') + 'replay', {method: 'POST', mode: 'cors',
+          headers: {'X-Retryloop-Token': target.get('token'), 'Content-Type': 'application/json'},
+          body: '{"filter": {}}'})
+      .then((r) => { window.result = 'answered ' + r.status; })
+      .catch((e) => { window.result = 'blocked'; });
+    </script>"""
+
+    def __init__(self):
+        page = self.PAGE.encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # pylint: disable=invalid-name
+                self.send_response(200)
+                self.send_header('Content-Type', 'text/html')
+                self.end_headers()
+                self.wfile.write(page)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.HTTPServer(('127.0.0.1', 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+# ---- the test ---------------------------------------------------------------------------------
+
+def run(args):
+    url = os.environ.get('RETRYLOOP_TEST_URL')
+    check(url, 'RETRYLOOP_TEST_URL is not set: run this through scripts/with-broker')
+    screenshot = os.environ.get('RETRYLOOP_CONSOLE_SCREENSHOT')
+    # A screenshot is taken on a broker of its own: it shows a plain service name.
+    service = 'orders' if screenshot else f'console-{os.getpid()}-{int(time.time() * 1000) % 1000000}'
+    parking = f'{service}.parking'
+    work = tempfile.mkdtemp(prefix='retryloop-console-')
+    topology_file = os.path.join(work, 'topology.json')
+    with open(topology_file, 'w', encoding='utf-8') as out:
+        json.dump({'services': [{
+            'name': service, 'queue_type': 'quorum',
+            'input': {'exchange': f'{service}.in', 'type': 'direct', 'bindings': ['order.created']},
+            'retry': {'mode': 'reject', 'delays': ['1s'], 'max_attempts': 3}}]}, out)
+    subprocess.run([args.retryloop, 'topology', 'apply', topology_file, '--url', url],
+                   check=True, stdout=subprocess.DEVNULL)
+
+    broker = Broker(url)
+    broker.service = service
+    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0, tzinfo=None)
+    for i in range(1, 4):
+        broker.park(parking, f'order-{i}', json.dumps({'order': f'order-{i}', 'amount': 10 * i}),
+                    'exhausted', f'{TIMEOUT_ERROR}\n  at payments.cpp:{40 + i}', 'order.created',
+                    now - datetime.timedelta(minutes=10 - i))
+    for i in range(4, 6):
+        broker.park(parking, f'order-{i}', json.dumps({'order': f'order-{i}'}), 'permanent',
+                    PERMANENT_ERROR, 'order.updated', now - datetime.timedelta(minutes=5))
+    broker.park(parking, 'order-6', 'this is not JSON', 'poison', 'not JSON: Expecting value',
+                'order.created', now - datetime.timedelta(minutes=2), content_type='text/plain')
+    broker.park(parking, 'hostile-1', HOSTILE_BODY, 'poison', HOSTILE_ERROR, 'order.created',
+                now - datetime.timedelta(days=10), {'note': HOSTILE_HEADER},
+                content_type='text/html')
+    check(broker.depth(parking) == 7, 'the seven parked messages are not all in parking')
+    log(f'parked 7 messages in {parking} (quorum)')
+
+    console = Console(args.retryloop, topology_file, service, url, work)
+    driver = None
+    other = None
+    try:
+        log(f'console at {console.base}')
+        driver = browser()
+        driver.set_script_timeout(10)
+
+        # -- the page, the groups and their counts
+        driver.get(f'{console.base}#token={console.token}')
+        wait_for(driver, 'the reason groups',
+                 lambda d: group_counts(d, 'reason-groups') == {
+                     'exhausted': 3, 'permanent': 2, 'poison': 2})
+        errors = group_counts(driver, 'error-groups')
+        check(errors == {TIMEOUT_ERROR: 3, PERMANENT_ERROR: 2, 'not JSON: Expecting value': 1,
+                         HOSTILE_ERROR: 1}, f'the error groups are {errors}')
+        check('token' not in driver.current_url, 'the token stayed in the address bar')
+        check(text(driver, 'depth') == '7', f'the depth shows {text(driver, "depth")!r}')
+        wait_for(driver, 'the message list', lambda d: len(listed_ids(d)) == 7)
+        log('the groups and counts are right')
+
+        # -- a message's properties, headers and pretty-printed body
+        open_message(driver, 'order-1')
+        body = driver.find_element(By.ID, 'detail-body').get_attribute('textContent')
+        check(json.loads(body) == {'order': 'order-1', 'amount': 10} and '\n  "amount": 10' in body,
+              f'the body is not pretty-printed JSON: {body!r}')
+        headers = table_values(driver, 'detail-headers')
+        check(headers.get('retryloop-reason') == 'exhausted', f'headers: {headers}')
+        check(headers.get('tenant') == 'acme', f'headers: {headers}')
+        check(headers.get('retryloop-error', '').startswith(TIMEOUT_ERROR), f'headers: {headers}')
+        properties = table_values(driver, 'detail-properties')
+        check(properties.get('content_type') == 'application/json', f'properties: {properties}')
+        check(properties.get('message_id') == 'order-1', f'properties: {properties}')
+        log('a message shows its properties, headers and indented body')
+        if screenshot:
+            driver.set_window_size(1500, 960)
+            time.sleep(0.5)
+            check(driver.save_screenshot(screenshot), f'cannot write the screenshot {screenshot}')
+            log(f'screenshot saved to {screenshot}')
+
+        # -- reading costs no parked message, even past RabbitMQ 4's default delivery limit (20)
+        token = {'X-Retryloop-Token': console.token}
+        for _ in range(22):
+            scan_id = console.request('GET', '/api/state', headers=token)[1]['scan']['id']
+            status, answer = console.request('POST', '/api/scan', {'filter': {}}, token)
+            check(status == 200, f'a scan got HTTP {status}: {answer}')
+            deadline = time.monotonic() + 20
+            while console.request('GET', '/api/state', headers=token)[1]['scan']['id'] == scan_id:
+                check(time.monotonic() < deadline, 'a scan did not end within 20 s')
+                time.sleep(0.02)
+        state = console.request('GET', '/api/state', headers=token)[1]
+        check(broker.depth(parking) == 7 and state['scan']['matched'] == 7,
+              f'after 23 scans parking holds {broker.depth(parking)}, the scan saw {state["scan"]}')
+        log('23 scans later every parked message is still there')
+
+        # -- a hostile body, error and header are text, and nothing of them runs
+        open_message(driver, 'hostile-1')
+        shown = driver.find_element(By.ID, 'detail-body').get_attribute('textContent')
+        check(shown == HOSTILE_BODY, f'the hostile body is shown as {shown!r}')
+        check(table_values(driver, 'detail-headers').get('note') == HOSTILE_HEADER,
+              'the hostile header is not shown as its text')
+        check(HOSTILE_ERROR in group_counts(driver, 'error-groups'),
+              'the hostile error is not shown as its text')
+        check(not driver.find_elements(By.CSS_SELECTOR, 'img, script:not([src]), b'),
+              'a hostile text became HTML elements')
+        time.sleep(0.3)  # an <img onerror> would have fired by now
+        check(xss_ran(driver) is None, f'a hostile script ran ({xss_ran(driver)})')
+        log('hostile texts are shown as text and never run')
+
+        # -- replay a group: the counts change, and the messages are in the service's queue
+        click(driver, '#detail-close')
+        previous = job_id(driver)
+        click(driver, '#reason-groups tr[data-reason="exhausted"] button.replay')
+        confirm(driver, '3 messages with reason “exhausted”')
+        wait_job(driver, 'replay', f'moved 3 messages to queue {service}', previous)
+        wait_for(driver, 'the counts after the replay',
+                 lambda d: group_counts(d, 'reason-groups') == {'permanent': 2, 'poison': 2})
+        wait_for(driver, 'the depth after the replay', lambda d: text(d, 'depth') == '4')
+        replayed = broker.take_all(service)
+        ids = sorted(p.message_id for p, _ in replayed)
+        check(ids == ['order-1', 'order-2', 'order-3'], f'queue {service} holds {ids}')
+        for properties, body in replayed:
+            check(properties.headers.get('retryloop-replays') == 1
+                  and 'retryloop-reason' not in properties.headers
+                  and properties.headers.get('tenant') == 'acme',
+                  f'a replayed copy has the headers {properties.headers}')
+            check(json.loads(body)['order'] == properties.message_id, 'a body changed')
+        check(broker.depth(parking) == 4, 'parking does not hold the four others')
+        log('the group replay moved 3 messages to the service queue, fresh')
+
+        # -- the depth refreshes by itself
+        broker.park(parking, 'order-7', '{"order": "order-7"}', 'permanent', PERMANENT_ERROR,
+                    'order.updated', now)
+        wait_for(driver, 'the live depth', lambda d: text(d, 'depth') == '5', timeout=15)
+        wait_for(driver, 'the counts after the depth changed',
+                 lambda d: group_counts(d, 'reason-groups') == {'permanent': 3, 'poison': 2},
+                 timeout=15)
+        log('the depth and, since it changed, the counts refreshed by themselves')
+
+        # -- requests without the token, from another origin or for another host move nothing
+        form = {'Content-Type': 'application/x-www-form-urlencoded'}
+        for what, headers, expected in (
+                ('without the token', {}, 403),
+                ('with a wrong token', {'X-Retryloop-Token': '0' * 32}, 403),
+                ('with another Origin', dict(token, Origin='http://evil.example'), 403),
+                ('for another Host (DNS rebinding)',
+                 dict(token, Host=f'evil.example:{console.port}'), 403),
+                ('from another site', dict(token, **{'Sec-Fetch-Site': 'cross-site'}), 403),
+                ('as a form post', dict(token, **form), 415)):
+            status, answer = console.request('POST', '/api/replay', {'filter': {}}, headers)
+            check(status == expected, f'a replay {what} got HTTP {status}, not {expected}: {answer}')
+        status, _ = console.request('GET', '/api/state')
+        check(status == 403, f'reading the state without the token got HTTP {status}')
+        status, _ = console.request('OPTIONS', '/api/replay', headers={
+            'Origin': 'http://evil.example', 'Access-Control-Request-Method': 'POST'})
+        check(status == 403, f'a CORS preflight got HTTP {status}')
+        status, state = console.request('GET', '/api/state', headers=token)
+        check(status == 200 and state['depth'] == 5, f'with the token: HTTP {status}, {state}')
+        check(':guest@' not in json.dumps(state), 'the broker password is in the state')
+        other = OtherSite()
+        api = urllib.parse.quote(console.base + 'api/')
+        driver.get(f'http://127.0.0.1:{other.port}/?api={api}&token={console.token}')
+        result = wait_for(driver, 'the cross-origin fetch',
+                          lambda d: (r := d.execute_script('return window.result;')) != 'pending' and r)
+        check(result == 'blocked', f'a page of another origin got {result!r}')
+        check(broker.depth(parking) == 5, 'a refused request moved messages')
+        with urllib.request.urlopen(console.base + 'app.js', timeout=10) as response:
+            script = response.read().decode()
+            policy = response.headers.get('Content-Security-Policy', '')
+        check('innerHTML' not in script and 'insertAdjacentHTML' not in script,
+              'the page script writes HTML')
+        check("script-src 'self'" in policy and 'unsafe-inline' not in policy,
+              f'the Content-Security-Policy is {policy!r}')
+        log('requests without the token, of another origin or another host are refused (403)')
+
+        # -- purge a selection, then "purge older than"
+        driver.get(f'{console.base}#token={console.token}')
+        wait_for(driver, 'the list after a reload', lambda d: len(listed_ids(d)) == 5)
+        for message_id in ('order-4', 'order-5'):
+            click(driver, f'#messages tr[data-id="{message_id}"] input[type=checkbox]')
+        previous = job_id(driver)
+        driver.find_element(By.ID, 'purge-selected').click()
+        confirm(driver, 'the 2 selected messages')
+        wait_job(driver, 'purge', 'deleted 2 messages', previous)
+        wait_for(driver, 'the depth after the purge', lambda d: text(d, 'depth') == '3')
+        older = driver.find_element(By.ID, 'older-than')
+        older.clear()
+        older.send_keys('7d')
+        previous = job_id(driver)
+        driver.find_element(By.CSS_SELECTOR, '#older-form button').click()
+        confirm(driver, '1 message parked more than 7d ago')
+        wait_job(driver, 'purge', 'deleted 1 message', previous)
+        wait_for(driver, 'the depth after purge older than', lambda d: text(d, 'depth') == '2')
+        wait_for(driver, 'the list after the purges',
+                 lambda d: sorted(listed_ids(d)) == ['order-6', 'order-7'])
+        check(broker.depth(parking) == 2, 'parking does not hold the two messages left')
+        log('purging a selection and purging older than 7d deleted what they said')
+    finally:
+        if driver is not None:
+            driver.quit()
+        if other is not None:
+            other.close()
+        status, output = console.stop()
+        broker.close()
+        subprocess.run([args.retryloop, 'topology', 'delete', topology_file, '--yes', '--force',
+                        '--url', url], check=False, stdout=subprocess.DEVNULL)
+    check(status == 0, f'the console exited {status} on SIGTERM:\n{output}')
+    check(':guest@' not in output, f'the console printed the broker password:\n{output}')
+    check('left open' not in output, f'the console did not close everything:\n{output}')
+    check('console: replay' in output, f'the console logged no replay:\n{output}')
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--retryloop', required=True, help='the retryloop program')
+    args = parser.parse_args()
+    started = time.monotonic()
+    try:
+        run(args)
+    except Failure as failure:
+        print(f'FAILED: {failure}', file=sys.stderr)
+        return 1
+    log(f'passed in {time.monotonic() - started:.1f} s')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,179 @@
+// The parking console's request check and filter parsing, without a server.
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "retryloop/console/detail/api.hpp"
+
+using namespace retryloop;
+using console::detail::Access;
+using console::detail::RequestFacts;
+
+namespace {
+
+Access loopback_access() {
+  Access access;
+  access.token = "0123456789abcdef0123456789abcdef";
+  access.hosts = console::detail::allowed_hosts("127.0.0.1", 8080);
+  return access;
+}
+
+/// A replay as the console's own page sends it.
+RequestFacts page_replay() {
+  RequestFacts request;
+  request.method = "POST";
+  request.path = "/api/replay";
+  request.host = "127.0.0.1:8080";
+  request.origin = "http://127.0.0.1:8080";
+  request.fetch_site = "same-origin";
+  request.token = "0123456789abcdef0123456789abcdef";
+  request.content_type = "application/json";
+  return request;
+}
+
+int status_of(const RequestFacts& request) {
+  return console::detail::check_request(request, loopback_access()).status;
+}
+
+}  // namespace
+
+TEST_CASE("The console's own page gets in; a request without the token does not", "[console]") {
+  CHECK(status_of(page_replay()) == 0);
+
+  RequestFacts request = page_replay();
+  request.token.clear();
+  CHECK(status_of(request) == 403);
+  CHECK_THAT(console::detail::check_request(request, loopback_access()).reason,
+             Catch::Contains("X-Retryloop-Token"));
+  request.token = "0123456789abcdef0123456789abcdeX";
+  CHECK(status_of(request) == 403);
+  request.token = "0123456789abcdef";  // a prefix of the token
+  CHECK(status_of(request) == 403);
+
+  // Reads need the token too: a parked body may hold personal data.
+  RequestFacts read = page_replay();
+  read.method = "GET";
+  read.path = "/api/state";
+  read.origin.clear();
+  read.token.clear();
+  CHECK(status_of(read) == 403);
+
+  // The page and its script need none.
+  RequestFacts page = read;
+  page.path = "/app.js";
+  CHECK(status_of(page) == 0);
+  page.method = "POST";
+  CHECK(status_of(page) == 405);
+}
+
+TEST_CASE("Requests from another origin or for another host are refused", "[console]") {
+  RequestFacts request = page_replay();
+  request.origin = "http://evil.example";
+  CHECK(status_of(request) == 403);
+  request.origin = "null";  // a sandboxed frame or a data: page
+  CHECK(status_of(request) == 403);
+  request.origin = "http://localhost:8080";  // the console under its other name
+  CHECK(status_of(request) == 403);
+  request.host = "localhost:8080";
+  CHECK(status_of(request) == 0);
+
+  request = page_replay();
+  request.fetch_site = "cross-site";
+  CHECK(status_of(request) == 403);
+  request.fetch_site = "same-site";  // another port of the same host is another origin
+  CHECK(status_of(request) == 403);
+  request.fetch_site = "none";  // typed in the address bar
+  CHECK(status_of(request) == 0);
+
+  request = page_replay();
+  request.method = "OPTIONS";  // a CORS preflight: no cross-origin request is ever allowed
+  CHECK(status_of(request) == 403);
+
+  // DNS rebinding: a site's name resolved to 127.0.0.1.
+  request = page_replay();
+  request.host = "evil.example:8080";
+  request.origin = "http://evil.example:8080";
+  CHECK(status_of(request) == 403);
+  request.host = "127.0.0.1:9090";
+  request.origin.clear();
+  CHECK(status_of(request) == 403);
+
+  // A form can send text/plain or a urlencoded body, never JSON.
+  request = page_replay();
+  request.content_type = "text/plain";
+  CHECK(status_of(request) == 415);
+  request.content_type = "Application/JSON; charset=utf-8";
+  CHECK(status_of(request) == 0);
+}
+
+TEST_CASE("A console on loopback answers to its address and localhost; elsewhere to any host",
+          "[console]") {
+  using console::detail::allowed_hosts;
+  using console::detail::is_loopback;
+  const auto hosts = allowed_hosts("127.0.0.2", 80);
+  CHECK(std::find(hosts.begin(), hosts.end(), "127.0.0.2:80") != hosts.end());
+  CHECK(std::find(hosts.begin(), hosts.end(), "localhost:80") != hosts.end());
+  const auto v6 = allowed_hosts("::1", 8080);
+  CHECK(std::find(v6.begin(), v6.end(), "[::1]:8080") != v6.end());
+  CHECK(allowed_hosts("0.0.0.0", 8080).empty());
+  CHECK(allowed_hosts("10.1.2.3", 8080).empty());
+
+  CHECK(is_loopback("127.0.0.1"));
+  CHECK(is_loopback("localhost"));
+  CHECK(is_loopback("::1"));
+  CHECK_FALSE(is_loopback("127.evil.example"));
+  CHECK_FALSE(is_loopback("0.0.0.0"));
+
+  Access anywhere;
+  anywhere.token = "t";
+  RequestFacts request;
+  request.method = "GET";
+  request.path = "/";
+  request.host = "console.internal:8080";
+  CHECK(console::detail::check_request(request, anywhere).status == 0);
+}
+
+TEST_CASE("A random token is 32 hex digits, and a new one each time", "[console]") {
+  const std::string token = console::detail::random_token();
+  CHECK(token.size() == 32);
+  CHECK(token.find_first_not_of("0123456789abcdef") == std::string::npos);
+  CHECK(token != console::detail::random_token());
+  CHECK(console::detail::same_token("abc", "abc"));
+  CHECK_FALSE(console::detail::same_token("abc", "abd"));
+  CHECK_FALSE(console::detail::same_token("abc", "abcd"));
+  CHECK_FALSE(console::detail::same_token("", "a"));
+}
+
+TEST_CASE("A filter in a request becomes a parking filter; a bad one names its field",
+          "[console]") {
+  using console::detail::parse_filter;
+  const parking::Filter filter = parse_filter(nlohmann::json::parse(R"json({
+      "reasons": ["exhausted", "(none)"], "error_first_line": "(none)",
+      "error_contains": "timeout", "message_ids": ["m-1", "m-2"], "routing_key": "order.created",
+      "parked_from": 1700000000, "parked_until": 1700003600, "older_than": "7d"
+})json"));
+  CHECK(filter.reasons == std::vector<std::string>{"exhausted", ""});
+  CHECK(filter.error_first_line == std::string());
+  CHECK(filter.error_contains == "timeout");
+  CHECK(filter.message_ids == std::vector<std::string>{"m-1", "m-2"});
+  CHECK(filter.original_routing_key == std::string("order.created"));
+  CHECK(filter.parked_from == uint64_t(1700000000));
+  CHECK(filter.parked_until == uint64_t(1700003600));
+  CHECK(filter.older_than == std::chrono::milliseconds(7 * 24 * 3600 * 1000LL));
+  CHECK(parse_filter(nlohmann::json::object()).empty());
+
+  auto refuses = [&](const char* json, const char* why) {
+    INFO(json);
+    CHECK_THROWS_WITH(parse_filter(nlohmann::json::parse(json)), Catch::Contains(why));
+  };
+  // An empty list would take every message: a selection of none must not.
+  refuses(R"({"message_ids": []})", "message_ids");
+  refuses(R"({"reasons": []})", "reasons");
+  refuses(R"({"message_ids": [1]})", "strings only");
+  refuses(R"({"parked_from": -5})", "parked_from");
+  refuses(R"({"parked_from": "yesterday"})", "parked_from");
+  refuses(R"({"older_than": "7 days"})", "older_than \"7 days\"");
+  refuses(R"({"routing_key": 7})", "routing_key");
+  refuses(R"({"reason": ["poison"]})", "unknown filter field reason");
+  refuses(R"(["poison"])", "JSON object");
+}
