@@ -27,6 +27,8 @@ constexpr size_t kBodyShownBytes = 1024 * 1024;
 constexpr size_t kErrorGroupsShown = 100;
 constexpr size_t kPreviewBytes = 160;
 constexpr size_t kErrorLineBytes = 400;
+/// JSON bodies nested deeper than this are shown as they are, not indented.
+constexpr size_t kPrettyDepth = 64;
 
 const char* kind_name(Job::Kind kind) {
   switch (kind) {
@@ -76,6 +78,50 @@ std::string cut(const std::string& text, size_t bytes) {
   while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80)
     --end;
   return text.substr(0, end);
+}
+
+/// Whether the arrays and objects of JSON `text` nest at most `limit` deep. Indenting a deeper
+/// document would recurse as deep (the serializer is recursive), so such a body is shown as it
+/// is.
+bool nests_at_most(std::string_view text, size_t limit) {
+  size_t depth = 0;
+  bool in_string = false;
+  bool escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return false;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return true;
+}
+
+/// `parked` without its body, which may be large.
+parking::ParkedMessage without_body(const parking::ParkedMessage& parked) {
+  parking::ParkedMessage out;
+  out.position = parked.position;
+  out.message.properties = parked.message.properties;
+  out.message_id = parked.message_id;
+  out.parked_at = parked.parked_at;
+  out.reason = parked.reason;
+  out.attempts = parked.attempts;
+  out.error = parked.error;
+  out.queue = parked.queue;
+  out.original_exchange = parked.original_exchange;
+  out.original_routing_key = parked.original_routing_key;
+  out.replays = parked.replays;
+  return out;
 }
 
 nlohmann::json progress_json(const parking::Progress& progress) {
@@ -521,6 +567,7 @@ Reply Core::messages() {
   for (size_t i = 0; i < kept.size(); ++i) {
     const parking::ParkedMessage& parked = kept[i];
     const std::string& body = parked.message.body;
+    const std::string preview = cut(body, kPreviewBytes);
     list.push_back(
         {{"index", i},
          {"position", parked.position},
@@ -533,8 +580,8 @@ Reply Core::messages() {
          {"exchange", parked.original_exchange},
          {"replays", parked.replays},
          {"size", body.size()},
-         {"preview", parking::is_utf8(body) ? nlohmann::json(cut(body, kPreviewBytes))
-                                            : nlohmann::json(nullptr)}});
+         {"preview",
+          parking::is_utf8(preview) ? nlohmann::json(preview) : nlohmann::json(nullptr)}});
   }
   return json_reply({{"scan", shown_scan_->id}, {"messages", std::move(list)}});
 }
@@ -545,7 +592,7 @@ Reply Core::message(uint64_t scan_id, size_t index) {
   }
   const auto& kept = shown_scan_->stats.messages;
   if (index >= kept.size()) return error_reply(404, "no such message in this list");
-  parking::ParkedMessage shown = kept[index];
+  parking::ParkedMessage shown = without_body(kept[index]);
   const std::string& body = kept[index].message.body;
   shown.message.body = cut(body, kBodyShownBytes);
   nlohmann::json out = parking::message_json(shown, consumer::unix_seconds());
@@ -564,7 +611,8 @@ Reply Core::message(uint64_t scan_id, size_t index) {
     }
   }
   out["header_times"] = std::move(times);
-  if (body.size() <= kBodyShownBytes && parking::is_utf8(body)) {
+  if (body.size() <= kBodyShownBytes && nests_at_most(body, kPrettyDepth) &&
+      parking::is_utf8(body)) {
     nlohmann::json parsed = nlohmann::json::parse(body, nullptr, false);
     if (!parsed.is_discarded() && (parsed.is_object() || parsed.is_array())) {
       out["body_pretty"] = dump(parsed, 2);

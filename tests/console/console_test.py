@@ -507,6 +507,17 @@ def run(args):
                  lambda d: sorted(listed_ids(d)) == ['order-6', 'order-7'])
         check(broker.depth(parking) == 2, 'parking does not hold the two messages left')
         log('purging a selection and purging older than 7d deleted what they said')
+
+        # -- a JSON body nested 100,000 deep is shown as it is, not indented (which would recurse)
+        deep = '[' * 100000 + ']' * 100000
+        broker.park(parking, 'deep-1', deep, 'poison', 'nested too deep', 'order.created', now)
+        click(driver, '#rescan')
+        wait_for(driver, 'the deep message in the list', lambda d: 'deep-1' in listed_ids(d))
+        open_message(driver, 'deep-1')
+        shown = driver.find_element(By.ID, 'detail-body').get_attribute('textContent')
+        check(shown == deep, 'the deeply nested body is not shown as it is')
+        check(console.process.poll() is None, 'the console died on a deeply nested body')
+        log('a deeply nested JSON body is shown as it is')
     finally:
         if driver is not None:
             driver.quit()
