@@ -164,13 +164,15 @@ struct Service {
   std::shared_ptr<client::Connection> guest;
   std::shared_ptr<client::Channel> channel;
 
-  Service(TestLoop& l, const std::string& mode) : loop(l) {
+  /// `delay_levels`: the JSON of the retry's delay levels, when it has them.
+  Service(TestLoop& l, const std::string& mode, const std::string& delay_levels = "") : loop(l) {
     const std::string name = test::unique_name("perm");
     const std::string json =
         R"({"services": [{"name": ")" + name + R"(", "queue": ")" + name +
         R"(.q", "input": {"exchange": ")" + name +
         R"(.in", "type": "direct", "bindings": ["key"]}, "retry": {"mode": ")" + mode +
-        R"(", "delays": ["200ms"], "max_attempts": 3}}]})";
+        R"(", "delays": ["200ms"], "max_attempts": 3)" +
+        (delay_levels.empty() ? "" : R"(, "delay_levels": )" + delay_levels) + "}}]}";
     file = (std::filesystem::temp_directory_path() / (name + ".json")).string();
     std::ofstream(file) << json;
     topology::ParseResult parsed = topology::parse_topology(json);
@@ -252,8 +254,8 @@ struct Run {
   Error fatal;
 };
 
-/// Starts a consumer as the user of `url`: "once" fails once then succeeds, "park" is parked at
-/// once.
+/// Starts a consumer as the user of `url`: "once" fails once then succeeds, "after" the same
+/// with Outcome::retry_after (50 ms), "park" is parked at once.
 std::shared_ptr<Consumer> start_consumer(TestLoop& loop, const topology::Service& service,
                                          const std::string& url, bool declare, Run& run) {
   consumer::ConsumerOptions options;
@@ -266,6 +268,9 @@ std::shared_ptr<Consumer> start_consumer(TestLoop& loop, const topology::Service
     const std::string id(m.message_id());
     run.attempts[id].push_back(m.attempt);
     if (id.rfind("park", 0) == 0) return Outcome::permanent("the customer is gone");
+    if (id.rfind("after", 0) == 0 && m.attempt == 1) {
+      return Outcome::retry_after(50ms, "HTTP 429, Retry-After");
+    }
     return m.attempt == 1 ? Outcome::retry("the upstream said 503") : Outcome::ack();
   });
   c->set_ready_handler([&run] { run.ready = true; });
@@ -541,4 +546,46 @@ TEST_CASE(
   INFO(purge->out() << purge->err());
   CHECK(purge->wait() == 0);
   CHECK(s.depth(s.parking()) == 0);
+}
+
+TEST_CASE(
+    "A service with delay levels works with the documented permissions on the shared levels, "
+    "declaring its topology or not",
+    "[integration][permissions][delay-levels]") {
+  TestLoop loop;
+  const std::string levels_json = R"({"base": "9ms", "levels": 6})";
+  Service declaring(loop, "republish", levels_json), fixed(loop, "republish", levels_json);
+  fixed.apply();
+  const std::string levels = "retryloop\\.delay\\.9ms\\..*";
+  const Documented d = declaring.documented(), f = fixed.documented();
+  Permissions apply{only(d.with(d.with(d.loop(), d.x), levels)), only(d.with(d.loop(), levels)),
+                    only(d.with(d.with(d.loop(), d.x), levels))};
+  Permissions consumer = f.consumer(topology::RetryMode::republish);
+  consumer.write =
+      only({f.n + "\\.wait", f.n + "\\.parking", "retryloop\\.delay\\.9ms\\.(\\d\\d|deliver)"});
+  Permissions no_levels = f.consumer(topology::RetryMode::republish);
+  Users users({apply, consumer, no_levels});
+  size_t user = 0;
+  for (Service* s : {&declaring, &fixed}) {
+    INFO((s == &declaring ? "declaring" : "not declaring"));
+    Run run;
+    auto c = start_consumer(loop, s->service, users.url(user++), s == &declaring, run);
+    REQUIRE(loop.run_until([&] { return run.ready || run.stopped; }));
+    INFO(run.fatal.message());
+    REQUIRE(run.ready);
+    s->publish(s->service.input.exchange, "key", "after");
+    REQUIRE(loop.run_until([&] { return c->metrics().acked == 1 || run.stopped; }, 10s));
+    stop(loop, c, run);
+    CHECK(run.attempts["after"] == std::vector<int64_t>{1, 2});
+  }
+
+  // Without write on the levels the retry's copy is refused: 50 ms is 6 units of 9 ms, so the
+  // copy goes to level 2, the highest bit.
+  Error fatal = fatal_error(loop, fixed.service, users.url(user), false, [&](Run& run) {
+    REQUIRE(loop.run_until([&] { return run.ready || run.stopped; }));
+    fixed.publish(fixed.service.input.exchange, "key", "after-refused");
+  });
+  CHECK(names_permission(fatal.message(), "basic.publish", "write",
+                         "exchange 'retryloop.delay.9ms.02'"));
+  CHECK(fixed.drain(fixed.queue()) == std::vector<std::string>{"after-refused"});
 }
