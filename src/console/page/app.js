@@ -201,12 +201,14 @@
       const filter = filterText(sc.filter || {});
       if (filter) text += `; filter: ${filter}`;
       if (s.depth !== null && s.depth !== sc.depth) {
-        text += `. The depth changed since (${sc.depth} → ${s.depth})`;
+        text += `. The depth changed since (${sc.depth} → ${s.depth}): `;
         if (s.rescan_after_ms > 0) {
           const wait = Math.max(s.rescan_after_ms, 10 * sc.duration_ms);
-          text += `: counted again after ${timeText(sc.finished_at + Math.ceil(wait / 1000))}`;
+          text += `counted again after ${timeText(sc.finished_at + Math.ceil(wait / 1000))}, ` +
+              'or press Rescan';
+        } else {
+          text += 'press Rescan to count again';
         }
-        text += ', or Rescan now';
       }
       if (s.scan_error) text += `. The last scan failed: ${s.scan_error}`;
       scanInfo.textContent = text + '.';
