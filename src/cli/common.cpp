@@ -184,7 +184,7 @@ size_t display_width(const std::string& text) {
 
 }  // namespace
 
-void Table::print(std::ostream& out, const std::string& indent) const {
+std::vector<size_t> Table::widths() const {
   std::vector<size_t> widths;
   for (const auto& [verbatim, row] : rows_) {
     if (verbatim) continue;
@@ -192,19 +192,33 @@ void Table::print(std::ostream& out, const std::string& indent) const {
     for (size_t i = 0; i + 1 < row.size(); ++i)
       widths[i] = std::max(widths[i], row[i].size());
   }
+  return widths;
+}
+
+void Table::print_row(std::ostream& out, const std::vector<std::string>& row,
+                      const std::vector<size_t>& widths, const std::string& indent) {
+  std::string line = indent;
+  for (size_t i = 0; i < row.size(); ++i) {
+    line += row[i];
+    if (i + 1 < row.size()) {
+      const size_t width = i < widths.size() ? widths[i] : 0;
+      const size_t used = display_width(row[i]);
+      line += std::string(width > used ? width - used + 2 : 2, ' ');
+    }
+  }
+  while (!line.empty() && line.back() == ' ')
+    line.pop_back();
+  out << line << "\n";
+}
+
+void Table::print(std::ostream& out, const std::string& indent) const {
+  const std::vector<size_t> column_widths = widths();
   for (const auto& [verbatim, row] : rows_) {
     if (verbatim) {
       out << row.front() << "\n";
       continue;
     }
-    std::string line = indent;
-    for (size_t i = 0; i < row.size(); ++i) {
-      line += row[i];
-      if (i + 1 < row.size()) line += std::string(widths[i] - display_width(row[i]) + 2, ' ');
-    }
-    while (!line.empty() && line.back() == ' ')
-      line.pop_back();
-    out << line << "\n";
+    print_row(out, row, column_widths, indent);
   }
 }
 

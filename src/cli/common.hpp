@@ -83,6 +83,11 @@ class Table {
   void add_line(std::string text) { rows_.push_back({true, {std::move(text)}}); }
   bool empty() const { return rows_.empty(); }
   void print(std::ostream& out, const std::string& indent = "  ") const;
+  /// The width of each column but the last, as print() aligns them.
+  std::vector<size_t> widths() const;
+  /// One row aligned to `widths` (a longer cell pushes the rest of its row to the right).
+  static void print_row(std::ostream& out, const std::vector<std::string>& row,
+                        const std::vector<size_t>& widths, const std::string& indent = "  ");
 
  private:
   struct Row {

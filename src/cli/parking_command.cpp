@@ -67,34 +67,70 @@ struct ParkingArgs {
   std::string rescan_after = "30s";
 };
 
-void print_messages(const std::vector<parking::ParkedMessage>& messages, bool json) {
-  const uint64_t now = consumer::unix_seconds();
-  if (json) {
-    for (const auto& parked : messages)
-      std::cout << dump(parking::message_json(parked, now)) << "\n";
-    return;
+/// Prints parked messages as they are read: JSON lines, or a table whose column widths the first
+/// rows set, so that a listing of any length takes the same memory.
+class MessagePrinter {
+ public:
+  explicit MessagePrinter(bool json) : json_(json) {
+    head_.add({"#", "MESSAGE ID", "PARKED (UTC)", "AGE", "REASON", "ATTEMPTS", "ERROR", "FROM",
+               "SIZE", "BODY"});
   }
-  Table table;
-  table.add({"#", "MESSAGE ID", "PARKED (UTC)", "AGE", "REASON", "ATTEMPTS", "ERROR", "FROM",
-             "SIZE", "BODY"});
-  for (const auto& parked : messages) {
-    const bool dated = parked.parked_at && *parked.parked_at <= now;
-    table.add(
-        {std::to_string(parked.position + 1), preview(parked.message_id, 36),
-         parked.parked_at ? iso_time(*parked.parked_at) : "-",
-         dated ? age_text(now - *parked.parked_at) : "-",
-         parked.reason.empty() ? "-" : parked.reason,
-         parked.attempts ? std::to_string(*parked.attempts) : "-",
-         parked.error.empty() ? "-" : preview(parked.error, 40),
-         parked.original_exchange.empty() && parked.original_routing_key.empty()
-             ? "-"
-             : preview((parked.original_exchange.empty() ? "(default)" : parked.original_exchange) +
-                           " / " + parked.original_routing_key,
-                       40),
-         std::to_string(parked.message.body.size()), preview(parked.message.body, 40)});
+
+  void add(const parking::ParkedMessage& parked) {
+    ++count_;
+    if (json_) {
+      std::cout << dump(parking::message_json(parked, now_)) << "\n";
+      return;
+    }
+    std::vector<std::string> row = cells(parked);
+    if (widths_.empty()) {
+      head_.add(std::move(row));
+      if (count_ == rows_that_set_widths) flush();
+    } else {
+      Table::print_row(std::cout, row, widths_, "");
+    }
   }
-  table.print(std::cout, "");
-}
+
+  /// Prints the rows still held; call once all are added.
+  void finish() {
+    if (!json_ && widths_.empty() && count_ > 0) flush();
+  }
+  size_t count() const { return count_; }
+
+ private:
+  static constexpr size_t rows_that_set_widths = 1000;
+
+  void flush() {
+    widths_ = head_.widths();
+    head_.print(std::cout, "");
+    head_ = Table();
+  }
+
+  std::vector<std::string> cells(const parking::ParkedMessage& parked) const {
+    const bool dated = parked.parked_at && *parked.parked_at <= now_;
+    return {
+        std::to_string(parked.position + 1),
+        preview(parked.message_id, 36),
+        parked.parked_at ? iso_time(*parked.parked_at) : "-",
+        dated ? age_text(now_ - *parked.parked_at) : "-",
+        parked.reason.empty() ? "-" : parked.reason,
+        parked.attempts ? std::to_string(*parked.attempts) : "-",
+        parked.error.empty() ? "-" : preview(parked.error, 40),
+        parked.original_exchange.empty() && parked.original_routing_key.empty()
+            ? "-"
+            : preview((parked.original_exchange.empty() ? "(default)" : parked.original_exchange) +
+                          " / " + parked.original_routing_key,
+                      40),
+        std::to_string(parked.message.body.size()),
+        preview(parked.message.body, 40)};
+  }
+
+  bool json_;
+  uint64_t now_ = consumer::unix_seconds();
+  size_t count_ = 0;
+  Table head_;
+  std::vector<size_t> widths_;
+};
 
 // ---- commands ----------------------------------------------------------------------------
 
@@ -147,18 +183,19 @@ int error_exit(const client::Error& error, const std::string& what) {
 int run_list(const ParkingArgs& args) {
   const topology::Service service = load_service(args);
   return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
+    auto printer = std::make_shared<MessagePrinter>(args.json);
     parking::ListOptions options;
     options.limit = args.limit;
+    options.on_message = [printer](parking::ParkedMessage& parked) { printer->add(parked); };
     client::Error error =
         parking::list(connection, service, options,
-                      [&args, &service, done](const client::Error& error,
-                                              std::vector<parking::ParkedMessage> messages) {
+                      [&args, &service, done, printer](const client::Error& error,
+                                                       std::vector<parking::ParkedMessage>) {
+                        printer->finish();
                         if (error) return done(error_exit(error, "parking list " + service.name));
-                        if (messages.empty() && !args.json) {
+                        if (printer->count() == 0 && !args.json) {
                           std::cout << "parking queue "
                                     << topology::parking_queue_name(service.name) << " is empty\n";
-                        } else {
-                          print_messages(messages, args.json);
                         }
                         done(exit_ok);
                       });
@@ -304,6 +341,10 @@ int run_replay(const ParkingArgs& args) {
   options.filter = make_filter(args);
   options.to_queue = args.to_queue;
   options.dry_run = args.dry_run;
+  auto printer = std::make_shared<MessagePrinter>(args.json);
+  if (args.dry_run) {
+    options.on_would_move = [printer](parking::ParkedMessage& parked) { printer->add(parked); };
+  }
   options.window = args.window;
   const std::string target =
       args.to_queue.empty() ? topology::input_queue_name(service) : args.to_queue;
@@ -321,14 +362,14 @@ int run_replay(const ParkingArgs& args) {
         [connection] { connection->close(); });
     client::Error error = parking::replay(
         connection, service, options,
-        [&args, &service, &target, done, reporter,
-         interrupts](const parking::ReplayResult& result) {
+        [&args, &service, &target, done, reporter, interrupts,
+         printer](const parking::ReplayResult& result) {
           interrupts->close();
           const double seconds = reporter ? reporter->seconds() : 0;
           if (reporter) reporter->close();
           const parking::Progress& p = result.progress;
           if (args.dry_run && !result.error) {
-            print_messages(result.would_move, args.json);
+            printer->finish();
             std::cerr << "dry run: " << plural(p.moved, "message") << " would move from "
                       << topology::parking_queue_name(service.name) << " to queue " << target
                       << ", " << p.skipped << " would stay; nothing was moved\n";

@@ -59,13 +59,18 @@ void queue_depths(const std::shared_ptr<client::Connection>& connection,
 Error list(const std::shared_ptr<client::Connection>& connection, const topology::Service& service,
            ListOptions options, ListCallback callback) {
   auto messages = std::make_shared<std::vector<ParkedMessage>>();
+  auto count = std::make_shared<size_t>(0);
   const size_t limit = options.limit;
   return Walker::start(
       connection, topology::parking_queue_name(service.name), options.window,
-      [messages, limit](ParkedMessage& parked) {
-        messages->push_back(std::move(parked));
+      [messages, count, limit, on_message = std::move(options.on_message)](ParkedMessage& parked) {
+        if (on_message) {
+          on_message(parked);
+        } else {
+          messages->push_back(std::move(parked));
+        }
         Decision decision;
-        decision.stop_after = limit != 0 && messages->size() >= limit;
+        decision.stop_after = limit != 0 && ++*count >= limit;
         return decision;
       },
       [messages, callback = std::move(callback)](const Error& error, const Progress&, bool) {
@@ -111,7 +116,15 @@ Error stats(const std::shared_ptr<client::Connection>& connection, const topolog
           stats.oldest_parked_at = parked.parked_at;
         }
         ++stats.by_reason[parked.reason.empty() ? "(none)" : parked.reason];
-        ++counts->by_error[parked.error.empty() ? "(none)" : first_line(parked.error)];
+        std::string line = parked.error.empty() ? "(none)" : first_line(parked.error);
+        auto group = counts->by_error.find(line);
+        if (group != counts->by_error.end()) {
+          ++group->second;
+        } else if (counts->by_error.size() < max_error_groups) {
+          counts->by_error.emplace(std::move(line), 1);
+        } else {
+          ++counts->by_error[other_errors_group];
+        }
         if (stats.messages.size() < keep) stats.messages.push_back(std::move(parked));
         return Decision{};
       },
@@ -161,7 +174,11 @@ class ReplayRun : public Replay {
     decision.stop_after = options_.limit != 0 && taken_ >= options_.limit;
     if (options_.dry_run) {
       ++would_move_count_;
-      result_.would_move.push_back(std::move(parked));
+      if (options_.on_would_move) {
+        options_.on_would_move(parked);
+      } else {
+        result_.would_move.push_back(std::move(parked));
+      }
       return decision;
     }
     decision.kind = Decision::Kind::move;

@@ -186,6 +186,49 @@ TEST_CASE("list shows the same messages in the same order twice and leaves the d
   CHECK(s.ids(s.list()) == s.ids(first));
 }
 
+TEST_CASE(
+    "list and a dry run print messages as they read them, in order, aligned past the "
+    "first thousand rows",
+    "[parking][integration][cli]") {
+  TestLoop loop;
+  ParkedService s(loop, "stream");
+  s.park(1200, [](size_t i) { return i % 2 ? "exhausted" : "poison"; });
+  auto text = s.cli({"list"});
+  REQUIRE(text.wait() == 0);
+  std::istringstream lines(text.out());
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(lines, line);)
+    rows.push_back(line);
+  REQUIRE(rows.size() == 1201);
+  CHECK(rows[0].rfind("#", 0) == 0);
+  // Row 1200 (past the rows that set the widths) starts its id where row 1 does.
+  CHECK(rows[1].find("id-0 ") == rows[1200].find("id-1199"));
+  CHECK(rows[1200].rfind("1200 ", 0) == 0);
+
+  // The library hands each message over as it reads it and keeps none.
+  std::vector<std::string> seen;
+  bool done = false;
+  parking::ListOptions options;
+  options.on_message = [&](parking::ParkedMessage& m) { seen.push_back(m.message_id); };
+  REQUIRE_FALSE(
+      parking::list(s.connection, s.service, options,
+                    [&](const client::Error& error, std::vector<parking::ParkedMessage> kept) {
+                      CHECK_FALSE(error);
+                      CHECK(kept.empty());
+                      done = true;
+                    }));
+  REQUIRE(loop.run_until([&] { return done; }, 30s));
+  REQUIRE(seen.size() == 1200);
+  CHECK(seen.front() == "id-0");
+  CHECK(seen.back() == "id-1199");
+
+  auto dry = s.cli({"replay", "--dry-run", "--json", "--where", "retryloop-reason=poison"});
+  REQUIRE(dry.wait() == 0);
+  const std::string dry_lines = dry.out();
+  CHECK(std::count(dry_lines.begin(), dry_lines.end(), '\n') == 600);
+  CHECK(s.depth(s.parking) == 1200);
+}
+
 TEST_CASE("Replaying 10,000 parked messages delivers each once, fresh, and empties parking",
           "[parking][integration]") {
   TestLoop loop;

@@ -31,10 +31,16 @@ namespace retryloop::parking {
 /// Messages read per round (prefetch) and, for replay, copies awaiting confirms at once.
 inline constexpr uint16_t default_window = 500;
 
+/// Told each message as it is read, in queue order.
+using MessageHandler = std::function<void(ParkedMessage& message)>;
+
 struct ListOptions {
   /// At most this many messages, from the head of the queue; 0: all.
   size_t limit = 0;
   uint16_t window = default_window;
+  /// When set, each message goes to it as it is read and the callback's vector stays empty, so
+  /// that the memory a listing takes does not grow with the depth of the queue.
+  MessageHandler on_message;
 };
 using ListCallback =
     std::function<void(const client::Error& error, std::vector<ParkedMessage> messages)>;
@@ -57,6 +63,12 @@ struct Progress {
 };
 using ProgressHandler = std::function<void(const Progress& progress)>;
 
+/// The most distinct error lines Stats::by_error counts, so that a queue whose every message has
+/// an error of its own (an id or a time in the text) costs bounded memory.
+inline constexpr size_t max_error_groups = 10000;
+/// The group that counts the messages of error lines past max_error_groups.
+inline constexpr const char* other_errors_group = "(other errors, past the first 10000 distinct)";
+
 struct Stats {
   /// Messages ready in the parking queue.
   uint32_t depth = 0;
@@ -68,7 +80,9 @@ struct Stats {
   std::optional<uint64_t> oldest_parked_at;
   /// Count per `retryloop-reason` ("(none)" when missing).
   std::map<std::string, uint64_t> by_reason;
-  /// Count per first line of `retryloop-error`, most frequent first.
+  /// Count per first line of `retryloop-error`, most frequent first. At most max_error_groups
+  /// distinct lines are counted; the messages of any further ones count under
+  /// other_errors_group.
   std::vector<std::pair<std::string, uint64_t>> by_error;
   /// Depths of the service's input queue, wait queues and delay level queues that exist (queue
   /// name -> depth). The delay levels are shared with the other services of the same base: their
@@ -109,6 +123,9 @@ struct ReplayOptions {
   /// Read and report what would move; move nothing.
   bool dry_run = false;
   uint16_t window = default_window;
+  /// With dry_run: when set, each message that would move goes to it as it is read, and
+  /// ReplayResult::would_move stays empty (memory that does not grow with the queue).
+  MessageHandler on_would_move;
 };
 
 struct ReplayResult {
