@@ -160,7 +160,10 @@ parking::Filter parse_filter(const nlohmann::json& json) {
     filter.error_first_line = group_key(text_field(json, "error_first_line"));
   }
   if (json.contains("error_contains")) filter.error_contains = text_field(json, "error_contains");
-  if (json.contains("message_ids")) filter.message_ids = texts_field(json, "message_ids");
+  if (json.contains("message_ids")) {
+    for (auto& id : texts_field(json, "message_ids"))
+      filter.message_ids.insert(std::move(id));
+  }
   if (json.contains("routing_key")) filter.original_routing_key = text_field(json, "routing_key");
   if (json.contains("parked_from")) filter.parked_from = seconds_field(json, "parked_from");
   if (json.contains("parked_until")) filter.parked_until = seconds_field(json, "parked_until");

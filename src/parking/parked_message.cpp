@@ -64,6 +64,7 @@ ParkedMessage read_parked(client::Message message, uint64_t position) {
       parked.replays = replays->as_int64().value_or(0);
     }
   }
+  parked.body_size = message.body.size();
   parked.message = std::move(message);
   return parked;
 }
@@ -83,10 +84,7 @@ bool contains_ignoring_case(std::string_view text, std::string_view wanted) {
 }  // namespace
 
 bool Filter::matches(const ParkedMessage& parked, uint64_t now_seconds) const {
-  if (!message_ids.empty() &&
-      std::find(message_ids.begin(), message_ids.end(), parked.message_id) == message_ids.end()) {
-    return false;
-  }
+  if (!message_ids.empty() && message_ids.count(parked.message_id) == 0) return false;
   if (parked_from || parked_until) {
     if (!parked.parked_at) return false;
     if (parked_from && *parked.parked_at < *parked_from) return false;

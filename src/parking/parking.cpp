@@ -54,6 +54,17 @@ void queue_depths(const std::shared_ptr<client::Connection>& connection,
   state->step();
 }
 
+/// Cuts `body` to at most `bytes` bytes, backing off up to three bytes so that a UTF-8 text
+/// keeps whole characters, and gives back the memory of the rest.
+void cut_body(std::string& body, size_t bytes) {
+  if (body.size() <= bytes) return;
+  size_t end = bytes;
+  for (int i = 0; i < 3 && end > 0 && (static_cast<unsigned char>(body[end]) & 0xC0) == 0x80; ++i) {
+    --end;
+  }
+  body = body.substr(0, end);
+}
+
 }  // namespace
 
 Error list(const std::shared_ptr<client::Connection>& connection, const topology::Service& service,
@@ -107,7 +118,7 @@ Error stats(const std::shared_ptr<client::Connection>& connection, const topolog
   return Walker::start(
       connection, topology::parking_queue_name(service.name), options.window,
       [counts, filter = std::move(options.filter), keep = options.keep,
-       now](ParkedMessage& parked) {
+       kept_body_bytes = options.kept_body_bytes, now](ParkedMessage& parked) {
         Stats& stats = counts->stats;
         if (!filter.matches(parked, now)) return Decision{};
         ++stats.matched;
@@ -125,7 +136,10 @@ Error stats(const std::shared_ptr<client::Connection>& connection, const topolog
         } else {
           ++counts->by_error[other_errors_group];
         }
-        if (stats.messages.size() < keep) stats.messages.push_back(std::move(parked));
+        if (stats.messages.size() < keep) {
+          if (kept_body_bytes) cut_body(parked.message.body, *kept_body_bytes);
+          stats.messages.push_back(std::move(parked));
+        }
         return Decision{};
       },
       [counts, connection, loop_queues, callback = std::move(callback)](
@@ -138,13 +152,13 @@ Error stats(const std::shared_ptr<client::Connection>& connection, const topolog
           return a.second != b.second ? a.second > b.second : a.first < b.first;
         });
         if (error || !connection->is_open() || loop_queues.empty()) {
-          if (callback) callback(error, stats);
+          if (callback) callback(error, std::move(stats));
           return;
         }
         queue_depths(connection, loop_queues,
                      [counts, callback](std::map<std::string, uint32_t> depths) {
                        counts->stats.loop_depths = std::move(depths);
-                       if (callback) callback(Error{}, counts->stats);
+                       if (callback) callback(Error{}, std::move(counts->stats));
                      });
       },
       std::move(on_progress));

@@ -457,6 +457,42 @@ TEST_CASE("stats with a filter counts only the matching messages and keeps the f
   CHECK(s.ids(s.list()).size() == 30);
 }
 
+TEST_CASE("stats keeps at most kept_body_bytes of each kept body, whole characters, and the size",
+          "[parking][integration]") {
+  TestLoop loop;
+  ParkedService s(loop, "statsbody");
+  s.park(
+      2, [](size_t) { return "poison"; }, 4096);
+  amqp::BasicProperties properties;
+  properties.message_id = "text";
+  const std::string text =
+      std::string(999, 'a') + "\xC3\xA9\xC3\xA9";  // 999 + two 2-byte characters
+  test::publish_confirmed(loop, *s.channel, s.parking, "", properties, text);
+
+  parking::StatsOptions options;
+  options.keep = 3;
+  options.kept_body_bytes = 1000;
+  options.loop_depths = false;
+  bool done = false;
+  parking::Stats stats;
+  REQUIRE_FALSE(parking::stats(s.connection, s.service, options,
+                               [&](const Error& error, parking::Stats result) {
+                                 CHECK_FALSE(error);
+                                 stats = std::move(result);
+                                 done = true;
+                               }));
+  REQUIRE(loop.run_until([&] { return done; }, 60s));
+  REQUIRE(stats.messages.size() == 3);
+  for (size_t i = 0; i < 2; ++i) {
+    CHECK(stats.messages[i].body_size == 4096);
+    CHECK(stats.messages[i].message.body.size() == 1000);
+    CHECK(stats.messages[i].message.body.rfind(R"({"n": )" + std::to_string(i) + "}", 0) == 0);
+  }
+  CHECK(stats.messages[2].body_size == text.size());
+  CHECK(stats.messages[2].message.body == std::string(999, 'a'));  // not half of an é
+  CHECK(s.list().at(0).message.body.size() == 4096);
+}
+
 TEST_CASE("replay killed with SIGKILL halfway loses nothing and duplicates at most its window",
           "[parking][integration][cli]") {
   TestLoop loop;

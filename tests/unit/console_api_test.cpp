@@ -3,6 +3,9 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <string>
+#include <unordered_set>
+
 #include "retryloop/console/detail/api.hpp"
 
 using namespace retryloop;
@@ -155,7 +158,7 @@ TEST_CASE("A filter in a request becomes a parking filter; a bad one names its f
   CHECK(filter.reasons == std::vector<std::string>{"exhausted", ""});
   CHECK(filter.error_first_line == std::string());
   CHECK(filter.error_contains == "timeout");
-  CHECK(filter.message_ids == std::vector<std::string>{"m-1", "m-2"});
+  CHECK(filter.message_ids == std::unordered_set<std::string>{"m-1", "m-2"});
   CHECK(filter.original_routing_key == std::string("order.created"));
   CHECK(filter.parked_from == uint64_t(1700000000));
   CHECK(filter.parked_until == uint64_t(1700003600));

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -20,6 +21,9 @@ struct ParkedMessage {
   /// 0-based place in the parking queue when it was read.
   uint64_t position = 0;
   client::Message message;
+  /// The size of the body as it was read. `message.body` may hold only its first bytes
+  /// (StatsOptions::kept_body_bytes).
+  uint64_t body_size = 0;
   std::string message_id;
   /// `retryloop-parked-at`, seconds since the epoch.
   std::optional<uint64_t> parked_at;
@@ -68,7 +72,7 @@ struct Filter {
   /// The error's first_line() is exactly this; "" takes the messages without an error.
   std::optional<std::string> error_first_line;
   /// The message id is one of these; empty: any.
-  std::vector<std::string> message_ids;
+  std::unordered_set<std::string> message_ids;
   /// `retryloop-original-routing-key` is exactly this.
   std::optional<std::string> original_routing_key;
 

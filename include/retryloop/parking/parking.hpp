@@ -91,7 +91,8 @@ struct Stats {
   /// The first StatsOptions::keep matching messages, in queue order.
   std::vector<ParkedMessage> messages;
 };
-using StatsCallback = std::function<void(const client::Error& error, const Stats& stats)>;
+/// Gets the stats by value: a caller may keep them without a copy.
+using StatsCallback = std::function<void(const client::Error& error, Stats stats)>;
 
 struct StatsOptions {
   /// Count only the messages that match; the depth and `scanned` count every message.
@@ -99,6 +100,10 @@ struct StatsOptions {
   /// Keep up to this many matching messages, from the head, in Stats::messages (0: none). One
   /// read then both counts the queue and shows its head.
   size_t keep = 0;
+  /// Of each kept message, Stats::messages holds at most this many bytes of the body, cut where
+  /// no UTF-8 character is split (ParkedMessage::body_size keeps the size it had). nullopt: whole
+  /// bodies, which may reach the broker's maximum message size each.
+  std::optional<size_t> kept_body_bytes;
   /// Look up the depths of the service's input and wait queues afterwards.
   bool loop_depths = true;
   uint16_t window = default_window;
