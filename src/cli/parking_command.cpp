@@ -13,7 +13,9 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -41,7 +43,8 @@ const char* const parking_exit_codes_help =
     "  0    success\n"
     "  1    usage error (unknown option, missing argument, bad --url, purge without --yes)\n"
     "  2    the topology file is unreadable or invalid\n"
-    "  3    the broker refused (no parking queue, no target queue), or copies failed (replay)\n"
+    "  3    the broker refused (no parking queue, no target queue), or copies failed (replay),\n"
+    "       or serve: the parking queue lacks retryloop's delivery limit\n"
     "  4    cannot connect to the broker, or the connection failed\n"
     "  5    stats --fail-above: the parking depth is above the threshold\n"
     "  6    standard output could not be written (a closed pipe, a full disk): the command\n"
@@ -64,6 +67,8 @@ struct ParkingArgs {
   uint16_t window = parking::default_window;
   std::string listen = "127.0.0.1:8080";
   std::string token;
+  std::string token_file;
+  bool allow_counted_reads = false;
   std::string rescan_after = "30s";
 };
 
@@ -443,6 +448,35 @@ std::pair<std::string, uint16_t> parse_listen(const std::string& text) {
   return {host, uint16_t(std::stoul(port))};
 }
 
+/// The token of --token, --token-file or RETRYLOOP_CONSOLE_TOKEN; empty for a random one.
+std::string console_token(const ParkingArgs& args) {
+  if (!args.token.empty() && !args.token_file.empty()) {
+    throw Failure(exit_usage,
+                  "give the token one way: --token-file, --token or RETRYLOOP_CONSOLE_TOKEN");
+  }
+  std::string token = args.token;
+  std::string source = "--token (or RETRYLOOP_CONSOLE_TOKEN)";
+  if (!args.token_file.empty()) {
+    std::ifstream file(args.token_file, std::ios::binary);
+    if (!file) throw Failure(exit_usage, "--token-file: cannot read " + args.token_file);
+    token.assign(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+    while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) {
+      token.pop_back();
+    }
+    source = "--token-file " + args.token_file;
+    if (token.empty()) throw Failure(exit_usage, source + ": the file is empty");
+  }
+  if (token.empty()) return token;
+  const bool printable =
+      std::all_of(token.begin(), token.end(), [](char c) { return c > ' ' && c < 127; });
+  if (token.size() < 16 || !printable) {
+    throw Failure(exit_usage, source +
+                                  ": give at least 16 printable ASCII characters without "
+                                  "spaces, or leave it out for a random one");
+  }
+  return token;
+}
+
 int run_serve(const ParkingArgs& args) {
   console::Options options;
   options.service = load_service(args);
@@ -450,16 +484,8 @@ int run_serve(const ParkingArgs& args) {
   options.connection.connect_timeout =
       options.connection.uri.connect_timeout.value_or(std::chrono::seconds(10));
   std::tie(options.listen_host, options.listen_port) = parse_listen(args.listen);
-  if (!args.token.empty()) {
-    const bool printable = std::all_of(args.token.begin(), args.token.end(),
-                                       [](char c) { return c > ' ' && c < 127; });
-    if (args.token.size() < 16 || !printable) {
-      throw Failure(exit_usage,
-                    "--token (or RETRYLOOP_CONSOLE_TOKEN): give at least 16 printable ASCII "
-                    "characters without spaces, or leave it out for a random one");
-    }
-    options.token = args.token;
-  }
+  options.token = console_token(args);
+  options.allow_counted_reads = args.allow_counted_reads;
   std::string why;
   auto rescan = topology::parse_duration(args.rescan_after, &why);
   if (!rescan) throw Failure(exit_usage, "--rescan-after \"" + args.rescan_after + "\" " + why);
@@ -475,10 +501,9 @@ int run_serve(const ParkingArgs& args) {
     if (info.generated_token) {
       std::cout << "  open  " << info.url << "#token=" << info.token << "\n"
                 << "  token " << info.token << " (every request needs it; set your own with "
-                << "--token or RETRYLOOP_CONSOLE_TOKEN)\n";
+                << "--token-file or RETRYLOOP_CONSOLE_TOKEN)\n";
     } else {
-      std::cout << "  open  " << info.url << " (the page asks for the token given by --token or "
-                << "RETRYLOOP_CONSOLE_TOKEN)\n";
+      std::cout << "  open  " << info.url << " (the page asks for the token you gave)\n";
     }
     if (!info.loopback) {
       std::cout << "  warning: listening on " << info.host
@@ -500,6 +525,11 @@ int run_serve(const ParkingArgs& args) {
     case console::ServeResult::Status::no_queue:
       std::cerr << "retryloop: parking serve " << options.service.name << ": " << result.message
                 << "\n";
+      return exit_broker_refused;
+    case console::ServeResult::Status::unsafe_delivery_limit:
+      std::cerr << "retryloop: parking serve " << options.service.name << ": " << result.message
+                << ".\nretryloop: to serve it anyway, each scan counting as a delivery of every "
+                   "parked message, add --allow-counted-reads\n";
       return exit_broker_refused;
   }
   return exit_ok;
@@ -622,21 +652,35 @@ void add_parking_commands(CLI::App& app, int& exit_code) {
       "properties, headers and body, and replay or purge of one message, a selection, a group or "
       "everything that matches, each after a confirmation, with its progress and what it moved. "
       "Replays go through the same confirm-then-ack path as `parking replay`. Every request needs "
-      "the token printed at the start (or given by --token), in a header that no other site can "
-      "make a browser send. The depth is looked up every few seconds while a page is open; the "
-      "counts are read again after each action, on demand, and by themselves only when the depth "
-      "changed, at most every --rescan-after (each read of a quorum queue counts as a delivery). "
-      "Runs until Ctrl-C or SIGTERM.",
+      "the token, in a header that no other site can make a browser send: a random one printed "
+      "on standard output at the start, or your own from --token-file or RETRYLOOP_CONSOLE_TOKEN "
+      "(--token shows it to every user of the machine, in the process list). The depth is looked "
+      "up every few seconds while a page is open; the counts are read again after each action, "
+      "on demand, and by themselves only when the depth changed, at most every --rescan-after. "
+      "Each read of a quorum queue counts as a delivery, so for a quorum service the console "
+      "first checks that the parking queue has retryloop's delivery limit (exit 3 otherwise, "
+      "unless --allow-counted-reads). Runs until Ctrl-C or SIGTERM.",
       serve_args);
   serve
       ->add_option("--listen", serve_args->listen,
                    "Address and port to listen on (default 127.0.0.1:8080; port 0: any free one)")
       ->type_name("HOST:PORT");
   serve
+      ->add_option("--token-file", serve_args->token_file,
+                   "Read the token every request must carry from FILE (default: a random one, "
+                   "printed)")
+      ->type_name("FILE");
+  serve
       ->add_option("--token", serve_args->token,
-                   "The token every request must carry (default: a random one, printed)")
+                   "The token itself; other users of the machine can read it in the process "
+                   "list: prefer --token-file or RETRYLOOP_CONSOLE_TOKEN")
       ->envname("RETRYLOOP_CONSOLE_TOKEN")
       ->type_name("TOKEN");
+  serve->add_flag("--allow-counted-reads", serve_args->allow_counted_reads,
+                  "Serve a quorum parking queue without retryloop's delivery limit (or whose "
+                  "arguments could not be compared) anyway: each scan is a delivery of every "
+                  "parked message, and past its limit the broker drops a message. For a queue "
+                  "whose limit a policy raised, which the console cannot see");
   serve
       ->add_option("--rescan-after", serve_args->rescan_after,
                    "Count again by itself when the depth changed, at most this often (default "

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <stdexcept>
 #include <system_error>
 
@@ -23,6 +24,13 @@ std::string lower(std::string_view text) {
 
 bool starts_with(std::string_view text, std::string_view prefix) {
   return text.substr(0, prefix.size()) == prefix;
+}
+
+bool is_json_media_type(std::string_view content_type) {
+  std::string_view type = content_type.substr(0, content_type.find(';'));
+  while (!type.empty() && (type.back() == ' ' || type.back() == '\t'))
+    type.remove_suffix(1);
+  return lower(type) == "application/json";
 }
 
 /// The groups call messages without a reason or an error "(none)", as `parking stats` does.
@@ -88,7 +96,7 @@ Refusal check_request(const RequestFacts& request, const Access& access) {
     return {403, std::string("the token is missing: send it in the ") + token_header + " header"};
   }
   if (!same_token(request.token, access.token)) return {403, "wrong token"};
-  if (request.method == "POST" && !starts_with(lower(request.content_type), "application/json")) {
+  if (request.method == "POST" && !is_json_media_type(request.content_type)) {
     return {415, "send the request body as application/json"};
   }
   return {};
@@ -174,6 +182,46 @@ parking::Filter parse_filter(const nlohmann::json& json) {
     if (!filter.older_than) throw std::invalid_argument("older_than \"" + text + "\" " + why);
   }
   return filter;
+}
+
+nlohmann::json pin_older_than(nlohmann::json filter, uint64_t now_seconds) {
+  if (!filter.is_object() || !filter.contains("older_than")) return filter;
+  const auto older_than = topology::parse_duration(filter.at("older_than").get<std::string>());
+  if (!older_than) return filter;
+  const uint64_t ms = uint64_t(std::max<int64_t>(older_than->count(), 0));
+  const uint64_t seconds = ms / 1000 + (ms % 1000 != 0);
+  if (seconds > now_seconds) return filter;
+  uint64_t until = now_seconds - seconds;
+  if (filter.contains("parked_until")) {
+    until = std::min(until, filter.at("parked_until").get<uint64_t>());
+  }
+  filter.erase("older_than");
+  filter["parked_until"] = until;
+  return filter;
+}
+
+bool nests_at_most(std::string_view text, size_t limit) {
+  size_t depth = 0;
+  bool in_string = false;
+  bool escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return false;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return true;
 }
 
 }  // namespace retryloop::console::detail

@@ -11,10 +11,10 @@
 #include <thread>
 
 #include "core.hpp"
-#include "loop_bridge.hpp"
 #include "page.hpp"
 #include "retryloop/client/signals.hpp"
 #include "retryloop/console/detail/api.hpp"
+#include "retryloop/console/detail/loop_bridge.hpp"
 
 namespace retryloop::console {
 
@@ -53,16 +53,23 @@ void send_error(httplib::Response& response, int status, const std::string& mess
                          .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)});
 }
 
-/// Runs `task` on the loop thread and sends its reply.
 void answer(LoopBridge& bridge, httplib::Response& response, std::function<Reply()> task) {
   std::optional<Reply> reply = bridge.call(std::move(task), kLoopTimeout);
-  if (!reply) return send_error(response, 503, "the console is stopping or busy; try again");
+  if (!reply) {
+    return send_error(response, 503,
+                      "the console is stopping or busy; nothing was done, try again");
+  }
   send(response, *reply);
 }
 
-/// The request's JSON body; sends 400 and returns nullopt when it is not JSON.
 std::optional<nlohmann::json> json_body(const httplib::Request& request,
                                         httplib::Response& response) {
+  if (!detail::nests_at_most(request.body, detail::max_request_depth)) {
+    send_error(response, 400,
+               "the request body nests deeper than " + std::to_string(detail::max_request_depth) +
+                   " levels");
+    return std::nullopt;
+  }
   nlohmann::json body = nlohmann::json::parse(request.body, nullptr, false);
   if (body.is_discarded() || !body.is_object()) {
     send_error(response, 400, "the request body must be a JSON object");
@@ -130,15 +137,18 @@ void add_routes(httplib::Server& server, LoopBridge& bridge, const std::shared_p
               [&bridge, core](const httplib::Request& request, httplib::Response& response) {
                 auto body = json_body(request, response);
                 if (!body) return;
-                answer(bridge, response, [core, body] { return core->request_scan(*body); });
+                answer(bridge, response, [core, body = std::move(*body)]() mutable {
+                  return core->request_scan(std::move(body));
+                });
               });
   auto action = [&bridge, core](Job::Kind kind) {
     return [&bridge, core, kind](const httplib::Request& request, httplib::Response& response) {
       auto body = json_body(request, response);
       if (!body) return;
-      const std::string who = request.remote_addr;
       answer(bridge, response,
-             [core, body, kind, who] { return core->request_action(kind, *body, who); });
+             [core, body = std::move(*body), kind, who = request.remote_addr]() mutable {
+               return core->request_action(kind, std::move(body), who);
+             });
     };
   };
   server.Post("/api/replay", action(Job::Kind::replay));

@@ -3,11 +3,14 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cctype>
 #include <utility>
 
 #include "retryloop/console/detail/api.hpp"
 #include "retryloop/consumer/headers.hpp"
 #include "retryloop/parking/parked_json.hpp"
+#include "retryloop/topology/declarer.hpp"
+#include "retryloop/topology/plan.hpp"
 
 namespace retryloop::console::detail {
 
@@ -15,19 +18,15 @@ namespace {
 
 using client::Error;
 
-/// Depths older than this are looked up again when the page asks for the state.
 constexpr uint64_t kDepthMaxAgeMs = 2000;
-/// An automatic rescan waits at least this many times as long as the last scan took.
 constexpr uint64_t kRescanDurationFactor = 10;
 constexpr uint64_t kReconnectFirstMs = 1000;
 constexpr uint64_t kReconnectMaxMs = 15000;
-/// Larger bodies are cut to this for the page.
 constexpr size_t kBodyShownBytes = 1024 * 1024;
-/// Error groups sent to the page; the rest are counted.
 constexpr size_t kErrorGroupsShown = 100;
 constexpr size_t kPreviewBytes = 160;
 constexpr size_t kErrorLineBytes = 400;
-/// JSON bodies nested deeper than this are shown as they are, not indented.
+/// Indenting a JSON body recurses as deep as it nests: a deeper one is shown as it is.
 constexpr size_t kPrettyDepth = 64;
 
 const char* kind_name(Job::Kind kind) {
@@ -58,7 +57,7 @@ const char* state_name(Job::State state) {
   return "?";
 }
 
-/// JSON text; bytes that are not UTF-8 become U+FFFD instead of failing.
+/// Bytes that are not UTF-8 become U+FFFD instead of failing.
 std::string dump(const nlohmann::json& json, int indent = -1) {
   return json.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
@@ -71,47 +70,22 @@ Reply error_reply(int status, const std::string& message) {
   return json_reply({{"error", message}}, status);
 }
 
-/// At most `bytes` bytes of `text`, not cutting a UTF-8 character in two.
+/// Backs off at most three bytes, the tail of one UTF-8 character: a binary text may hold any
+/// number of bytes that look like one.
 std::string cut(const std::string& text, size_t bytes) {
   if (text.size() <= bytes) return text;
   size_t end = bytes;
-  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80)
+  for (int i = 0; i < 3 && end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80; ++i) {
     --end;
+  }
   return text.substr(0, end);
 }
 
-/// Whether the arrays and objects of JSON `text` nest at most `limit` deep. Indenting a deeper
-/// document would recurse as deep (the serializer is recursive), so such a body is shown as it
-/// is.
-bool nests_at_most(std::string_view text, size_t limit) {
-  size_t depth = 0;
-  bool in_string = false;
-  bool escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > limit) return false;
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    }
-  }
-  return true;
-}
-
-/// `parked` without its body, which may be large.
 parking::ParkedMessage without_body(const parking::ParkedMessage& parked) {
   parking::ParkedMessage out;
   out.position = parked.position;
   out.message.properties = parked.message.properties;
+  out.body_size = parked.body_size;
   out.message_id = parked.message_id;
   out.parked_at = parked.parked_at;
   out.reason = parked.reason;
@@ -136,6 +110,59 @@ nlohmann::json optional_json(const std::optional<uint64_t>& value) {
   return value ? nlohmann::json(*value) : nlohmann::json(nullptr);
 }
 
+/// RabbitMQ 4.0 and later give a quorum queue declared without `x-delivery-limit` a limit of
+/// 20; 3.x none. A broker that does not say its version is taken for a later one.
+bool applies_default_delivery_limit(const amqp::FieldTable& server_properties) {
+  const amqp::FieldValue* version = server_properties.find("version");
+  const auto text = version ? version->as_string() : std::nullopt;
+  if (!text || text->empty() || !std::isdigit(static_cast<unsigned char>(text->front()))) {
+    return true;
+  }
+  return std::stoul(std::string(text->substr(0, text->find('.')))) >= 4;
+}
+
+/// Why scanning `queue` could drop parked messages, by verify's report on it; empty when it
+/// cannot, or when it is missing (the depth lookup says so then).
+std::string delivery_limit_problem(const topology::Report& report, const std::string& queue,
+                                   bool default_limit_applies) {
+  using topology::Outcome;
+  if (report.connection_error) return report.connection_error.message();
+  if (report.results.empty()) return {};
+  const topology::ActionResult& result = report.results.front();
+  switch (result.outcome) {
+    case Outcome::matches:
+      for (const auto& missing : result.defaults_missing) {
+        if (missing.argument == "x-delivery-limit" && default_limit_applies) {
+          return "queue " + queue +
+                 " is a quorum queue declared without x-delivery-limit, so RabbitMQ 4.x gives it "
+                 "a limit of 20 deliveries, and every scan of the console reads each parked "
+                 "message once: about 20 scans would drop them. Give it a policy with "
+                 "\"delivery-limit\": 1000000 (docs/topology.md, \"Older queues\"), or move its "
+                 "messages away, delete it and run `retryloop topology apply`";
+        }
+      }
+      return {};
+    case Outcome::missing:
+      return {};
+    case Outcome::drifted:
+      return "queue " + queue + " was declared with other arguments than the topology file's (" +
+             (result.drift ? result.drift->argument + ": the file wants " + result.drift->wanted +
+                                 ", the broker has " + result.drift->actual
+                           : result.error.reply_text) +
+             "), so its delivery limit may be one that repeated scans reach, and drop parked "
+             "messages. Move its messages away, delete it and run `retryloop topology apply` "
+             "(docs/topology.md, \"Drift\")";
+    default:
+      if (result.exists.value_or(false) && result.error.reply_code == 403) {
+        return "cannot check the delivery limit of queue " + queue +
+               ": comparing its arguments takes configure permission on it (" +
+               result.error.reply_text + ")";
+      }
+      return "cannot check the delivery limit of queue " + queue + ": " +
+             (result.error.reply_code != 0 ? result.error.reply_text : result.error.message());
+  }
+}
+
 }  // namespace
 
 Core::Core(uv_loop_t* loop, Options options)
@@ -156,6 +183,10 @@ void Core::start(ReadyCallback ready) {
   connect();
 }
 
+void Core::fail_start(ServeResult result) {
+  if (auto ready = std::exchange(ready_, nullptr)) ready(std::move(result));
+}
+
 void Core::connect() {
   if (stopping_) return;
   auto connection = client::Connection::create(loop_, options_.connection);
@@ -170,8 +201,8 @@ void Core::connect() {
     }
     if (!error) return self->on_connected(connection);
     self->connection_error_ = error.message();
-    if (auto ready = std::move(self->ready_)) {
-      return ready({ServeResult::Status::cannot_connect, error.message()});
+    if (self->ready_) {
+      return self->fail_start({ServeResult::Status::cannot_connect, error.message()});
     }
     if (self->options_.logger) {
       self->options_.logger->warn("console: cannot connect to {}: {}",
@@ -182,9 +213,7 @@ void Core::connect() {
   if (error) {
     connecting_.reset();
     connection_error_ = error.message();
-    if (auto ready = std::move(ready_)) {
-      return ready({ServeResult::Status::cannot_connect, error.message()});
-    }
+    if (ready_) return fail_start({ServeResult::Status::cannot_connect, error.message()});
     schedule_reconnect();
   }
 }
@@ -202,6 +231,48 @@ void Core::on_connected(const std::shared_ptr<client::Connection>& connection) {
   if (options_.logger) {
     options_.logger->info("console: connected to {}", connection->uri().redacted());
   }
+  const bool first = static_cast<bool>(ready_);
+  if (first && options_.service.queue_type == topology::QueueType::quorum &&
+      !options_.allow_counted_reads) {
+    check_delivery_limit(connection);
+  } else {
+    look_up_parking_queue(connection);
+  }
+}
+
+void Core::check_delivery_limit(const std::shared_ptr<client::Connection>& connection) {
+  topology::Plan plan;
+  for (auto& action : topology::make_plan(topology::Topology{{options_.service}}).actions) {
+    if (action.kind == topology::ActionKind::declare_queue &&
+        action.role == topology::Role::parking_queue) {
+      plan.actions.push_back(std::move(action));
+    }
+  }
+  const bool default_limit_applies =
+      applies_default_delivery_limit(connection->server_properties());
+  std::weak_ptr<Core> weak = weak_from_this();
+  topology::VerifyOptions options;
+  options.compare_arguments = true;
+  Error error = topology::verify(
+      connection, plan,
+      [weak, connection, default_limit_applies](const topology::Report& report) {
+        auto self = weak.lock();
+        if (!self || self->stopping_) return;
+        std::string problem =
+            delivery_limit_problem(report, self->parking_queue_, default_limit_applies);
+        if (!problem.empty()) {
+          const auto status = report.connection_error ? ServeResult::Status::cannot_connect
+                                                      : ServeResult::Status::unsafe_delivery_limit;
+          return self->fail_start({status, std::move(problem)});
+        }
+        self->look_up_parking_queue(connection);
+      },
+      options);
+  if (error) fail_start({ServeResult::Status::cannot_connect, error.message()});
+}
+
+void Core::look_up_parking_queue(const std::shared_ptr<client::Connection>& connection) {
+  std::weak_ptr<Core> weak = weak_from_this();
   client::look_up_queue(
       connection, parking_queue_, [weak](const Error& error, const client::QueueInfo& info) {
         auto self = weak.lock();
@@ -213,20 +284,18 @@ void Core::on_connected(const std::shared_ptr<client::Connection>& connection) {
         } else {
           self->depth_error_ = error.message();
         }
-        if (auto ready = std::move(self->ready_)) {
-          if (error) {
-            const std::string why = error.reply_code == 404
-                                        ? "queue " + self->parking_queue_ +
-                                              " does not exist (run `retryloop topology apply`)"
-                                        : error.message();
-            return ready({error.reply_code == 404 ? ServeResult::Status::no_queue
-                                                  : ServeResult::Status::cannot_connect,
-                          why});
+        if (self->ready_) {
+          if (error && error.reply_code == 404) {
+            return self->fail_start({ServeResult::Status::no_queue,
+                                     "queue " + self->parking_queue_ +
+                                         " does not exist (run `retryloop topology apply`)"});
           }
-          ready({ServeResult::Status::stopped, {}});
+          if (error)
+            return self->fail_start({ServeResult::Status::cannot_connect, error.message()});
+          std::exchange(self->ready_, nullptr)({ServeResult::Status::stopped, {}});
         }
-        if (!self->shown_scan_ && !self->running_ && self->queue_.empty()) {
-          self->enqueue_scan({}, nlohmann::json::object(), true);
+        if (!self->shown_scan_ && !self->running_ && self->jobs_.empty()) {
+          self->jobs_.request_scan({}, nlohmann::json::object(), true);
         }
         self->run_next();
       });
@@ -293,48 +362,20 @@ void Core::refresh_depths() {
 
 void Core::maybe_rescan() {
   if (options_.rescan_after.count() <= 0 || stopping_ || !connected_ || running_ ||
-      !queue_.empty() || !shown_scan_ || !depth_ || *depth_ == shown_scan_->stats.depth) {
+      !jobs_.empty() || !shown_scan_ || !depth_ || *depth_ == shown_scan_->stats.depth) {
     return;
   }
   const uint64_t took = shown_scan_->finished_ms - shown_scan_->started_ms;
   const uint64_t wait =
       std::max(uint64_t(options_.rescan_after.count()), took * kRescanDurationFactor);
   if (now_ms() - shown_scan_->finished_ms < wait) return;
-  enqueue_scan(shown_scan_->filter, shown_scan_->filter_json, true);
+  jobs_.request_scan(shown_scan_->filter, shown_scan_->filter_json, true);
   run_next();
 }
 
-std::shared_ptr<Job> Core::make_job(Job::Kind kind, parking::Filter filter,
-                                    nlohmann::json filter_json) {
-  auto job = std::make_shared<Job>();
-  job->id = next_job_id_++;
-  job->kind = kind;
-  job->filter = std::move(filter);
-  job->filter_json = std::move(filter_json);
-  return job;
-}
-
-void Core::enqueue_scan(const parking::Filter& filter, const nlohmann::json& filter_json,
-                        bool automatic) {
-  // One scan waiting is enough: it takes the latest filter.
-  for (auto& job : queue_) {
-    if (job->kind == Job::Kind::scan) {
-      job->filter = filter;
-      job->filter_json = filter_json;
-      job->automatic = job->automatic && automatic;
-      return;
-    }
-  }
-  auto job = make_job(Job::Kind::scan, filter, filter_json);
-  job->automatic = automatic;
-  queue_.push_back(std::move(job));
-}
-
 void Core::run_next() {
-  if (running_ || stopping_ || !connected_ || queue_.empty()) return;
-  std::shared_ptr<Job> job = std::move(queue_.front());
-  queue_.pop_front();
-  start_job(job);
+  if (running_ || stopping_ || !connected_) return;
+  if (std::shared_ptr<Job> job = jobs_.pop()) start_job(job);
 }
 
 void Core::start_job(const std::shared_ptr<Job>& job) {
@@ -350,10 +391,11 @@ void Core::start_job(const std::shared_ptr<Job>& job) {
       parking::StatsOptions options;
       options.filter = job->filter;
       options.keep = options_.list_limit;
+      options.kept_body_bytes = kBodyShownBytes;
       error = parking::stats(
           connection_, options_.service, options,
-          [weak, job](const Error& error, const parking::Stats& stats) {
-            job->stats = stats;
+          [weak, job](const Error& error, parking::Stats stats) {
+            job->stats = std::move(stats);
             if (auto self = weak.lock()) self->finish_job(job, error);
           },
           on_progress);
@@ -403,6 +445,12 @@ void Core::finish_job(const std::shared_ptr<Job>& job, const Error& error) {
       scan_error_ = job->error;
     } else {
       scan_error_.clear();
+      auto& groups = job->stats.by_error;
+      if (groups.size() > kErrorGroupsShown) {
+        job->error_groups_dropped = groups.size() - kErrorGroupsShown;
+        groups.resize(kErrorGroupsShown);
+      }
+      groups.shrink_to_fit();
       job->stats.messages.shrink_to_fit();
       shown_scan_ = job;
       depth_ = job->stats.depth;
@@ -413,20 +461,11 @@ void Core::finish_job(const std::shared_ptr<Job>& job, const Error& error) {
     }
   } else {
     last_action_ = job;
-    if (options_.logger) {
-      const parking::Progress& p = job->progress;
-      options_.logger->info("console: {} {} {}: read {}, {} {}, skipped {}, failed {}{}{}",
-                            kind_name(job->kind), job->id,
-                            error ? "failed" : (job->interrupted ? "stopped" : "done"), p.scanned,
-                            job->kind == Job::Kind::replay  ? "moved"
-                            : job->kind == Job::Kind::purge ? "deleted"
-                                                            : "matched",
-                            p.moved, p.skipped, p.failed, error ? ": " : "", job->error);
-    }
-    // The counts changed: scan again with the filter the page shows.
+    log_action(*job);
+    // The counts changed. A scan the user asked for meanwhile keeps its newer filter.
     if (job->kind != Job::Kind::count && !stopping_) {
-      enqueue_scan(shown_scan_ ? shown_scan_->filter : parking::Filter{},
-                   shown_scan_ ? shown_scan_->filter_json : nlohmann::json::object(), false);
+      jobs_.refresh(shown_scan_ ? shown_scan_->filter : parking::Filter{},
+                    shown_scan_ ? shown_scan_->filter_json : nlohmann::json::object());
     }
   }
   if (stopping_) {
@@ -436,12 +475,26 @@ void Core::finish_job(const std::shared_ptr<Job>& job, const Error& error) {
   run_next();
 }
 
+void Core::log_action(const Job& job) const {
+  if (!options_.logger) return;
+  const parking::Progress& p = job.progress;
+  const char* outcome = job.state == Job::State::failed ? "failed"
+                        : job.interrupted               ? "stopped"
+                                                        : "done";
+  options_.logger->info("console: {} {} {}: read {}, {} {}, skipped {}, failed {}{}{}",
+                        kind_name(job.kind), job.id, outcome, p.scanned,
+                        job.kind == Job::Kind::replay  ? "moved"
+                        : job.kind == Job::Kind::purge ? "deleted"
+                                                       : "matched",
+                        p.moved, p.skipped, p.failed, job.error.empty() ? "" : ": ", job.error);
+}
+
 void Core::stop(bool at_once, std::function<void()> done) {
   if (done) stopped_ = std::move(done);
   stopping_ = true;
-  queue_.clear();
+  jobs_.clear();
   if (closed_) {
-    if (open_parts_ == 0 && stopped_) std::move(stopped_)();
+    if (open_parts_ == 0 && stopped_) std::exchange(stopped_, nullptr)();
     return;
   }
   if (!at_once && running_ && running_->kind == Job::Kind::replay && running_->replay &&
@@ -474,15 +527,12 @@ void Core::close_all() {
 }
 
 void Core::part_closed() {
-  if (--open_parts_ == 0 && stopped_) std::move(stopped_)();
+  if (--open_parts_ == 0 && stopped_) std::exchange(stopped_, nullptr)();
 }
 
 const Job* Core::pending_action() const {
   if (running_ && running_->kind != Job::Kind::scan) return running_.get();
-  for (const auto& job : queue_) {
-    if (job->kind != Job::Kind::scan) return job.get();
-  }
-  return nullptr;
+  return jobs_.waiting_action();
 }
 
 nlohmann::json Core::job_json(const Job& job) const {
@@ -518,12 +568,11 @@ nlohmann::json Core::scan_json(const Job& scan) const {
   }
   out["by_reason"] = std::move(reasons);
   nlohmann::json errors = nlohmann::json::array();
-  for (size_t i = 0; i < stats.by_error.size() && i < kErrorGroupsShown; ++i) {
-    errors.push_back({{"error", stats.by_error[i].first}, {"count", stats.by_error[i].second}});
+  for (const auto& [error, count] : stats.by_error) {
+    errors.push_back({{"error", error}, {"count", count}});
   }
   out["by_error"] = std::move(errors);
-  out["more_error_groups"] =
-      stats.by_error.size() - std::min(stats.by_error.size(), kErrorGroupsShown);
+  out["more_error_groups"] = scan.error_groups_dropped;
   return out;
 }
 
@@ -547,12 +596,9 @@ Reply Core::state() {
       {"list_limit", options_.list_limit},
       {"rescan_after_ms", options_.rescan_after.count()}};
   out["scan"] = shown_scan_ ? scan_json(*shown_scan_) : nlohmann::json(nullptr);
-  nlohmann::json scanning = nullptr;
-  if (running_ && running_->kind == Job::Kind::scan) scanning = job_json(*running_);
-  for (const auto& job : queue_) {
-    if (scanning.is_null() && job->kind == Job::Kind::scan) scanning = job_json(*job);
-  }
-  out["scanning"] = std::move(scanning);
+  const Job* scanning =
+      running_ && running_->kind == Job::Kind::scan ? running_.get() : jobs_.waiting_scan();
+  out["scanning"] = scanning ? job_json(*scanning) : nlohmann::json(nullptr);
   const Job* action = pending_action();
   out["job"] = action         ? job_json(*action)
                : last_action_ ? job_json(*last_action_)
@@ -566,8 +612,7 @@ Reply Core::messages() {
   const auto& kept = shown_scan_->stats.messages;
   for (size_t i = 0; i < kept.size(); ++i) {
     const parking::ParkedMessage& parked = kept[i];
-    const std::string& body = parked.message.body;
-    const std::string preview = cut(body, kPreviewBytes);
+    const std::string preview = cut(parked.message.body, kPreviewBytes);
     list.push_back(
         {{"index", i},
          {"position", parked.position},
@@ -579,7 +624,7 @@ Reply Core::messages() {
          {"routing_key", parked.original_routing_key},
          {"exchange", parked.original_exchange},
          {"replays", parked.replays},
-         {"size", body.size()},
+         {"size", parked.body_size},
          {"preview",
           parking::is_utf8(preview) ? nlohmann::json(preview) : nlohmann::json(nullptr)}});
   }
@@ -595,13 +640,13 @@ Reply Core::message(uint64_t scan_id, size_t index) {
   parking::ParkedMessage shown = without_body(kept[index]);
   const std::string& body = kept[index].message.body;
   shown.message.body = cut(body, kBodyShownBytes);
+  const bool truncated = shown.body_size > shown.message.body.size();
   nlohmann::json out = parking::message_json(shown, consumer::unix_seconds());
   out["scan"] = scan_id;
   out["index"] = index;
-  out["body_size"] = body.size();
-  out["body_truncated"] = body.size() > kBodyShownBytes;
+  out["body_size"] = shown.body_size;
+  out["body_truncated"] = truncated;
   out["parked_at_seconds"] = optional_json(shown.parked_at);
-  // Timestamp headers read as seconds in `headers`; the page shows them as times too.
   nlohmann::json times = nlohmann::json::object();
   if (shown.message.properties.headers) {
     for (const auto& entry : *shown.message.properties.headers) {
@@ -611,8 +656,7 @@ Reply Core::message(uint64_t scan_id, size_t index) {
     }
   }
   out["header_times"] = std::move(times);
-  if (body.size() <= kBodyShownBytes && nests_at_most(body, kPrettyDepth) &&
-      parking::is_utf8(body)) {
+  if (!truncated && nests_at_most(body, kPrettyDepth) && parking::is_utf8(body)) {
     nlohmann::json parsed = nlohmann::json::parse(body, nullptr, false);
     if (!parsed.is_discarded() && (parsed.is_object() || parsed.is_array())) {
       out["body_pretty"] = dump(parsed, 2);
@@ -621,22 +665,22 @@ Reply Core::message(uint64_t scan_id, size_t index) {
   return json_reply(out);
 }
 
-Reply Core::request_scan(const nlohmann::json& request) {
+Reply Core::request_scan(nlohmann::json request) {
   if (stopping_) return error_reply(503, "the console is stopping");
-  const nlohmann::json filter_json =
-      request.contains("filter") ? request.at("filter") : nlohmann::json::object();
+  nlohmann::json filter_json = nlohmann::json::object();
+  if (auto given = request.find("filter"); given != request.end()) filter_json = std::move(*given);
   parking::Filter filter;
   try {
     filter = parse_filter(filter_json);
   } catch (const std::invalid_argument& e) {
     return error_reply(400, std::string("filter: ") + e.what());
   }
-  enqueue_scan(filter, filter_json, false);
+  jobs_.request_scan(std::move(filter), std::move(filter_json), false);
   run_next();
   return json_reply({{"queued", true}, {"connected", connected_}});
 }
 
-Reply Core::request_action(Job::Kind kind, const nlohmann::json& request, const std::string& who) {
+Reply Core::request_action(Job::Kind kind, nlohmann::json request, const std::string& who) {
   if (stopping_) return error_reply(503, "the console is stopping");
   if (!connected_) {
     return error_reply(503, "not connected to the broker (" + connection_error_ +
@@ -646,34 +690,39 @@ Reply Core::request_action(Job::Kind kind, const nlohmann::json& request, const 
     return error_reply(
         409, std::string("a ") + kind_name(pending->kind) + " is running: wait for it, or stop it");
   }
-  if (!request.contains("filter")) {
+  auto given = request.find("filter");
+  if (given == request.end()) {
     return error_reply(400, "give a filter (an empty object takes every message)");
   }
+  nlohmann::json filter_json = std::move(*given);
   parking::Filter filter;
   try {
-    filter = parse_filter(request.at("filter"));
+    parse_filter(filter_json);
+    filter_json = pin_older_than(std::move(filter_json), consumer::unix_seconds());
+    filter = parse_filter(filter_json);
   } catch (const std::invalid_argument& e) {
     return error_reply(400, std::string("filter: ") + e.what());
   }
-  auto job = make_job(kind, std::move(filter), request.at("filter"));
+  auto job = jobs_.make(kind, std::move(filter), std::move(filter_json));
   if (options_.logger && kind != Job::Kind::count) {
     options_.logger->info("console: {} {} requested from {}, filter {}", kind_name(kind), job->id,
                           who, dump(job->filter_json));
   }
-  // Before any scan that waits: the action is what the user is waiting for.
-  queue_.push_front(job);
+  jobs_.push_action(job);
   run_next();
   return json_reply({{"job", job->id}});
 }
 
 Reply Core::stop_action() {
-  const Job* pending = pending_action();
-  if (!pending) return error_reply(409, "no action is running");
-  for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-    if ((*it)->kind != Job::Kind::scan) {
-      queue_.erase(it);
-      return json_reply({{"stopped", true}});
-    }
+  if (auto stopped = jobs_.stop_waiting_action()) {
+    stopped->started_ms = stopped->finished_ms = now_ms();
+    stopped->finished_at = consumer::unix_seconds();
+    last_action_ = stopped;
+    log_action(*stopped);
+    return json_reply({{"stopped", true}});
+  }
+  if (!running_ || running_->kind == Job::Kind::scan) {
+    return error_reply(409, "no action is running");
   }
   if (!running_->replay) {
     return error_reply(409, std::string("a ") + kind_name(running_->kind) +

@@ -4,50 +4,18 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 
-#include "loop_bridge.hpp"
 #include "retryloop/client/connection.hpp"
 #include "retryloop/console/console.hpp"
+#include "retryloop/console/detail/jobs.hpp"
+#include "retryloop/console/detail/loop_bridge.hpp"
 #include "retryloop/parking/parking.hpp"
 
 namespace retryloop::console::detail {
-
-/// One read or action on the parking queue. They run one at a time: two walks over one queue
-/// would each see only what the other does not hold.
-struct Job {
-  enum class Kind {
-    scan,    ///< counts and the first messages (parking::stats)
-    replay,  ///< parking::replay
-    purge,   ///< parking::purge
-    count,   ///< parking::purge without executing: how many match
-  };
-  enum class State { queued, running, done, failed };
-
-  uint64_t id = 0;
-  Kind kind = Kind::scan;
-  parking::Filter filter;
-  /// The filter as the request gave it, to show back.
-  nlohmann::json filter_json;
-  /// A scan started by the console itself, not by a request.
-  bool automatic = false;
-  State state = State::queued;
-  bool stop_requested = false;
-  bool interrupted = false;
-  parking::Progress progress;
-  std::string error;
-  /// Loop time (ms) and wall-clock time (s).
-  uint64_t started_ms = 0;
-  uint64_t finished_ms = 0;
-  uint64_t started_at = 0;
-  uint64_t finished_at = 0;
-  std::shared_ptr<parking::Replay> replay;
-  parking::Stats stats;
-};
 
 /// The console's state and work, on the loop thread: the connection (made again when lost), the
 /// parking depth, the last scan, and the jobs. Every public call but start() and stop() answers
@@ -60,8 +28,10 @@ class Core : public std::enable_shared_from_this<Core> {
   Core(const Core&) = delete;
   Core& operator=(const Core&) = delete;
 
-  /// Connects and checks that the parking queue exists; `ready` gets the outcome of this first
-  /// attempt (Status::stopped meaning success). Later losses are made good by reconnecting.
+  /// Connects and checks that the parking queue exists and, for a quorum service, that scans
+  /// cannot use up its delivery limit (unless Options::allow_counted_reads); `ready` gets the
+  /// outcome of this first attempt (Status::stopped meaning success). Later losses are made good
+  /// by reconnecting.
   void start(ReadyCallback ready);
   /// Drops the queued jobs, lets a running replay's copies settle (unless `at_once`), then
   /// closes the connection and the timers; `done` fires once all is closed.
@@ -72,28 +42,32 @@ class Core : public std::enable_shared_from_this<Core> {
   Reply state();
   /// The messages the last scan kept, as one line each.
   Reply messages();
-  /// One message of scan `scan_id` in full: properties, headers, body.
+  /// One message of scan `scan_id` in full: properties, headers, body (its first MiB).
   Reply message(uint64_t scan_id, size_t index);
   /// Scans with the filter of the request's `filter`.
-  Reply request_scan(const nlohmann::json& request);
-  /// Starts a replay, purge or count of the messages that match the request's `filter`.
-  Reply request_action(Job::Kind kind, const nlohmann::json& request, const std::string& who);
-  /// Stops the running replay once its copies in flight settle.
+  Reply request_scan(nlohmann::json request);
+  /// Starts a replay, purge or count of the messages that match the request's `filter`. An
+  /// `older_than` in it is fixed as the `parked_until` it means now (pin_older_than), and the
+  /// job shows the filter so.
+  Reply request_action(Job::Kind kind, nlohmann::json request, const std::string& who);
+  /// Stops the running replay once its copies in flight settle, or an action that waits before
+  /// it starts.
   Reply stop_action();
 
  private:
   void connect();
   void on_connected(const std::shared_ptr<client::Connection>& connection);
+  void check_delivery_limit(const std::shared_ptr<client::Connection>& connection);
+  void look_up_parking_queue(const std::shared_ptr<client::Connection>& connection);
+  void fail_start(ServeResult result);
   void on_lost(const client::Connection* connection, const client::Error& error);
   void schedule_reconnect();
   void refresh_depths();
   void maybe_rescan();
-  std::shared_ptr<Job> make_job(Job::Kind kind, parking::Filter filter, nlohmann::json filter_json);
-  void enqueue_scan(const parking::Filter& filter, const nlohmann::json& filter_json,
-                    bool automatic);
   void run_next();
   void start_job(const std::shared_ptr<Job>& job);
   void finish_job(const std::shared_ptr<Job>& job, const client::Error& error);
+  void log_action(const Job& job) const;
   void close_all();
   void part_closed();
   const Job* pending_action() const;
@@ -106,7 +80,6 @@ class Core : public std::enable_shared_from_this<Core> {
   std::string parking_queue_;
   std::string input_queue_;
   std::shared_ptr<client::Connection> connection_;
-  /// A connection being made, not yet open.
   std::shared_ptr<client::Connection> connecting_;
   bool connected_ = false;
   std::string connection_error_;
@@ -124,13 +97,12 @@ class Core : public std::enable_shared_from_this<Core> {
   uint64_t depth_ms_ = 0;
   bool depth_lookup_ = false;
 
-  uint64_t next_job_id_ = 1;
-  std::deque<std::shared_ptr<Job>> queue_;
+  JobQueue jobs_;
   std::shared_ptr<Job> running_;
   /// The last scan that finished, whose counts and messages the page shows.
   std::shared_ptr<Job> shown_scan_;
   std::string scan_error_;
-  /// The last replay, purge or count that finished.
+  /// The last replay, purge or count that finished or was stopped.
   std::shared_ptr<Job> last_action_;
 };
 

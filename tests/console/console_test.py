@@ -9,9 +9,11 @@ routing keys, timestamps), among them one whose body and error are HTML that wou
 if the page used them as HTML; starts the console on a free loopback port and checks, in the
 browser, the groups and their counts, a message's headers and pretty-printed body, that the
 hostile texts are shown as text and never run, a group replay (the counts change, and the
-messages really are in the service's queue, fresh), the live depth, a purge of a selection and
-"purge older than"; and, over plain HTTP and from a page of another origin, that requests without
-the token, with another Origin or Host, or from another site are refused and move nothing.
+messages really are in the service's queue, fresh), the live depth, a purge of a selection whose
+confirmation counts the duplicates of its ids, and "purge older than", which deletes what it
+counted even when more messages have come of age by the time it is confirmed; and, over plain
+HTTP, that requests without the token, with another Origin or Host, or from another site are
+refused and move nothing, and that a deeply nested request body is refused and harms nothing.
 
 Environment: RETRYLOOP_TEST_URL (the broker; scripts/with-broker sets it).
              RETRYLOOP_CONSOLE_SCREENSHOT=PATH also saves a screenshot of the console there.
@@ -19,7 +21,6 @@ Environment: RETRYLOOP_TEST_URL (the broker; scripts/with-broker sets it).
 
 import argparse
 import datetime
-import http.server
 import json
 import os
 import re
@@ -30,7 +31,6 @@ import tempfile
 import threading
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 
 import pika
@@ -145,8 +145,12 @@ class Console:
         return ''.join(self.output) + self.errors.read()
 
     def request(self, method, path, body=None, headers=None):
-        """An HTTP request straight to the console: (status, JSON answer)."""
-        data = json.dumps(body).encode() if body is not None else None
+        """An HTTP request straight to the console: (status, JSON answer). A `body` that is a
+        string is sent as it is. The answer's headers are left in self.headers."""
+        if body is None or isinstance(body, str):
+            data = body.encode() if body is not None else None
+        else:
+            data = json.dumps(body).encode()
         request = urllib.request.Request(self.base.rstrip('/') + path, data=data, method=method)
         for name, value in (headers or {}).items():
             request.add_header(name, value)
@@ -154,8 +158,10 @@ class Console:
             request.add_header('Content-Type', 'application/json')
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
+                self.headers = response.headers
                 return response.status, json.loads(response.read() or b'null')
         except urllib.error.HTTPError as error:
+            self.headers = error.headers
             text = error.read()
             try:
                 return error.code, json.loads(text)
@@ -247,12 +253,14 @@ def open_message(driver, message_id):
              and text(d, 'detail-id') == message_id)
 
 
-def confirm(driver, expect):
-    """Checks the confirmation dialog's text and accepts it."""
+def confirm(driver, expect, meanwhile=None):
+    """Checks the confirmation dialog's text and accepts it, after meanwhile() if given."""
     dialog_text = wait_for(driver, 'the confirmation dialog',
                            lambda d: d.find_element(By.ID, 'confirm').is_displayed()
                            and text(d, 'confirm-text'))
     check(expect in dialog_text, f'the confirmation says {dialog_text!r}, not {expect!r}')
+    if meanwhile:
+        meanwhile()
     driver.find_element(By.ID, 'confirm-ok').click()
 
 
@@ -275,42 +283,6 @@ def wait_job(driver, kind, contains, previous):
 
 def xss_ran(driver):
     return driver.execute_script('return window.__xss === undefined ? null : window.__xss;')
-
-
-# ---- a page of another origin -----------------------------------------------------------------
-
-class OtherSite:
-    """A page on another port of 127.0.0.1 (another origin) that tries the console's API."""
-
-    PAGE = """<!doctype html><title>other</title><script>
-    const target = new URLSearchParams(location.search);
-    window.result = 'pending';
-    fetch(target.get('api') + 'replay', {method: 'POST', mode: 'cors',
-          headers: {'X-Retryloop-Token': target.get('token'), 'Content-Type': 'application/json'},
-          body: '{"filter": {}}'})
-      .then((r) => { window.result = 'answered ' + r.status; })
-      .catch((e) => { window.result = 'blocked'; });
-    </script>"""
-
-    def __init__(self):
-        page = self.PAGE.encode()
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # pylint: disable=invalid-name
-                self.send_response(200)
-                self.send_header('Content-Type', 'text/html')
-                self.end_headers()
-                self.wfile.write(page)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.HTTPServer(('127.0.0.1', 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
 
 
 # ---- the test ---------------------------------------------------------------------------------
@@ -352,7 +324,6 @@ def run(args):
 
     console = Console(args.retryloop, topology_file, service, url, work)
     driver = None
-    other = None
     try:
         log(f'console at {console.base}')
         driver = browser()
@@ -440,42 +411,51 @@ def run(args):
         check(broker.depth(parking) == 4, 'parking does not hold the four others')
         log('the group replay moved 3 messages to the service queue, fresh')
 
-        # -- the depth refreshes by itself
+        # -- the depth refreshes by itself (with a second message of id order-5, for later)
         broker.park(parking, 'order-7', '{"order": "order-7"}', 'permanent', PERMANENT_ERROR,
                     'order.updated', now)
-        wait_for(driver, 'the live depth', lambda d: text(d, 'depth') == '5', timeout=15)
+        broker.park(parking, 'order-5', '{"order": "order-5", "copy": 2}', 'permanent',
+                    PERMANENT_ERROR, 'order.updated', now - datetime.timedelta(minutes=4))
+        wait_for(driver, 'the live depth', lambda d: text(d, 'depth') == '6', timeout=15)
         wait_for(driver, 'the counts after the depth changed',
-                 lambda d: group_counts(d, 'reason-groups') == {'permanent': 3, 'poison': 2},
+                 lambda d: group_counts(d, 'reason-groups') == {'permanent': 4, 'poison': 2},
                  timeout=15)
         log('the depth and, since it changed, the counts refreshed by themselves')
 
-        # -- requests without the token, from another origin or for another host move nothing
+        # -- requests without the token, from another origin or for another host move nothing.
+        # Plain HTTP, as any program could send them: a browser would block some of them itself,
+        # which would hide a console that let them in.
         form = {'Content-Type': 'application/x-www-form-urlencoded'}
+        other_page = f'http://127.0.0.1:{int(console.port) + 1}'
         for what, headers, expected in (
                 ('without the token', {}, 403),
                 ('with a wrong token', {'X-Retryloop-Token': '0' * 32}, 403),
                 ('with another Origin', dict(token, Origin='http://evil.example'), 403),
+                ('from another port of the same host',
+                 dict(token, **{'Origin': other_page, 'Sec-Fetch-Site': 'same-site'}), 403),
                 ('for another Host (DNS rebinding)',
                  dict(token, Host=f'evil.example:{console.port}'), 403),
                 ('from another site', dict(token, **{'Sec-Fetch-Site': 'cross-site'}), 403),
-                ('as a form post', dict(token, **form), 415)):
+                ('as a form post', dict(token, **form), 415),
+                ('as a text/plain post', dict(token, **{'Content-Type': 'text/plain'}), 415),
+                ('as application/jsonx', dict(token, **{'Content-Type': 'application/jsonx'}), 415)):
             status, answer = console.request('POST', '/api/replay', {'filter': {}}, headers)
             check(status == expected, f'a replay {what} got HTTP {status}, not {expected}: {answer}')
+            check('Access-Control-Allow-Origin' not in console.headers,
+                  f'a replay {what} was answered with CORS headers')
         status, _ = console.request('GET', '/api/state')
         check(status == 403, f'reading the state without the token got HTTP {status}')
-        status, _ = console.request('OPTIONS', '/api/replay', headers={
-            'Origin': 'http://evil.example', 'Access-Control-Request-Method': 'POST'})
-        check(status == 403, f'a CORS preflight got HTTP {status}')
+        for origin in ('http://evil.example', other_page):
+            status, _ = console.request('OPTIONS', '/api/replay', headers={
+                'Origin': origin, 'Access-Control-Request-Method': 'POST',
+                'Access-Control-Request-Headers': 'x-retryloop-token,content-type'})
+            check(status == 403, f'a CORS preflight from {origin} got HTTP {status}')
+            check(not any(name.startswith('Access-Control-Allow') for name in console.headers),
+                  f'a CORS preflight from {origin} was allowed: {dict(console.headers)}')
         status, state = console.request('GET', '/api/state', headers=token)
-        check(status == 200 and state['depth'] == 5, f'with the token: HTTP {status}, {state}')
+        check(status == 200 and state['depth'] == 6, f'with the token: HTTP {status}, {state}')
         check(':guest@' not in json.dumps(state), 'the broker password is in the state')
-        other = OtherSite()
-        api = urllib.parse.quote(console.base + 'api/')
-        driver.get(f'http://127.0.0.1:{other.port}/?api={api}&token={console.token}')
-        result = wait_for(driver, 'the cross-origin fetch',
-                          lambda d: (r := d.execute_script('return window.result;')) != 'pending' and r)
-        check(result == 'blocked', f'a page of another origin got {result!r}')
-        check(broker.depth(parking) == 5, 'a refused request moved messages')
+        check(broker.depth(parking) == 6, 'a refused request moved messages')
         with urllib.request.urlopen(console.base + 'app.js', timeout=10) as response:
             script = response.read().decode()
             policy = response.headers.get('Content-Security-Policy', '')
@@ -485,44 +465,73 @@ def run(args):
               f'the Content-Security-Policy is {policy!r}')
         log('requests without the token, of another origin or another host are refused (403)')
 
-        # -- purge a selection, then "purge older than"
+        # -- purge a selection: messages are chosen by id, and the confirmation counts the
+        # duplicate that shares one
         driver.get(f'{console.base}#token={console.token}')
-        wait_for(driver, 'the list after a reload', lambda d: len(listed_ids(d)) == 5)
+        wait_for(driver, 'the list after a reload', lambda d: len(listed_ids(d)) == 6)
         for message_id in ('order-4', 'order-5'):
             click(driver, f'#messages tr[data-id="{message_id}"] input[type=checkbox]')
         previous = job_id(driver)
         driver.find_element(By.ID, 'purge-selected').click()
-        confirm(driver, 'the 2 selected messages')
-        wait_job(driver, 'purge', 'deleted 2 messages', previous)
+        confirm(driver, 'the 3 messages with the 2 selected ids')
+        wait_job(driver, 'purge', 'deleted 3 messages', previous)
         wait_for(driver, 'the depth after the purge', lambda d: text(d, 'depth') == '3')
+        log('purging a selection said, and deleted, every message with the selected ids')
+
+        # -- "purge older than" deletes what it counted, although another message comes of age
+        # while the confirmation waits; meanwhile, deeply nested request bodies are refused
+        second = int(time.time())
+        broker.park(parking, 'edge-1', '{"order": "edge-1"}', 'poison', 'comes of age',
+                    'order.created',
+                    datetime.datetime.utcfromtimestamp(second + 2) - datetime.timedelta(days=7))
         older = driver.find_element(By.ID, 'older-than')
         older.clear()
         older.send_keys('7d')
         previous = job_id(driver)
         driver.find_element(By.CSS_SELECTOR, '#older-form button').click()
-        confirm(driver, '1 message parked more than 7d ago')
-        wait_job(driver, 'purge', 'deleted 1 message', previous)
-        wait_for(driver, 'the depth after purge older than', lambda d: text(d, 'depth') == '2')
-        wait_for(driver, 'the list after the purges',
-                 lambda d: sorted(listed_ids(d)) == ['order-6', 'order-7'])
-        check(broker.depth(parking) == 2, 'parking does not hold the two messages left')
-        log('purging a selection and purging older than 7d deleted what they said')
 
-        # -- a JSON body nested 100,000 deep is shown as it is, not indented (which would recurse)
+        def deep_bodies_then_edge_of_age():
+            deep_filter = '{"filter": ' + '[' * 500000 + ']' * 500000 + '}'
+            for path in ('/api/scan', '/api/replay'):
+                status, answer = console.request('POST', path, deep_filter, token)
+                check(status == 400 and 'deeper' in answer.get('error', ''),
+                      f'a deeply nested body to {path} got HTTP {status}: {answer}')
+            status, _ = console.request('GET', '/api/state', headers=token)
+            check(status == 200 and console.process.poll() is None,
+                  'the console stopped serving after a deeply nested request body')
+            time.sleep(max(0.0, second + 2.3 - time.time()))
+
+        confirm(driver, '1 message parked more than 7d ago', deep_bodies_then_edge_of_age)
+        wait_job(driver, 'purge', 'deleted 1 message', previous)
+        wait_for(driver, 'the depth after purge older than', lambda d: text(d, 'depth') == '3')
+        wait_for(driver, 'the list after the purges',
+                 lambda d: sorted(listed_ids(d)) == ['edge-1', 'order-6', 'order-7'])
+        check(broker.depth(parking) == 3, 'parking does not hold the three messages left')
+        log('purge older than 7d deleted the message it counted, not the one that came of age; '
+            'deeply nested request bodies got 400')
+
+        # -- a JSON body nested 100,000 deep is shown as it is, not indented (which would
+        # recurse); a body over 1 MiB is kept and shown cut, and the page says so
         deep = '[' * 100000 + ']' * 100000
         broker.park(parking, 'deep-1', deep, 'poison', 'nested too deep', 'order.created', now)
+        big = '{"order": "big-1", "pad": "' + 'x' * (1536 * 1024) + '"}'
+        broker.park(parking, 'big-1', big, 'poison', 'too big', 'order.created', now)
         click(driver, '#rescan')
         wait_for(driver, 'the deep message in the list', lambda d: 'deep-1' in listed_ids(d))
         open_message(driver, 'deep-1')
         shown = driver.find_element(By.ID, 'detail-body').get_attribute('textContent')
         check(shown == deep, 'the deeply nested body is not shown as it is')
         check(console.process.poll() is None, 'the console died on a deeply nested body')
-        log('a deeply nested JSON body is shown as it is')
+        open_message(driver, 'big-1')
+        note = text(driver, 'detail-body-note')
+        shown = driver.find_element(By.ID, 'detail-body').get_attribute('textContent')
+        check('1.5 MiB' in note and 'cut to the first MiB' in note, f'the big body says {note!r}')
+        check(len(shown) == 1024 * 1024 and big.startswith(shown),
+              f'the big body is shown as {len(shown)} characters')
+        log('a deeply nested JSON body is shown as it is; a body over 1 MiB is shown cut, and said so')
     finally:
         if driver is not None:
             driver.quit()
-        if other is not None:
-            other.close()
         status, output = console.stop()
         broker.close()
         subprocess.run([args.retryloop, 'topology', 'delete', topology_file, '--yes', '--force',

@@ -1,6 +1,7 @@
 // The parking tools against a real broker: list, stats, replay and purge, through the library
 // and through the retryloop command.
 
+#include <httplib.h>
 #include <signal.h>
 #include <catch2/catch.hpp>
 
@@ -636,4 +637,130 @@ TEST_CASE(
   // them only just after the close-ok.
   test::eventually(loop, [&] { return s.depth(s.parking) >= 750; });
   CHECK(s.depth(s.parking) == 750);
+}
+
+namespace {
+
+/// `retryloop parking serve` for a quorum service whose parking queue the test declared itself.
+struct ServedQueue {
+  TestLoop& loop;
+  std::string name = test::unique_name("servelimit");
+  std::string file;
+  std::shared_ptr<client::Connection> connection;
+
+  ServedQueue(TestLoop& l, amqp::FieldTable parking_arguments) : loop(l) {
+    file = (std::filesystem::temp_directory_path() / (name + ".json")).string();
+    std::ofstream(file) << R"({"services": [{"name": ")" + name +
+                               R"(", "queue_type": "quorum", "input": {"exchange": ")" + name +
+                               R"(.in", "type": "direct", "bindings": ["key"]}, "retry": )" +
+                               R"({"mode": "reject", "delays": ["100ms"], "max_attempts": 3}}]})";
+    connection = test::connect(loop, test::broker_url());
+    auto channel = test::open_channel(loop, *connection);
+    client::QueueOptions options;
+    options.arguments = std::move(parking_arguments);
+    options.arguments.set("x-queue-type", "quorum");
+    test::declare_queue(loop, *channel, topology::parking_queue_name(name), options);
+  }
+  ~ServedQueue() {
+    auto channel = test::open_channel(loop, *connection);
+    (void)test::wait(loop, [&](auto done) {
+      return channel->queue_delete(topology::parking_queue_name(name), false, false,
+                                   [done](const Error& error, uint32_t) { done(error); });
+    });
+    test::close(loop, connection);
+    std::filesystem::remove(file);
+  }
+
+  ChildProcess serve(std::vector<std::string> args) {
+    std::vector<std::string> argv = {test::built_program("retryloop"),
+                                     "parking",
+                                     "serve",
+                                     "-t",
+                                     file,
+                                     name,
+                                     "--url",
+                                     test::broker_url(),
+                                     "--listen",
+                                     "127.0.0.1:0"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return ChildProcess(argv, {"RETRYLOOP_CONSOLE_TOKEN="});
+  }
+};
+
+/// The port a console prints in its `open` line, once it does; 0 when it exited first.
+int console_port(ChildProcess& console) {
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const std::string out = console.out();
+    const size_t at = out.find("open  http://127.0.0.1:");
+    if (at != std::string::npos) return std::stoi(out.substr(at + 23));
+    if (!console.running()) return 0;
+    std::this_thread::sleep_for(20ms);
+  }
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "parking serve refuses a quorum parking queue whose delivery limit scans could reach, unless "
+    "--allow-counted-reads",
+    "[parking][integration][cli]") {
+  TestLoop loop;
+  SECTION("declared with another limit: drift, on every version") {
+    ServedQueue queue(loop, amqp::FieldTable{{"x-delivery-limit", amqp::FieldValue(int64_t(20))}});
+    ChildProcess console = queue.serve({});
+    CHECK(console.wait() == 3);
+    INFO(console.err());
+    CHECK_THAT(console.err(),
+               Catch::Contains("x-delivery-limit: the file wants 1000000, the broker has 20"));
+    CHECK_THAT(console.err(), Catch::Contains("--allow-counted-reads"));
+    CHECK(console.out().find("open") == std::string::npos);
+  }
+  SECTION("declared without a limit: RabbitMQ 4 gives it 20; 3.x none") {
+    ServedQueue queue(loop, {});
+    ChildProcess console = queue.serve({});
+    if (test::broker_is_4x()) {
+      CHECK(console.wait() == 3);
+      INFO(console.err());
+      CHECK_THAT(console.err(), Catch::Contains("declared without x-delivery-limit"));
+      CHECK_THAT(console.err(), Catch::Contains("\"delivery-limit\": 1000000"));
+      CHECK_THAT(console.err(), Catch::Contains("--allow-counted-reads"));
+    } else {
+      CHECK(console_port(console) != 0);
+      console.signal(SIGTERM);
+      CHECK(console.wait() == 0);
+    }
+  }
+  SECTION("--allow-counted-reads serves it; the token comes from --token-file and is not shown") {
+    ServedQueue queue(loop, {});
+    const std::string token = "file-token-0123456789abcdef";
+    const std::string token_file = queue.file + ".token";
+    std::ofstream(token_file) << token << "\n";
+    ChildProcess console = queue.serve({"--allow-counted-reads", "--token-file", token_file});
+    const int port = console_port(console);
+    INFO(console.out() + console.err());
+    REQUIRE(port != 0);
+    CHECK(console.out().find(token) == std::string::npos);
+    httplib::Client http("127.0.0.1", port);
+    auto refused = http.Get("/api/state", {{"X-Retryloop-Token", token + "x"}});
+    REQUIRE(refused);
+    CHECK(refused->status == 403);
+    auto state = http.Get("/api/state", {{"X-Retryloop-Token", token}});
+    REQUIRE(state);
+    CHECK(state->status == 200);
+    CHECK(nlohmann::json::parse(state->body).at("parking_queue") ==
+          topology::parking_queue_name(queue.name));
+    console.signal(SIGTERM);
+    CHECK(console.wait() == 0);
+
+    ChildProcess both = queue.serve({"--token-file", token_file, "--token", token});
+    CHECK(both.wait() == 1);
+    CHECK_THAT(both.err(), Catch::Contains("give the token one way"));
+    std::ofstream(token_file) << "short\n";
+    ChildProcess short_token = queue.serve({"--allow-counted-reads", "--token-file", token_file});
+    CHECK(short_token.wait() == 1);
+    CHECK_THAT(short_token.err(), Catch::Contains("at least 16"));
+    std::filesystem::remove(token_file);
+  }
 }

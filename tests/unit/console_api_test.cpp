@@ -107,6 +107,14 @@ TEST_CASE("Requests from another origin or for another host are refused", "[cons
   CHECK(status_of(request) == 415);
   request.content_type = "Application/JSON; charset=utf-8";
   CHECK(status_of(request) == 0);
+  request.content_type = "application/json ;charset=utf-8";
+  CHECK(status_of(request) == 0);
+  for (const char* other : {"application/jsonx", "application/json-seq", "application/json5",
+                            "application/json-patch+json", "text/json", ""}) {
+    INFO(other);
+    request.content_type = other;
+    CHECK(status_of(request) == 415);
+  }
 }
 
 TEST_CASE("A console on loopback answers to its address and localhost; elsewhere to any host",
@@ -179,4 +187,45 @@ TEST_CASE("A filter in a request becomes a parking filter; a bad one names its f
   refuses(R"({"routing_key": 7})", "routing_key");
   refuses(R"({"reason": ["poison"]})", "unknown filter field reason");
   refuses(R"(["poison"])", "JSON object");
+}
+
+TEST_CASE("Request bodies are measured for depth before parsing; strings do not count",
+          "[console]") {
+  using console::detail::nests_at_most;
+  CHECK(nests_at_most(R"({"filter": {"reasons": ["poison"]}})", 3));
+  CHECK_FALSE(nests_at_most(R"({"filter": {"reasons": ["poison"]}})", 2));
+  CHECK(nests_at_most(R"({"error_contains": "[[[[{{{{"})", 1));
+  CHECK(nests_at_most(R"({"error_contains": "a \" [[[["})", 1));
+  CHECK_FALSE(nests_at_most(R"({"error_contains": "\\", "x": [[]]})", 2));
+  const std::string deep =
+      R"({"filter": )" + std::string(500000, '[') + std::string(500000, ']') + "}";
+  CHECK_FALSE(nests_at_most(deep, console::detail::max_request_depth));
+}
+
+TEST_CASE("older_than becomes the parked_until it means when the action is asked for",
+          "[console]") {
+  using console::detail::pin_older_than;
+  const uint64_t now = 1700000000;
+  CHECK(pin_older_than(nlohmann::json::parse(R"({"older_than": "7d", "reasons": ["poison"]})"),
+                       now) ==
+        nlohmann::json::parse(R"({"parked_until": 1699395200, "reasons": ["poison"]})"));
+  // Filter::matches takes an age of at least the duration, rounded up to whole seconds.
+  CHECK(pin_older_than(nlohmann::json::parse(R"({"older_than": "1500ms"})"), now) ==
+        nlohmann::json::parse(R"({"parked_until": 1699999998})"));
+  CHECK(pin_older_than(nlohmann::json::parse(R"({"older_than": "1h", "parked_until": 5})"), now) ==
+        nlohmann::json::parse(R"({"parked_until": 5})"));
+  CHECK(pin_older_than(nlohmann::json::parse(R"({"reasons": ["poison"]})"), now) ==
+        nlohmann::json::parse(R"({"reasons": ["poison"]})"));
+
+  const parking::Filter relative =
+      console::detail::parse_filter(nlohmann::json::parse(R"({"older_than": "7d"})"));
+  const parking::Filter pinned = console::detail::parse_filter(
+      pin_older_than(nlohmann::json::parse(R"({"older_than": "7d"})"), now));
+  for (uint64_t parked_at : {now - 7 * 86400 - 1, now - 7 * 86400, now - 7 * 86400 + 1}) {
+    parking::ParkedMessage parked;
+    parked.parked_at = parked_at;
+    CHECK(pinned.matches(parked, now) == relative.matches(parked, now));
+    // Later, the relative filter takes more; the pinned one the same.
+    CHECK(pinned.matches(parked, now + 3600) == relative.matches(parked, now));
+  }
 }

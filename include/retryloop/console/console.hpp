@@ -35,6 +35,13 @@ struct Options {
   /// often (and never more often than ten times the last scan's duration). 0: only on demand
   /// and after an action.
   std::chrono::milliseconds rescan_after{30000};
+  /// A scan reads every parked message once, and a quorum queue counts each read as a delivery.
+  /// So the console checks at start that a quorum service's parking queue has the file's
+  /// arguments, `x-delivery-limit` among them (retryloop's 1,000,000; without it RabbitMQ 4.x
+  /// drops a message at its 21st read), and refuses to serve it otherwise
+  /// (Status::unsafe_delivery_limit). true serves it anyway: for a queue whose limit a policy
+  /// raised, which no AMQP client can see. A policy that lowers the limit is not seen either.
+  bool allow_counted_reads = false;
   /// Where the console logs (start, actions, reconnects); nullptr: nowhere.
   std::shared_ptr<spdlog::logger> logger;
 };
@@ -59,6 +66,10 @@ struct ServeResult {
     cannot_listen,   ///< the address could not be bound
     cannot_connect,  ///< the first connection to the broker failed
     no_queue,        ///< the service's parking queue does not exist
+    /// the parking queue is a quorum queue declared without retryloop's delivery limit, or with
+    /// other arguments than the file's, or they could not be compared: repeated scans could
+    /// drop parked messages (see Options::allow_counted_reads)
+    unsafe_delivery_limit,
   };
   Status status = Status::stopped;
   std::string message;

@@ -24,6 +24,7 @@
   function el(tag, props, ...children) {
     const node = document.createElement(tag);
     for (const [key, value] of Object.entries(props || {})) {
+      if (value === null || value === undefined) continue;
       if (key === 'class') node.className = value;
       else if (key === 'text') node.textContent = value;
       else if (key === 'onclick') node.addEventListener('click', value);
@@ -80,7 +81,11 @@
   function readToken() {
     const match = /(?:^#|&)token=([^&]*)/.exec(location.hash);
     if (match) {
-      ui.token = decodeURIComponent(match[1]);
+      try {
+        ui.token = decodeURIComponent(match[1]);
+      } catch (e) {
+        ui.token = match[1];
+      }
       sessionStorage.setItem(TOKEN_KEY, ui.token);
       // The token leaves the address bar (and the history), not the tab.
       history.replaceState(null, '', location.pathname + location.search);
@@ -149,7 +154,9 @@
     }
     if (filter.routing_key !== undefined) parts.push(`routing key ${filter.routing_key}`);
     if (filter.parked_from !== undefined) parts.push(`parked from ${timeText(filter.parked_from)}`);
-    if (filter.parked_until !== undefined) parts.push(`until ${timeText(filter.parked_until)}`);
+    if (filter.parked_until !== undefined) {
+      parts.push(`${filter.parked_from !== undefined ? '' : 'parked '}until ${timeText(filter.parked_until)}`);
+    }
     if (filter.older_than) parts.push(`parked more than ${filter.older_than} ago`);
     return parts.join(', ');
   }
@@ -499,12 +506,12 @@
     try {
       const s = ui.server;
       const verb = kind === 'replay' ? 'Replay' : 'Purge';
+      const counted = 'The number is from the last count; the action takes whatever matches ' +
+          'when it runs.';
       const detail = kind === 'replay'
           ? `Each one is copied to queue ${s.input_queue} and leaves parking only once the broker ` +
-            'has confirmed its copy. Counts are from the last scan; the action takes whatever ' +
-            'matches when it runs.'
-          : 'They are deleted for good. Counts are from the last scan; the action takes whatever ' +
-            'matches when it runs.';
+            `has confirmed its copy. ${counted}`
+          : `They are deleted for good. ${counted}`;
       if (!await confirmDialog(`${verb} ${description}?`, detail, verb)) return;
       await api('POST', `/api/${kind}`, {filter});
       notice('');
@@ -520,6 +527,7 @@
     for (;;) {
       const s = await api('GET', '/api/state');
       render(s);
+      if (s.job && s.job.id > id) throw new Error('another action replaced it');
       if (s.job && s.job.id === id && (s.job.state === 'done' || s.job.state === 'failed')) {
         return s.job;
       }
@@ -527,30 +535,51 @@
     }
   }
 
-  async function purgeOlderThan(duration) {
+  // Counts what `filter` takes now, then asks to act on it. The action gets the filter as the
+  // console counted it, an "older than" fixed as a time, so it takes what was counted.
+  // `describe(n)` says what the n messages are; `none` is the notice when there are none.
+  async function countThenAct(kind, filter, what, describe, none) {
     if (ui.busy) return;
     ui.busy = true;
     let counted;
     try {
-      const filter = {older_than: duration};
-      notice(`Counting the messages parked more than ${duration} ago…`);
+      notice(`Counting ${what}…`);
       const started = await api('POST', '/api/count', {filter});
       counted = await waitForJob(started.job);
       notice('');
       if (counted.state === 'failed') throw new Error(counted.error);
+      if (counted.interrupted) throw new Error('the count was stopped');
     } catch (e) {
       notice(`Cannot count: ${e.message}`, 'error');
-      ui.busy = false;
       return;
+    } finally {
+      ui.busy = false;
     }
-    ui.busy = false;
     const n = counted.progress.moved;
     if (n === 0) {
-      notice(`No message was parked more than ${duration} ago.`);
+      notice(none);
       return;
     }
-    await act('purge', {older_than: duration},
-              `${plural(n, 'message')} parked more than ${duration} ago`, n);
+    await act(kind, counted.filter, describe(n), n);
+  }
+
+  function purgeOlderThan(duration) {
+    countThenAct('purge', {older_than: duration}, `the messages parked more than ${duration} ago`,
+                 (n) => `${plural(n, 'message')} parked more than ${duration} ago`,
+                 `No message was parked more than ${duration} ago.`);
+  }
+
+  // A selection is sent as message ids, which duplicates share: the confirmation says how many
+  // messages carry the ids, not only how many rows were ticked.
+  function actOnIds(kind, ids) {
+    const chosen = ids.length === 1 ? `the message with id ${ids[0]}`
+                                    : `the ${plural(ids.length, 'selected message')}`;
+    const idText = ids.length === 1 ? `id ${ids[0]}` : `the ${plural(ids.length, 'selected id')}`;
+    countThenAct(kind, selectionFilter(ids), 'the messages with the selected ids', (n) =>
+      n === ids.length ? chosen
+                       : `the ${plural(n, 'message')} with ${idText} (messages are chosen by ` +
+                         `id, and ${n > ids.length ? 'some share one' : 'some are gone'})`,
+      'No parked message has the selected ids any more.');
   }
 
   function selectionFilter(ids) {
@@ -621,14 +650,8 @@
         act(kind, filter, `${what ? 'the' : 'all'} ${plural(matched, 'message')}` +
             (what ? ` that match (${what})` : ' in parking'), matched);
       });
-      $(`${kind}-selected`).addEventListener('click', () => {
-        const ids = [...ui.selected];
-        act(kind, selectionFilter(ids), `the ${plural(ids.length, 'selected message')}`, ids.length);
-      });
-      $(`detail-${kind}`).addEventListener('click', () => {
-        const id = ui.detail.message_id;
-        act(kind, selectionFilter([id]), `the message with id ${id}`, 1);
-      });
+      $(`${kind}-selected`).addEventListener('click', () => actOnIds(kind, [...ui.selected]));
+      $(`detail-${kind}`).addEventListener('click', () => actOnIds(kind, [ui.detail.message_id]));
     }
     $('older-form').addEventListener('submit', (event) => {
       event.preventDefault();

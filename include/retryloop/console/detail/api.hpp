@@ -5,6 +5,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -40,6 +41,11 @@ struct Access {
   std::vector<std::string> hosts;
 };
 
+/// API request bodies whose arrays and objects nest deeper than this are refused before they are
+/// parsed: the JSON library copies and serializes recursively, so a body of a million brackets
+/// would overflow the stack. A filter needs three levels.
+inline constexpr size_t max_request_depth = 16;
+
 /// Why a request is refused: an HTTP status and a sentence; status 0 lets it in.
 struct Refusal {
   int status = 0;
@@ -48,7 +54,8 @@ struct Refusal {
 
 /// Checks a request: the Host, then that it comes from the console's own page (no Origin of
 /// another site, no CORS preflight), then, for `/api/` paths, the token and, for a POST, a JSON
-/// body. Pages and scripts need no token; other methods than GET and HEAD on them are refused.
+/// body (`Content-Type: application/json`, parameters such as `; charset=utf-8` allowed). Pages and
+/// scripts need no token; other methods than GET and HEAD on them are refused.
 Refusal check_request(const RequestFacts& request, const Access& access);
 
 /// Whether `host` is a loopback address (127.0.0.0/8, ::1) or `localhost`.
@@ -63,11 +70,22 @@ bool same_token(std::string_view a, std::string_view b);
 /// 32 hex digits from the kernel's random source.
 std::string random_token();
 
+/// Whether the arrays and objects of JSON `text` nest at most `limit` deep; brackets in strings do
+/// not count. One flat pass over the text, for text that must not reach a recursive parser or
+/// serializer when it is deeper.
+bool nests_at_most(std::string_view text, size_t limit);
+
 /// The filter of an API request, a JSON object whose fields are all optional:
 /// `reasons` (array; "(none)" is the messages without a reason), `error_first_line` (string;
 /// "(none)" is the messages without an error), `error_contains`, `message_ids` (array),
 /// `routing_key`, `parked_from` and `parked_until` (seconds since the epoch) and `older_than`
 /// (a duration such as "7d"). Throws std::invalid_argument naming the field at fault.
 parking::Filter parse_filter(const nlohmann::json& json);
+
+/// A filter that parse_filter accepted, with `older_than`, which is relative to the moment the
+/// filter is used, replaced by the `parked_until` it means at `now_seconds` (the earlier of the
+/// two when both are given). A count and the purge confirmed after it then take the same
+/// messages, however long the confirmation took.
+nlohmann::json pin_older_than(nlohmann::json filter, uint64_t now_seconds);
 
 }  // namespace retryloop::console::detail

@@ -3,10 +3,8 @@
 #include <uv.h>
 
 #include <chrono>
-#include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 
@@ -27,8 +25,10 @@ class LoopBridge {
   explicit LoopBridge(uv_loop_t* loop);
   LoopBridge(const LoopBridge&) = delete;
   LoopBridge& operator=(const LoopBridge&) = delete;
-  /// Any thread. Runs `task` on the loop thread and waits up to `timeout` for its reply;
-  /// nullopt when the wait timed out or the bridge is closed.
+  /// Any thread. Runs `task` on the loop thread and waits up to `timeout` for it to start, then
+  /// for its reply. nullopt when it never started: the wait timed out first (the task is then
+  /// dropped, never to run) or the bridge is closed. A task that started is always waited for,
+  /// so that nullopt always means that nothing was done.
   std::optional<Reply> call(std::function<Reply()> task, std::chrono::milliseconds timeout);
   /// Loop thread. Takes no more tasks; those still queued never run and their callers get
   /// nullopt at once. The handle closes; the loop must run on for that.
@@ -36,6 +36,7 @@ class LoopBridge {
 
  private:
   struct Shared;
+  struct Call;
   static void on_async(uv_async_t* async);
   std::shared_ptr<Shared> shared_;
 };
