@@ -465,6 +465,39 @@ std::string percentiles_json(std::vector<double> values) {
   return text;
 }
 
+/// A retry consumer run on the loop until its handler calls finish(), which stops it gracefully
+/// (from the handler, so the loop goes on until the last ack is sent).
+class ConsumerRun {
+ public:
+  explicit ConsumerRun(uv_loop_t* loop) : loop_(loop) {
+    uv_timer_init(loop, &stopper_);
+    stopper_.data = &consumer_;
+  }
+
+  void finish() {
+    uv_timer_start(
+        &stopper_,
+        [](uv_timer_t* t) {
+          (*static_cast<std::shared_ptr<consumer::Consumer>*>(t->data))
+              ->stop(std::chrono::seconds(10));
+          uv_close(reinterpret_cast<uv_handle_t*>(t), nullptr);
+        },
+        0, 0);
+  }
+
+  void run(const consumer::ConsumerOptions& options, consumer::Handler handler) {
+    consumer_ = consumer::Consumer::create(loop_, options, std::move(handler));
+    consumer_->set_stopped_handler([](const Error& e) { check(e, "consumer"); });
+    check(consumer_->start(), "consumer start");
+    uv_run(loop_, UV_RUN_DEFAULT);
+  }
+
+ private:
+  uv_loop_t* loop_;
+  uv_timer_t stopper_{};
+  std::shared_ptr<consumer::Consumer> consumer_;
+};
+
 void retry(uv_loop_t* loop, const Args& args) {
   consumer::ConsumerOptions options;
   options.service = load_service(args);
@@ -480,10 +513,7 @@ void retry(uv_loop_t* loop, const Args& args) {
   double cpu0 = 0;
   std::unordered_map<int64_t, std::chrono::steady_clock::time_point> failed_at;
   std::vector<double> late_ms;
-  std::shared_ptr<consumer::Consumer> service_consumer;
-  uv_timer_t stopper{};
-  uv_timer_init(loop, &stopper);
-  stopper.data = &service_consumer;
+  ConsumerRun consumer_run(loop);
 
   auto handler = [&](const consumer::Message& message) -> consumer::Outcome {
     auto now = std::chrono::steady_clock::now();
@@ -508,21 +538,11 @@ void retry(uv_loop_t* loop, const Args& args) {
     if (++completed == args.count) {
       r.t1 = wall_seconds();
       r.cpu = cpu_seconds() - cpu0;
-      uv_timer_start(
-          &stopper,
-          [](uv_timer_t* t) {
-            (*static_cast<std::shared_ptr<consumer::Consumer>*>(t->data))
-                ->stop(std::chrono::seconds(10));
-            uv_close(reinterpret_cast<uv_handle_t*>(t), nullptr);
-          },
-          0, 0);
+      consumer_run.finish();
     }
     return consumer::Outcome::ack();
   };
-  service_consumer = consumer::Consumer::create(loop, options, consumer::Handler(handler));
-  service_consumer->set_stopped_handler([](const Error& e) { check(e, "consumer"); });
-  check(service_consumer->start(), "consumer start");
-  uv_run(loop, UV_RUN_DEFAULT);
+  consumer_run.run(options, handler);
   if (completed != args.count) die("retry consumer stopped early");
   double seconds = r.t1 - r.t0;
   std::printf(
@@ -560,10 +580,7 @@ void delays(uv_loop_t* loop, const Args& args) {
   long within = 0;
   int most_hops = 0;
   long completed = 0;
-  std::shared_ptr<consumer::Consumer> service_consumer;
-  uv_timer_t stopper{};
-  uv_timer_init(loop, &stopper);
-  stopper.data = &service_consumer;
+  ConsumerRun consumer_run(loop);
   auto handler = [&](const consumer::Message& message) -> consumer::Outcome {
     const auto now = std::chrono::steady_clock::now();
     const int64_t seq = header_int(message.properties, "bench-seq");
@@ -586,21 +603,11 @@ void delays(uv_loop_t* loop, const Args& args) {
       failed.erase(it);
     }
     if (++completed == args.count) {
-      uv_timer_start(
-          &stopper,
-          [](uv_timer_t* t) {
-            (*static_cast<std::shared_ptr<consumer::Consumer>*>(t->data))
-                ->stop(std::chrono::seconds(10));
-            uv_close(reinterpret_cast<uv_handle_t*>(t), nullptr);
-          },
-          0, 0);
+      consumer_run.finish();
     }
     return consumer::Outcome::ack();
   };
-  service_consumer = consumer::Consumer::create(loop, options, consumer::Handler(handler));
-  service_consumer->set_stopped_handler([](const Error& e) { check(e, "consumer"); });
-  check(service_consumer->start(), "consumer start");
-  uv_run(loop, UV_RUN_DEFAULT);
+  consumer_run.run(options, handler);
   if (completed != args.count) die("delays consumer stopped early");
   std::printf(
       "{\"client\": \"retryloop\", \"bench\": \"delays\", \"messages\": %ld, \"base_ms\": %lld, "
