@@ -21,6 +21,16 @@ std::string default_consumer_name() {
   return std::string(host[0] != '\0' ? host : "unknown-host") + ":" + std::to_string(getpid());
 }
 
+SpanEnd begin_span(const SpanStart& start_span, const Message& message,
+                   const std::optional<TraceContext>& trace) {
+  if (!start_span) return {};
+  try {
+    return start_span(message, trace);
+  } catch (...) {
+    return {};
+  }
+}
+
 Outcome invoke(const Handler& handler, const ExceptionPolicy& exceptions, const Message& message,
                bool& threw) {
   try {
@@ -42,15 +52,72 @@ std::string_view Message::message_id() const {
   return properties.message_id ? std::string_view(*properties.message_id) : std::string_view();
 }
 
+std::optional<TraceContext> Message::trace_context() const {
+  return consumer::trace_context(headers());
+}
+
+const char* to_string(Settlement settlement) {
+  switch (settlement) {
+    case Settlement::acked:
+      return "acked";
+    case Settlement::dropped:
+      return "dropped";
+    case Settlement::retried:
+      return "retried";
+    case Settlement::parked:
+      return "parked";
+    case Settlement::abandoned:
+      return "abandoned";
+  }
+  return "unknown";
+}
+
+const char* to_string(ConsumerState state) {
+  switch (state) {
+    case ConsumerState::not_started:
+      return "not_started";
+    case ConsumerState::connecting:
+      return "connecting";
+    case ConsumerState::consuming:
+      return "consuming";
+    case ConsumerState::reconnecting:
+      return "reconnecting";
+    case ConsumerState::stopping:
+      return "stopping";
+    case ConsumerState::stopped:
+      return "stopped";
+  }
+  return "unknown";
+}
+
 namespace detail {
 
 ConsumerImpl::ConsumerImpl(uv_loop_t* loop, ConsumerOptions options)
     : options_(std::move(options)), loop_(loop), parking_depth_(options_) {
   if (options_.consumer_name.empty()) options_.consumer_name = default_consumer_name();
   if (options_.concurrency == 0) options_.concurrency = 1;
+  exceptions_ = std::make_shared<const ExceptionPolicy>(options_.exceptions);
+  start_span_ = std::make_shared<const SpanStart>(options_.start_span);
 }
 
 ConsumerImpl::~ConsumerImpl() = default;
+
+ConsumerState ConsumerImpl::state() const {
+  switch (state_) {
+    case State::idle:
+      return ConsumerState::not_started;
+    case State::connecting:
+    case State::backing_off:
+      return ever_ready_ ? ConsumerState::reconnecting : ConsumerState::connecting;
+    case State::running:
+      return ConsumerState::consuming;
+    case State::stopping:
+      return ConsumerState::stopping;
+    case State::stopped:
+      return ConsumerState::stopped;
+  }
+  return ConsumerState::stopped;
+}
 
 size_t ConsumerImpl::in_flight() const {
   return waiting_.size() + running_ + settling_.size();
@@ -192,6 +259,8 @@ void ConsumerImpl::close_session(std::function<void()> done) {
   waiting_.clear();  // unacked: the broker requeues them when the channel closes
   std::unordered_map<uint64_t, std::shared_ptr<Pending>> settling = std::move(settling_);
   settling_.clear();
+  for (const auto& [id, pending] : settling)
+    end_span(*pending, Settlement::abandoned);
   blocked_ = false;
   if (!session) {
     if (done) done();
@@ -268,6 +337,7 @@ void ConsumerImpl::begin_handling(Pending& pending) {
       read_attempt_info(message.properties, topology::input_queue_name(options_.service),
                         message.exchange, message.routing_key);
   message.attempt = pending.handling->info.attempt;
+  pending.handling->trace = message.trace_context();
 }
 
 void ConsumerImpl::park_undecodable(const std::shared_ptr<Pending>& pending,
@@ -310,6 +380,10 @@ void ConsumerImpl::run_handler(const std::shared_ptr<Pending>& pending) {
   }
   ++running_;
   pending->handling->started_ns = uv_hrtime();
+  if (async_handler_ || options_.handler_on_loop) {
+    pending->handling->span_end =
+        begin_span(*start_span_, pending->message, pending->handling->trace);
+  }
   if (async_handler_) {
     std::weak_ptr<ConsumerImpl> weak = weak_from_this();
     auto settled = std::make_shared<bool>(false);
@@ -334,7 +408,9 @@ void ConsumerImpl::run_handler(const std::shared_ptr<Pending>& pending) {
   }
   std::weak_ptr<ConsumerImpl> weak = weak_from_this();
   pool_->post(
-      [pending, handler = handler_, exceptions = exceptions_] {
+      [pending, handler = handler_, exceptions = exceptions_, start_span = start_span_] {
+        pending->handling->span_end =
+            begin_span(*start_span, pending->message, pending->handling->trace);
         pending->handling->work_outcome =
             invoke(*handler, *exceptions, pending->message, pending->handling->threw);
       },
@@ -349,8 +425,9 @@ void ConsumerImpl::handler_done(const std::shared_ptr<Pending>& pending, Outcome
   metrics_.handler_latency.record(
       std::chrono::nanoseconds(uv_hrtime() - pending->handling->started_ns));
   if (pending->handling->threw) ++metrics_.handler_errors;
+  pending->handling->outcome = outcome;
   if (!is_live(*pending)) {
-    ++metrics_.abandoned;
+    abandon(*pending);
     log_outcome(*pending, "abandoned",
                 "its channel closed while the handler ran; the broker redelivers it");
   } else {
@@ -372,24 +449,27 @@ void ConsumerImpl::carry_out(const std::shared_ptr<Pending>& pending) {
     case Action::ack:
     case Action::drop:
       if (pending->channel->ack(pending->delivery_tag)) {
-        ++metrics_.abandoned;
+        abandon(*pending);
         return;
       }
       if (decision.action == Action::ack) {
         ++metrics_.acked;
         log_outcome(*pending, "acked", {});
+        end_span(*pending, Settlement::acked);
       } else {
         ++metrics_.dropped;
         log_outcome(*pending, "dropped", decision.error);
+        end_span(*pending, Settlement::dropped);
       }
       return;
     case Action::reject_to_wait:
       if (pending->channel->reject(pending->delivery_tag, false)) {
-        ++metrics_.abandoned;
+        abandon(*pending);
         return;
       }
-      ++metrics_.retried;
+      count_retry(decision);
       log_outcome(*pending, "retry", decision.error);
+      end_span(*pending, Settlement::retried);
       return;
     case Action::publish_to_wait:
     case Action::park:
@@ -427,10 +507,45 @@ void ConsumerImpl::log_outcome(const Pending& pending, const char* what,
   } else if (std::string_view(what) == "parked") {
     detail = std::string(" reason=") + to_string(decision.reason);
   }
-  log->log(level, "service={} queue={} message_id={} attempt={} outcome={}{}{}{}",
-           options_.service.name, topology::input_queue_name(options_.service),
-           pending.message.message_id(), pending.handling->info.attempt, what, detail,
+  log->log(level, "{} outcome={}{}{}{}", message_fields(pending), what, detail,
            text.empty() ? "" : " error=", text.empty() ? std::string() : "\"" + text + "\"");
+}
+
+std::string ConsumerImpl::message_fields(const Pending& pending) const {
+  std::string fields = "service=" + options_.service.name +
+                       " queue=" + topology::input_queue_name(options_.service) +
+                       " message_id=" + std::string(pending.message.message_id());
+  if (pending.handling) {
+    fields += " attempt=" + std::to_string(pending.handling->info.attempt);
+    if (pending.handling->trace) fields += " trace_id=" + pending.handling->trace->trace_id;
+  }
+  return fields;
+}
+
+void ConsumerImpl::count_retry(const Decision& decision) {
+  ++metrics_.retried;
+  ++metrics_.retried_by_delay[retry_delay_label(options_.service, decision)];
+}
+
+void ConsumerImpl::abandon(const Pending& pending) {
+  ++metrics_.abandoned;
+  end_span(pending, Settlement::abandoned);
+}
+
+void ConsumerImpl::end_span(const Pending& pending, Settlement settlement) {
+  if (!pending.handling || !pending.handling->span_end) return;
+  SpanEnd end = std::move(pending.handling->span_end);
+  pending.handling->span_end = nullptr;
+  SpanResult result;
+  result.outcome = pending.handling->outcome;
+  result.settlement = settlement;
+  result.delay = pending.handling->decision.delay;
+  result.reason = pending.handling->decision.reason;
+  try {
+    end(result);
+  } catch (...) {
+    // A tracer's failure is not the message's.
+  }
 }
 
 // ---- timers, flow control, stopping -------------------------------------------------------------
@@ -545,7 +660,6 @@ std::shared_ptr<Consumer> Consumer::create(uv_loop_t* loop, ConsumerOptions opti
                                            Handler handler) {
   auto impl = std::make_shared<detail::ConsumerImpl>(loop, std::move(options));
   impl->handler_ = std::make_shared<const Handler>(std::move(handler));
-  impl->exceptions_ = std::make_shared<const ExceptionPolicy>(impl->options_.exceptions);
   return std::make_shared<Consumer>(std::move(impl));
 }
 
@@ -579,6 +693,12 @@ Metrics Consumer::metrics() const {
 }
 bool Consumer::is_consuming() const {
   return impl_->is_consuming();
+}
+ConsumerState Consumer::state() const {
+  return impl_->state();
+}
+bool Consumer::is_blocked() const {
+  return impl_->is_blocked();
 }
 std::optional<client::Endpoint> Consumer::consuming_from() const {
   return impl_->consuming_from();

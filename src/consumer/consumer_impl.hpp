@@ -34,6 +34,8 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   std::shared_ptr<const Handler> handler_;
   /// options_.exceptions, shared with handler calls on the worker pool, which may outlive this.
   std::shared_ptr<const ExceptionPolicy> exceptions_;
+  /// options_.start_span, shared the same way.
+  std::shared_ptr<const SpanStart> start_span_;
   AsyncHandler async_handler_;
   ReadyHandler on_ready_;
   StoppedHandler on_stopped_;
@@ -41,6 +43,8 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   ConsumerOptions options_;
 
   bool is_consuming() const { return state_ == State::running; }
+  ConsumerState state() const;
+  bool is_blocked() const { return blocked_; }
   std::optional<client::Endpoint> consuming_from() const;
   size_t in_flight() const;
   size_t handlers_running() const;
@@ -67,6 +71,12 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
     bool stripped = false;
     /// The outcome of a synchronous handler run on a worker thread.
     Outcome work_outcome;
+    /// What the handler said, for the span's end.
+    Outcome outcome;
+    /// The message's trace context, read once for the span and the log lines.
+    std::optional<TraceContext> trace;
+    /// Ends the span begun around the handler; called once, then emptied.
+    SpanEnd span_end;
   };
 
   /// One delivery from receipt to settlement.
@@ -101,6 +111,12 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   void carry_out(const std::shared_ptr<Pending>& pending);
   bool is_live(const Pending& pending) const;
   void log_outcome(const Pending& pending, const char* what, const std::string& text) const;
+  /// `service=... queue=... message_id=... attempt=...`, and `trace_id=...` when it has one.
+  std::string message_fields(const Pending& pending) const;
+  void count_retry(const Decision& decision);
+  /// Counts an abandoned delivery and ends its span.
+  void abandon(const Pending& pending);
+  void end_span(const Pending& pending, Settlement settlement);
 
   // copies.cpp: retry and parking copies, published with confirms before the original is acked
   void publish_copy(const std::shared_ptr<Pending>& pending);

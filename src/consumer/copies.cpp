@@ -15,7 +15,7 @@ using client::Error;
 void ConsumerImpl::publish_copy(const std::shared_ptr<Pending>& pending) {
   if (!is_live(*pending) || !session_->publish_channel()) {
     settling_.erase(pending->id);
-    ++metrics_.abandoned;
+    abandon(*pending);
     return;
   }
   if (blocked_) {
@@ -82,14 +82,15 @@ void ConsumerImpl::copy_too_large(const std::shared_ptr<Pending>& pending, const
     // where no frame_max applies, and it comes back with every byte and one more attempt counted
     // by x-death, so the attempt cap still ends it (in parking, below).
     if (reject_uncopyable(pending)) {
-      ++metrics_.retried;
+      handling.decision.action = Action::reject_to_wait;  // through the first delay's queue
+      handling.decision.wait_exchange.clear();
+      handling.decision.delay = topology::delay_after_attempt(options_.service, 1);
+      count_retry(handling.decision);
       if (log) {
-        log->warn(
-            "service={} queue={} message_id={} attempt={} outcome=retry via=reject "
-            "error=\"its retry copy cannot be published ({})\"",
-            options_.service.name, topology::input_queue_name(options_.service),
-            pending->message.message_id(), handling.info.attempt, error.message());
+        log->warn("{} outcome=retry via=reject error=\"its retry copy cannot be published ({})\"",
+                  message_fields(*pending), error.message());
       }
+      end_span(*pending, Settlement::retried);
     }
     maybe_finish_stop();
     return;
@@ -109,23 +110,20 @@ void ConsumerImpl::copy_too_large(const std::shared_ptr<Pending>& pending, const
     note.now_seconds = unix_seconds();
     handling.copy = make_parking_copy(bare, handling.info, note);
     if (log) {
-      log->error(
-          "service={} queue={} message_id={} attempt={} parking copy too large ({}); "
-          "parking it without its headers",
-          options_.service.name, topology::input_queue_name(options_.service),
-          pending->message.message_id(), handling.info.attempt, error.message());
+      log->error("{} parking copy too large ({}); parking it without its headers",
+                 message_fields(*pending), error.message());
     }
     publish_copy(pending);
     return;
   }
   // Not even that fits (frame_max far below what the remaining properties need): the original
   // is rejected; the broker's dead-lettering keeps it whole.
-  if (reject_uncopyable(pending) && log) {
-    log->error(
-        "service={} queue={} message_id={} attempt={} no parking copy fits ({}); rejected "
-        "to the wait queue",
-        options_.service.name, topology::input_queue_name(options_.service),
-        pending->message.message_id(), handling.info.attempt, error.message());
+  if (reject_uncopyable(pending)) {
+    if (log) {
+      log->error("{} no parking copy fits ({}); rejected to the wait queue",
+                 message_fields(*pending), error.message());
+    }
+    end_span(*pending, Settlement::retried);
   }
   maybe_finish_stop();
 }
@@ -133,7 +131,7 @@ void ConsumerImpl::copy_too_large(const std::shared_ptr<Pending>& pending, const
 bool ConsumerImpl::reject_uncopyable(const std::shared_ptr<Pending>& pending) {
   settling_.erase(pending->id);
   const bool rejected = !pending->channel->reject(pending->delivery_tag, false);
-  if (!rejected) ++metrics_.abandoned;
+  if (!rejected) abandon(*pending);
   return rejected;
 }
 
@@ -159,7 +157,7 @@ void ConsumerImpl::copy_settled(const std::shared_ptr<Pending>& pending,
   pending->handling->published_at_ms = 0;
   if (outcome.status == client::PublishStatus::failed) {
     // The session is ending; the original is redelivered.
-    if (settling_.erase(pending->id) != 0) ++metrics_.abandoned;
+    if (settling_.erase(pending->id) != 0) abandon(*pending);
     maybe_finish_stop();
     return;
   }
@@ -167,17 +165,19 @@ void ConsumerImpl::copy_settled(const std::shared_ptr<Pending>& pending,
   if (settling_.erase(pending->id) == 0) return;
   if (ack_error) {
     // Copied but not acked: the original comes back too (a duplicate, never a loss).
-    ++metrics_.abandoned;
+    abandon(*pending);
     maybe_finish_stop();
     return;
   }
   const Decision& decision = pending->handling->decision;
   if (decision.action == Action::publish_to_wait) {
-    ++metrics_.retried;
+    count_retry(decision);
     log_outcome(*pending, "retry", decision.error);
+    end_span(*pending, Settlement::retried);
   } else {
     count_parked(decision.reason);
     log_outcome(*pending, "parked", decision.error);
+    end_span(*pending, Settlement::parked);
     parking_depth_.soon();
     if (options_.on_parked) {
       ParkedEvent event;
@@ -205,13 +205,10 @@ void ConsumerImpl::copy_refused(const std::shared_ptr<Pending>& pending,
                               "nacked by the broker (a full queue with "
                               "reject-publish, or a broker error)");
   if (auto* log = options_.logger.get()) {
-    log->warn(
-        "service={} queue={} message_id={} attempt={} {} copy {}; the original stays "
-        "unacked, publishing again in {} ms",
-        options_.service.name, topology::input_queue_name(options_.service),
-        pending->message.message_id(), pending->handling->info.attempt,
-        pending->handling->decision.action == Action::park ? "parking" : "retry", why,
-        delay.count());
+    log->warn("{} {} copy {}; the original stays unacked, publishing again in {} ms",
+              message_fields(*pending),
+              pending->handling->decision.action == Action::park ? "parking" : "retry", why,
+              delay.count());
   }
 }
 

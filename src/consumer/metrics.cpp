@@ -15,6 +15,14 @@ void LatencyHistogram::record(std::chrono::nanoseconds latency) {
   max_us_ = std::max(max_us_, us);
 }
 
+void LatencyHistogram::add(const LatencyHistogram& other) {
+  for (size_t i = 0; i < buckets_.size(); ++i)
+    buckets_[i] += other.buckets_[i];
+  count_ += other.count_;
+  sum_us_ += other.sum_us_;
+  max_us_ = std::max(max_us_, other.max_us_);
+}
+
 std::chrono::microseconds LatencyHistogram::mean() const {
   return std::chrono::microseconds(count_ == 0 ? 0 : sum_us_ / count_);
 }
@@ -29,6 +37,26 @@ std::chrono::microseconds LatencyHistogram::quantile(double q) const {
     if (seen >= rank) return std::chrono::microseconds(std::min(bounds_us[i], max_us_));
   }
   return std::chrono::microseconds(max_us_);
+}
+
+void Metrics::add(const Metrics& other) {
+  delivered += other.delivered;
+  redelivered += other.redelivered;
+  acked += other.acked;
+  retried += other.retried;
+  for (const auto& [delay, count] : other.retried_by_delay)
+    retried_by_delay[delay] += count;
+  parked_exhausted += other.parked_exhausted;
+  parked_permanent += other.parked_permanent;
+  parked_poison += other.parked_poison;
+  parked_delivery_limit += other.parked_delivery_limit;
+  dropped += other.dropped;
+  handler_errors += other.handler_errors;
+  publish_failures += other.publish_failures;
+  abandoned += other.abandoned;
+  reconnects += other.reconnects;
+  copies_too_large += other.copies_too_large;
+  handler_latency.add(other.handler_latency);
 }
 
 std::string Metrics::summary() const {

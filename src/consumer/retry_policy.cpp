@@ -141,6 +141,18 @@ Decision decide(const topology::Service& service, const AttemptInfo& info, const
   return decide(service, info, outcome, context);
 }
 
+std::string retry_delay_label(const topology::Service& service, const Decision& decision) {
+  const auto& levels = service.retry.delay_levels;
+  if (decision.wait_exchange.empty() || !levels || levels->base.count() <= 0) {
+    return topology::duration_label(decision.delay);
+  }
+  const int64_t units = (decision.delay.count() + levels->base.count() - 1) / levels->base.count();
+  int64_t step = 1;
+  while (step < units)
+    step *= 2;
+  return topology::duration_label(units == 0 ? decision.delay : levels->base * step);
+}
+
 Outcome ExceptionPolicy::classify(const std::exception_ptr& error) const {
   for (const auto& rule : rules_) {
     try {

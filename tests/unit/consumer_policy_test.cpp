@@ -502,6 +502,56 @@ TEST_CASE("retry_after without delay levels takes the shortest tier long enough"
   CHECK(d.capped);
 }
 
+TEST_CASE("A retry is counted under its tier's delay, or a power-of-two step of the delay levels",
+          "[policy]") {
+  DecisionContext now{1700000000, 0.5};
+  const auto tiers = service(topology::RetryMode::republish, {1s, 30s, 5min}, 9);
+  CHECK(retry_delay_label(tiers, decide(tiers, attempt(2), Outcome::retry("x"), now)) == "30s");
+  const auto reject = service(topology::RetryMode::reject, {250ms}, 9);
+  CHECK(retry_delay_label(reject, decide(reject, attempt(1), Outcome::retry("x"), now)) == "250ms");
+  // 16 levels of 100 ms: 17 s is 170 units, counted under 256; any delay gets one of 18 labels
+  // (zero, and 1 to 65536 units in powers of two).
+  const auto levels = with_levels({1s}, 9);
+  auto label = [&](std::chrono::milliseconds delay) {
+    return retry_delay_label(levels,
+                             decide(levels, attempt(1), Outcome::retry_after(delay, "x"), now));
+  };
+  CHECK(label(17s) == "25600ms");
+  CHECK(label(100ms) == "100ms");
+  CHECK(label(300ms) == "400ms");
+  CHECK(label(400ms) == "400ms");
+  CHECK(label(0ms) == "0ms");
+  CHECK(label(1s) == "1600ms");
+  std::set<std::string> labels;
+  for (int64_t ms = 0; ms < 7000000; ms += 9973)
+    labels.insert(label(std::chrono::milliseconds(ms)));
+  CHECK(labels.size() <= 18);
+  // A plain retry of the same service still goes to a tier.
+  CHECK(retry_delay_label(levels, decide(levels, attempt(1), Outcome::retry("x"), now)) == "1s");
+}
+
+TEST_CASE("Metrics of two consumers add up, latencies and retries by delay included", "[retry]") {
+  Metrics a;
+  Metrics b;
+  a.acked = 3;
+  a.retried = 2;
+  a.retried_by_delay["1s"] = 2;
+  b.retried = 3;
+  b.retried_by_delay["1s"] = 1;
+  b.retried_by_delay["30s"] = 2;
+  a.handler_latency.record(800us);
+  b.handler_latency.record(40ms);
+  b.parked_poison = 1;
+  a.add(b);
+  CHECK(a.acked == 3);
+  CHECK(a.retried == 5);
+  CHECK(a.retried_by_delay == std::map<std::string, uint64_t>{{"1s", 3}, {"30s", 2}});
+  CHECK(a.parked() == 1);
+  CHECK(a.handler_latency.count() == 2);
+  CHECK(a.handler_latency.sum() == 40800us);
+  CHECK(a.handler_latency.max() == 40000us);
+}
+
 TEST_CASE("A backoff over the delay levels grows, jitters within its bounds and is capped",
           "[policy]") {
   auto s = with_levels({}, 20);

@@ -18,6 +18,7 @@
 #include "retryloop/consumer/metrics.hpp"
 #include "retryloop/consumer/outcome.hpp"
 #include "retryloop/consumer/retry_policy.hpp"
+#include "retryloop/consumer/trace_context.hpp"
 #include "retryloop/topology/topology.hpp"
 
 namespace spdlog {
@@ -48,6 +49,9 @@ struct Message {
   const amqp::FieldTable& headers() const;
   /// The message-id property, or "" when there is none.
   std::string_view message_id() const;
+  /// The W3C trace context of its `traceparent` and `tracestate` headers; nullopt when it has no
+  /// valid `traceparent`.
+  std::optional<TraceContext> trace_context() const;
 };
 
 /// A synchronous handler: returns what became of the message. Runs on the consumer's own
@@ -85,6 +89,54 @@ struct ParkingDepthEvent {
   uint32_t threshold = 0;
 };
 using ParkingDepthHandler = std::function<void(const ParkingDepthEvent& event)>;
+
+/// What the consumer finally did with a delivery whose handler ran.
+enum class Settlement {
+  acked,    ///< acked: the handler said ack
+  dropped,  ///< acked on purpose: the handler said drop
+  retried,  ///< on its way to a wait queue: rejected, or its copy confirmed and the original acked
+  parked,   ///< its parking copy confirmed and the original acked
+  /// not settled: its channel closed first (a lost connection, a stop), so the broker delivers it
+  /// again
+  abandoned,
+};
+/// "acked", "dropped", "retried", "parked", "abandoned".
+const char* to_string(Settlement settlement);
+
+/// What the end of a handler's span is told.
+struct SpanResult {
+  /// What the handler said; an exception that escaped it, as the outcome it maps to.
+  Outcome outcome;
+  Settlement settlement = Settlement::acked;
+  /// retried: how long the message waits.
+  std::chrono::milliseconds delay{0};
+  /// parked: why.
+  ParkReason reason = ParkReason::exhausted;
+};
+/// Ends a span that SpanStart began.
+using SpanEnd = std::function<void(const SpanResult& result)>;
+/// Begins a span of the application's tracer around one handler call; `parent` is the message's
+/// trace context (nullopt when it has none: start a new trace or none, retryloop makes none up).
+/// Called on the thread that runs the handler, right before it (a worker thread, or the loop
+/// thread for an asynchronous handler or handler_on_loop), so a tracer can make the span current
+/// there for the handler. The SpanEnd it returns (may be empty) is called once, on the loop
+/// thread, when the delivery is settled: acked, retried or parked once the broker confirmed the
+/// copy, or abandoned. It is not called for a handler still running when the consumer has
+/// stopped for good (see handler_exit_timeout). Exceptions from either are ignored.
+using SpanStart =
+    std::function<SpanEnd(const Message& message, const std::optional<TraceContext>& parent)>;
+
+/// Where a consumer is in its life.
+enum class ConsumerState {
+  not_started,   ///< created, start() not called
+  connecting,    ///< connecting for the first time (or waiting to try again)
+  consuming,     ///< consuming
+  reconnecting,  ///< consumed before, lost its session, and connects again
+  stopping,      ///< stop() or a fatal error: finishing and closing
+  stopped,       ///< stopped for good
+};
+/// "not_started", "connecting", "consuming", "reconnecting", "stopping", "stopped".
+const char* to_string(ConsumerState state);
 
 /// Told once when the consumer has stopped for good: an empty error after stop() or stop_now(),
 /// otherwise the fatal error (topology drift, refused credentials or permissions). By then no
@@ -152,6 +204,8 @@ struct ConsumerOptions {
   uint32_t parking_alert_threshold = 0;
   std::chrono::milliseconds parking_check_interval{10000};
   ParkingDepthHandler on_parking_depth;
+  /// A tracer's span around each handler call (see SpanStart); empty: none.
+  SpanStart start_span;
 };
 
 /// The retry consumer: consumes the service's input queue, runs the handler, and carries out
@@ -203,6 +257,10 @@ class Consumer {
   Metrics metrics() const;
   /// True while consuming (between ready and a loss or stop).
   bool is_consuming() const;
+  ConsumerState state() const;
+  /// True while the broker blocks the connection that publishes retry and parking copies
+  /// (connection.blocked: a memory or disk alarm). Copies wait meanwhile; acks keep flowing.
+  bool is_blocked() const;
   /// The host (of the URI's hosts) the consumer consumes from; nullopt while it is not consuming.
   std::optional<client::Endpoint> consuming_from() const;
   /// Deliveries received and not yet settled (waiting, in a handler, or being published).

@@ -3,6 +3,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
 
 namespace retryloop::consumer {
@@ -20,12 +21,16 @@ class LatencyHistogram {
   void record(std::chrono::nanoseconds latency);
 
   uint64_t count() const { return count_; }
+  /// The sum of every latency recorded (microseconds, each rounded down).
+  std::chrono::microseconds sum() const { return std::chrono::microseconds(sum_us_); }
   std::chrono::microseconds max() const { return std::chrono::microseconds(max_us_); }
   std::chrono::microseconds mean() const;
   /// The upper bound of the bucket holding quantile `q` (0..1), capped at the largest value
   /// seen; zero when nothing was recorded.
   std::chrono::microseconds quantile(double q) const;
   const std::array<uint64_t, bounds_us.size()>& buckets() const { return buckets_; }
+  /// Adds another histogram's recordings to this one (for several consumers of one queue).
+  void add(const LatencyHistogram& other);
 
  private:
   std::array<uint64_t, bounds_us.size()> buckets_{};
@@ -40,6 +45,9 @@ struct Metrics {
   uint64_t redelivered = 0;  ///< of which the broker flagged as redelivered
   uint64_t acked = 0;        ///< settled by ack (handler said ack)
   uint64_t retried = 0;      ///< sent to a wait queue (rejected, or republished and confirmed)
+  /// `retried` by the delay's label (retry_delay_label in retry_policy.hpp: a wait queue's
+  /// delay such as `30s`, or a power-of-two step of the delay levels): few distinct keys.
+  std::map<std::string, uint64_t> retried_by_delay;
   uint64_t parked_exhausted = 0;
   uint64_t parked_permanent = 0;
   uint64_t parked_poison = 0;
@@ -58,6 +66,8 @@ struct Metrics {
   uint64_t parked() const {
     return parked_exhausted + parked_permanent + parked_poison + parked_delivery_limit;
   }
+  /// Adds another consumer's counters and latencies to these.
+  void add(const Metrics& other);
   /// One line for logs: `delivered=... acked=... ... latency_p50=...`.
   std::string summary() const;
 };

@@ -69,4 +69,10 @@ Decision decide(const topology::Service& service, const AttemptInfo& info, const
 /// decide() now, with a random number from this thread's engine.
 Decision decide(const topology::Service& service, const AttemptInfo& info, const Outcome& outcome);
 
+/// The `delay` a retry is counted under (Metrics::retried_by_delay, the `delay` label of the
+/// retries metric): the label of its wait queue's delay (`30s`); through delay levels, its delay
+/// rounded up to the levels' base times a power of two (`1s`, `2s`, `4s`, ...), so that whatever
+/// delays the handlers ask for, a service has at most one label per delay level.
+std::string retry_delay_label(const topology::Service& service, const Decision& decision);
+
 }  // namespace retryloop::consumer
