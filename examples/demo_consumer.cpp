@@ -1,6 +1,7 @@
 // A retry consumer whose handler does what each message asks, for the demo and the tests:
 //
 //   demo_consumer --url URL --topology FILE --service NAME [--concurrency N] [--quiet]
+//                 [--http 127.0.0.1:PORT]
 //
 // Bodies:
 //   {"id": ..., "fail_times": N}      retry while the attempt is <= N, then ack
@@ -13,11 +14,15 @@
 //
 // Unless --quiet, one JSON line per handled delivery on stdout:
 //   {"time": "12:00:01.250", "id": ..., "attempt": N, "outcome": "ack|retry|permanent|poison"}
+// with "trace_id" when the message has a W3C traceparent.
+// --http serves /metrics (Prometheus), /healthz and /readyz; port 0 picks a free port, and the
+// log says which.
 // SIGINT or SIGTERM stops it gracefully (exit 0); a second one stops it at once. A fatal error
 // (topology drift, refused credentials) exits 3.
 
 #include <uv.h>
 #include <retryloop/consumer/consumer.hpp>
+#include <retryloop/operations/http_endpoint.hpp>
 #include <retryloop/topology/topology_json.hpp>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -89,6 +94,7 @@ int main(int argc, char** argv) {
   uint16_t prefetch = 200;
   bool quiet = false;
   bool verbose = false;
+  std::string http;
   app.add_option("--url", url,
                  "broker URL, amqp://user:pass@host:port/vhost; several hosts: "
                  "amqp://user:pass@h1:5672,h2:5673/vhost")
@@ -98,6 +104,8 @@ int main(int argc, char** argv) {
   app.add_option("--service", service_name, "service in the topology file")->required();
   app.add_option("--concurrency", concurrency, "handlers at once")->check(CLI::Range(1u, 1000u));
   app.add_option("--prefetch", prefetch, "basic.qos prefetch")->check(CLI::Range(1, 65535));
+  app.add_option("--http", http,
+                 "serve /metrics, /healthz and /readyz on HOST:PORT (a bare PORT: on 127.0.0.1)");
   app.add_flag("--quiet", quiet, "print no line per delivery");
   app.add_flag("--verbose", verbose, "log every outcome, acks included");
   CLI11_PARSE(app, argc, argv);
@@ -113,9 +121,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   consumer::ConsumerOptions options;
+  operations::HttpEndpointOptions http_options;
   try {
     options.service = topology::select_services(*parsed.topology, {service_name}).services.at(0);
     options.connection.uri = client::parse_uri(url);
+    if (!http.empty()) http_options.listen = operations::parse_listen_address(http);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "demo_consumer: %s\n", e.what());
     return 1;
@@ -135,6 +145,7 @@ int main(int argc, char** argv) {
                                      {"attempt", message.attempt},
                                      {"outcome", consumer::to_string(outcome.kind)}};
       if (outcome.delay) line["retry_after_ms"] = outcome.delay->count();
+      if (auto trace = message.trace_context()) line["trace_id"] = trace->trace_id;
       std::lock_guard<std::mutex> lock(output_mutex);
       std::printf("%s\n", line.dump().c_str());
       std::fflush(stdout);
@@ -144,12 +155,26 @@ int main(int argc, char** argv) {
 
   uv_loop_t* loop = uv_default_loop();
   auto service_consumer = consumer::Consumer::create(loop, options, consumer::Handler(handler));
+  std::shared_ptr<operations::HttpEndpoint> endpoint;
+  if (!http.empty()) {
+    http_options.logger = logger;
+    endpoint = operations::HttpEndpoint::create(loop, http_options);
+    endpoint->add(service_consumer);
+    if (client::Error error = endpoint->start()) {
+      std::fprintf(stderr, "demo_consumer: %s\n", error.message().c_str());
+      return 1;
+    }
+  }
   int exit_code = 0;
-  service_consumer->set_stopped_handler([&exit_code](const client::Error& error) {
+  service_consumer->set_stopped_handler([&exit_code, &endpoint](const client::Error& error) {
     if (error) exit_code = 3;
+    if (endpoint) endpoint->close();
   });
   if (client::Error error = service_consumer->start()) {
     std::fprintf(stderr, "demo_consumer: %s\n", error.message().c_str());
+    if (endpoint) endpoint->close();
+    uv_run(loop, UV_RUN_DEFAULT);
+    uv_loop_close(loop);
     return 1;
   }
   service_consumer.reset();  // it keeps itself alive until it stops

@@ -1,0 +1,305 @@
+#include "retryloop/operations/http_endpoint.hpp"
+
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+#include <uv.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "retryloop/operations/prometheus.hpp"
+
+namespace retryloop::operations {
+
+std::string ListenAddress::text() const {
+  const bool v6 = host.find(':') != std::string::npos;
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+ListenAddress parse_listen_address(std::string_view text) {
+  ListenAddress address;
+  std::string_view port = text;
+  if (!text.empty() && text.front() == '[') {
+    const size_t close = text.find(']');
+    if (close == std::string_view::npos || close + 1 >= text.size() || text[close + 1] != ':') {
+      throw std::invalid_argument("\"" + std::string(text) +
+                                  "\": an IPv6 address is written [ADDRESS]:PORT");
+    }
+    address.host = std::string(text.substr(1, close - 1));
+    port = text.substr(close + 2);
+  } else if (const size_t colon = text.rfind(':'); colon != std::string_view::npos) {
+    address.host = std::string(text.substr(0, colon));
+    port = text.substr(colon + 1);
+  }
+  if (address.host.empty()) {
+    throw std::invalid_argument("\"" + std::string(text) + "\" names no host: HOST:PORT");
+  }
+  unsigned value = 0;
+  const auto [end, error] = std::from_chars(port.data(), port.data() + port.size(), value);
+  if (port.empty() || error != std::errc() || end != port.data() + port.size() || value > 65535) {
+    throw std::invalid_argument("\"" + std::string(text) +
+                                "\": the port is not a number from 0 to 65535");
+  }
+  address.port = static_cast<uint16_t>(value);
+  return address;
+}
+
+namespace detail {
+
+// The endpoint's state. The loop thread owns `consumers_` and the async handle; the HTTP threads
+// only push tasks under `mutex_` and wake the loop. Closing: no more tasks are taken (waiting
+// requests get 503), the server stops, a closer thread joins the listener (which joins the
+// request threads) and wakes the loop one last time; the loop then closes the handle, and the
+// endpoint lets itself go from the close callback.
+class HttpEndpointImpl : public std::enable_shared_from_this<HttpEndpointImpl> {
+ public:
+  HttpEndpointImpl(uv_loop_t* loop, HttpEndpointOptions options)
+      : loop_(loop), options_(std::move(options)) {}
+
+  void add(std::shared_ptr<consumer::Consumer> consumer) {
+    if (consumer) consumers_.push_back(std::move(consumer));
+  }
+
+  client::Error start();
+  void close(std::function<void()> done);
+  uint16_t port() const { return port_; }
+
+ private:
+  enum class State { created, serving, closing, closed };
+  using Snapshot = std::vector<ConsumerStatus>;
+
+  void route();
+  /// On an HTTP thread: the consumers' status, taken on the loop thread; nullopt when the loop
+  /// did not answer in time or the endpoint is closing.
+  std::optional<Snapshot> snapshot();
+  void unavailable(httplib::Response& response) const;
+  void on_wake();
+  void on_closed();
+
+  uv_loop_t* loop_;
+  HttpEndpointOptions options_;
+  State state_ = State::created;
+  std::vector<std::shared_ptr<consumer::Consumer>> consumers_;
+  uint16_t port_ = 0;
+  httplib::Server server_;
+  std::thread listener_;
+  std::thread closer_;
+  /// Heap-allocated: freed in its close callback.
+  uv_async_t* wake_ = nullptr;
+  std::vector<std::function<void()>> on_closed_;
+  std::shared_ptr<HttpEndpointImpl> self_;
+
+  std::mutex mutex_;
+  std::deque<std::function<void()>> tasks_;  // under mutex_
+  bool accepting_ = false;                   // under mutex_
+  bool joined_ = false;                      // under mutex_
+};
+
+client::Error HttpEndpointImpl::start() {
+  if (state_ != State::created) {
+    return client::Error(client::ClientError::invalid_argument,
+                         "the HTTP endpoint was started before");
+  }
+  const size_t threads = std::max<size_t>(options_.threads, 1);
+  server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  // Short waits for idle and slow connections: closing waits for the request threads.
+  server_.set_keep_alive_timeout(1);
+  server_.set_read_timeout(std::chrono::seconds(2));
+  server_.set_write_timeout(std::chrono::seconds(2));
+  route();
+  errno = 0;
+  const ListenAddress& listen = options_.listen;
+  const int bound = listen.port == 0 ? server_.bind_to_any_port(listen.host)
+                    : server_.bind_to_port(listen.host, listen.port) ? int(listen.port)
+                                                                     : -1;
+  if (bound < 0) {
+    const int error = errno;
+    return client::Error(error != 0 ? std::error_code(error, std::generic_category())
+                                    : std::make_error_code(std::errc::address_not_available),
+                         "cannot listen on " + listen.text() +
+                             (error != 0 ? ": " + std::string(strerror(error)) : ""));
+  }
+  port_ = static_cast<uint16_t>(bound);
+
+  wake_ = new uv_async_t{};
+  wake_->data = this;
+  uv_async_init(loop_, wake_, [](uv_async_t* handle) {
+    static_cast<HttpEndpointImpl*>(handle->data)->on_wake();
+  });
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    accepting_ = true;
+  }
+  self_ = shared_from_this();
+  state_ = State::serving;
+  listener_ = std::thread([this] { server_.listen_after_bind(); });
+  // Server::stop() does nothing until the listener runs: wait for it, so that close() works at
+  // any time after start() returns.
+  for (int i = 0; i < 5000 && !server_.is_running(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (auto* log = options_.logger.get()) {
+    log->info("operations endpoint on http://{}/ (/metrics, /healthz, /readyz)",
+              ListenAddress{listen.host, port_}.text());
+  }
+  return {};
+}
+
+void HttpEndpointImpl::route() {
+  const auto content_type = std::string(prometheus_content_type);
+  server_.Get("/metrics", [this, content_type](const httplib::Request&, httplib::Response& res) {
+    std::optional<Snapshot> consumers = snapshot();
+    if (!consumers) return unavailable(res);
+    res.set_content(prometheus_text(*consumers), content_type.c_str());
+  });
+  server_.Get("/healthz", [this](const httplib::Request&, httplib::Response& res) {
+    if (!snapshot()) return unavailable(res);
+    res.set_content("ok\n", "text/plain; charset=utf-8");
+  });
+  server_.Get("/readyz", [this](const httplib::Request&, httplib::Response& res) {
+    std::optional<Snapshot> consumers = snapshot();
+    if (!consumers) return unavailable(res);
+    bool ready = !consumers->empty();
+    std::string lines;
+    for (const auto& status : *consumers) {
+      ready = ready && is_ready(status);
+      lines += "service " + status.service + " (queue " + status.queue +
+               "): " + consumer::to_string(status.state) +
+               (status.blocked ? ", publishing blocked by the broker" : "") + "\n";
+    }
+    if (consumers->empty()) lines = "no consumers\n";
+    res.status = ready ? 200 : 503;
+    res.set_content((ready ? "ready\n" : "not ready\n") + lines, "text/plain; charset=utf-8");
+  });
+}
+
+void HttpEndpointImpl::unavailable(httplib::Response& response) const {
+  response.status = 503;
+  response.set_content("the consumers' loop thread did not answer within " +
+                           std::to_string(options_.loop_timeout.count()) +
+                           " ms, or the endpoint is closing\n",
+                       "text/plain; charset=utf-8");
+}
+
+std::optional<HttpEndpointImpl::Snapshot> HttpEndpointImpl::snapshot() {
+  // Only the task holds the promise: a task dropped by close() breaks it, which wakes the wait.
+  auto promise = std::make_shared<std::promise<Snapshot>>();
+  std::future<Snapshot> future = promise->get_future();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!accepting_) return std::nullopt;
+    tasks_.emplace_back([this, promise = std::move(promise)] {
+      Snapshot consumers;
+      for (const auto& c : consumers_)
+        consumers.push_back(status_of(*c));
+      promise->set_value(std::move(consumers));
+    });
+  }
+  // The handle stays open until this thread has been joined (on_wake after `joined_`).
+  uv_async_send(wake_);
+  if (future.wait_for(options_.loop_timeout) != std::future_status::ready) return std::nullopt;
+  try {
+    return future.get();
+  } catch (const std::future_error&) {
+    return std::nullopt;
+  }
+}
+
+void HttpEndpointImpl::on_wake() {
+  std::deque<std::function<void()>> tasks;
+  bool joined = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tasks.swap(tasks_);
+    joined = joined_;
+  }
+  for (auto& task : tasks)
+    task();
+  if (!joined || state_ != State::closing) return;
+  closer_.join();
+  uv_close(reinterpret_cast<uv_handle_t*>(wake_), [](uv_handle_t* handle) {
+    auto* async = reinterpret_cast<uv_async_t*>(handle);
+    static_cast<HttpEndpointImpl*>(async->data)->on_closed();
+    delete async;
+  });
+}
+
+void HttpEndpointImpl::close(std::function<void()> done) {
+  if (done) on_closed_.push_back(std::move(done));
+  switch (state_) {
+    case State::created:
+      state_ = State::closed;
+      [[fallthrough]];
+    case State::closed: {
+      auto callbacks = std::move(on_closed_);
+      on_closed_.clear();
+      for (auto& callback : callbacks)
+        callback();
+      return;
+    }
+    case State::closing:
+      return;
+    case State::serving:
+      break;
+  }
+  state_ = State::closing;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    accepting_ = false;
+    tasks_.clear();
+  }
+  server_.stop();
+  closer_ = std::thread([this] {
+    listener_.join();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      joined_ = true;
+    }
+    uv_async_send(wake_);
+  });
+}
+
+void HttpEndpointImpl::on_closed() {
+  state_ = State::closed;
+  consumers_.clear();
+  if (auto* log = options_.logger.get()) log->info("operations endpoint closed");
+  std::shared_ptr<HttpEndpointImpl> keep_alive = std::move(self_);
+  auto callbacks = std::move(on_closed_);
+  on_closed_.clear();
+  for (auto& callback : callbacks)
+    callback();
+}
+
+}  // namespace detail
+
+std::shared_ptr<HttpEndpoint> HttpEndpoint::create(uv_loop_t* loop, HttpEndpointOptions options) {
+  return std::make_shared<HttpEndpoint>(
+      std::make_shared<detail::HttpEndpointImpl>(loop, std::move(options)));
+}
+
+HttpEndpoint::HttpEndpoint(std::shared_ptr<detail::HttpEndpointImpl> impl)
+    : impl_(std::move(impl)) {}
+HttpEndpoint::~HttpEndpoint() = default;
+
+void HttpEndpoint::add(std::shared_ptr<consumer::Consumer> consumer) {
+  impl_->add(std::move(consumer));
+}
+client::Error HttpEndpoint::start() {
+  return impl_->start();
+}
+uint16_t HttpEndpoint::port() const {
+  return impl_->port();
+}
+void HttpEndpoint::close(std::function<void()> done) {
+  impl_->close(std::move(done));
+}
+
+}  // namespace retryloop::operations

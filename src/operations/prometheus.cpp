@@ -1,0 +1,244 @@
+#include "retryloop/operations/prometheus.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "retryloop/topology/topology.hpp"
+
+namespace retryloop::operations {
+namespace {
+
+using Labels = std::vector<std::pair<std::string_view, std::string>>;
+
+/// Backslash and newline escaped, and the double quote too in a label value (not in HELP).
+std::string escaped(std::string_view text, bool label_value) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '"' && label_value) {
+      out += "\\\"";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+/// Microseconds as seconds, exactly: 250 -> "0.00025", 60000000 -> "60".
+std::string seconds_text(uint64_t us) {
+  std::string out = std::to_string(us / 1000000);
+  uint64_t fraction = us % 1000000;
+  if (fraction == 0) return out;
+  std::string digits = std::to_string(fraction);
+  digits.insert(0, 6 - digits.size(), '0');
+  digits.erase(digits.find_last_not_of('0') + 1);
+  return out + "." + digits;
+}
+
+class Exposition {
+ public:
+  void family(std::string_view name, std::string_view type, std::string_view help) {
+    text_ += "# HELP ";
+    text_ += name;
+    text_ += ' ';
+    text_ += escaped(help, false);
+    text_ += "\n# TYPE ";
+    text_ += name;
+    text_ += ' ';
+    text_ += type;
+    text_ += '\n';
+  }
+
+  void sample(std::string_view name, const Labels& labels, const std::string& value) {
+    text_ += name;
+    if (!labels.empty()) {
+      text_ += '{';
+      for (size_t i = 0; i < labels.size(); ++i) {
+        if (i > 0) text_ += ',';
+        text_ += labels[i].first;
+        text_ += "=\"";
+        text_ += escaped(labels[i].second, true);
+        text_ += '"';
+      }
+      text_ += '}';
+    }
+    text_ += ' ';
+    text_ += value;
+    text_ += '\n';
+  }
+
+  std::string take() { return std::move(text_); }
+
+ private:
+  std::string text_;
+};
+
+/// The labels of OpenTelemetry's messaging families.
+Labels messaging_labels(const ConsumerStatus& status, std::string_view operation) {
+  return {{"messaging_system", "rabbitmq"},
+          {"messaging_operation_name", std::string(operation)},
+          {"messaging_destination_name", status.queue},
+          {"service", status.service}};
+}
+
+Labels own_labels(const ConsumerStatus& status) {
+  return {{"service", status.service}, {"queue", status.queue}};
+}
+
+/// Consumers of the same service and queue, added together: one series each.
+std::vector<ConsumerStatus> merged(const std::vector<ConsumerStatus>& consumers) {
+  std::vector<ConsumerStatus> out;
+  for (const auto& status : consumers) {
+    auto same = std::find_if(out.begin(), out.end(), [&](const ConsumerStatus& s) {
+      return s.service == status.service && s.queue == status.queue;
+    });
+    if (same == out.end()) {
+      out.push_back(status);
+      continue;
+    }
+    same->metrics.add(status.metrics);
+    same->in_flight += status.in_flight;
+    same->blocked = same->blocked || status.blocked;
+    if (status.state == consumer::ConsumerState::consuming) same->state = status.state;
+  }
+  return out;
+}
+
+/// A family with one sample per consumer, labelled service and queue.
+struct Plain {
+  const char* name;
+  const char* type;
+  const char* help;
+  uint64_t (*value)(const ConsumerStatus& status);
+};
+
+const Plain own_families[] = {
+    {"retryloop_redelivered_messages_total", "counter",
+     "Deliveries the broker flagged as redelivered (they went back unsettled once).",
+     [](const ConsumerStatus& s) { return s.metrics.redelivered; }},
+    {"retryloop_acked_messages_total", "counter", "Messages acked because the handler said ack.",
+     [](const ConsumerStatus& s) { return s.metrics.acked; }},
+    {"retryloop_dropped_messages_total", "counter",
+     "Messages acked on purpose because the handler said drop.",
+     [](const ConsumerStatus& s) { return s.metrics.dropped; }},
+    {"retryloop_handler_errors_total", "counter", "Exceptions that escaped the handler.",
+     [](const ConsumerStatus& s) { return s.metrics.handler_errors; }},
+    {"retryloop_copy_publish_failures_total", "counter",
+     "Retry or parking copies the broker nacked or returned; each is published again while its "
+     "original stays unacked.",
+     [](const ConsumerStatus& s) { return s.metrics.publish_failures; }},
+    {"retryloop_copies_too_large_total", "counter",
+     "Copies whose properties did not fit in frame_max even with retryloop-error shortened.",
+     [](const ConsumerStatus& s) { return s.metrics.copies_too_large; }},
+    {"retryloop_abandoned_messages_total", "counter",
+     "Deliveries left unsettled because their channel closed first; the broker delivers them "
+     "again.",
+     [](const ConsumerStatus& s) { return s.metrics.abandoned; }},
+    {"retryloop_reconnects_total", "counter", "Sessions re-established after a loss.",
+     [](const ConsumerStatus& s) { return s.metrics.reconnects; }},
+    {"retryloop_in_flight_messages", "gauge",
+     "Deliveries received and not yet settled: waiting, in a handler, or their copy being "
+     "published.",
+     [](const ConsumerStatus& s) { return uint64_t(s.in_flight); }},
+    {"retryloop_consuming", "gauge",
+     "1 while the consumer consumes, 0 while it connects, reconnects or "
+     "has stopped.",
+     [](const ConsumerStatus& s) {
+       return uint64_t(s.state == consumer::ConsumerState::consuming ? 1 : 0);
+     }},
+    {"retryloop_publishing_blocked", "gauge",
+     "1 while the broker blocks the connection that publishes retry and parking copies "
+     "(connection.blocked: a memory or disk alarm).",
+     [](const ConsumerStatus& s) { return uint64_t(s.blocked ? 1 : 0); }},
+};
+
+void write_latency(Exposition& out, const std::vector<ConsumerStatus>& consumers) {
+  const char* name = "messaging_process_duration_seconds";
+  out.family(name, "histogram",
+             "How long the handler took, per delivery it ran for (the handler latency).");
+  using consumer::LatencyHistogram;
+  for (const auto& status : consumers) {
+    const LatencyHistogram& histogram = status.metrics.handler_latency;
+    const Labels labels = messaging_labels(status, "process");
+    uint64_t cumulative = 0;
+    for (size_t i = 0; i < LatencyHistogram::bounds_us.size(); ++i) {
+      cumulative += histogram.buckets()[i];
+      const uint64_t bound = LatencyHistogram::bounds_us[i];
+      Labels with_le = labels;
+      with_le.emplace_back("le", bound == UINT64_MAX ? "+Inf" : seconds_text(bound));
+      out.sample(std::string(name) + "_bucket", with_le, std::to_string(cumulative));
+    }
+    out.sample(std::string(name) + "_sum", labels, seconds_text(uint64_t(histogram.sum().count())));
+    out.sample(std::string(name) + "_count", labels, std::to_string(histogram.count()));
+  }
+}
+
+}  // namespace
+
+ConsumerStatus status_of(const consumer::Consumer& consumer) {
+  ConsumerStatus status;
+  status.service = consumer.service().name;
+  status.queue = topology::input_queue_name(consumer.service());
+  status.state = consumer.state();
+  status.blocked = consumer.is_blocked();
+  status.in_flight = consumer.in_flight();
+  status.metrics = consumer.metrics();
+  return status;
+}
+
+bool is_ready(const ConsumerStatus& status) {
+  return status.state == consumer::ConsumerState::consuming && !status.blocked;
+}
+
+std::string prometheus_text(const std::vector<ConsumerStatus>& all) {
+  const std::vector<ConsumerStatus> consumers = merged(all);
+  Exposition out;
+
+  out.family("messaging_client_consumed_messages_total", "counter",
+             "Messages the broker delivered to the consumer, redeliveries included.");
+  for (const auto& status : consumers) {
+    out.sample("messaging_client_consumed_messages_total", messaging_labels(status, "receive"),
+               std::to_string(status.metrics.delivered));
+  }
+  write_latency(out, consumers);
+
+  out.family("retryloop_retries_total", "counter",
+             "Messages sent to wait for another attempt, by delay: the wait queue's delay, or "
+             "through delay levels the delay rounded up to the base times a power of two.");
+  for (const auto& status : consumers) {
+    for (const auto& [delay, count] : status.metrics.retried_by_delay) {
+      Labels labels = own_labels(status);
+      labels.emplace_back("delay", delay);
+      out.sample("retryloop_retries_total", labels, std::to_string(count));
+    }
+  }
+
+  out.family("retryloop_parked_messages_total", "counter",
+             "Messages parked (their parking copy confirmed), by reason.");
+  for (const auto& status : consumers) {
+    const std::pair<consumer::ParkReason, uint64_t> parked[] = {
+        {consumer::ParkReason::exhausted, status.metrics.parked_exhausted},
+        {consumer::ParkReason::permanent, status.metrics.parked_permanent},
+        {consumer::ParkReason::poison, status.metrics.parked_poison},
+        {consumer::ParkReason::delivery_limit, status.metrics.parked_delivery_limit}};
+    for (const auto& [reason, count] : parked) {
+      Labels labels = own_labels(status);
+      labels.emplace_back("reason", consumer::to_string(reason));
+      out.sample("retryloop_parked_messages_total", labels, std::to_string(count));
+    }
+  }
+
+  for (const Plain& family : own_families) {
+    out.family(family.name, family.type, family.help);
+    for (const auto& status : consumers)
+      out.sample(family.name, own_labels(status), std::to_string(family.value(status)));
+  }
+  return out.take();
+}
+
+}  // namespace retryloop::operations

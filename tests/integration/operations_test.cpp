@@ -1,0 +1,307 @@
+// The operations endpoint against a real consumer and broker: /metrics read by Prometheus' own
+// parser after known traffic, /healthz, and /readyz while consuming, reconnecting, blocked by a
+// memory alarm and stopped; demo_consumer --http.
+
+#include <signal.h>
+#include <catch2/catch.hpp>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+
+#include "retryloop/operations/http_endpoint.hpp"
+#include "retryloop/operations/prometheus.hpp"
+#include "retryloop/topology/topology_json.hpp"
+#include "support/consumer_fixture.hpp"
+#include "support/harness.hpp"
+#include "support/process.hpp"
+#include "support/tcp_proxy.hpp"
+
+using namespace retryloop;
+using namespace std::chrono_literals;
+using consumer::Outcome;
+using test::Broker;
+using test::TestLoop;
+
+namespace {
+
+struct Reply {
+  int status = 0;
+  std::string body;
+  std::string content_type;
+};
+
+/// GET http://127.0.0.1:PORT/PATH from another thread, running the loop meanwhile (the endpoint
+/// asks the loop for every answer).
+Reply get(TestLoop& loop, uint16_t port, const std::string& path) {
+  auto reply = std::async(std::launch::async, [port, path] {
+    httplib::Client client("127.0.0.1", port);
+    client.set_connection_timeout(5);
+    client.set_read_timeout(10);
+    Reply out;
+    if (auto result = client.Get(path.c_str())) {
+      out.status = result->status;
+      out.body = result->body;
+      out.content_type = result->get_header_value("Content-Type");
+    }
+    return out;
+  });
+  REQUIRE(loop.run_until([&] { return reply.wait_for(0s) == std::future_status::ready; }, 20s));
+  return reply.get();
+}
+
+/// A sample as Prometheus' Python parser read it.
+struct Sample {
+  std::string family;
+  std::string type;
+  std::string name;
+  std::map<std::string, std::string> labels;
+  double value = 0;
+};
+
+/// Parses `exposition` with prometheus_client (tests/interop/prometheus_parse.py); fails the test
+/// when it does not parse.
+std::vector<Sample> parse_with_prometheus_client(const std::string& exposition) {
+  const auto file =
+      std::filesystem::temp_directory_path() / (test::unique_name("metrics") + ".txt");
+  std::ofstream(file) << exposition;
+  test::ChildProcess parser(
+      {"/usr/bin/python3", std::string(RETRYLOOP_SOURCE_DIR) + "/tests/interop/prometheus_parse.py",
+       file.string()});
+  const int code = parser.wait();
+  std::filesystem::remove(file);
+  INFO(parser.err());
+  INFO(exposition);
+  REQUIRE(code == 0);
+  std::vector<Sample> samples;
+  std::istringstream lines(parser.out());
+  for (std::string line; std::getline(lines, line);) {
+    const auto json = nlohmann::json::parse(line);
+    samples.push_back(Sample{json.at("family"), json.at("type"), json.at("name"),
+                             json.at("labels").get<std::map<std::string, std::string>>(),
+                             json.at("value").get<double>()});
+  }
+  return samples;
+}
+
+/// The value of the sample `name` whose labels include `labels`; fails the test unless exactly
+/// one matches.
+double value_of(const std::vector<Sample>& samples, const std::string& name,
+                const std::map<std::string, std::string>& labels = {}) {
+  std::vector<double> found;
+  for (const auto& sample : samples) {
+    if (sample.name != name) continue;
+    bool match = true;
+    for (const auto& [key, value] : labels) {
+      auto it = sample.labels.find(key);
+      match = match && it != sample.labels.end() && it->second == value;
+    }
+    if (match) found.push_back(sample.value);
+  }
+  INFO(name);
+  REQUIRE(found.size() == 1);
+  return found[0];
+}
+
+std::shared_ptr<operations::HttpEndpoint> serve(TestLoop& loop,
+                                                const std::shared_ptr<consumer::Consumer>& c) {
+  operations::HttpEndpointOptions options;
+  options.listen.port = 0;
+  auto endpoint = operations::HttpEndpoint::create(loop.get(), options);
+  endpoint->add(c);
+  REQUIRE_FALSE(endpoint->start());
+  REQUIRE(endpoint->port() != 0);
+  return endpoint;
+}
+
+void close(TestLoop& loop, const std::shared_ptr<operations::HttpEndpoint>& endpoint) {
+  bool closed = false;
+  endpoint->close([&closed] { closed = true; });
+  REQUIRE(loop.run_until([&] { return closed; }, 10s));
+}
+
+/// Polls /readyz until it answers `status` (or 10 s pass); returns the last reply.
+Reply readyz_until(TestLoop& loop, uint16_t port, int status) {
+  Reply reply;
+  for (auto until = std::chrono::steady_clock::now() + 10s;
+       std::chrono::steady_clock::now() < until;) {
+    reply = get(loop, port, "/readyz");
+    if (reply.status == status) break;
+    loop.run_for(50ms);
+  }
+  return reply;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "/metrics after 3 acks, 2 retries and a park is what Prometheus' parser reads, with those "
+    "counts",
+    "[operations][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const auto service =
+      test::make_service(test::unique_name("metrics"),
+                         R"("mode": "republish", "delays": ["100ms"], "max_attempts": 5)");
+  auto c = test::start(loop, test::options_for(service), [](const consumer::Message& m) {
+    if (m.message_id() == "gone") return Outcome::permanent("no such customer");
+    if (m.message_id() == "flaky" && m.attempt <= 2) return Outcome::retry("timeout");
+    return Outcome::ack();
+  });
+  auto endpoint = serve(loop, c);
+  for (const char* id : {"a", "b", "flaky", "gone"})
+    broker.publish(service.input.exchange, "key", id);
+  REQUIRE(loop.run_until([&] { return c->metrics().acked == 3 && c->metrics().parked() == 1; }));
+
+  const Reply metrics = get(loop, endpoint->port(), "/metrics");
+  CHECK(metrics.status == 200);
+  CHECK(metrics.content_type == "text/plain; version=0.0.4; charset=utf-8");
+  const auto samples = parse_with_prometheus_client(metrics.body);
+  const std::string queue = topology::input_queue_name(service);
+  const std::map<std::string, std::string> own = {{"service", service.name}, {"queue", queue}};
+  const std::map<std::string, std::string> messaging = {{"messaging_system", "rabbitmq"},
+                                                        {"messaging_destination_name", queue},
+                                                        {"service", service.name}};
+  // 4 messages, "flaky" delivered three times.
+  CHECK(value_of(samples, "messaging_client_consumed_messages_total", messaging) == 6);
+  CHECK(value_of(samples, "retryloop_acked_messages_total", own) == 3);
+  auto retries = own;
+  retries["delay"] = "100ms";
+  CHECK(value_of(samples, "retryloop_retries_total", retries) == 2);
+  auto parked = own;
+  parked["reason"] = "permanent";
+  CHECK(value_of(samples, "retryloop_parked_messages_total", parked) == 1);
+  parked["reason"] = "exhausted";
+  CHECK(value_of(samples, "retryloop_parked_messages_total", parked) == 0);
+  CHECK(value_of(samples, "retryloop_copy_publish_failures_total", own) == 0);
+  CHECK(value_of(samples, "retryloop_reconnects_total", own) == 0);
+  CHECK(value_of(samples, "retryloop_in_flight_messages", own) == 0);
+  CHECK(value_of(samples, "retryloop_consuming", own) == 1);
+  CHECK(value_of(samples, "retryloop_publishing_blocked", own) == 0);
+  CHECK(value_of(samples, "messaging_process_duration_seconds_count", messaging) == 6);
+  auto infinity = messaging;
+  infinity["le"] = "+Inf";
+  CHECK(value_of(samples, "messaging_process_duration_seconds_bucket", infinity) == 6);
+  CHECK(value_of(samples, "messaging_process_duration_seconds_sum", messaging) >= 0);
+  for (const auto& sample : samples) {
+    INFO(sample.name);
+    CHECK(sample.labels.count("message_id") == 0);
+    if (sample.type == "counter") CHECK(sample.name.size() > 6);
+  }
+
+  const Reply health = get(loop, endpoint->port(), "/healthz");
+  CHECK(health.status == 200);
+  CHECK(health.body == "ok\n");
+  const Reply ready = get(loop, endpoint->port(), "/readyz");
+  CHECK(ready.status == 200);
+  CHECK(ready.body == "ready\nservice " + service.name + " (queue " + queue + "): consuming\n");
+  CHECK(get(loop, endpoint->port(), "/nothing").status == 404);
+
+  test::stop(loop, c);
+  const Reply stopped = get(loop, endpoint->port(), "/readyz");
+  CHECK(stopped.status == 503);
+  CHECK(stopped.body == "not ready\nservice " + service.name + " (queue " + queue + "): stopped\n");
+  CHECK(get(loop, endpoint->port(), "/healthz").status == 200);  // the process is still alive
+  close(loop, endpoint);
+}
+
+TEST_CASE("/readyz answers 503 while the consumer reconnects and 200 once it consumes again",
+          "[operations][integration]") {
+  TestLoop loop;
+  test::TcpProxy proxy(loop.get(), client::parse_uri(test::broker_url()).port);
+  const auto service = test::make_service(
+      test::unique_name("ready"), R"("mode": "reject", "delays": ["1s"], "max_attempts": 3)");
+  auto options = test::options_for(service);
+  options.connection.uri.port = proxy.port();
+  options.recovery = consumer::Backoff{1500ms, 1500ms, 1.0, 0.0};
+  auto c = test::start(loop, options, [](const consumer::Message&) { return Outcome::ack(); });
+  auto endpoint = serve(loop, c);
+  CHECK(get(loop, endpoint->port(), "/readyz").status == 200);
+
+  proxy.cut();
+  const Reply lost = readyz_until(loop, endpoint->port(), 503);
+  CHECK(lost.status == 503);
+  CHECK(lost.body.find("): reconnecting\n") != std::string::npos);
+  const Reply back = readyz_until(loop, endpoint->port(), 200);
+  CHECK(back.status == 200);
+  CHECK(c->metrics().reconnects == 1);
+  test::stop(loop, c);
+  close(loop, endpoint);
+}
+
+TEST_CASE("/readyz answers 503 while a memory alarm blocks the consumer's copies, and 200 after it",
+          "[operations][integration][broker-wide]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const auto service =
+      test::make_service(test::unique_name("blocked"),
+                         R"("mode": "republish", "delays": ["100ms"], "max_attempts": 3)");
+  broker.apply(service);
+  broker.publish("", topology::input_queue_name(service), "fails-once");
+  REQUIRE(test::broker_ctl("set_vm_memory_high_watermark 0") == 0);
+  struct Restore {
+    ~Restore() { test::broker_ctl("set_vm_memory_high_watermark 0.4"); }
+  } restore;
+  auto c = test::start(loop, test::options_for(service), [](const consumer::Message& m) {
+    return m.attempt == 1 ? Outcome::retry("once") : Outcome::ack();
+  });
+  auto endpoint = serve(loop, c);
+  const Reply blocked = readyz_until(loop, endpoint->port(), 503);
+  CHECK(blocked.status == 503);
+  CHECK(blocked.body.find("consuming, publishing blocked by the broker") != std::string::npos);
+  const auto samples = parse_with_prometheus_client(get(loop, endpoint->port(), "/metrics").body);
+  CHECK(value_of(samples, "retryloop_publishing_blocked", {{"service", service.name}}) == 1);
+  CHECK(value_of(samples, "retryloop_in_flight_messages", {{"service", service.name}}) == 1);
+
+  REQUIRE(test::broker_ctl("set_vm_memory_high_watermark 0.4") == 0);
+  CHECK(readyz_until(loop, endpoint->port(), 200).status == 200);
+  REQUIRE(loop.run_until([&] { return c->metrics().acked == 1; }, 20s));
+  test::stop(loop, c);
+  close(loop, endpoint);
+}
+
+TEST_CASE("demo_consumer --http serves the endpoint and closes it when it stops",
+          "[operations][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const std::string name = test::unique_name("demohttp");
+  const std::string json = R"({"services": [{"name": ")" + name + R"(", "input": {"exchange": ")" +
+                           name + R"(.in", "type": "direct", "bindings": ["key"]}, "retry": )" +
+                           R"({"mode": "reject", "delays": ["100ms"], "max_attempts": 3}}]})";
+  const auto file = std::filesystem::temp_directory_path() / (name + ".json");
+  std::ofstream(file) << json;
+  const auto service = topology::parse_topology(json).topology->services.at(0);
+  test::ChildProcess demo({test::built_program("examples/demo_consumer"), "--url",
+                           test::broker_url(), "--topology", file.string(), "--service", name,
+                           "--http", "127.0.0.1:0"});
+  std::smatch match;
+  const std::regex listening("operations endpoint on http://127\\.0\\.0\\.1:([0-9]+)/");
+  bool found = false;
+  for (auto until = std::chrono::steady_clock::now() + 20s;
+       !found && std::chrono::steady_clock::now() < until;) {
+    loop.run_for(50ms);
+    const std::string err = demo.err();
+    found = std::regex_search(err, match, listening);
+  }
+  std::filesystem::remove(file);
+  INFO(demo.err());
+  REQUIRE(found);
+  const auto port = static_cast<uint16_t>(std::stoi(match[1]));
+  CHECK(readyz_until(loop, port, 200).status == 200);
+  broker.publish(service.input.exchange, "key", "m-1", R"({"id": 1})");
+  REQUIRE(test::eventually(loop, [&] {
+    const Reply metrics = get(loop, port, "/metrics");
+    return metrics.body.find("retryloop_acked_messages_total{service=\"" + name + "\",queue=\"" +
+                             name + "\"} 1") != std::string::npos;
+  }));
+  demo.signal(SIGTERM);
+  CHECK(demo.wait() == 0);
+}
