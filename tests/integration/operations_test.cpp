@@ -16,6 +16,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "retryloop/operations/http_endpoint.hpp"
 #include "retryloop/operations/prometheus.hpp"
@@ -265,6 +266,54 @@ TEST_CASE("/readyz answers 503 while a memory alarm blocks the consumer's copies
   CHECK(readyz_until(loop, endpoint->port(), 200).status == 200);
   REQUIRE(loop.run_until([&] { return c->metrics().acked == 1; }, 20s));
   test::stop(loop, c);
+  close(loop, endpoint);
+}
+
+TEST_CASE(
+    "A request the loop thread does not answer in time gets 503, and closing answers a waiting "
+    "request at once",
+    "[operations][integration]") {
+  TestLoop loop;
+  operations::HttpEndpointOptions options;
+  options.listen.port = 0;
+  options.loop_timeout = 300ms;
+  auto endpoint = operations::HttpEndpoint::create(loop.get(), options);
+  REQUIRE_FALSE(endpoint->start());
+  const uint16_t port = endpoint->port();
+  auto request = [port](const char* path) {
+    return std::async(std::launch::async, [port, path] {
+      httplib::Client client("127.0.0.1", port);
+      client.set_read_timeout(10);
+      auto result = client.Get(path);
+      return result ? result->status : 0;
+    });
+  };
+  // The loop is not run: the request waits 300 ms for it, then gets 503.
+  auto stuck = request("/healthz");
+  REQUIRE(stuck.wait_for(5s) == std::future_status::ready);
+  CHECK(stuck.get() == 503);
+  const Reply none = get(loop, port, "/readyz");  // the loop runs: it answers
+  CHECK(none.status == 503);
+  CHECK(none.body == "not ready\nno consumers\n");
+  CHECK(get(loop, port, "/healthz").status == 200);
+
+  options.loop_timeout = 30s;
+  auto patient = operations::HttpEndpoint::create(loop.get(), options);
+  REQUIRE_FALSE(patient->start());
+  auto waiting = std::async(std::launch::async, [port = patient->port()] {
+    httplib::Client client("127.0.0.1", port);
+    client.set_read_timeout(60);
+    auto result = client.Get("/metrics");
+    return result ? result->status : 0;
+  });
+  std::this_thread::sleep_for(300ms);  // the request waits for the loop, which does not run
+  const auto closing = std::chrono::steady_clock::now();
+  bool closed = false;
+  patient->close([&closed] { closed = true; });
+  REQUIRE(waiting.wait_for(5s) == std::future_status::ready);
+  CHECK(waiting.get() == 503);
+  REQUIRE(loop.run_until([&] { return closed; }, 10s));
+  CHECK(std::chrono::steady_clock::now() - closing < 5s);
   close(loop, endpoint);
 }
 

@@ -78,9 +78,10 @@ class HttpEndpoint {
   client::Error start();
   /// The port it listens on (the picked one for port 0); 0 before start().
   uint16_t port() const;
-  /// Stops serving: requests waiting for the loop get 503, the threads are joined (this blocks
-  /// for as long as a request takes to be written, at most about a second), and `done` runs on
-  /// the loop thread once its handle is closed. Later calls only run their `done` then.
+  /// Stops serving: requests waiting for the loop get 503 at once, the server's threads are
+  /// joined on a thread of its own (within about two seconds: the longest a connection may stay
+  /// idle or slow), and `done` runs on the loop thread once its handle is closed; the loop never
+  /// blocks on it. A later call's `done` runs then too (at once, once closed).
   void close(std::function<void()> done = {});
 
  private:
