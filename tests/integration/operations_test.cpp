@@ -331,19 +331,18 @@ TEST_CASE("demo_consumer --http serves the endpoint and closes it when it stops"
   test::ChildProcess demo({test::built_program("examples/demo_consumer"), "--url",
                            test::broker_url(), "--topology", file.string(), "--service", name,
                            "--http", "127.0.0.1:0"});
-  std::smatch match;
   const std::regex listening("operations endpoint on http://127\\.0\\.0\\.1:([0-9]+)/");
-  bool found = false;
+  std::string log;
+  std::smatch match;
   for (auto until = std::chrono::steady_clock::now() + 20s;
-       !found && std::chrono::steady_clock::now() < until;) {
+       !std::regex_search(log, match, listening) && std::chrono::steady_clock::now() < until;) {
     loop.run_for(50ms);
-    const std::string err = demo.err();
-    found = std::regex_search(err, match, listening);
+    log = demo.err();
   }
   std::filesystem::remove(file);
-  INFO(demo.err());
-  REQUIRE(found);
-  const auto port = static_cast<uint16_t>(std::stoi(match[1]));
+  INFO(log);
+  REQUIRE_FALSE(match.empty());
+  const auto port = static_cast<uint16_t>(std::stoi(match.str(1)));
   CHECK(readyz_until(loop, port, 200).status == 200);
   broker.publish(service.input.exchange, "key", "m-1", R"({"id": 1})");
   REQUIRE(test::eventually(loop, [&] {
