@@ -230,9 +230,14 @@ std::vector<std::unique_ptr<Lane>> make_lanes(const std::string& fault,
                                               bool delay_levels) {
   std::vector<std::unique_ptr<Lane>> lanes;
   for (auto mode : {topology::RetryMode::reject, topology::RetryMode::republish}) {
-    if (delay_levels && mode == topology::RetryMode::reject) continue;
     for (auto type : types) {
-      lanes.push_back(std::make_unique<Lane>(fault, mode, type, delay, delay_levels));
+      lanes.push_back(std::make_unique<Lane>(fault, mode, type, delay));
+    }
+  }
+  if (delay_levels) {
+    for (auto type : types) {
+      lanes.push_back(
+          std::make_unique<Lane>(fault, topology::RetryMode::republish, type, delay, true));
     }
   }
   return lanes;

@@ -92,7 +92,8 @@ struct Lane {
   Lane(const Lane&) = delete;
   Lane& operator=(const Lane&) = delete;
 
-  std::string mode_name() const { return topology::to_string(mode); }
+  /// "reject", "republish", or "levels" for a republish lane with delay levels.
+  std::string mode_name() const { return delay_levels ? "levels" : topology::to_string(mode); }
   std::string queue_type_name() const { return topology::to_string(queue_type); }
   std::string label() const { return mode_name() + "/" + queue_type_name(); }
   const std::string& input_queue() const { return topology::input_queue_name(service); }
@@ -126,7 +127,8 @@ struct Lane {
 inline constexpr std::chrono::milliseconds delay_level_base{100};
 
 /// The lanes of a fault run: reject and republish, each with every queue type in `types`
-/// (classic and quorum: four lanes); with `delay_levels`, republish lanes with delay levels only.
+/// (classic and quorum: four lanes); with `delay_levels`, also a republish lane with delay levels
+/// for each queue type.
 std::vector<std::unique_ptr<Lane>> make_lanes(
     const std::string& fault, std::chrono::milliseconds delay = retry_delay,
     const std::vector<topology::QueueType>& types = {topology::QueueType::classic,
@@ -353,7 +355,7 @@ struct InProcessRun {
     std::chrono::milliseconds delay = retry_delay;
     std::vector<topology::QueueType> types = {topology::QueueType::classic,
                                               topology::QueueType::quorum};
-    /// Republish lanes with delay levels (Lane), instead of the reject and republish lanes.
+    /// Also republish lanes with delay levels (Lane).
     bool delay_levels = false;
   };
   explicit InProcessRun(const std::string& fault, bool gated = false,

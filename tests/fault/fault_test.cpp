@@ -48,12 +48,25 @@ struct RestoreWatermark {
 
 }  // namespace
 
-TEST_CASE("A broker restart (stop_app then start_app) mid-loop loses nothing", "[fault]") {
+TEST_CASE(
+    "A broker restart (stop_app then start_app) mid-loop loses nothing, retries waiting in the "
+    "delay levels included",
+    "[fault]") {
   BrokerBackUp back_up;
-  InProcessRun run("restart");
+  InProcessRun::Options options;
+  options.delay_levels = true;
+  InProcessRun run("restart", options);
   std::string output;
   run.start(test::broker_url());
   run.wait_flowing(0.05);  // rabbitmqctl takes a second or two to start
+  uint32_t waiting = 0;
+  for (const auto& lane : run.lanes) {
+    if (!lane->delay_levels) continue;
+    for (const auto& queue : lane->waiting_queues())
+      waiting += run.probe.depth(queue).messages;
+  }
+  INFO("retries waiting in the delay levels as the broker is told to stop: " << waiting);
+  CHECK(waiting > 0);
   expect_ok(ctl_async(run.loop, {"stop_app"}, &output), output);
   run.check_mid_stream();
   expect_ok(ctl_async(run.loop, {"start_app"}, &output), output);
@@ -61,28 +74,6 @@ TEST_CASE("A broker restart (stop_app then start_app) mid-loop loses nothing", "
   for (const auto& c : run.consumers)
     CHECK(c->get().metrics().reconnects >= 1);
   run.finish("broker restart");
-}
-
-TEST_CASE("A broker restart while retries wait in the delay levels loses nothing", "[fault]") {
-  BrokerBackUp back_up;
-  InProcessRun::Options options;
-  options.delay_levels = true;
-  InProcessRun run("levels", options);
-  std::string output;
-  run.start(test::broker_url());
-  run.wait_flowing(0.3);
-  uint32_t waiting = 0;
-  for (const auto& lane : run.lanes) {
-    for (const auto& queue : lane->waiting_queues())
-      waiting += run.probe.depth(queue).messages;
-  }
-  INFO("retries waiting in the delay levels when the broker stops: " << waiting);
-  CHECK(waiting > 0);
-  expect_ok(ctl_async(run.loop, {"stop_app"}, &output), output);
-  run.check_mid_stream();
-  expect_ok(ctl_async(run.loop, {"start_app"}, &output), output);
-  CHECK(run.wait_quiet_after_restart("broker restart, delay levels"));
-  run.finish("restart, delay levels");
 }
 
 TEST_CASE("A broker killed with SIGKILL and restarted mid-loop loses nothing", "[fault]") {
