@@ -165,6 +165,7 @@ void Walker::cancel_consumer() {
 
 void Walker::on_delivery(client::Delivery&& delivery) {
   last_activity_ms_ = uv_now(connection_->loop());
+  idle_checks_ = 0;
   if (reading_done_ || reported_) return;  // held: goes back to its place when the channel closes
   ParkedMessage parked = read_parked(std::move(delivery.message), progress_.scanned++);
   Decision decision = visitor_(parked);
@@ -341,8 +342,27 @@ void Walker::finish_returns() {
 }
 
 void Walker::on_tick() {
-  if (reported_ || !consuming_ || reading_done_ || publishes_in_flight_ > 0) return;
-  if (uv_now(connection_->loop()) - last_activity_ms_ >= kIdleMs) finish_reading();
+  if (reported_ || !consuming_ || reading_done_ || publishes_in_flight_ > 0 || checking_idle_) {
+    return;
+  }
+  if (uv_now(connection_->loop()) - last_activity_ms_ >= kIdleMs) check_idle();
+}
+
+void Walker::check_idle() {
+  checking_idle_ = true;
+  std::weak_ptr<Walker> weak = weak_from_this();
+  client::QueueOptions passive;
+  passive.passive = true;
+  Error error = channel_->queue_declare(
+      queue_, passive, [weak](const Error& error, const client::QueueInfo& info) {
+        auto self = weak.lock();
+        if (!self || self->reported_) return;
+        self->checking_idle_ = false;
+        if (error) return self->fail(error);
+        if (info.message_count == 0 || ++self->idle_checks_ >= 10) return self->finish_reading();
+        self->last_activity_ms_ = uv_now(self->connection_->loop());
+      });
+  if (error) fail(error);
 }
 
 }  // namespace retryloop::parking::detail

@@ -72,6 +72,12 @@ class Walker : public std::enable_shared_from_this<Walker> {
   void fail(const client::Error& error);
   void report(const client::Error& error);
   void on_tick();
+  /// After kIdleMs without a delivery: asks the broker whether the queue still has ready
+  /// messages, and ends the reading only when it answers none (fewer messages than the count at
+  /// the start, taken by someone else), or after ten such checks found messages ready that never
+  /// came. A connection that has gone silent never answers, so the run then ends with the
+  /// connection's error, not as finished.
+  void check_idle();
 
   std::shared_ptr<client::Connection> connection_;
   std::string queue_;
@@ -104,6 +110,8 @@ class Walker : public std::enable_shared_from_this<Walker> {
   size_t held_by_consumer_ = 0;
   size_t publishes_in_flight_ = 0;
   uint64_t last_activity_ms_ = 0;
+  bool checking_idle_ = false;
+  int idle_checks_ = 0;
   Progress progress_;
   uv_timer_t timer_{};
   std::shared_ptr<Walker> self_;
