@@ -1,5 +1,7 @@
 #include "walker.hpp"
 
+#include <algorithm>
+
 #include "retryloop/client/move.hpp"
 #include "retryloop/parking/error.hpp"
 
@@ -19,11 +21,16 @@ constexpr uint64_t kTickMs = 250;
 /// at once, the last 7 to 11 moved ones were back in parking too; closed 1 s after the last ack,
 /// none were, in every run since.
 constexpr uint64_t kAckGraceMs = 1000;
-/// After the close, how long to wait for a quorum queue to count the held messages back (it does
-/// so only after the close-ok: a read that follows at once saw an empty queue), and how often to
-/// look.
+/// After the close, how long to wait for the queue to count the held messages back (a quorum queue
+/// does so only after the close-ok: a read that follows at once saw an empty queue) while the
+/// count does not grow, and how often to look. A large return takes as long as it grows: a
+/// classic queue on RabbitMQ 4.0 counts about 80,000 returned messages a second back.
 constexpr uint64_t kReturnsWaitMs = 3000;
 constexpr uint64_t kReturnsPollMs = 50;
+/// Held messages after which the reading moves to a new channel (see Walker).
+constexpr size_t kHeldPerChannel = 4096;
+/// Channel numbers left free for the connection's other users (depth lookups open their own).
+constexpr uint16_t kSpareChannels = 16;
 
 }  // namespace
 
@@ -86,18 +93,49 @@ void Walker::on_channel(std::shared_ptr<client::Channel> channel) {
           self->reading_done_ = true;
           return self->maybe_done();
         }
-        Error e = self->channel_->confirm_select([weak](const Error& error) {
-          if (auto self = weak.lock(); self && error) self->fail(error);
+        self->prepare_channel([self = self.get()] { self->consume(); });
+      });
+  if (error) fail(error);
+}
+
+void Walker::prepare_channel(std::function<void()> next) {
+  std::weak_ptr<Walker> weak = weak_from_this();
+  Error error = channel_->confirm_select([weak](const Error& error) {
+    if (auto self = weak.lock(); self && error) self->fail(error);
+  });
+  if (!error) {
+    error = channel_->qos(window_, [weak, next = std::move(next)](const Error& error) {
+      auto self = weak.lock();
+      if (!self || self->reported_) return;
+      if (error) return self->fail(error);
+      next();
+    });
+  }
+  if (error) fail(error);
+}
+
+void Walker::next_consumer() {
+  const size_t channels = holding_channels_.size() + 1;
+  const uint16_t channel_max = connection_->tuning().channel_max;
+  const bool room = channel_max == 0 || channels + kSpareChannels < channel_max;
+  if (held_by_channel_ >= kHeldPerChannel && room) return switch_channel();
+  consume();
+}
+
+void Walker::switch_channel() {
+  holding_channels_.push_back(std::move(channel_));
+  held_by_channel_ = 0;
+  std::weak_ptr<Walker> weak = weak_from_this();
+  Error error = connection_->open_channel(
+      [weak](const Error& error, std::shared_ptr<client::Channel> channel) {
+        auto self = weak.lock();
+        if (!self || self->reported_) return;
+        if (error) return self->fail(error);
+        self->channel_ = std::move(channel);
+        self->channel_->set_close_handler([weak](const Error& error) {
+          if (auto self = weak.lock()) self->fail(error);
         });
-        if (!e) {
-          e = self->channel_->qos(self->window_, [weak](const Error& error) {
-            auto self = weak.lock();
-            if (!self) return;
-            if (error) return self->fail(error);
-            self->consume();
-          });
-        }
-        if (e) self->fail(e);
+        self->prepare_channel([self = self.get()] { self->consume(); });
       });
   if (error) fail(error);
 }
@@ -158,7 +196,7 @@ void Walker::cancel_consumer() {
       self->consume_when_settled_ = true;
       return;
     }
-    self->consume();
+    self->next_consumer();
   });
   if (error) fail(error);
 }
@@ -194,6 +232,7 @@ void Walker::on_delivery(client::Delivery&& delivery) {
 void Walker::hold() {
   ++held_;
   ++held_by_consumer_;
+  ++held_by_channel_;
 }
 
 void Walker::move(uint64_t delivery_tag, Decision&& decision, std::string&& body) {
@@ -242,7 +281,7 @@ void Walker::on_settled() {
     if (reading_done_ || reported_) {
       restarting_ = false;
     } else {
-      consume();
+      next_consumer();
     }
   }
 }
@@ -280,16 +319,31 @@ void Walker::report(const Error& error) {
       });
     }
   };
-  if (channel_ && channel_->is_open()) {
-    // Closing the channel puts every held message back in its place; report after the broker
+  // Newest first: a classic queue merges each channel's returned messages into those already
+  // back, and the older messages of the next channel then go in at the front. Closed oldest
+  // first, 500,000 held messages took 13 s to be counted back on RabbitMQ 4.0; newest first, 6.5.
+  std::vector<std::shared_ptr<client::Channel>> channels;
+  if (channel_) channels.push_back(channel_);
+  channels.insert(channels.end(), holding_channels_.rbegin(), holding_channels_.rend());
+  holding_channels_.clear();
+  channels.erase(std::remove_if(channels.begin(), channels.end(),
+                                [](const auto& channel) { return !channel->is_open(); }),
+                 channels.end());
+  if (!channels.empty()) {
+    // Closing the channels puts every held message back in its place; report after the broker
     // has done so, so that a following read sees the queue as it was.
-    channel_->set_close_handler({});
-    auto close = [self, finish, error] {
-      auto closed = [self, finish, error](const Error&) {
+    for (const auto& channel : channels)
+      channel->set_close_handler({});
+    auto close = [self, finish, error, channels] {
+      auto open = std::make_shared<size_t>(channels.size());
+      auto closed = [self, finish, error, open](const Error&) {
+        if (--*open > 0) return;
         if (self->held_ == 0 || error) return finish();
         self->await_returns(finish);
       };
-      if (!self->channel_->is_open() || self->channel_->close(closed)) finish();
+      for (const auto& channel : channels) {
+        if (!channel->is_open() || channel->close(closed)) closed({});
+      }
     };
     const uint64_t now = uv_now(connection_->loop());
     const bool recent_acks = last_ack_ms_ != 0 && now - last_ack_ms_ < kAckGraceMs;
@@ -327,6 +381,10 @@ void Walker::check_returns() {
         if (error || info.message_count >= self->expected_depth_ ||
             now >= self->returns_deadline_ms_) {
           return self->finish_returns();
+        }
+        if (info.message_count > self->returned_depth_) {
+          self->returned_depth_ = info.message_count;
+          self->returns_deadline_ms_ = now + kReturnsWaitMs;
         }
         uv_timer_stop(&self->timer_);
         uv_timer_start(

@@ -326,6 +326,36 @@ TEST_CASE("replay --where moves only the matching messages and keeps the others 
 }
 
 TEST_CASE(
+    "A replay that keeps more messages than one channel holds moves the rest and keeps "
+    "every kept message in order",
+    "[parking][integration]") {
+  // 9,900 kept messages: the walker holds them on three channels (4,096 each), and the acks of
+  // the copies after the first 4,096 go out on the later channels.
+  TestLoop loop;
+  ParkedService s(loop, "many.kept");
+  s.park(10000, [](size_t i) { return i % 100 == 99 ? "poison" : "exhausted"; });
+  parking::ReplayOptions options;
+  options.filter.where.push_back({"retryloop-reason", "poison"});
+  auto result = s.replay(options);
+  CHECK_FALSE(result.error);
+  CHECK(result.progress.moved == 100);
+  CHECK(result.progress.skipped == 9900);
+  CHECK(result.progress.failed == 0);
+
+  auto moved = test::drain_queue(loop, *s.connection, s.queue);
+  REQUIRE(moved.size() == 100);
+  for (size_t k = 0; k < moved.size(); ++k) {
+    CHECK(*moved[k].message.properties.message_id == "id-" + std::to_string(k * 100 + 99));
+  }
+  // The walker ends once the broker counts the kept messages back: the depth is right at once.
+  CHECK(s.depth(s.parking) == 9900);
+  std::vector<std::string> expected;
+  for (size_t i = 0; i < 10000; ++i)
+    if (i % 100 != 99) expected.push_back("id-" + std::to_string(i));
+  CHECK(s.ids(s.list()) == expected);
+}
+
+TEST_CASE(
     "replay --reason unrouted moves what the broker parked, and a quorum parking queue keeps "
     "exactly the rest",
     "[parking][integration]") {
