@@ -1,27 +1,37 @@
-#include "retryloop/console/detail/loop_bridge.hpp"
+#include "retryloop/client/loop_bridge.hpp"
 
 #include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <utility>
 
-namespace retryloop::console::detail {
+namespace retryloop::client {
 
-struct LoopBridge::Call {
-  enum class State { queued, started, answered, abandoned };
-  std::function<Reply()> task;
+struct LoopBridge::Task {
+  enum class State { queued, started, ended, abandoned };
+  std::function<void()> run;
+  /// A call, whose caller waits; else a post.
+  bool waited = false;
   State state = State::queued;
-  std::optional<Reply> reply;
 };
 
 struct LoopBridge::Shared {
   std::mutex mutex;
   std::condition_variable changed;
-  std::deque<std::shared_ptr<Call>> calls;
+  std::deque<std::shared_ptr<Task>> tasks;
+  bool refusing_calls = false;
   bool closed = false;
   uv_async_t async{};
+  std::function<void()> on_closed;
   /// Keeps this alive until the handle's close callback.
   std::shared_ptr<Shared> self;
+
+  /// Under `mutex`: every queued call is abandoned (its caller gets false).
+  void abandon_calls() {
+    for (auto& task : tasks) {
+      if (task->waited) task->state = Task::State::abandoned;
+    }
+  }
 };
 
 LoopBridge::LoopBridge(uv_loop_t* loop) : shared_(std::make_shared<Shared>()) {
@@ -32,65 +42,84 @@ LoopBridge::LoopBridge(uv_loop_t* loop) : shared_(std::make_shared<Shared>()) {
 
 void LoopBridge::on_async(uv_async_t* async) {
   auto* shared = static_cast<Shared*>(async->data);
-  std::deque<std::shared_ptr<Call>> calls;
+  std::deque<std::shared_ptr<Task>> tasks;
   {
     std::lock_guard<std::mutex> lock(shared->mutex);
-    calls.swap(shared->calls);
+    tasks.swap(shared->tasks);
   }
-  for (auto& call : calls) {
+  for (auto& task : tasks) {
     {
       std::lock_guard<std::mutex> lock(shared->mutex);
-      if (call->state == Call::State::abandoned) continue;
-      call->state = Call::State::started;
+      if (task->state == Task::State::abandoned || shared->closed) continue;
+      task->state = Task::State::started;
     }
-    Reply reply;
     try {
-      reply = call->task();
-    } catch (...) {
-      reply = Reply{500, R"({"error": "internal error"})"};
+      task->run();
+    } catch (...) {  // documented: a task's exception ends it
     }
+    if (!task->waited) continue;
     {
       std::lock_guard<std::mutex> lock(shared->mutex);
-      call->reply = std::move(reply);
-      call->state = Call::State::answered;
+      task->state = Task::State::ended;
     }
     shared->changed.notify_all();
   }
 }
 
-std::optional<Reply> LoopBridge::call(std::function<Reply()> task,
-                                      std::chrono::milliseconds timeout) {
-  auto call = std::make_shared<Call>();
-  call->task = std::move(task);
+bool LoopBridge::call(std::function<void()> run, std::chrono::milliseconds timeout) {
+  auto task = std::make_shared<Task>();
+  task->run = std::move(run);
+  task->waited = true;
   std::unique_lock<std::mutex> lock(shared_->mutex);
-  if (shared_->closed) return std::nullopt;
-  shared_->calls.push_back(call);
+  if (shared_->closed || shared_->refusing_calls) return false;
+  shared_->tasks.push_back(task);
   uv_async_send(&shared_->async);
   const bool started =
-      shared_->changed.wait_for(lock, timeout, [&] { return call->state != Call::State::queued; });
+      shared_->changed.wait_for(lock, timeout, [&] { return task->state != Task::State::queued; });
   if (!started) {
-    call->state = Call::State::abandoned;
-    return std::nullopt;
+    task->state = Task::State::abandoned;
+    return false;
   }
   shared_->changed.wait(lock, [&] {
-    return call->state == Call::State::answered || call->state == Call::State::abandoned;
+    return task->state == Task::State::ended || task->state == Task::State::abandoned;
   });
-  return std::move(call->reply);
+  return task->state == Task::State::ended;
 }
 
-void LoopBridge::close() {
+bool LoopBridge::post(std::function<void()> run) {
+  auto task = std::make_shared<Task>();
+  task->run = std::move(run);
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  if (shared_->closed) return false;
+  shared_->tasks.push_back(std::move(task));
+  uv_async_send(&shared_->async);
+  return true;
+}
+
+void LoopBridge::refuse_calls() {
+  {
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    shared_->refusing_calls = true;
+    shared_->abandon_calls();
+  }
+  shared_->changed.notify_all();
+}
+
+void LoopBridge::close(std::function<void()> closed) {
   {
     std::lock_guard<std::mutex> lock(shared_->mutex);
     if (shared_->closed) return;
     shared_->closed = true;
-    for (auto& call : shared_->calls)
-      call->state = Call::State::abandoned;
-    shared_->calls.clear();
+    shared_->abandon_calls();
+    shared_->tasks.clear();
   }
   shared_->changed.notify_all();
+  shared_->on_closed = std::move(closed);
   uv_close(reinterpret_cast<uv_handle_t*>(&shared_->async), [](uv_handle_t* handle) {
     std::shared_ptr<Shared> last = std::move(static_cast<Shared*>(handle->data)->self);
+    auto on_closed = std::move(last->on_closed);
+    if (on_closed) on_closed();
   });
 }
 
-}  // namespace retryloop::console::detail
+}  // namespace retryloop::client

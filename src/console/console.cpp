@@ -12,17 +12,17 @@
 
 #include "core.hpp"
 #include "page.hpp"
+#include "retryloop/client/loop_bridge.hpp"
 #include "retryloop/client/signals.hpp"
 #include "retryloop/console/detail/api.hpp"
-#include "retryloop/console/detail/loop_bridge.hpp"
 
 namespace retryloop::console {
 
 namespace {
 
+using client::LoopBridge;
 using detail::Core;
 using detail::Job;
-using detail::LoopBridge;
 using detail::Reply;
 using namespace std::chrono_literals;
 
@@ -54,8 +54,17 @@ void send_error(httplib::Response& response, int status, const std::string& mess
 }
 
 void answer(LoopBridge& bridge, httplib::Response& response, std::function<Reply()> task) {
-  std::optional<Reply> reply = bridge.call(std::move(task), kLoopTimeout);
-  if (!reply) {
+  std::optional<Reply> reply;
+  const bool ran = bridge.call(
+      [&reply, &task] {
+        try {
+          reply = task();
+        } catch (...) {
+          reply = Reply{500, R"({"error": "internal error"})"};
+        }
+      },
+      kLoopTimeout);
+  if (!ran || !reply) {
     return send_error(response, 503,
                       "the console is stopping or busy; nothing was done, try again");
   }

@@ -12,7 +12,7 @@
 #include "retryloop/client/connection.hpp"
 #include "retryloop/console/console.hpp"
 #include "retryloop/console/detail/jobs.hpp"
-#include "retryloop/console/detail/loop_bridge.hpp"
+#include "retryloop/console/detail/api.hpp"
 #include "retryloop/parking/parking.hpp"
 
 namespace retryloop::console::detail {

@@ -7,15 +7,14 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-#include <deque>
-#include <future>
-#include <mutex>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "retryloop/client/loop_bridge.hpp"
 #include "retryloop/operations/prometheus.hpp"
 
 namespace retryloop::operations {
@@ -55,11 +54,11 @@ ListenAddress parse_listen_address(std::string_view text) {
 
 namespace detail {
 
-// The endpoint's state. The loop thread owns `consumers_` and the async handle; the HTTP threads
-// only push tasks under `mutex_` and wake the loop. Closing: no more tasks are taken (waiting
-// requests get 503), the server stops, a closer thread joins the listener (which joins the
-// request threads) and wakes the loop one last time; the loop then closes the handle, and the
-// endpoint lets itself go from the close callback.
+// The endpoint's state. The loop thread owns `consumers_`; the HTTP threads reach them only
+// through the bridge. Closing: the bridge takes no more calls (waiting requests get 503), the
+// server stops, a closer thread joins the listener (which joins the request threads) and posts to
+// the loop one last time; the loop then closes the bridge, and the endpoint lets itself go once
+// the bridge's handle is closed.
 class HttpEndpointImpl : public std::enable_shared_from_this<HttpEndpointImpl> {
  public:
   HttpEndpointImpl(uv_loop_t* loop, HttpEndpointOptions options)
@@ -82,7 +81,6 @@ class HttpEndpointImpl : public std::enable_shared_from_this<HttpEndpointImpl> {
   /// did not answer in time or the endpoint is closing.
   std::optional<Snapshot> snapshot();
   void unavailable(httplib::Response& response) const;
-  void on_wake();
   void on_closed();
 
   uv_loop_t* loop_;
@@ -93,15 +91,9 @@ class HttpEndpointImpl : public std::enable_shared_from_this<HttpEndpointImpl> {
   httplib::Server server_;
   std::thread listener_;
   std::thread closer_;
-  /// Heap-allocated: freed in its close callback.
-  uv_async_t* wake_ = nullptr;
+  std::unique_ptr<client::LoopBridge> bridge_;
   std::vector<std::function<void()>> on_closed_;
   std::shared_ptr<HttpEndpointImpl> self_;
-
-  std::mutex mutex_;
-  std::deque<std::function<void()>> tasks_;  // under mutex_
-  bool accepting_ = false;                   // under mutex_
-  bool joined_ = false;                      // under mutex_
 };
 
 client::Error HttpEndpointImpl::start() {
@@ -130,15 +122,7 @@ client::Error HttpEndpointImpl::start() {
   }
   port_ = static_cast<uint16_t>(bound);
 
-  wake_ = new uv_async_t{};
-  wake_->data = this;
-  uv_async_init(loop_, wake_, [](uv_async_t* handle) {
-    static_cast<HttpEndpointImpl*>(handle->data)->on_wake();
-  });
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    accepting_ = true;
-  }
+  bridge_ = std::make_unique<client::LoopBridge>(loop_);
   self_ = shared_from_this();
   state_ = State::serving;
   listener_ = std::thread([this] { server_.listen_after_bind(); });
@@ -190,46 +174,15 @@ void HttpEndpointImpl::unavailable(httplib::Response& response) const {
 }
 
 std::optional<HttpEndpointImpl::Snapshot> HttpEndpointImpl::snapshot() {
-  // Only the task holds the promise: a task dropped by close() breaks it, which wakes the wait.
-  auto promise = std::make_shared<std::promise<Snapshot>>();
-  std::future<Snapshot> future = promise->get_future();
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!accepting_) return std::nullopt;
-    tasks_.emplace_back([this, promise = std::move(promise)] {
-      Snapshot consumers;
-      for (const auto& c : consumers_)
-        consumers.push_back(status_of(*c));
-      promise->set_value(std::move(consumers));
-    });
-  }
-  // The handle stays open until this thread has been joined (on_wake after `joined_`).
-  uv_async_send(wake_);
-  if (future.wait_for(options_.loop_timeout) != std::future_status::ready) return std::nullopt;
-  try {
-    return future.get();
-  } catch (const std::future_error&) {
-    return std::nullopt;
-  }
-}
-
-void HttpEndpointImpl::on_wake() {
-  std::deque<std::function<void()>> tasks;
-  bool joined = false;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    tasks.swap(tasks_);
-    joined = joined_;
-  }
-  for (auto& task : tasks)
-    task();
-  if (!joined || state_ != State::closing) return;
-  closer_.join();
-  uv_close(reinterpret_cast<uv_handle_t*>(wake_), [](uv_handle_t* handle) {
-    auto* async = reinterpret_cast<uv_async_t*>(handle);
-    static_cast<HttpEndpointImpl*>(async->data)->on_closed();
-    delete async;
-  });
+  Snapshot consumers;
+  const bool ran = bridge_->call(
+      [this, &consumers] {
+        for (const auto& c : consumers_)
+          consumers.push_back(status_of(*c));
+      },
+      options_.loop_timeout);
+  if (!ran) return std::nullopt;
+  return consumers;
 }
 
 void HttpEndpointImpl::close(std::function<void()> done) {
@@ -251,19 +204,14 @@ void HttpEndpointImpl::close(std::function<void()> done) {
       break;
   }
   state_ = State::closing;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    accepting_ = false;
-    tasks_.clear();
-  }
+  bridge_->refuse_calls();
   server_.stop();
   closer_ = std::thread([this] {
     listener_.join();
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      joined_ = true;
-    }
-    uv_async_send(wake_);
+    bridge_->post([this] {
+      closer_.join();
+      bridge_->close([this] { on_closed(); });
+    });
   });
 }
 

@@ -1,22 +1,15 @@
-// The parking console's queue of jobs and its bridge between threads, without a broker.
+// The parking console's queue of jobs, without a broker.
 
-#include <uv.h>
 #include <catch2/catch.hpp>
 
-#include <atomic>
 #include <chrono>
-#include <optional>
-#include <thread>
 
 #include "retryloop/console/detail/jobs.hpp"
-#include "retryloop/console/detail/loop_bridge.hpp"
 
 using namespace retryloop;
 using namespace std::chrono_literals;
 using console::detail::Job;
 using console::detail::JobQueue;
-using console::detail::LoopBridge;
-using console::detail::Reply;
 
 namespace {
 
@@ -84,45 +77,4 @@ TEST_CASE("An action stopped before it started ends as stopped, for the page to 
   CHECK(jobs.waiting_action() == nullptr);
   CHECK(jobs.waiting_scan() != nullptr);
   CHECK(jobs.stop_waiting_action() == nullptr);
-}
-
-TEST_CASE("A request that timed out waiting for the loop is never run; one that ran answers",
-          "[console]") {
-  uv_loop_t loop;
-  uv_loop_init(&loop);
-  std::atomic<int> runs{0};
-  {
-    LoopBridge bridge(&loop);
-    // The loop is busy elsewhere: the wait times out, and the request must then never run.
-    std::optional<Reply> late = bridge.call(
-        [&] {
-          ++runs;
-          return Reply{200, "{}"};
-        },
-        50ms);
-    CHECK_FALSE(late);
-    uv_run(&loop, UV_RUN_NOWAIT);
-    CHECK(runs == 0);
-
-    std::optional<Reply> answered;
-    std::thread caller([&] {
-      answered = bridge.call(
-          [&] {
-            ++runs;
-            return Reply{202, "{}"};
-          },
-          10s);
-    });
-    while (runs == 0)
-      uv_run(&loop, UV_RUN_NOWAIT);
-    caller.join();
-    REQUIRE(answered);
-    CHECK(answered->status == 202);
-    CHECK(runs == 1);
-
-    bridge.close();
-    CHECK_FALSE(bridge.call([] { return Reply{}; }, 10s));
-    uv_run(&loop, UV_RUN_DEFAULT);
-  }
-  CHECK(uv_loop_close(&loop) == 0);
 }

@@ -57,8 +57,9 @@ struct HttpEndpointOptions {
 ///                 stopped; the body says which
 ///
 /// Threads: create(), add(), start() and close() on the loop thread. Requests are served on the
-/// endpoint's own threads, which never touch a consumer: each request asks the loop thread (by
-/// uv_async_send) for a snapshot of the consumers and waits for it up to `loop_timeout`.
+/// endpoint's own threads, which never touch a consumer: each request asks the loop thread
+/// (through a client::LoopBridge) for a snapshot of the consumers and waits for it up to
+/// `loop_timeout`.
 ///
 /// Lifetime: once started it keeps itself and the loop alive until close(); close it when its
 /// consumers have stopped (for example from their stopped handler).

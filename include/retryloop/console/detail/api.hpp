@@ -20,6 +20,13 @@ namespace retryloop::console::detail {
 /// can only after a CORS preflight, which the console refuses.
 inline constexpr const char* token_header = "X-Retryloop-Token";
 
+/// An HTTP answer: status, content type and body.
+struct Reply {
+  int status = 200;
+  std::string body;
+  std::string content_type = "application/json";
+};
+
 /// What the check needs of one HTTP request; absent headers are empty.
 struct RequestFacts {
   std::string method;
