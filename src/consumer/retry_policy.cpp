@@ -134,8 +134,10 @@ Decision decide(const topology::Service& service, const AttemptInfo& info, const
 }
 
 Decision decide(const topology::Service& service, const AttemptInfo& info, const Outcome& outcome) {
-  thread_local std::mt19937_64 engine{std::random_device{}()};
   DecisionContext context;
+  // Only a retry reads the clock and the jitter: acks, the common case, pay for neither.
+  if (outcome.kind != OutcomeKind::retry) return decide(service, info, outcome, context);
+  thread_local std::mt19937_64 engine{std::random_device{}()};
   context.now_seconds = unix_seconds();
   context.random = std::uniform_real_distribution<double>(0.0, 1.0)(engine);
   return decide(service, info, outcome, context);

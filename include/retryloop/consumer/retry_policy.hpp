@@ -66,7 +66,7 @@ struct DecisionContext {
 ///   dead-lettering must not be handed a forged `x-death`. (Its other outcomes apply as usual.)
 Decision decide(const topology::Service& service, const AttemptInfo& info, const Outcome& outcome,
                 const DecisionContext& context);
-/// decide() now, with a random number from this thread's engine.
+/// decide() now, with a random number from this thread's engine (read only for a retry).
 Decision decide(const topology::Service& service, const AttemptInfo& info, const Outcome& outcome);
 
 /// The `delay` a retry is counted under (Metrics::retried_by_delay, the `delay` label of the
