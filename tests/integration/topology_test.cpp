@@ -15,6 +15,7 @@
 #include "retryloop/topology/topology_json.hpp"
 #include "support/harness.hpp"
 #include "support/tcp_proxy.hpp"
+#include "support/topology.hpp"
 
 using namespace retryloop;
 using namespace retryloop::topology;
@@ -35,13 +36,7 @@ std::string service_json(const std::string& name, const std::string& retry,
 }
 
 Topology parse(const std::string& services) {
-  ParseResult result = parse_topology(R"({"services": [)" + services + "]}");
-  std::string messages;
-  for (const auto& m : result.messages())
-    messages += m + "\n";
-  INFO(messages);
-  REQUIRE(result.ok());
-  return *result.topology;
+  return parse_valid_topology(R"({"services": [)" + services + "]}");
 }
 
 using Runner =

@@ -15,6 +15,7 @@
 #include "retryloop/topology/delay_levels.hpp"
 #include "retryloop/topology/plan.hpp"
 #include "retryloop/topology/topology_json.hpp"
+#include "support/topology.hpp"
 
 using namespace retryloop;
 using namespace retryloop::topology;
@@ -27,16 +28,6 @@ std::string service_json(const std::string& name, const std::string& queue,
   return R"({"name": ")" + name + R"(", "queue": ")" + queue + R"(", "queue_type": ")" + type +
          R"(", "input": {"exchange": "shop.in", "type": "topic", "bindings": ["#"]}, "retry": )" +
          retry + "}";
-}
-
-Topology parse_ok(const std::string& text) {
-  ParseResult result = parse_topology(text);
-  std::string messages;
-  for (const auto& m : result.messages())
-    messages += m + "\n";
-  INFO(messages);
-  REQUIRE(result.ok());
-  return *result.topology;
 }
 
 std::string first_error(const std::string& text) {
@@ -165,19 +156,19 @@ struct Broker {
 }  // namespace
 
 TEST_CASE("Delay levels are read as a base with a level count or a maximum", "[delay-levels]") {
-  auto t = parse_ok(R"({"services": [)" + service_json("a", "a", levels_retry) + "]}");
+  auto t = parse_valid_topology(R"({"services": [)" + service_json("a", "a", levels_retry) + "]}");
   const Service& s = t.services[0];
   REQUIRE(s.retry.delay_levels);
   CHECK(s.retry.delay_levels->base == 100ms);
   CHECK(s.retry.delay_levels->levels == 10);
   CHECK(longest_level_delay(s) == 102300ms);
 
-  auto with_max =
-      parse_ok(R"({"services": [)" +
-               service_json("a", "a",
-                            R"({"mode": "republish", "delays": ["1s"], "max_attempts": 5,
+  auto with_max = parse_valid_topology(
+      R"({"services": [)" +
+      service_json("a", "a",
+                   R"({"mode": "republish", "delays": ["1s"], "max_attempts": 5,
                        "max_retry_duration": "2h", "delay_levels": {"base": "1s", "max": "1h"}})") +
-               "]}");
+      "]}");
   const Service& m = with_max.services[0];
   CHECK(m.retry.delay_levels->levels == 12);  // 2^12 - 1 = 4095 s >= 3600 s > 2^11 - 1
   CHECK(longest_level_delay(m) == 1h);
@@ -231,9 +222,9 @@ TEST_CASE("Services with the same base and queue type share one set of delay lev
           "[delay-levels]") {
   const std::string longer = R"({"mode": "republish", "delays": ["1s"], "max_attempts": 5,
                                  "delay_levels": {"base": "100ms", "levels": 14}})";
-  auto t = parse_ok(R"({"services": [)" + service_json("a", "orders", levels_retry) + "," +
-                    service_json("b", "x.orders", longer) + "," +
-                    service_json("c", "c", levels_retry, "quorum") + "]}");
+  auto t = parse_valid_topology(R"({"services": [)" + service_json("a", "orders", levels_retry) +
+                                "," + service_json("b", "x.orders", longer) + "," +
+                                service_json("c", "c", levels_retry, "quorum") + "]}");
   Plan plan = make_plan(t);
   std::map<std::string, int> declared;
   std::map<std::pair<ActionKind, std::string>, int> times;
@@ -280,8 +271,8 @@ TEST_CASE("A retry through the delay levels waits its delay and comes back to it
           "[delay-levels]") {
   const std::string longer = R"({"mode": "republish", "delays": ["1s"], "max_attempts": 5,
                                  "delay_levels": {"base": "100ms", "levels": 14}})";
-  auto t = parse_ok(R"({"services": [)" + service_json("a", "orders", levels_retry) + "," +
-                    service_json("b", "x.orders", longer) + "]}");
+  auto t = parse_valid_topology(R"({"services": [)" + service_json("a", "orders", levels_retry) +
+                                "," + service_json("b", "x.orders", longer) + "]}");
   Broker broker(make_plan(t));
   std::mt19937 random(7);
   for (const Service& s : t.services) {

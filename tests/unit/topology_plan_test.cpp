@@ -13,21 +13,12 @@
 #include "retryloop/topology/definitions.hpp"
 #include "retryloop/topology/plan.hpp"
 #include "retryloop/topology/topology_json.hpp"
+#include "support/topology.hpp"
 
 using namespace retryloop;
 using namespace retryloop::topology;
 
 namespace {
-
-Topology parse(const std::string& text) {
-  ParseResult result = parse_topology(text);
-  std::string messages;
-  for (const auto& m : result.messages())
-    messages += m + "\n";
-  INFO(messages);
-  REQUIRE(result.ok());
-  return *result.topology;
-}
 
 Topology load_valid(const std::string& file) {
   auto path = std::filesystem::path(__FILE__).parent_path().parent_path() / "data" / "topology" /
@@ -83,7 +74,7 @@ using Strings = std::vector<std::string>;
 }  // namespace
 
 TEST_CASE("A classic reject-mode service declares parking, then wait, then input", "[topology]") {
-  Plan plan = make_plan(parse(one(service_json("orders", ""))));
+  Plan plan = make_plan(parse_valid_topology(one(service_json("orders", ""))));
   CHECK(outline(plan) == Strings{
                              "declare_exchange orders.parking",
                              "declare_queue orders.parking",
@@ -121,7 +112,8 @@ TEST_CASE(
     "The wait queue dead-letters through the wait exchange to the service's own queue, not to "
     "the input exchange",
     "[topology]") {
-  Plan plan = make_plan(parse(one(service_json("orders", R"("queue": "orders.v2")"))));
+  Plan plan =
+      make_plan(parse_valid_topology(one(service_json("orders", R"("queue": "orders.v2")"))));
   const Action& wait = find(plan, ActionKind::declare_queue, "orders.wait.30s");
   CHECK(format_value(*wait.arguments.find("x-dead-letter-exchange")) == "orders.wait");
   CHECK(format_value(*wait.arguments.find("x-dead-letter-routing-key")) == "orders.v2");
@@ -145,7 +137,7 @@ TEST_CASE(
     "Republish mode gets one wait queue per distinct delay; the queue's dead-letter key is "
     "the first delay",
     "[topology]") {
-  Plan plan = make_plan(parse(one(service_json(
+  Plan plan = make_plan(parse_valid_topology(one(service_json(
       "orders", "",
       R"("mode": "republish", "delays": ["1s", "10s", "1000ms", "1m"], "max_attempts": 9)"))));
   CHECK(outline(plan) == Strings{
@@ -171,7 +163,7 @@ TEST_CASE(
 }
 
 TEST_CASE("Quorum services get quorum queues with at-least-once dead-lettering", "[topology]") {
-  Plan plan = make_plan(parse(one(service_json(
+  Plan plan = make_plan(parse_valid_topology(one(service_json(
       "orders", R"("queue_type": "quorum", "parking": {"max_length": 100, "ttl": "7d"})",
       R"("mode": "republish", "delays": ["5s", "1m"], "max_attempts": 4)"))));
   CHECK(args(find(plan, ActionKind::declare_queue, "orders").arguments) ==
@@ -193,14 +185,15 @@ TEST_CASE(
     "Queue versions and delivery limits are defaults an existing queue may lack, and the file's "
     "delivery limit is the consumer's, not the queue's",
     "[topology]") {
-  Plan classic = make_plan(parse(one(service_json("orders", ""))));
+  Plan classic = make_plan(parse_valid_topology(one(service_json("orders", ""))));
   for (const auto& a : classic.actions) {
     INFO(describe(a));
     CHECK(a.defaults ==
           (a.kind == ActionKind::declare_queue ? Strings{"x-queue-version"} : Strings{}));
   }
 
-  Plan quorum = make_plan(parse(one(service_json("orders", R"("queue_type": "quorum")"))));
+  Plan quorum =
+      make_plan(parse_valid_topology(one(service_json("orders", R"("queue_type": "quorum")"))));
   CHECK(find(quorum, ActionKind::declare_queue, "orders").defaults == Strings{"x-delivery-limit"});
   CHECK(find(quorum, ActionKind::declare_queue, "orders.parking").defaults ==
         Strings{"x-delivery-limit"});
@@ -208,8 +201,8 @@ TEST_CASE(
   CHECK(find(quorum, ActionKind::declare_queue, "orders.wait.30s")
             .arguments.find("x-delivery-limit") == nullptr);
 
-  Plan explicit_limit = make_plan(
-      parse(one(service_json("orders", R"("queue_type": "quorum", "delivery_limit": 5)"))));
+  Plan explicit_limit = make_plan(parse_valid_topology(
+      one(service_json("orders", R"("queue_type": "quorum", "delivery_limit": 5)"))));
   const Action& q = find(explicit_limit, ActionKind::declare_queue, "orders");
   CHECK(q.defaults == Strings{"x-delivery-limit"});
   CHECK(format_value(*q.arguments.find("x-delivery-limit")) == "1000000");
@@ -219,8 +212,8 @@ TEST_CASE(
     "A quorum service's replicas become every one of its queues' initial group size, a default an "
     "existing queue may lack",
     "[topology]") {
-  Plan plan =
-      make_plan(parse(one(service_json("orders", R"("queue_type": "quorum", "replicas": 3)"))));
+  Plan plan = make_plan(parse_valid_topology(
+      one(service_json("orders", R"("queue_type": "quorum", "replicas": 3)"))));
   size_t queues = 0;
   for (const auto& a : plan.actions) {
     if (a.kind != ActionKind::declare_queue) continue;
@@ -234,18 +227,20 @@ TEST_CASE(
   }
   CHECK(queues == 3);  // input, wait, parking
 
-  Plan without = make_plan(parse(one(service_json("orders", R"("queue_type": "quorum")"))));
+  Plan without =
+      make_plan(parse_valid_topology(one(service_json("orders", R"("queue_type": "quorum")"))));
   for (const auto& a : without.actions) {
     CHECK(a.arguments.find("x-quorum-initial-group-size") == nullptr);
   }
 }
 
 TEST_CASE("Parking limits refuse new messages rather than drop old ones", "[topology]") {
-  Plan plan =
-      make_plan(parse(one(service_json("orders", R"("parking": {"max_length": 1000000})"))));
+  Plan plan = make_plan(
+      parse_valid_topology(one(service_json("orders", R"("parking": {"max_length": 1000000})"))));
   CHECK(args(find(plan, ActionKind::declare_queue, "orders.parking").arguments) ==
         Strings{"x-queue-version=2(l)", "x-max-length=1000000(l)", "x-overflow=reject-publish(S)"});
-  Plan ttl_only = make_plan(parse(one(service_json("orders", R"("parking": {"ttl": "14d"})"))));
+  Plan ttl_only =
+      make_plan(parse_valid_topology(one(service_json("orders", R"("parking": {"ttl": "14d"})"))));
   CHECK(args(find(ttl_only, ActionKind::declare_queue, "orders.parking").arguments) ==
         Strings{"x-queue-version=2(l)", "x-message-ttl=1209600000(l)"});
 }
@@ -330,7 +325,7 @@ TEST_CASE("An exchange with \"declare\": false is only checked for", "[topology]
 }
 
 TEST_CASE("A shared exchange declared by one service and not another is declared", "[topology]") {
-  Topology t = parse(
+  Topology t = parse_valid_topology(
       R"({"services": [)" +
       service_json("a", "", R"("delays": ["1s"], "max_attempts": 2)",
                    R"("exchange": "x", "type": "direct", "declare": false, "bindings": ["a"])") +
@@ -344,9 +339,9 @@ TEST_CASE("A shared exchange declared by one service and not another is declared
 }
 
 TEST_CASE("A fanout input is bound once, without a routing key", "[topology]") {
-  Plan plan =
-      make_plan(parse(one(service_json("mailer", "", R"("delays": ["1m"], "max_attempts": 2)",
-                                       R"("exchange": "notifications", "type": "fanout")"))));
+  Plan plan = make_plan(
+      parse_valid_topology(one(service_json("mailer", "", R"("delays": ["1m"], "max_attempts": 2)",
+                                            R"("exchange": "notifications", "type": "fanout")"))));
   const Action& bind = find(plan, ActionKind::bind_queue, "mailer");
   CHECK(bind.exchange == "notifications");
   CHECK(bind.routing_key.empty());
@@ -355,9 +350,9 @@ TEST_CASE("A fanout input is bound once, without a routing key", "[topology]") {
 }
 
 TEST_CASE("A headers input is bound with x-match and typed header values", "[topology]") {
-  Plan plan = make_plan(
-      parse(one(service_json("payments", "", R"("delays": ["1m"], "max_attempts": 2)",
-                             R"("exchange": "payments.in", "type": "headers", "bindings": [
+  Plan plan = make_plan(parse_valid_topology(
+      one(service_json("payments", "", R"("delays": ["1m"], "max_attempts": 2)",
+                       R"("exchange": "payments.in", "type": "headers", "bindings": [
           {"match": "any", "headers": {"kind": "charge", "version": 2, "urgent": true}},
           {"headers": {"kind": "refund"}}])"))));
   std::vector<const Action*> binds;
@@ -378,7 +373,7 @@ TEST_CASE("A headers input is bound with x-match and typed header values", "[top
 }
 
 TEST_CASE("Actions describe themselves for people", "[topology]") {
-  Plan plan = make_plan(parse(one(service_json("orders", ""))));
+  Plan plan = make_plan(parse_valid_topology(one(service_json("orders", ""))));
   CHECK(describe(plan.actions[0]) == "exchange orders.parking");
   CHECK(describe(plan.actions[1]) == "queue orders.parking");
   CHECK(describe(plan.actions[2]) == "binding orders.parking -> orders.parking");
@@ -388,7 +383,7 @@ TEST_CASE("Actions describe themselves for people", "[topology]") {
 
 TEST_CASE("The delete plan removes queues and derived exchanges, never the input exchange",
           "[topology]") {
-  Plan plan = make_delete_plan(parse(
+  Plan plan = make_delete_plan(parse_valid_topology(
       one(service_json("orders", R"("queue": "orders.v2")",
                        R"("mode": "republish", "delays": ["1s", "1m"], "max_attempts": 3)"))));
   CHECK(outline(plan) == Strings{"delete_queue orders.v2", "delete_queue orders.wait.1s",
@@ -397,7 +392,8 @@ TEST_CASE("The delete plan removes queues and derived exchanges, never the input
 }
 
 TEST_CASE("A delete plan knows which queues are quorum queues", "[topology]") {
-  Plan plan = make_delete_plan(parse(one(service_json("orders", R"("queue_type": "quorum")"))));
+  Plan plan = make_delete_plan(
+      parse_valid_topology(one(service_json("orders", R"("queue_type": "quorum")"))));
   for (const auto& a : plan.actions) {
     INFO(describe(a));
     if (a.kind == ActionKind::delete_queue) {
@@ -407,13 +403,14 @@ TEST_CASE("A delete plan knows which queues are quorum queues", "[topology]") {
       CHECK(a.arguments.empty());
     }
   }
-  Plan classic = make_delete_plan(parse(one(service_json("orders", ""))));
+  Plan classic = make_delete_plan(parse_valid_topology(one(service_json("orders", ""))));
   for (const auto& a : classic.actions)
     CHECK(a.arguments.find("x-queue-type") == nullptr);
 }
 
 TEST_CASE("The plan as JSON lists every action with its arguments", "[topology]") {
-  Plan plan = make_plan(parse(one(service_json("orders", R"("parking": {"max_length": 5})"))));
+  Plan plan = make_plan(
+      parse_valid_topology(one(service_json("orders", R"("parking": {"max_length": 5})"))));
   nlohmann::json j = to_json(plan);
   REQUIRE(j["actions"].size() == plan.actions.size());
   const auto& parking = j["actions"][1];
