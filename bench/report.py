@@ -314,6 +314,18 @@ class Report:
             return [r for r in rows if r["part"] == part and
                     all(r.get(k) == v for k, v in where.items())]
 
+        def grid(part, ops, counts, cell):
+            """A row per queue type and op, a cell per count: cell(row), or – when not run."""
+            body = []
+            for q in types:
+                for op in ops:
+                    line = [q, op]
+                    for n in counts:
+                        hit = by(part, queue_type=q, op=op, count=n)
+                        line.append(cell(hit[0]) if hit else "–")
+                    body.append(line)
+            return body
+
         parking = by("parking")
         if parking:
             counts = sorted({r["count"] for r in parking})
@@ -323,17 +335,9 @@ class Report:
                      "reading all of them (its rate is of reading); the full replay moves the "
                      "rest (its rate is of moving).")
             self.out()
-            body = []
-            for q in types:
-                for op in ["stats", "list 50", "replay 1%", "replay all"]:
-                    line = [q, op]
-                    for n in counts:
-                        hit = by("parking", queue_type=q, op=op, count=n)
-                        line.append(f"{hit[0]['seconds']:.2f} s, {hit[0]['peak_rss_kb'] / 1024:.0f}"
-                                    f" MB" + (f", {hit[0]['rate']:,.0f}/s"
-                                              if op.startswith("replay") else "")
-                                    if hit else "–")
-                    body.append(line)
+            body = grid("parking", ["stats", "list 50", "replay 1%", "replay all"], counts,
+                        lambda r: f"{r['seconds']:.2f} s, {r['peak_rss_kb'] / 1024:.0f} MB" +
+                        (f", {r['rate']:,.0f}/s" if r["op"].startswith("replay") else ""))
             self.table(["queue", "command"] + [f"{n:,} parked" for n in counts], body, left=2)
             for q in types:
                 rss = [r["peak_rss_kb"] for r in by("parking", queue_type=q)]
@@ -382,14 +386,9 @@ class Report:
                      "each), against the local broker: apply creates them, apply again finds "
                      "them all in place; export needs no broker.")
             self.out()
-            body = []
+            body = grid("services", ["apply", "apply again", "verify", "export"], counts,
+                        lambda r: f"{r['seconds']:.2f} s")
             for q in types:
-                for op in ["apply", "apply again", "verify", "export"]:
-                    line = [q, op]
-                    for k in counts:
-                        hit = by("services", queue_type=q, op=op, count=k)
-                        line.append(f"{hit[0]['seconds']:.2f} s" if hit else "–")
-                    body.append(line)
                 apply = {r["count"]: r["seconds"] for r in by("services", queue_type=q,
                                                               op="apply")}
                 if 300 in apply:
@@ -416,6 +415,15 @@ class Report:
                                  f"{r['peak_rss_kb'] / 1024:.1f}"])
             self.table(["queue", "concurrency", "msg/s", "ideal (min(concurrency, prefetch) × "
                         "50)", "of ideal", "peak RSS MB"], body, left=2)
+        part_seconds = self.meta.get("scale_part_seconds")
+        if part_seconds:
+            full_only = {("parking", 1000000), ("wait", 500000)}
+            default = sum(s for key, s in part_seconds.items()
+                          if (key.split()[0], int(key.split()[-1])) not in full_only)
+            self.out(f"**Time.** The curves took {sum(part_seconds.values()):,.0f} s in all; the "
+                     f"points of the default sizes (all but 1,000,000 parked and 500,000 waiting) "
+                     f"took {default:,.0f} s of it.")
+            self.out()
 
     def delays(self):
         rows = self.select("delays")

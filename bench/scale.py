@@ -53,28 +53,6 @@ def measured(command, timeout=3600):
     return seconds, usage.ru_maxrss, "".join(out_chunks)
 
 
-class BrokerMemory:
-    """The broker's peak RSS while the block runs, sampled every 200 ms."""
-
-    def __init__(self, broker):
-        self.broker, self.peak_kb, self.running = broker, 0, False
-
-    def __enter__(self):
-        self.running = True
-
-        def sample():
-            while self.running:
-                self.peak_kb = max(self.peak_kb, self.broker.rss_kb())
-                time.sleep(0.2)
-        self.thread = threading.Thread(target=sample, daemon=True)
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.running = False
-        self.thread.join()
-
-
 def service(name, queue_type, mode="reject", delays=("1s",), parking=None):
     s = {"name": name, "queue_type": queue_type,
          "input": {"exchange": name + ".in", "type": "direct", "bindings": [name]},
@@ -136,7 +114,7 @@ def waiting(bench, queue_type, depth):
                 str(b.RETRY_PREFETCH), "--lateness"]
     bench.broker.wait_quiet()
     rss_before = bench.broker.rss_kb()
-    with BrokerMemory(bench.broker) as memory:
+    with bench.broker as memory:
         process = subprocess.Popen(consumer, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True)
         time.sleep(1.5)
@@ -156,10 +134,10 @@ def waiting(bench, queue_type, depth):
     late = row["late_ms"]
     bench.record({"late_ms": late, "fill_seconds": round(fill_seconds, 2),
                   "broker_rss_before_kb": rss_before, "broker_rss_at_depth_kb": depth_rss,
-                  "broker_peak_rss_kb": memory.peak_kb, "messages": WAIT_NEW_RETRIES},
+                  "broker_peak_rss_kb": memory.peak_rss_kb, "messages": WAIT_NEW_RETRIES},
                  bench="scale", part="wait", queue_type=queue_type, count=depth)
     b.log(f"scale wait {queue_type} {depth:,}: lateness p50 {late['p50']:.1f} ms p99 "
-          f"{late['p99']:.1f} ms, broker RSS {rss_before / 1024:.0f} -> {memory.peak_kb / 1024:.0f}"
+          f"{late['p99']:.1f} ms, broker RSS {rss_before / 1024:.0f} -> {memory.peak_rss_kb / 1024:.0f}"
           f" MB (filled in {fill_seconds:.0f} s)")
     b.run([b.CLI, "topology", "delete", path, "--yes", "--force", "--url", bench.url])
 
@@ -207,12 +185,21 @@ def handlers(bench, queue_type, concurrency):
 def run(bench):
     sizes = b.SCALE_SIZES
     bench.meta["scale"] = sizes
+    # The wall time of each curve's point, so that a full run also tells what the default
+    # sizes cost.
+    part_seconds = bench.meta.setdefault("scale_part_seconds", {})
+
+    def timed(part, queue_type, size, function):
+        t0 = time.time()
+        function(bench, queue_type, size)
+        part_seconds[f"{part} {queue_type} {size}"] = round(time.time() - t0, 1)
+
     for queue_type in b.QUEUE_TYPES:
         for concurrency in sizes["concurrency"]:
-            handlers(bench, queue_type, concurrency)
+            timed("handlers", queue_type, concurrency, handlers)
         for count in sizes["services"]:
-            services(bench, queue_type, count)
+            timed("services", queue_type, count, services)
         for depth in sizes["wait"]:
-            waiting(bench, queue_type, depth)
+            timed("wait", queue_type, depth, waiting)
         for count in sizes["parking"]:
-            parking(bench, queue_type, count)
+            timed("parking", queue_type, count, parking)
