@@ -33,6 +33,17 @@ std::string broker_value(std::string_view text) {
   return std::string(text);
 }
 
+/// A report with every action of the plan `not_run`.
+Report unrun_report(const Plan& plan) {
+  Report report;
+  for (const auto& action : plan.actions) {
+    ActionResult result;
+    result.action = action;
+    report.results.push_back(std::move(result));
+  }
+  return report;
+}
+
 // Ownership as in docs/architecture.md: callbacks hold it weakly, it holds itself until it reports.
 class Runner : public std::enable_shared_from_this<Runner> {
  public:
@@ -42,12 +53,8 @@ class Runner : public std::enable_shared_from_this<Runner> {
         mode_(mode),
         options_(options),
         verify_options_(verify_options),
-        callback_(std::move(callback)) {
-    for (const auto& action : plan.actions) {
-      ActionResult result;
-      result.action = action;
-      report_.results.push_back(std::move(result));
-    }
+        callback_(std::move(callback)),
+        report_(unrun_report(plan)) {
     exists_.assign(plan.actions.size(), false);
   }
 
@@ -489,6 +496,120 @@ Error run(const std::shared_ptr<Connection>& connection, const Plan& plan, Mode 
   return {};
 }
 
+/// How many lanes of a plan are declared at once, each on its own channel. Measured on a 2-core
+/// machine, applying 300 new services took 2.4 s instead of 4.5 on classic queues and 5.2 s
+/// instead of 7.8 on quorum queues (RabbitMQ 4.0; 3.10: 2.2 and 4.5 s instead of 3.5 and 7.5);
+/// eight lanes did no better there, the broker's two cores being the bound.
+constexpr size_t kParallelLanes = 4;
+
+/// Runs a declare plan's parts (split_into_lanes): `first` alone, then up to kParallelLanes lanes
+/// at once, each through a Runner of its own; puts their results back in plan order. Once a part
+/// reports that the connection failed, no other part starts, and the actions no part ran stay
+/// `not_run`.
+class LaneRun : public std::enable_shared_from_this<LaneRun> {
+ public:
+  LaneRun(std::shared_ptr<Connection> connection, const Plan& plan, Mode mode,
+          VerifyOptions verify_options, ReportCallback callback)
+      : connection_(std::move(connection)),
+        plan_(plan),
+        parts_(split_into_lanes(plan)),
+        mode_(mode),
+        verify_options_(verify_options),
+        callback_(std::move(callback)),
+        report_(unrun_report(plan)) {}
+
+  void start() {
+    self_ = shared_from_this();
+    if (parts_.first.empty()) {
+      first_done_ = true;
+    } else {
+      ++active_;
+      run_part(parts_.first);
+    }
+    pump();
+  }
+
+ private:
+  void run_part(const std::vector<size_t>& part) {
+    Plan sub;
+    for (size_t i : part)
+      sub.actions.push_back(plan_.actions[i]);
+    std::weak_ptr<LaneRun> weak = weak_from_this();
+    Error error =
+        run(connection_, sub, mode_, {}, verify_options_, [weak, part](const Report& report) {
+          if (auto self = weak.lock()) self->part_done(part, report);
+        });
+    if (error) {
+      Report failed;
+      failed.connection_error = error;
+      part_done(part, failed);
+    }
+  }
+
+  void part_done(const std::vector<size_t>& part, const Report& report) {
+    for (size_t k = 0; k < part.size() && k < report.results.size(); ++k)
+      report_.results[part[k]] = report.results[k];
+    if (report.connection_error && !report_.connection_error) {
+      report_.connection_error = report.connection_error;
+    }
+    --active_;
+    first_done_ = true;
+    pump();
+  }
+
+  /// Starts lanes while there is room; reports once none runs and none is left to start.
+  /// Re-entrant: a part that reports at once, from inside run(), only asks for another pass.
+  void pump() {
+    if (pumping_) {
+      pump_again_ = true;
+      return;
+    }
+    pumping_ = true;
+    do {
+      pump_again_ = false;
+      while (first_done_ && !report_.connection_error && active_ < kParallelLanes &&
+             next_lane_ < parts_.lanes.size()) {
+        ++active_;
+        run_part(parts_.lanes[next_lane_++]);
+      }
+    } while (pump_again_);
+    pumping_ = false;
+    const bool none_left = report_.connection_error || next_lane_ == parts_.lanes.size();
+    if (active_ == 0 && first_done_ && none_left && !finished_) {
+      finished_ = true;
+      ReportCallback callback = std::move(callback_);
+      std::shared_ptr<LaneRun> keep_alive = std::move(self_);
+      callback(report_);
+    }
+  }
+
+  std::shared_ptr<LaneRun> self_;
+  std::shared_ptr<Connection> connection_;
+  const Plan plan_;
+  const PlanLanes parts_;
+  Mode mode_;
+  VerifyOptions verify_options_;
+  ReportCallback callback_;
+  Report report_;
+  size_t active_ = 0;
+  size_t next_lane_ = 0;
+  bool first_done_ = false;
+  bool pumping_ = false;
+  bool pump_again_ = false;
+  bool finished_ = false;
+};
+
+Error run_in_lanes(const std::shared_ptr<Connection>& connection, const Plan& plan, Mode mode,
+                   VerifyOptions verify_options, ReportCallback callback) {
+  if (!connection || !connection->is_open()) {
+    return Error(client::ClientError::not_open, "the connection is not open");
+  }
+  auto lanes =
+      std::make_shared<LaneRun>(connection, plan, mode, verify_options, std::move(callback));
+  lanes->start();
+  return {};
+}
+
 }  // namespace
 
 const char* to_string(Outcome outcome) {
@@ -575,12 +696,12 @@ size_t Report::count(Outcome outcome) const {
 
 client::Error apply(const std::shared_ptr<client::Connection>& connection, const Plan& plan,
                     ReportCallback callback) {
-  return run(connection, plan, Mode::apply, {}, {}, std::move(callback));
+  return run_in_lanes(connection, plan, Mode::apply, {}, std::move(callback));
 }
 
 client::Error verify(const std::shared_ptr<client::Connection>& connection, const Plan& plan,
                      ReportCallback callback, VerifyOptions options) {
-  return run(connection, plan, Mode::verify, {}, options, std::move(callback));
+  return run_in_lanes(connection, plan, Mode::verify, options, std::move(callback));
 }
 
 client::Error remove(const std::shared_ptr<client::Connection>& connection, const Plan& plan,

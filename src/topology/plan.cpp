@@ -351,6 +351,95 @@ std::string format_value(const amqp::FieldValue& value) {
   return to_json(amqp::FieldTable{{"v", value}})["v"].dump();
 }
 
+namespace {
+
+/// The objects an action names, as "e:NAME" (exchange) or "q:NAME" (queue): the one it declares,
+/// checks or binds first, then those it refers to.
+std::vector<std::string> objects_named(const Action& a) {
+  const bool queue = a.kind == ActionKind::declare_queue || a.kind == ActionKind::bind_queue ||
+                     a.kind == ActionKind::delete_queue;
+  std::vector<std::string> names{(queue ? "q:" : "e:") + a.name};
+  if (a.kind == ActionKind::bind_queue || a.kind == ActionKind::bind_exchange) {
+    names.push_back("e:" + a.exchange);
+  }
+  for (const char* argument : {"x-dead-letter-exchange", "alternate-exchange"}) {
+    const amqp::FieldValue* value = a.arguments.find(argument);
+    if (value == nullptr) continue;
+    auto exchange = value->as_string();
+    if (exchange && !exchange->empty()) names.push_back("e:" + std::string(*exchange));
+  }
+  return names;
+}
+
+bool declares(const Action& a) {
+  return a.kind == ActionKind::declare_exchange || a.kind == ActionKind::declare_queue ||
+         a.kind == ActionKind::check_exchange;
+}
+
+}  // namespace
+
+PlanLanes split_into_lanes(const Plan& plan) {
+  const size_t count = plan.actions.size();
+  std::vector<std::vector<std::string>> names(count);
+  std::map<std::string, size_t> declared_by;
+  for (size_t i = 0; i < count; ++i) {
+    names[i] = objects_named(plan.actions[i]);
+    if (declares(plan.actions[i])) declared_by.emplace(names[i].front(), i);
+  }
+  // Shared objects go first, with every object they refer to, however far down that goes.
+  std::vector<bool> first(count, false);
+  std::vector<size_t> pending;
+  for (size_t i = 0; i < count; ++i) {
+    if (plan.actions[i].services.size() != 1) {
+      first[i] = true;
+      pending.push_back(i);
+    }
+  }
+  while (!pending.empty()) {
+    const size_t i = pending.back();
+    pending.pop_back();
+    for (const auto& name : names[i]) {
+      auto it = declared_by.find(name);
+      if (it != declared_by.end() && !first[it->second]) {
+        first[it->second] = true;
+        pending.push_back(it->second);
+      }
+    }
+  }
+  // The other actions: two that name the same object (other than one declared first) share a
+  // lane. Union-find over actions, by the first action to name each object.
+  std::vector<size_t> parent(count);
+  for (size_t i = 0; i < count; ++i)
+    parent[i] = i;
+  auto root = [&parent](size_t i) {
+    while (parent[i] != i)
+      i = parent[i] = parent[parent[i]];
+    return i;
+  };
+  std::map<std::string, size_t> named_by;
+  for (size_t i = 0; i < count; ++i) {
+    if (first[i]) continue;
+    for (const auto& name : names[i]) {
+      auto declarer = declared_by.find(name);
+      if (declarer != declared_by.end() && first[declarer->second]) continue;
+      auto [it, inserted] = named_by.emplace(name, i);
+      if (!inserted) parent[root(i)] = root(it->second);
+    }
+  }
+  PlanLanes lanes;
+  std::map<size_t, size_t> lane_of_root;
+  for (size_t i = 0; i < count; ++i) {
+    if (first[i]) {
+      lanes.first.push_back(i);
+      continue;
+    }
+    auto [it, inserted] = lane_of_root.emplace(root(i), lanes.lanes.size());
+    if (inserted) lanes.lanes.emplace_back();
+    lanes.lanes[it->second].push_back(i);
+  }
+  return lanes;
+}
+
 std::string describe(const Action& action) {
   switch (action.kind) {
     case ActionKind::declare_exchange:

@@ -307,6 +307,50 @@ TEST_CASE("Applying a topology twice creates it once and then finds it all exist
   test::close(loop, connection);
 }
 
+TEST_CASE(
+    "Twelve services applied on parallel lanes, with shared delay levels, are each created "
+    "once, verify, and route their retries",
+    "[topology][integration]") {
+  TestLoop loop;
+  auto connection = test::connect(loop, test::broker_url());
+  const std::string prefix = test::unique_name("lanes");
+  std::string services;
+  for (int k = 0; k < 12; ++k) {
+    const std::string retry = k % 2 == 0
+                                  ? R"("mode": "republish", "delays": ["1s"], "max_attempts": 5,
+                        "delay_levels": {"base": "100ms", "levels": 4})"
+                                  : R"("delays": ["30s"], "max_attempts": 5)";
+    services += (k == 0 ? "" : ", ") + service_json(prefix + "." + std::to_string(k), retry,
+                                                    k % 3 == 0 ? R"("queue_type": "quorum")" : "");
+  }
+  Topology topology = parse(services);
+  Plan plan = make_plan(topology);
+  REQUIRE(split_into_lanes(plan).lanes.size() == 12);
+
+  Report first = run_apply(loop, connection, plan);
+  INFO(dump(first));
+  CHECK(first.ok());
+  CHECK(first.count(Outcome::created) + first.count(Outcome::existed) == declares(plan));
+  CHECK(first.count(Outcome::bound) >= binds(plan));
+  Report verified = run_verify(loop, connection, plan);
+  INFO(dump(verified));
+  CHECK(verified.ok());
+  CHECK(verified.count(Outcome::matches) == declares(plan));
+
+  // Each service's queue is bound where the plan says: a message to its input exchange arrives.
+  auto channel = test::open_channel(loop, *connection);
+  REQUIRE_FALSE(test::wait(loop, [&](auto done) { return channel->confirm_select(done); }));
+  for (int k : {0, 5, 11}) {
+    const std::string name = prefix + "." + std::to_string(k);
+    test::publish_confirmed(loop, *channel, name + ".in", "key", {}, "hello");
+    CHECK(test::drain_queue(loop, *connection, name).size() == 1);
+  }
+  run_delete(loop, connection, make_delete_plan(topology), {true, true});
+  for (int k = 0; k < 12; ++k)
+    delete_exchange(loop, *connection, prefix + "." + std::to_string(k) + ".in");
+  test::close(loop, connection);
+}
+
 TEST_CASE("Verify passes after apply, creates nothing, and names drifted arguments",
           "[topology][integration]") {
   TestLoop loop;

@@ -501,3 +501,90 @@ TEST_CASE("RabbitMQ's inequivalent-argument text is parsed into argument and val
   CHECK_FALSE(parse_inequivalent_arg(""));
   CHECK_FALSE(parse_inequivalent_arg("inequivalent arg 'x"));
 }
+
+namespace {
+
+/// Checks what split_into_lanes promises: every action in exactly one part, and each action after
+/// the action that declares each object it names, in the same part or in `first`.
+void check_lanes(const Plan& plan, const PlanLanes& lanes) {
+  std::map<std::string, size_t> declared_by;
+  for (size_t i = 0; i < plan.actions.size(); ++i) {
+    const Action& a = plan.actions[i];
+    if (a.kind == ActionKind::declare_queue) declared_by.emplace("q:" + a.name, i);
+    if (a.kind == ActionKind::declare_exchange || a.kind == ActionKind::check_exchange) {
+      declared_by.emplace("e:" + a.name, i);
+    }
+  }
+  std::map<size_t, int> part_of;  // -1: first
+  for (size_t i : lanes.first)
+    CHECK(part_of.emplace(i, -1).second);
+  for (size_t k = 0; k < lanes.lanes.size(); ++k) {
+    CHECK_FALSE(lanes.lanes[k].empty());
+    CHECK(std::is_sorted(lanes.lanes[k].begin(), lanes.lanes[k].end()));
+    for (size_t i : lanes.lanes[k])
+      CHECK(part_of.emplace(i, int(k)).second);
+  }
+  CHECK(std::is_sorted(lanes.first.begin(), lanes.first.end()));
+  REQUIRE(part_of.size() == plan.actions.size());
+  for (size_t i = 0; i < plan.actions.size(); ++i) {
+    const Action& a = plan.actions[i];
+    std::vector<std::string> named;
+    if (a.kind == ActionKind::bind_queue) named = {"q:" + a.name, "e:" + a.exchange};
+    if (a.kind == ActionKind::bind_exchange) named = {"e:" + a.name, "e:" + a.exchange};
+    for (const char* argument : {"x-dead-letter-exchange", "alternate-exchange"}) {
+      if (const amqp::FieldValue* v = a.arguments.find(argument)) {
+        if (!v->as_string()->empty()) named.push_back("e:" + std::string(*v->as_string()));
+      }
+    }
+    for (const auto& name : named) {
+      auto it = declared_by.find(name);
+      if (it == declared_by.end()) continue;
+      INFO(describe(a) << " names " << name);
+      CHECK(it->second < i);
+      const int declarer_part = part_of[it->second];
+      CHECK((declarer_part == -1 || declarer_part == part_of[i]));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Services that share nothing fall into lanes of their own; shared objects go first",
+          "[topology]") {
+  auto own_input = [](const std::string& name) {
+    return R"("exchange": ")" + name + R"(.in", "type": "direct", "bindings": ["k"])";
+  };
+  const std::string retry = R"("mode": "republish", "delays": ["1s", "10s"], "max_attempts": 5)";
+  SECTION("three services with their own input exchanges: three lanes, nothing first") {
+    Plan plan = make_plan(
+        parse_valid_topology(R"({"services": [)" + service_json("a", "", retry, own_input("a")) +
+                             ", " + service_json("b", "", retry, own_input("b")) + ", " +
+                             service_json("c", "", retry, own_input("c")) + "]}"));
+    PlanLanes lanes = split_into_lanes(plan);
+    CHECK(lanes.first.empty());
+    CHECK(lanes.lanes.size() == 3);
+    check_lanes(plan, lanes);
+  }
+  SECTION("a shared input exchange and shared delay levels go first; the services still apart") {
+    const std::string levels = R"("mode": "republish", "delays": ["1s"], "max_attempts": 5,
+        "delay_levels": {"base": "100ms", "levels": 6})";
+    Plan plan = make_plan(parse_valid_topology(
+        R"({"services": [)" + service_json("a", "", levels) + ", " + service_json("b", "", levels) +
+        ", " + service_json("c", "", retry, own_input("c")) + "]}"));
+    PlanLanes lanes = split_into_lanes(plan);
+    std::set<std::string> first;
+    for (size_t i : lanes.first)
+      first.insert(describe(plan.actions[i]));
+    CHECK(first.count("exchange orders.in") == 1);
+    CHECK(first.count("exchange retryloop.delay.100ms.deliver") == 1);
+    CHECK(lanes.lanes.size() == 3);
+    check_lanes(plan, lanes);
+  }
+  SECTION("every plan of the valid examples keeps its order within the parts") {
+    for (const char* file : {"minimal.json", "all_features.json", "longest_names.json"}) {
+      INFO(file);
+      Plan plan = make_plan(load_valid(file));
+      check_lanes(plan, split_into_lanes(plan));
+    }
+  }
+}

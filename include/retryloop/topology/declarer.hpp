@@ -100,7 +100,9 @@ using ReportCallback = std::function<void(const Report&)>;
 
 /// Declares every action of a declare plan. Each exchange and queue is first looked up with a
 /// passive declare (so the report can say `created` or `existed`), then declared with the plan's
-/// arguments; a difference is `drifted`, with the argument named.
+/// arguments; a difference is `drifted`, with the argument named. The plan's lanes
+/// (split_into_lanes) run on up to four channels at once, after the shared objects: every object
+/// is still declared after the objects it names.
 client::Error apply(const std::shared_ptr<client::Connection>& connection, const Plan& plan,
                     ReportCallback callback);
 
@@ -115,7 +117,8 @@ struct VerifyOptions {
 /// declare: a missing one is `missing` and nothing else is sent for it. An existing one is then,
 /// with `compare_arguments`, declared with the plan's arguments: the broker compares them with its
 /// own, so this is a no-op when they are equal and a 406 naming the first differing argument
-/// (`drifted`) when not. Bindings are `not_checked`: AMQP 0-9-1 has no passive bind.
+/// (`drifted`) when not. Bindings are `not_checked`: AMQP 0-9-1 has no passive bind. Lanes run
+/// at once, as in apply.
 ///
 /// The trade-off of comparing by declaring, which is the only way AMQP 0-9-1 offers: (1) an object
 /// that someone deletes between the lookup and the comparing declare (one round trip) is created

@@ -88,6 +88,18 @@ Plan make_plan(const Topology& topology);
 /// them); deleting the input queue removes its binding to the delay levels.
 Plan make_delete_plan(const Topology& topology);
 
+/// A declare plan cut into parts that can run at once, on channels of their own. `first` runs
+/// before the rest: the objects several services share (an input exchange, a set of delay levels)
+/// and whatever those refer to. Then the `lanes` may run concurrently: each holds the actions of
+/// services that share no other object, so that every action still comes after the actions that
+/// declare the objects it names (the exchange and queue of a binding, a dead-letter or alternate
+/// exchange), as in the plan. Each part keeps plan order; every action is in exactly one part.
+struct PlanLanes {
+  std::vector<size_t> first;
+  std::vector<std::vector<size_t>> lanes;
+};
+PlanLanes split_into_lanes(const Plan& plan);
+
 const char* to_string(ActionKind kind);
 const char* to_string(Role role);
 
