@@ -335,7 +335,7 @@ class Report:
                      "reading all of them (its rate is of reading); the full replay moves the "
                      "rest (its rate is of moving).")
             self.out()
-            body = grid("parking", ["stats", "list 50", "replay 1%", "replay all"], counts,
+            body = grid("parking", ["stats", "stats again", "list 50", "replay 1%", "replay all"], counts,
                         lambda r: f"{r['seconds']:.2f} s, {r['peak_rss_kb'] / 1024:.0f} MB" +
                         (f", {r['rate']:,.0f}/s" if r["op"].startswith("replay") else ""))
             self.table(["queue", "command"] + [f"{n:,} parked" for n in counts], body, left=2)
