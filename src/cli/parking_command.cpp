@@ -28,6 +28,7 @@
 #include "retryloop/consumer/headers.hpp"
 #include "retryloop/parking/parked_json.hpp"
 #include "retryloop/parking/parking.hpp"
+#include "retryloop/topology/delay_levels.hpp"
 #include "retryloop/topology/duration.hpp"
 
 namespace retryloop::cli {
@@ -63,6 +64,7 @@ struct ParkingArgs {
   std::vector<std::string> reasons;
   std::string to_queue;
   bool dry_run = false;
+  bool unrouted_retries = false;
   bool yes = false;
   uint16_t window = parking::default_window;
   std::string listen = "127.0.0.1:8080";
@@ -341,7 +343,15 @@ class ProgressReporter {
 
 int run_replay(const ParkingArgs& args) {
   const topology::Service service = load_service(args);
+  if (args.unrouted_retries && !service.retry.delay_levels) {
+    throw Failure(exit_usage, "--unrouted-retries: service " + service.name +
+                                  " has no delay_levels, so no retry of it waits in an unrouted "
+                                  "queue");
+  }
+  const std::string source = args.unrouted_retries ? topology::delay_unrouted_name(service)
+                                                   : topology::parking_queue_name(service.name);
   parking::ReplayOptions options;
+  options.unrouted_retries = args.unrouted_retries;
   options.limit = args.limit;
   options.filter = make_filter(args);
   options.to_queue = args.to_queue;
@@ -367,7 +377,7 @@ int run_replay(const ParkingArgs& args) {
         [connection] { connection->close(); });
     client::Error error = parking::replay(
         connection, service, options,
-        [&args, &service, &target, done, reporter, interrupts,
+        [&args, &service, &source, &target, done, reporter, interrupts,
          printer](const parking::ReplayResult& result) {
           interrupts->close();
           const double seconds = reporter ? reporter->seconds() : 0;
@@ -375,9 +385,9 @@ int run_replay(const ParkingArgs& args) {
           const parking::Progress& p = result.progress;
           if (args.dry_run && !result.error) {
             printer->finish();
-            std::cerr << "dry run: " << plural(p.moved, "message") << " would move from "
-                      << topology::parking_queue_name(service.name) << " to queue " << target
-                      << ", " << p.skipped << " would stay; nothing was moved\n";
+            std::cerr << "dry run: " << plural(p.moved, "message") << " would move from " << source
+                      << " to queue " << target << ", " << p.skipped
+                      << " would stay; nothing was moved\n";
             return done(exit_ok);
           }
           if (result.error && p.scanned == 0) {
@@ -387,9 +397,9 @@ int run_replay(const ParkingArgs& args) {
           if (seconds > 0)
             std::snprintf(rate, sizeof rate, " in %.1f s, %.0f msg/s", seconds,
                           double(p.moved) / seconds);
-          std::cerr << "replay " << topology::parking_queue_name(service.name) << " -> queue "
-                    << target << ": moved " << p.moved << ", skipped " << p.skipped << ", failed "
-                    << p.failed << rate << (result.interrupted ? " (interrupted)" : "") << "\n";
+          std::cerr << "replay " << source << " -> queue " << target << ": moved " << p.moved
+                    << ", skipped " << p.skipped << ", failed " << p.failed << rate
+                    << (result.interrupted ? " (interrupted)" : "") << "\n";
           if (result.error) return done(error_exit(result.error, "parking replay " + service.name));
           if (result.interrupted) return done(exit_interrupted);
           done(p.failed == 0 ? exit_ok : exit_broker_refused);
@@ -626,6 +636,9 @@ void add_parking_commands(CLI::App& app, int& exit_code) {
       ->type_name("QUEUE");
   replay->add_flag("--dry-run", replay_args->dry_run, "List what would move; move nothing");
   replay->add_flag("--json", replay_args->json, "With --dry-run: JSON lines, as list --json");
+  replay->add_flag("--unrouted-retries", replay_args->unrouted_retries,
+                   "Replay the service's retries that found no queue when their delay levels "
+                   "ended (they wait in the levels' unrouted queue), instead of parked messages");
   replay
       ->add_option("--window", replay_args->window,
                    "Copies awaiting confirms at once (default 500)")

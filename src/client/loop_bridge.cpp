@@ -50,7 +50,12 @@ void LoopBridge::on_async(uv_async_t* async) {
   for (auto& task : tasks) {
     {
       std::lock_guard<std::mutex> lock(shared->mutex);
-      if (task->state == Task::State::abandoned || shared->closed) continue;
+      if (task->state == Task::State::abandoned) continue;
+      if (shared->closed) {  // closed by an earlier task of this batch: its caller gets false
+        task->state = Task::State::abandoned;
+        shared->changed.notify_all();
+        continue;
+      }
       task->state = Task::State::started;
     }
     try {

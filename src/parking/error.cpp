@@ -12,6 +12,8 @@ class ParkingCategory : public std::error_category {
     switch (static_cast<ParkingError>(value)) {
       case ParkingError::queue_missing:
         return "queue not found";
+      case ParkingError::no_delay_levels:
+        return "the service has no delay levels";
     }
     return "unknown parking error";
   }

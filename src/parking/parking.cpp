@@ -168,8 +168,8 @@ namespace {
 
 class ReplayRun : public Replay {
  public:
-  ReplayRun(ReplayOptions options, std::string target)
-      : options_(std::move(options)), target_(std::move(target)) {}
+  ReplayRun(ReplayOptions options, std::string target, const topology::Service& service)
+      : options_(std::move(options)), target_(std::move(target)), service_(service) {}
 
   void stop() override {
     stopped_ = true;
@@ -180,7 +180,9 @@ class ReplayRun : public Replay {
   Decision decide(ParkedMessage& parked) {
     Decision decision;
     const bool under_limit = options_.limit == 0 || taken_ < options_.limit;
-    if (!under_limit || !options_.filter.matches(parked, now_)) {
+    const bool ours =
+        !options_.unrouted_retries || topology::is_delay_route_of(service_, parked.routing_key);
+    if (!under_limit || !ours || !options_.filter.matches(parked, now_)) {
       ++skipped_;
       return decision;
     }
@@ -211,6 +213,7 @@ class ReplayRun : public Replay {
 
   ReplayOptions options_;
   std::string target_;
+  topology::Service service_;
   uint64_t now_ = consumer::unix_seconds();
   uint64_t taken_ = 0;
   uint64_t skipped_ = 0;
@@ -229,9 +232,16 @@ Error replay(const std::shared_ptr<client::Connection>& connection,
   if (!connection || !connection->is_open()) return Error(ClientError::not_open);
   std::string target =
       options.to_queue.empty() ? topology::input_queue_name(service) : options.to_queue;
-  auto run = std::make_shared<ReplayRun>(std::move(options), target);
+  if (options.unrouted_retries && !service.retry.delay_levels) {
+    return Error(ParkingError::no_delay_levels,
+                 "service " + service.name +
+                     " has no delay levels, so none of its retries can wait in their unrouted "
+                     "queue");
+  }
+  const std::string parking = options.unrouted_retries ? topology::delay_unrouted_name(service)
+                                                       : topology::parking_queue_name(service.name);
+  auto run = std::make_shared<ReplayRun>(std::move(options), target, service);
   if (handle != nullptr) *handle = run;
-  const std::string parking = topology::parking_queue_name(service.name);
   // The target must exist: a copy to a missing queue would only come back as a return.
   queue_depths(
       connection, {target},

@@ -23,8 +23,8 @@ constexpr uint64_t kTickMs = 250;
 constexpr uint64_t kAckGraceMs = 1000;
 /// After the close, how long to wait for the queue to count the held messages back (a quorum queue
 /// does so only after the close-ok: a read that follows at once saw an empty queue) while the
-/// count does not grow, and how often to look. A large return takes as long as it grows: a
-/// classic queue on RabbitMQ 4.0 counts about 80,000 returned messages a second back.
+/// count does not grow, and how often to look. A large return takes as long as the count grows:
+/// a classic queue on RabbitMQ 4.0 took 24 s to count 990,000 held messages back.
 constexpr uint64_t kReturnsWaitMs = 3000;
 constexpr uint64_t kReturnsPollMs = 50;
 /// Held messages after which the reading moves to a new channel (see Walker).
@@ -206,6 +206,7 @@ void Walker::on_delivery(client::Delivery&& delivery) {
   idle_checks_ = 0;
   if (reading_done_ || reported_) return;  // held: goes back to its place when the channel closes
   ParkedMessage parked = read_parked(std::move(delivery.message), progress_.scanned++);
+  parked.routing_key = std::move(delivery.routing_key);
   Decision decision = visitor_(parked);
   switch (decision.kind) {
     case Decision::Kind::keep:

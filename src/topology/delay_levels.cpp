@@ -108,4 +108,16 @@ DelayRoute delay_route(const Service& service, std::chrono::milliseconds request
   return route;
 }
 
+bool is_delay_route_of(const Service& service, std::string_view routing_key) {
+  if (!service.retry.delay_levels) return false;
+  for (int k = 0; k < service.retry.delay_levels->levels; ++k) {
+    if (routing_key.size() < 2 || (routing_key[0] != '0' && routing_key[0] != '1') ||
+        routing_key[1] != '.') {
+      return false;
+    }
+    routing_key.remove_prefix(2);
+  }
+  return routing_key == input_queue_name(service);
+}
+
 }  // namespace retryloop::topology

@@ -8,11 +8,13 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "retryloop/consumer/consumer.hpp"
+#include "retryloop/parking/error.hpp"
 #include "retryloop/parking/parking.hpp"
 #include "retryloop/topology/declarer.hpp"
 #include "retryloop/topology/delay_levels.hpp"
@@ -207,4 +209,53 @@ TEST_CASE("Apply declares the delay levels and verify finds them matching",
   CHECK(stats->loop_depths.count("retryloop.delay.7ms.04") == 1);
   CHECK(stats->loop_depths.count("retryloop.delay.7ms.unrouted") == 1);
   CHECK(stats->loop_depths.count(topology::input_queue_name(service)) == 1);
+}
+
+TEST_CASE(
+    "Retries that found no queue wait in the levels' unrouted queue, and replay with "
+    "--unrouted-retries sends back only the service's own",
+    "[delay-levels][parking][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  // A base of its own, so that this test alone uses the set and its unrouted queue.
+  const auto service = make_service(test::unique_name("unrouted"), R"("mode": "republish",
+      "delays": ["1s"], "max_attempts": 3, "delay_levels": {"base": "11ms", "levels": 4})");
+  broker.apply(service);
+  const std::string queue = topology::input_queue_name(service);
+  const std::string unrouted = topology::delay_unrouted_name(service);
+  const std::string deliver = topology::delay_delivery_exchange_name(service);
+  // The service's queue is gone when its retries' delays end (a redeploy): they go unrouted, with
+  // a retry of another queue.
+  bool deleted = false;
+  REQUIRE_FALSE(broker.channel->queue_delete(
+      queue, false, false, [&](const client::Error& error, uint32_t) { deleted = !error; }));
+  REQUIRE(loop.run_until([&] { return deleted; }));
+  broker.publish(deliver, topology::delay_route(service, 0ms).routing_key, "mine-1");
+  broker.publish(deliver, "0.0.0.0.other." + queue, "theirs");
+  broker.publish(deliver, topology::delay_route(service, 55ms).routing_key, "mine-2");
+  CHECK(broker.depth(unrouted) == 3);
+
+  broker.apply(service);  // the queue is back
+  std::optional<parking::ReplayResult> result;
+  parking::ReplayOptions options;
+  options.unrouted_retries = true;
+  REQUIRE_FALSE(parking::replay(broker.connection, service, options,
+                                [&](const parking::ReplayResult& r) { result = r; }));
+  REQUIRE(loop.run_until([&] { return result.has_value(); }, 20s));
+  CHECK_FALSE(result->error);
+  CHECK(result->progress.moved == 2);
+  CHECK(result->progress.skipped == 1);
+  auto back = broker.drain(queue);
+  REQUIRE(back.size() == 2);
+  CHECK(back[0].message.properties.message_id == "mine-1");
+  CHECK(back[1].message.properties.message_id == "mine-2");
+  auto left = broker.drain(unrouted);
+  REQUIRE(left.size() == 1);
+  CHECK(left[0].message.properties.message_id == "theirs");
+
+  // A service without delay levels has no such queue: refused before anything is read.
+  const auto plain = make_service(test::unique_name("plain"), R"("delays": ["1s"],
+      "max_attempts": 3)");
+  client::Error refused = parking::replay(broker.connection, plain, options, {});
+  CHECK(refused.code == parking::make_error_code(parking::ParkingError::no_delay_levels));
 }

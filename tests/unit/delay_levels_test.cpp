@@ -291,8 +291,15 @@ TEST_CASE("A retry through the delay levels waits its delay and comes back to it
       CHECK(journey.queue == input_queue_name(s));
       CHECK(journey.waited == route.delay);
       CHECK(journey.hops == route.hops);
+      // An unrouted retry is known for its service's by its routing key, and only for its own.
+      for (const Service& other : t.services)
+        CHECK(is_delay_route_of(other, route.routing_key) == (other.name == s.name));
     }
   }
+  CHECK_FALSE(is_delay_route_of(t.services[0], "0.1.0.1.0.1.0.1.0.orders"));  // a word short
+  CHECK_FALSE(is_delay_route_of(t.services[0], "0.1.0.1.0.1.0.1.0.2.orders"));
+  CHECK_FALSE(is_delay_route_of(t.services[0], "0.1.0.1.0.1.0.1.0.0.x.orders"));
+  CHECK_FALSE(is_delay_route_of(t.services[0], ""));
   // 17 s on a 100 ms base: 170 = 0b10101010, four levels.
   DelayRoute route = delay_route(t.services[0], 17s);
   CHECK(route.routing_key == "0.1.0.1.0.1.0.1.0.0.orders");

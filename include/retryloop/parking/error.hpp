@@ -8,6 +8,7 @@ namespace retryloop::parking {
 /// queue.
 enum class ParkingError {
   queue_missing = 1,  ///< the parking queue, or replay's target queue, does not exist
+  no_delay_levels,    ///< replay of unrouted retries for a service without delay levels
 };
 
 const std::error_category& parking_category() noexcept;

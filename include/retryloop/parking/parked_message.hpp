@@ -37,6 +37,8 @@ struct ParkedMessage {
   std::string original_routing_key;
   /// `retryloop-replays`: times it was replayed before.
   int64_t replays = 0;
+  /// The routing key it was delivered with.
+  std::string routing_key;
 };
 
 /// The reason of a message that the wait exchange's alternate exchange parked: no queue took a

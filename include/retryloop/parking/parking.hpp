@@ -131,6 +131,10 @@ struct ReplayOptions {
   /// With dry_run: when set, each message that would move goes to it as it is read, and
   /// ReplayResult::would_move stays empty (memory that does not grow with the queue).
   MessageHandler on_would_move;
+  /// Read the unrouted queue of the service's delay levels instead of its parking queue, and take
+  /// only this service's retries (topology::is_delay_route_of): those whose input queue did not
+  /// exist when their delay ended. The other services' retries there stay, in order.
+  bool unrouted_retries = false;
 };
 
 struct ReplayResult {

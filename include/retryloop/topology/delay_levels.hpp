@@ -77,4 +77,8 @@ struct DelayRoute {
 /// must have delay levels.
 DelayRoute delay_route(const Service& service, std::chrono::milliseconds requested);
 
+/// True when `routing_key` is the routing key of a retry of this service through its delay
+/// levels (delay_route): one `0` or `1` per level, then the service's input queue.
+bool is_delay_route_of(const Service& service, std::string_view routing_key);
+
 }  // namespace retryloop::topology
