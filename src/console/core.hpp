@@ -11,8 +11,8 @@
 
 #include "retryloop/client/connection.hpp"
 #include "retryloop/console/console.hpp"
-#include "retryloop/console/detail/jobs.hpp"
 #include "retryloop/console/detail/api.hpp"
+#include "retryloop/console/detail/jobs.hpp"
 #include "retryloop/parking/parking.hpp"
 
 namespace retryloop::console::detail {
