@@ -69,46 +69,56 @@ Error Walker::start(const std::shared_ptr<client::Connection>& connection, std::
 }
 
 void Walker::on_channel(std::shared_ptr<client::Channel> channel) {
+  adopt(std::move(channel));
+  look_up([this](const client::QueueInfo& info) {
+    progress_.total = info.message_count;
+    if (info.message_count == 0) {
+      reading_done_ = true;
+      return maybe_done();
+    }
+    start_reading();
+  });
+}
+
+void Walker::adopt(std::shared_ptr<client::Channel> channel) {
   channel_ = std::move(channel);
   std::weak_ptr<Walker> weak = weak_from_this();
   channel_->set_close_handler([weak](const Error& error) {
     if (auto self = weak.lock()) self->fail(error);
   });
+}
+
+void Walker::look_up(std::function<void(const client::QueueInfo& info)> found) {
+  std::weak_ptr<Walker> weak = weak_from_this();
   client::QueueOptions passive;
   passive.passive = true;
   Error error = channel_->queue_declare(
-      queue_, passive, [weak](const Error& error, const client::QueueInfo& info) {
+      queue_, passive,
+      [weak, found = std::move(found)](const Error& error, const client::QueueInfo& info) {
         auto self = weak.lock();
         if (!self || self->reported_) return;
-        if (error) {
-          if (error.reply_code == 404) {
-            return self->fail(Error(
-                ParkingError::queue_missing,
-                "queue " + self->queue_ + " does not exist (run `retryloop topology apply`)"));
-          }
-          return self->fail(error);
+        if (error.reply_code == 404) {
+          return self->fail(
+              Error(ParkingError::queue_missing,
+                    "queue " + self->queue_ + " does not exist (run `retryloop topology apply`)"));
         }
-        self->progress_.total = info.message_count;
-        if (info.message_count == 0) {
-          self->reading_done_ = true;
-          return self->maybe_done();
-        }
-        self->prepare_channel([self = self.get()] { self->consume(); });
+        if (error) return self->fail(error);
+        found(info);  // the walker is alive: `self` holds it
       });
   if (error) fail(error);
 }
 
-void Walker::prepare_channel(std::function<void()> next) {
+void Walker::start_reading() {
   std::weak_ptr<Walker> weak = weak_from_this();
   Error error = channel_->confirm_select([weak](const Error& error) {
     if (auto self = weak.lock(); self && error) self->fail(error);
   });
   if (!error) {
-    error = channel_->qos(window_, [weak, next = std::move(next)](const Error& error) {
+    error = channel_->qos(window_, [weak](const Error& error) {
       auto self = weak.lock();
       if (!self || self->reported_) return;
       if (error) return self->fail(error);
-      next();
+      self->consume();
     });
   }
   if (error) fail(error);
@@ -131,11 +141,8 @@ void Walker::switch_channel() {
         auto self = weak.lock();
         if (!self || self->reported_) return;
         if (error) return self->fail(error);
-        self->channel_ = std::move(channel);
-        self->channel_->set_close_handler([weak](const Error& error) {
-          if (auto self = weak.lock()) self->fail(error);
-        });
-        self->prepare_channel([self = self.get()] { self->consume(); });
+        self->adopt(std::move(channel));
+        self->start_reading();
       });
   if (error) fail(error);
 }
@@ -409,19 +416,11 @@ void Walker::on_tick() {
 
 void Walker::check_idle() {
   checking_idle_ = true;
-  std::weak_ptr<Walker> weak = weak_from_this();
-  client::QueueOptions passive;
-  passive.passive = true;
-  Error error = channel_->queue_declare(
-      queue_, passive, [weak](const Error& error, const client::QueueInfo& info) {
-        auto self = weak.lock();
-        if (!self || self->reported_) return;
-        self->checking_idle_ = false;
-        if (error) return self->fail(error);
-        if (info.message_count == 0 || ++self->idle_checks_ >= 10) return self->finish_reading();
-        self->last_activity_ms_ = uv_now(self->connection_->loop());
-      });
-  if (error) fail(error);
+  look_up([this](const client::QueueInfo& info) {
+    checking_idle_ = false;
+    if (info.message_count == 0 || ++idle_checks_ >= 10) return finish_reading();
+    last_activity_ms_ = uv_now(connection_->loop());
+  });
 }
 
 }  // namespace retryloop::parking::detail

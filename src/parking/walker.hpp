@@ -62,8 +62,12 @@ class Walker : public std::enable_shared_from_this<Walker> {
   Walker(std::shared_ptr<client::Connection> connection, std::string queue, uint16_t window);
 
   void on_channel(std::shared_ptr<client::Channel> channel);
-  /// Confirms and prefetch on a channel that reads, then `next`.
-  void prepare_channel(std::function<void()> next);
+  /// Reads on `channel`: its close ends the walk with the broker's reason.
+  void adopt(std::shared_ptr<client::Channel> channel);
+  /// Passive declare of the queue; `found` runs on a live walker, any error ends the walk.
+  void look_up(std::function<void(const client::QueueInfo& info)> found);
+  /// Confirms and prefetch on the channel, then the consumer.
+  void start_reading();
   /// Starts the next consumer: on a new channel when this one holds enough messages.
   void next_consumer();
   void switch_channel();
