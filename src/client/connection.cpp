@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cctype>
 #include <random>
 #include <vector>
 
@@ -483,7 +484,15 @@ Error ConnectionImpl::on_tune(std::string_view payload) {
   if (tuning_.channel_max == 0) tuning_.channel_max = 65535;
   tuning_.frame_max = negotiate_limit<uint32_t>(frame_max, tune.frame_max);
   if (tuning_.frame_max == 0) tuning_.frame_max = 0xFFFFFFFFu;
-  if (tuning_.frame_max < amqp::kFrameMinSize) tuning_.frame_max = amqp::kFrameMinSize;
+  const uint32_t min_frame_max = broker_min_frame_max(server_properties_);
+  if (tuning_.frame_max < min_frame_max) {
+    if (auto* log = logger(); log && frame_max < min_frame_max) {
+      const auto version = client::broker_version(server_properties_);
+      log->warn("frame_max {} raised to {}: the broker{} accepts no smaller frames", frame_max,
+                min_frame_max, version ? " (RabbitMQ " + version->text() + ")" : std::string());
+    }
+    tuning_.frame_max = min_frame_max;
+  }
   std::optional<uint16_t> heartbeat =
       options_.heartbeat_seconds ? options_.heartbeat_seconds : uri.heartbeat_seconds;
   if (!heartbeat) {
@@ -907,6 +916,48 @@ const Tuning& Connection::tuning() const {
 }
 const amqp::FieldTable& Connection::server_properties() const {
   return attempts_->current->server_properties();
+}
+
+std::optional<BrokerVersion> Connection::broker_version() const {
+  return client::broker_version(server_properties());
+}
+
+std::string BrokerVersion::text() const {
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+}
+
+std::optional<BrokerVersion> broker_version(const amqp::FieldTable& server_properties) {
+  const amqp::FieldValue* value = server_properties.find("version");
+  const std::optional<std::string_view> text = value ? value->as_string() : std::nullopt;
+  if (!text) return std::nullopt;
+  BrokerVersion version;
+  unsigned* parts[] = {&version.major, &version.minor, &version.patch};
+  size_t at = 0;
+  for (size_t part = 0; part < 3; ++part) {
+    const size_t start = at;
+    unsigned number = 0;
+    while (at < text->size() && std::isdigit(static_cast<unsigned char>((*text)[at])) &&
+           at - start < 6) {
+      number = number * 10 + static_cast<unsigned>((*text)[at] - '0');
+      ++at;
+    }
+    if (at == start) {
+      if (part < 2) return std::nullopt;  // MAJOR.MINOR at least
+      break;
+    }
+    *parts[part] = number;
+    if (at >= text->size() || (*text)[at] != '.') {
+      if (part < 1) return std::nullopt;
+      break;
+    }
+    ++at;
+  }
+  return version;
+}
+
+uint32_t broker_min_frame_max(const amqp::FieldTable& server_properties) {
+  const auto version = broker_version(server_properties);
+  return version && version->at_least(4, 1) ? 8192 : amqp::kFrameMinSize;
 }
 const Uri& Connection::uri() const {
   return attempts_->current->uri();

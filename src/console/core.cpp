@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cctype>
 #include <utility>
 
 #include "retryloop/console/detail/api.hpp"
@@ -113,12 +112,8 @@ nlohmann::json optional_json(const std::optional<uint64_t>& value) {
 /// RabbitMQ 4.0 and later give a quorum queue declared without `x-delivery-limit` a limit of
 /// 20; 3.x none. A broker that does not say its version is taken for a later one.
 bool applies_default_delivery_limit(const amqp::FieldTable& server_properties) {
-  const amqp::FieldValue* version = server_properties.find("version");
-  const auto text = version ? version->as_string() : std::nullopt;
-  if (!text || text->empty() || !std::isdigit(static_cast<unsigned char>(text->front()))) {
-    return true;
-  }
-  return std::stoul(std::string(text->substr(0, text->find('.')))) >= 4;
+  const auto version = client::broker_version(server_properties);
+  return !version || version->at_least(4, 0);
 }
 
 /// Why scanning `queue` could drop parked messages, by verify's report on it; empty when it

@@ -242,19 +242,25 @@ Error replay(const std::shared_ptr<client::Connection>& connection,
                                                        : topology::parking_queue_name(service.name);
   auto run = std::make_shared<ReplayRun>(std::move(options), target, service);
   if (handle != nullptr) *handle = run;
-  // The target must exist: a copy to a missing queue would only come back as a return.
-  queue_depths(
-      connection, {target},
+  // The target must exist: a copy to a missing queue would only come back as a return. A
+  // replaying user may hold no permission on it (write on the default exchange is all a replay
+  // needs), and RabbitMQ 4.2.6 and 4.3 refuse such a user's look-up (403): then the first copy's
+  // return says whether it exists, and ends the replay with nothing lost if not.
+  client::look_up_queue(
+      connection, target,
       [connection, run, parking, target, callback = std::move(callback),
-       on_progress = std::move(on_progress)](std::map<std::string, uint32_t> depths) mutable {
+       on_progress = std::move(on_progress)](const Error& look_up,
+                                             const client::QueueInfo&) mutable {
         if (run->stopped_) {  // interrupted before it began
           run->result_.interrupted = true;
           if (callback) callback(run->result_);
           return;
         }
-        if (depths.count(target) == 0) {
-          run->result_.error =
-              Error(ParkingError::queue_missing, "the target queue " + target + " does not exist");
+        if (look_up && look_up.reply_code != 403) {
+          run->result_.error = look_up.reply_code == 404
+                                   ? Error(ParkingError::queue_missing,
+                                           "the target queue " + target + " does not exist")
+                                   : look_up;
           if (callback) callback(run->result_);
           return;
         }

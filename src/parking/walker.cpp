@@ -102,6 +102,16 @@ void Walker::look_up(std::function<void(const client::QueueInfo& info)> found) {
               Error(ParkingError::queue_missing,
                     "queue " + self->queue_ + " does not exist (run `retryloop topology apply`)"));
         }
+        if (error.reply_code == 403) {
+          // RabbitMQ 4.2.6 and 4.3 refuse a passive declare to a user without any permission
+          // on the queue, and name configure, though read is enough.
+          Error refused = error;
+          refused.reply_text +=
+              " (looking the queue up with a passive queue.declare, which "
+              "takes any permission on it: read, which parking reads need, "
+              "is enough)";
+          return self->fail(refused);
+        }
         if (error) return self->fail(error);
         found(info);  // the walker is alive: `self` holds it
       });

@@ -11,6 +11,7 @@ using client::Connection;
 using client::Error;
 using client::QueueInfo;
 
+constexpr uint16_t access_refused = 403;
 constexpr uint16_t not_found = 404;
 constexpr uint16_t precondition_failed = 406;
 constexpr const char* not_set = "(not set)";
@@ -192,6 +193,14 @@ class Runner : public std::enable_shared_from_this<Runner> {
       } else if (error.reply_code == not_found) {
         r.error = error;
         self->found(false);
+      } else if (error.reply_code == access_refused && self->mode_ == Mode::remove) {
+        // RabbitMQ 4.2.6 and 4.3 refuse a passive declare to a user without any permission on
+        // the object, who cannot delete it either: the delete is tried and refused in its turn
+        // (and ends the deletion there, as any refused delete does), so that the objects before
+        // it in the plan are deleted as they are on brokers that let anyone look.
+        self->record_failure(error);
+        self->exists_[self->index_] = true;
+        self->advance();
       } else {
         self->record_failure(error);
         self->advance();
@@ -373,7 +382,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
     auto& results = report_.results;
     bool refuse = false;
     for (auto& r : results) {
-      if (r.outcome == Outcome::failed) refuse = true;
+      if (r.outcome == Outcome::failed && r.error.reply_code != access_refused) refuse = true;
       if (options_.force || r.outcome != Outcome::would_delete) continue;
       if (r.messages.value_or(0) > 0) {
         r.outcome = Outcome::not_empty;

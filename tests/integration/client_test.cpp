@@ -1,7 +1,11 @@
 #include <catch2/catch.hpp>
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -377,14 +381,42 @@ TEST_CASE("Ten thousand pipelined confirmed publishes are all acked, in any grou
   CHECK(loop.drain());
 }
 
-TEST_CASE("A 10 MB message crosses a connection with frame_max 4096 intact",
+TEST_CASE("A frame_max below the broker's minimum is raised to it and the log says so",
+          "[client][integration]") {
+  TestLoop loop;
+  std::ostringstream log_text;
+  ConnectionOptions options;
+  options.uri = parse_uri(test::broker_url() + "?frame_max=4096");
+  options.logger = std::make_shared<spdlog::logger>(
+      "frames", std::make_shared<spdlog::sinks::ostream_sink_st>(log_text));
+  auto connection = test::connect(loop, options);
+  const auto version = connection->broker_version();
+  REQUIRE(version);
+  INFO("RabbitMQ " << version->text() << "; log: " << log_text.str());
+  // RabbitMQ 4.1 and later close a connection whose tune-ok asks for less than 8192.
+  const uint32_t expected = version->at_least(4, 1) ? 8192 : 4096;
+  CHECK(client::broker_min_frame_max(connection->server_properties()) == expected);
+  CHECK(connection->tuning().frame_max == expected);
+  CHECK((log_text.str().find("frame_max 4096 raised to 8192") != std::string::npos) ==
+        (expected == 8192));
+  if (test::broker_version() == "4.3") CHECK(expected == 8192);
+  // The connection works: the broker took the raised value.
+  auto channel = test::open_channel(loop, *connection);
+  std::string queue = test::unique_name("raised");
+  test::declare_queue(loop, *channel, queue);
+  REQUIRE_FALSE(channel->queue_delete(queue, false, false, {}));
+  test::close(loop, connection);
+  CHECK(loop.drain());
+}
+
+TEST_CASE("A 10 MB message crosses a connection with frame_max 8192 intact",
           "[client][integration]") {
   TestLoop loop;
   ConnectionOptions options;
   options.uri = parse_uri(test::broker_url());
-  options.frame_max = 4096;
+  options.frame_max = 8192;  // the smallest that every RabbitMQ lane accepts
   auto connection = test::connect(loop, options);
-  CHECK(connection->tuning().frame_max == 4096);
+  CHECK(connection->tuning().frame_max == 8192);
   auto channel = test::open_channel(loop, *connection);
   std::string queue = test::unique_name("big");
   test::declare_queue(loop, *channel, queue);
@@ -406,11 +438,11 @@ TEST_CASE("A 10 MB message crosses a connection with frame_max 4096 intact",
   // and the connection, which the broker would have closed, stays usable.
   amqp::BasicProperties big = persistent();
   big.headers = amqp::FieldTable{};
-  big.headers->append("padding", std::string(5000, 'p'));
+  big.headers->append("padding", std::string(9000, 'p'));
   Error error =
       channel->publish("", queue, big, "body", Mandatory::no, [](const PublishOutcome&) {});
   CHECK(error.code == make_error_code(ClientError::properties_too_large));
-  CHECK(error.message().find("over the frame_max of 4096") != std::string::npos);
+  CHECK(error.message().find("over the frame_max of 8192") != std::string::npos);
   REQUIRE(publish_and_wait(loop, *channel, "", queue, "after").ok());
   CHECK(get_one(loop, *channel, queue)->message.body == "after");
   REQUIRE_FALSE(channel->queue_delete(queue, false, false, {}));
@@ -805,9 +837,9 @@ TEST_CASE("Deliveries whose header frame RabbitMQ makes larger than frame_max ar
 
   SECTION("a consumer that agreed on a smaller frame_max gets another client's frame") {
     ConnectionOptions options;
-    options.uri = parse_uri(test::broker_url() + "?frame_max=4096");
+    options.uri = parse_uri(test::broker_url() + "?frame_max=8192");
     auto small = test::connect(loop, options);
-    REQUIRE(small->tuning().frame_max == 4096);
+    REQUIRE(small->tuning().frame_max == 8192);
     auto small_channel = test::open_channel(loop, *small);
     auto got = get_one(loop, *small_channel, classic);
     REQUIRE(got);
@@ -817,12 +849,14 @@ TEST_CASE("Deliveries whose header frame RabbitMQ makes larger than frame_max ar
     test::close(loop, small);
   }
 
-  SECTION("a quorum queue's redelivery carries x-delivery-count past frame_max") {
+  SECTION("a quorum queue's redelivery after a reject carries x-delivery-count past frame_max") {
+    // A requeueing reject is a failed delivery on every version; RabbitMQ 4.3 counts only those
+    // in x-delivery-count (a requeueing nack only in x-acquired-count).
     auto consumer = test::connect(loop, test::broker_url());
     auto consumer_channel = test::open_channel(loop, *consumer);
     auto first = get_one(loop, *consumer_channel, quorum, false);
     REQUIRE(first);
-    REQUIRE_FALSE(consumer_channel->nack(first->delivery_tag, false, true));
+    REQUIRE_FALSE(consumer_channel->reject(first->delivery_tag, true));
     auto again = get_one(loop, *consumer_channel, quorum);
     REQUIRE(again);
     std::string frame;

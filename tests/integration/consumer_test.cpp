@@ -664,11 +664,11 @@ connection.close()
 
 namespace {
 
-/// A consumer of `service` whose connections agree on frame_max 4096, so that copies of
-/// ordinary messages can pass the limit.
+/// A consumer of `service` whose connections agree on frame_max 8192 (the smallest that every
+/// RabbitMQ lane accepts), so that copies of ordinary messages can pass the limit.
 consumer::ConsumerOptions small_frames(const topology::Service& service) {
   consumer::ConsumerOptions options = options_for(service);
-  options.connection.uri = client::parse_uri(test::broker_url() + "?frame_max=4096");
+  options.connection.uri = client::parse_uri(test::broker_url() + "?frame_max=8192");
   return options;
 }
 
@@ -690,7 +690,7 @@ TEST_CASE("A parking copy over frame_max is parked with retryloop-error shortene
   const std::string why(4000, 'e');
   auto c = start(loop, small_frames(service),
                  [&](const consumer::Message&) { return Outcome::permanent(why); });
-  broker.publish(service.input.exchange, "key", "m-fit", "body", with_padding(2000));
+  broker.publish(service.input.exchange, "key", "m-fit", "body", with_padding(6000));
   REQUIRE(loop.run_until([&] { return c->metrics().parked_permanent == 1; }, 20s));
   const auto metrics = c->metrics();
   stop(loop, c);
@@ -702,7 +702,7 @@ TEST_CASE("A parking copy over frame_max is parked with retryloop-error shortene
   CHECK(error.size() < why.size());
   CHECK(error.size() > 0);
   CHECK(why.compare(0, error.size(), error) == 0);
-  CHECK(header_string(parked[0], "padding") == std::string(2000, 'p'));
+  CHECK(header_string(parked[0], "padding") == std::string(6000, 'p'));
   CHECK(parked[0].message.body == "body");
   CHECK(broker.depth(topology::input_queue_name(service)) == 0);
 }
@@ -720,9 +720,9 @@ TEST_CASE(
     recorder.add(m);
     return m.message_id() == "m-retry" ? Outcome::retry("later") : Outcome::permanent("never");
   });
-  // Headers of 6000 bytes: within the publisher's frame_max, over the consumer's.
-  broker.publish(service.input.exchange, "key", "m-retry", "body-1", with_padding(6000));
-  broker.publish(service.input.exchange, "key", "m-park", "body-2", with_padding(6000));
+  // Headers of 10000 bytes: within the publisher's frame_max, over the consumer's.
+  broker.publish(service.input.exchange, "key", "m-retry", "body-1", with_padding(10000));
+  broker.publish(service.input.exchange, "key", "m-park", "body-2", with_padding(10000));
   broker.publish(service.input.exchange, "key", "m-after", "body-3");
   REQUIRE(loop.run_until(
       [&] { return c->metrics().parked_exhausted == 1 && c->metrics().parked_permanent == 2; },
@@ -764,7 +764,7 @@ TEST_CASE("In reject mode a parking copy that cannot fit frame_max is parked wit
                                     R"("mode": "reject", "delays": ["1s"], "max_attempts": 3)");
   auto c = start(loop, small_frames(service),
                  [&](const consumer::Message&) { return Outcome::permanent("never"); });
-  amqp::BasicProperties properties = with_padding(6000);
+  amqp::BasicProperties properties = with_padding(10000);
   properties.correlation_id = "corr-1";
   broker.publish(service.input.exchange, "key", "m-bare", "body", properties);
   REQUIRE(loop.run_until([&] { return c->metrics().parked_permanent == 1; }, 20s));

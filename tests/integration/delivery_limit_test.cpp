@@ -1,14 +1,17 @@
-// Quorum queues count every delivery that goes back unsettled, and from RabbitMQ 4.0 on they
-// dead-letter (or, without a dead-letter exchange, drop) a message past a delivery limit of 20 by
-// default. These tests hold on both broker lanes: reading parked messages never costs one, and a
-// message that keeps coming back unsettled ends in parking with its own reason.
+// Quorum queues count the deliveries that go back unsettled (RabbitMQ 4.3: only the failed ones,
+// not requeueing nacks), and from RabbitMQ 4.0 on they dead-letter (or, without a dead-letter
+// exchange, drop) a message past a delivery limit of 20 by default. These tests hold on every
+// broker lane: reading parked messages never costs one, and a message whose consumer keeps dying
+// with it ends in parking with its own reason.
 
 #include <catch2/catch.hpp>
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "retryloop/consumer/consumer.hpp"
+#include "retryloop/consumer/headers.hpp"
 #include "retryloop/parking/parking.hpp"
 #include "retryloop/topology/declarer.hpp"
 #include "retryloop/topology/plan.hpp"
@@ -159,18 +162,21 @@ TEST_CASE(
   CHECK(s.depth(s.queue()) == 1);
 }
 
-TEST_CASE(
-    "A message handed back unsettled as often as the service's delivery limit is parked as "
-    "delivery_limit without running its handler, and the broker never dead-letters it",
-    "[retry][integration]") {
-  TestLoop loop;
-  QuorumService s(loop, R"(, "delivery_limit": 2)");
-  s.publish(s.service.input.exchange, "key", "crashes-its-consumer");
+namespace {
 
-  // Consumers that die with the message: each gets it and gives it back.
-  auto taker = test::open_channel(loop, *s.broker.connection);
+/// How a consumer gives a message back without settling it.
+enum class HandBack {
+  crash,  // its channel closes while it holds the message, as when the process dies
+  nack,   // basic.nack with requeue, as a graceful stop hands back what it has not started
+};
+
+/// Takes the message at the head of `s`'s queue `times` times and hands it back each time;
+/// returns how often there was one to take.
+int hand_back(QuorumService& s, HandBack how, int times) {
   int handed_back = 0;
-  for (int i = 0; i < 2; ++i) {
+  std::shared_ptr<client::Channel> taker;
+  for (int i = 0; i < times; ++i) {
+    if (!taker || !taker->is_open()) taker = test::open_channel(s.loop, *s.broker.connection);
     bool got = false;
     std::optional<client::GetResult> result;
     REQUIRE_FALSE(taker->get(s.queue(), false, [&](const Error& error, auto&& r) {
@@ -178,12 +184,31 @@ TEST_CASE(
       result = std::move(r);
       got = true;
     }));
-    REQUIRE(loop.run_until([&] { return got; }));
+    REQUIRE(s.loop.run_until([&] { return got; }));
     if (!result) break;
-    REQUIRE_FALSE(taker->nack(result->delivery_tag, false, true));
+    if (how == HandBack::nack) {
+      REQUIRE_FALSE(taker->nack(result->delivery_tag, false, true));
+    } else {
+      bool closed = false;
+      REQUIRE_FALSE(taker->close([&](const Error&) { closed = true; }));
+      REQUIRE(s.loop.run_until([&] { return closed; }));
+    }
+    s.wait_depth(s.queue(), 1);
     ++handed_back;
   }
-  CHECK(handed_back == 2);
+  return handed_back;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "A message whose consumer died with it as often as the service's delivery limit is parked as "
+    "delivery_limit without running its handler, and the broker never dead-letters it",
+    "[retry][integration]") {
+  TestLoop loop;
+  QuorumService s(loop, R"(, "delivery_limit": 2)");
+  s.publish(s.service.input.exchange, "key", "crashes-its-consumer");
+  CHECK(hand_back(s, HandBack::crash, 2) == 2);
 
   consumer::ConsumerOptions options;
   options.service = s.service;
@@ -210,5 +235,59 @@ TEST_CASE(
   REQUIRE(messages.size() == 1);
   CHECK(messages[0].message_id == "crashes-its-consumer");
   CHECK(messages[0].reason == "delivery_limit");
+  CHECK(messages[0].error.find("delivered 2 times") != std::string::npos);
+  CHECK(s.depth(s.queue()) == 0);
+}
+
+TEST_CASE(
+    "Requeueing nacks count toward the delivery limit before RabbitMQ 4.3 only, which counts them "
+    "in x-acquired-count",
+    "[retry][integration]") {
+  TestLoop loop;
+  QuorumService s(loop, R"(, "delivery_limit": 2)");
+  s.publish(s.service.input.exchange, "key", "handed-back");
+  CHECK(hand_back(s, HandBack::nack, 2) == 2);
+
+  // What the broker tells the third delivery.
+  auto channel = test::open_channel(loop, *s.broker.connection);
+  bool got = false;
+  std::optional<client::GetResult> result;
+  REQUIRE_FALSE(channel->get(s.queue(), false, [&](const Error& error, auto&& r) {
+    CHECK_FALSE(error);
+    result = std::move(r);
+    got = true;
+  }));
+  REQUIRE(loop.run_until([&] { return got; }));
+  REQUIRE(result);
+  const consumer::AttemptInfo info =
+      consumer::read_attempt_info(result->message.properties, s.queue(), "", "");
+  const bool counts_nacks = test::broker_version() != "4.3";
+  CHECK(info.delivery_count == (counts_nacks ? 2 : 0));
+  const amqp::FieldValue* acquired =
+      result->message.properties.headers
+          ? result->message.properties.headers->find("x-acquired-count")
+          : nullptr;
+  CHECK((acquired != nullptr) == !counts_nacks);
+  if (acquired) CHECK(acquired->as_int64() == 2);
+  REQUIRE_FALSE(channel->nack(result->delivery_tag, false, true));
+  s.wait_depth(s.queue(), 1);
+
+  consumer::ConsumerOptions options;
+  options.service = s.service;
+  options.connection.uri = client::parse_uri(test::broker_url());
+  options.handler_on_loop = true;
+  int handled = 0;
+  auto c = consumer::Consumer::create(loop.get(), options, [&](const consumer::Message&) {
+    ++handled;
+    return consumer::Outcome::ack();
+  });
+  REQUIRE_FALSE(c->start());
+  REQUIRE(loop.run_until([&] { return c->metrics().acked + c->metrics().parked() == 1; }, 20s));
+  CHECK(c->metrics().parked_delivery_limit == (counts_nacks ? 1 : 0));
+  CHECK(handled == (counts_nacks ? 0 : 1));
+  bool stopped = false;
+  c->set_stopped_handler([&](const Error&) { stopped = true; });
+  c->stop(5s);
+  REQUIRE(loop.run_until([&] { return stopped; }));
   CHECK(s.depth(s.queue()) == 0);
 }

@@ -259,6 +259,40 @@ TEST_CASE("No plan ever sets x-expires or drop-head, and integers are always int
   }
 }
 
+TEST_CASE(
+    "No plan needs what RabbitMQ 4.3 refuses: transient queues, x-queue-mode, classic queue "
+    "version 1",
+    "[topology]") {
+  // RabbitMQ 4.3 refuses transient non-exclusive queues, x-queue-mode and x-queue-version 1 (and
+  // global QoS, which Channel::qos cannot send). Every valid example and every shipped topology
+  // file, so that a new option cannot bring one back unnoticed.
+  std::vector<std::filesystem::path> files;
+  const auto root = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
+  for (const auto& dir : {root / "tests" / "data" / "topology" / "valid", root / "topology"}) {
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+      if (entry.path().extension() == ".json") files.push_back(entry.path());
+    }
+  }
+  REQUIRE(files.size() >= 8);
+  size_t objects = 0;
+  for (const auto& file : files) {
+    INFO(file.filename().string());
+    ParseResult result = load_topology(file.string());
+    REQUIRE(result.ok());
+    for (const auto& a : make_plan(*result.topology).actions) {
+      if (a.kind != ActionKind::declare_queue && a.kind != ActionKind::declare_exchange) continue;
+      INFO(describe(a));
+      ++objects;
+      CHECK(a.durable);
+      CHECK(a.arguments.find("x-queue-mode") == nullptr);
+      if (const auto* version = a.arguments.find("x-queue-version")) {
+        CHECK(version->as_int64() == 2);
+      }
+    }
+  }
+  CHECK(objects > 50);
+}
+
 TEST_CASE("Every exchange a plan refers to is declared (or checked) before it is used",
           "[topology]") {
   for (const char* file : {"all_features.json", "minimal.json", "unicode_names.json"}) {

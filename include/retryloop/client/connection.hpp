@@ -39,6 +39,27 @@ struct TlsOptions {
   std::optional<std::string> server_name;
 };
 
+/// A RabbitMQ release, as its `connection.start` names it in the server property `version`.
+struct BrokerVersion {
+  unsigned major = 0;
+  unsigned minor = 0;
+  unsigned patch = 0;
+
+  /// Whether this release is `major.minor` or later.
+  bool at_least(unsigned major_, unsigned minor_) const {
+    return major != major_ ? major > major_ : minor >= minor_;
+  }
+  std::string text() const;
+};
+
+/// The version the broker announced in its server properties; nullopt when it names none, or a
+/// text that does not start with `MAJOR.MINOR`.
+std::optional<BrokerVersion> broker_version(const amqp::FieldTable& server_properties);
+
+/// The smallest frame_max the broker accepts in `connection.tune-ok`: 8192 for RabbitMQ 4.1 and
+/// later (a smaller one closes the connection during the handshake), else the protocol's 4096.
+uint32_t broker_min_frame_max(const amqp::FieldTable& server_properties);
+
 struct ConnectionOptions {
   Uri uri;
   /// Used when `uri.tls` is set (amqps://).
@@ -46,7 +67,8 @@ struct ConnectionOptions {
   /// Heartbeat to ask for, in seconds; 0 turns heartbeats off. Unset: the URI's `heartbeat`, or
   /// else whatever the broker proposes (RabbitMQ: 60).
   std::optional<uint16_t> heartbeat_seconds;
-  /// Largest frame to ask for (the broker may lower it); 0: the URI's value or 131072.
+  /// Largest frame to ask for (the broker may lower it); 0: the URI's value or 131072. A value
+  /// below the broker's minimum (broker_min_frame_max) is raised to it, with a warning in the log.
   uint32_t frame_max = 0;
   /// Most channels to ask for; 0: the URI's value or 2047.
   uint16_t channel_max = 0;
@@ -128,6 +150,8 @@ class Connection {
   bool is_blocked() const;
   const Tuning& tuning() const;
   const amqp::FieldTable& server_properties() const;
+  /// The broker's version, from server_properties().
+  std::optional<BrokerVersion> broker_version() const;
   /// The URI of the host this connection is on (or tried last): the options' URI with that one
   /// host.
   const Uri& uri() const;
