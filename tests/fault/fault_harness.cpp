@@ -742,9 +742,8 @@ void set_up(Probe& probe, const std::vector<std::unique_ptr<Lane>>& lanes) {
 }
 
 bool wait_quiet(TestLoop& loop, Probe& probe, const std::vector<QuietCheck>& checks,
-                std::chrono::milliseconds timeout) {
-  // Gives up early once nothing has moved for this long while every loop looks empty.
-  constexpr auto stable_limit = 8s;
+                std::chrono::milliseconds timeout, std::chrono::milliseconds stable_limit) {
+  // Gives up early once nothing has moved for `stable_limit` while every loop looks empty.
   std::string last_signature;
   auto last_change = Clock::now();
   bool complete = false;
@@ -789,7 +788,8 @@ bool wait_quiet(TestLoop& loop, Probe& probe, const std::vector<QuietCheck>& che
           return true;
         }
         if (all_empty && Clock::now() - last_change >= stable_limit) {
-          WARN("the loops are empty but incomplete, and nothing moved for 8 s: " << signature);
+          WARN("the loops are empty but incomplete, and nothing moved for "
+               << stable_limit.count() / 1000 << " s: " << signature);
           return true;
         }
         return false;
@@ -1092,7 +1092,7 @@ void InProcessRun::check_mid_stream() {
   }
 }
 
-bool InProcessRun::wait_quiet(std::chrono::milliseconds timeout) {
+bool InProcessRun::wait_quiet(std::chrono::milliseconds timeout, std::chrono::milliseconds stable) {
   std::vector<QuietCheck> checks;
   for (size_t i = 0; i < lanes.size(); ++i) {
     LaneConsumer* c = consumers[i].get();
@@ -1100,7 +1100,7 @@ bool InProcessRun::wait_quiet(std::chrono::milliseconds timeout) {
     checks.push_back(
         {lanes[i].get(), [c] { return c->idle(); }, [ledger] { return ledger->acks(); }});
   }
-  return retryloop::test::fault::wait_quiet(loop, probe, checks, timeout);
+  return retryloop::test::fault::wait_quiet(loop, probe, checks, timeout, stable);
 }
 
 bool InProcessRun::wait_quiet_after_restart(const std::string& fault) {

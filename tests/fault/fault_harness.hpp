@@ -285,15 +285,16 @@ void set_up(Probe& probe, const std::vector<std::unique_ptr<Lane>>& lanes);
 /// Whether a lane's loop is quiet: its input and wait queues are empty (a deleted wait queue
 /// counts as empty), `idle` holds, and the outcomes the script predicts are all in (every
 /// predicted ack seen, at least the predicted number parked). When a fault has lost messages the
-/// last condition never holds: then the loop counts as quiet once nothing has changed for a
-/// while, and the classification shows what is missing.
+/// last condition never holds: then the loop counts as quiet once nothing has changed for
+/// `stable` (longer where the broker is known to hold messages back for a while), and the
+/// classification shows what is missing.
 struct QuietCheck {
   Lane* lane;
   std::function<bool()> idle;
   std::function<std::multiset<std::string>()> acks;
 };
 bool wait_quiet(TestLoop& loop, Probe& probe, const std::vector<QuietCheck>& checks,
-                std::chrono::milliseconds timeout = 120s);
+                std::chrono::milliseconds timeout = 120s, std::chrono::milliseconds stable = 8s);
 
 /// The counts of one lane's run.
 struct Tally {
@@ -369,7 +370,7 @@ struct InProcessRun {
   void wait_flowing(double fraction);
   /// Checks that the fault has hit every lane mid-stream: some messages are not yet done.
   void check_mid_stream();
-  bool wait_quiet(std::chrono::milliseconds timeout = 120s);
+  bool wait_quiet(std::chrono::milliseconds timeout = 120s, std::chrono::milliseconds stable = 8s);
   /// After a broker restart: waits until every consumer consumes again and the loops are quiet.
   /// When RabbitMQ has restarted a quorum queue without a leader (a broker bug), it gets an
   /// election by hand, as an operator would do, and a note under the table says so.
