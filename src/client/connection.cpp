@@ -959,6 +959,7 @@ uint32_t broker_min_frame_max(const amqp::FieldTable& server_properties) {
   const auto version = broker_version(server_properties);
   return version && version->at_least(4, 1) ? 8192 : amqp::kFrameMinSize;
 }
+
 const Uri& Connection::uri() const {
   return attempts_->current->uri();
 }

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "retryloop/client/connection.hpp"
 #include "retryloop/client/uri.hpp"
 
 using retryloop::client::Endpoint;
@@ -105,4 +106,40 @@ TEST_CASE("After losing a host, the URI for reconnecting tries it last", "[clien
   CHECK(uri.with_last(Endpoint{"elsewhere", 1}).hosts() == uri.hosts());
   Uri one = uri.with_only(Endpoint{"h2", 2});
   CHECK(one.hosts() == std::vector<Endpoint>{{"h2", 2}});
+}
+
+TEST_CASE("The broker's version is read from its server properties, and sets the least frame_max",
+          "[client]") {
+  using retryloop::client::broker_min_frame_max;
+  using retryloop::client::broker_version;
+  auto properties = [](const std::string& version) {
+    retryloop::amqp::FieldTable table;
+    table.append("product", std::string("RabbitMQ"));
+    table.append("version", version);
+    return table;
+  };
+  const auto v436 = broker_version(properties("4.3.6"));
+  REQUIRE(v436);
+  CHECK(v436->major == 4);
+  CHECK(v436->minor == 3);
+  CHECK(v436->patch == 6);
+  CHECK(v436->text() == "4.3.6");
+  CHECK(v436->at_least(4, 1));
+  CHECK(v436->at_least(4, 3));
+  CHECK_FALSE(v436->at_least(4, 4));
+  CHECK_FALSE(v436->at_least(5, 0));
+  CHECK(broker_version(properties("3.10.8"))->at_least(3, 9));
+  CHECK_FALSE(broker_version(properties("3.10.8"))->at_least(4, 0));
+  CHECK(broker_version(properties("4.1"))->text() == "4.1.0");
+  CHECK(broker_version(properties("4.2.0-rc.1"))->text() == "4.2.0");
+  CHECK_FALSE(broker_version(properties("")));
+  CHECK_FALSE(broker_version(properties("4")));
+  CHECK_FALSE(broker_version(properties("main")));
+  CHECK_FALSE(broker_version(retryloop::amqp::FieldTable{}));
+
+  CHECK(broker_min_frame_max(properties("3.10.8")) == 4096);
+  CHECK(broker_min_frame_max(properties("4.0.5")) == 4096);
+  CHECK(broker_min_frame_max(properties("4.1.0")) == 8192);
+  CHECK(broker_min_frame_max(properties("4.3.6")) == 8192);
+  CHECK(broker_min_frame_max(retryloop::amqp::FieldTable{}) == 4096);
 }
