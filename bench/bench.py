@@ -85,6 +85,10 @@ SCALE_SIZES = {
 }
 PREFETCHES = [int(x) for x in env_list("BENCH_PREFETCH", ["1", "10", "100", "300"])]
 QUEUE_TYPES = env_list("BENCH_QUEUE_TYPES", ["classic", "quorum"])
+# RabbitMQ 4.3's delayed retry for quorum queues (x-delayed-retry-*) is measured beside the wait
+# queues where the broker has it.
+RABBITMQ = os.environ.get("RETRYLOOP_TEST_RABBITMQ", "3.10")
+DELAYED_RETRY = tuple(int(p) for p in RABBITMQ.split(".")[:2]) >= (4, 3)
 BENCHMARKS = env_list("BENCH_ONLY", ALL_BENCHMARKS)
 CLIENTS = env_list("BENCH_CLIENTS", ALL_CLIENTS)
 RETRY_PREFETCH = 200
@@ -418,14 +422,29 @@ class Bench:
         for queue in (name, name + ".dead"):
             self.tool("reset", "--queue", queue, "--delete-only")
 
+    def delayed_command(self, name, count, fail, *extra):
+        return [PYTHON, os.path.join(HERE, "peers", "pika_bench.py"), "delayed", self.url, name,
+                str(count), str(fail), str(RETRY_PREFETCH), *extra]
+
+    def delayed_setup(self, name, min_ms):
+        run([PYTHON, os.path.join(HERE, "peers", "pika_bench.py"), "delayed-setup", self.url,
+             name, str(min_ms)])
+
     def retry(self):
         count, fail = SIZES["retry"], 2
-        contenders = ["seed-pika", "retryloop-reject", "retryloop-republish"]
         for queue_type in QUEUE_TYPES:
+            contenders = ["seed-pika", "retryloop-reject", "retryloop-republish"]
+            if DELAYED_RETRY and queue_type == "quorum":
+                contenders += ["delayed-pika", "retryloop-in_queue"]
             for r in range(ROUNDS):
                 for contender in rotate(contenders, r):
                     name = f"bench.retry.{contender}.{queue_type}.{r + 1}"
-                    if contender == "seed-pika":
+                    if contender == "delayed-pika":
+                        self.delayed_setup(name, 10)
+                        self.tool("fill", "--queue", name, "--count", count, "--fresh")
+                        row = self.timed(self.delayed_command(name, count, fail), count)
+                        self.tool("reset", "--queue", name, "--delete-only")
+                    elif contender == "seed-pika":
                         self.seed_setup(name, 10, queue_type)
                         self.tool("fill", "--queue", name, "--count", count, "--fresh")
                         row = self.timed(self.seed_command(name, count, fail), count)
@@ -445,15 +464,21 @@ class Bench:
 
     def lateness(self):
         count, rate = SIZES["lateness"], SIZES["lateness_rate"]
-        contenders = ["broker-ttl", "seed-pika", "retryloop-reject", "retryloop-republish"]
         publish = lambda queue: [TOOL, "publish", "--url", self.url, "--queue", queue, "--count",
                                  str(count), "--window", "100", "--rate", str(rate), "--fresh"]
         for queue_type in QUEUE_TYPES:
+            contenders = ["broker-ttl", "seed-pika", "retryloop-reject", "retryloop-republish"]
+            if DELAYED_RETRY and queue_type == "quorum":
+                contenders += ["delayed-pika", "retryloop-in_queue"]
             for r in range(ROUNDS):
                 for contender in rotate(contenders, r):
                     name = f"bench.late.{contender}.{queue_type}.{r + 1}"
                     cleanup = None
-                    if contender == "broker-ttl":
+                    if contender == "delayed-pika":
+                        self.delayed_setup(name, 1000)
+                        consumer = self.delayed_command(name, count, 1, "lateness", "1000")
+                        cleanup = lambda: self.tool("reset", "--queue", name, "--delete-only")
+                    elif contender == "broker-ttl":
                         self.tool("reset", "--queue", name + ".out", "--type", queue_type)
                         self.tool("reset", "--queue", name, "--type", queue_type, "--ttl", 1000,
                                   "--dead-letter-to", name + ".out")

@@ -9,6 +9,12 @@
                                                         (requeue=False) while x-death[0].count < FAIL
     pika_bench.py replay URL FROM TO COUNT              get, publish with confirm, ack: the loop
                                                         one writes to move parked messages back
+    pika_bench.py delayed-setup URL NAME MIN_MS         a quorum queue with RabbitMQ 4.3's delayed
+                                                        retry (x-delayed-retry-type failed)
+    pika_bench.py delayed URL NAME COUNT FAIL PREFETCH [lateness MIN_MS]
+                                                        its consumer: reject (requeue=True) while
+                                                        x-delivery-count < FAIL; the broker holds
+                                                        each return for MIN_MS x delivery count
 
 Each prints one JSON line: the time from the first delivery (or publish) to the last ack (or
 confirm), and the process's CPU time over the same window.
@@ -143,22 +149,15 @@ def seed_setup(url, name, ttl_ms, queue_type):
     connection.close()
 
 
-def seed(url, name, count, fail, prefetch, ttl_ms=None):
-    """The seed article's consumer: callback() and can_retry() as written there (x-death[0]'s
-    count against RETRY_COUNT = `fail`), with the no-op work acked where the seed drops the
-    message. The run ends after `count` acks. With ttl_ms, also the time from each reject to the
-    next delivery."""
+def retry_loop(url, name, count, prefetch, retry_now, requeue, wait_ms=None):
+    """A consumer that rejects a delivery while retry_now(properties) says so (requeue as given)
+    and acks it otherwise; the run ends after `count` acks. With wait_ms(properties), the delay
+    the next delivery should have waited: then also each retry's time from the reject to that
+    delivery, minus that delay."""
     connection = pika.BlockingConnection(pika.URLParameters(url))
     channel = connection.channel()
     channel.basic_qos(prefetch_count=prefetch)
     window, started, acked, rejected_at, late_ms = Window(), False, 0, {}, []
-    def can_retry(properties):
-        deaths = (properties.headers or {}).get("x-death")
-        if not deaths:
-            return True
-        if deaths[0]["count"] >= fail:
-            return False
-        return True
 
     def callback(ch, method, properties, body):
         nonlocal started, acked
@@ -166,13 +165,13 @@ def seed(url, name, count, fail, prefetch, ttl_ms=None):
         if not started:
             window.start()
             started = True
-        seq = properties.headers.get("bench-seq")
-        if ttl_ms is not None and seq in rejected_at:
-            late_ms.append((now - rejected_at.pop(seq)) * 1000 - ttl_ms)
-        if can_retry(properties):
-            if ttl_ms is not None:
+        seq = (properties.headers or {}).get("bench-seq")
+        if wait_ms is not None and seq in rejected_at:
+            late_ms.append((now - rejected_at.pop(seq)) * 1000 - wait_ms(properties))
+        if retry_now(properties):
+            if wait_ms is not None:
                 rejected_at[seq] = now
-            ch.basic_reject(delivery_tag=method.delivery_tag, requeue=False)
+            ch.basic_reject(delivery_tag=method.delivery_tag, requeue=requeue)
             return
         ch.basic_ack(delivery_tag=method.delivery_tag)
         acked += 1
@@ -183,13 +182,61 @@ def seed(url, name, count, fail, prefetch, ttl_ms=None):
     channel.basic_consume(queue=name, on_message_callback=callback)
     channel.start_consuming()
     connection.close()
-    extra = {"fail": fail}
-    if ttl_ms is not None:
+    extra = {}
+    if wait_ms is not None:
         late_ms.sort()
         extra["late_ms"] = {"p50": late_ms[len(late_ms) // 2],
                             "p99": late_ms[min(len(late_ms) - 1, int(len(late_ms) * 0.99))],
                             "max": late_ms[-1], "samples": len(late_ms)}
-    window.report("seed-pika", "lateness" if ttl_ms is not None else "retry", count, **extra)
+    return window, extra
+
+
+def seed(url, name, count, fail, prefetch, ttl_ms=None):
+    """The seed article's consumer: callback() and can_retry() as written there (x-death[0]'s
+    count against RETRY_COUNT = `fail`), with the no-op work acked where the seed drops the
+    message. The run ends after `count` acks. With ttl_ms, also the time from each reject to the
+    next delivery."""
+    def can_retry(properties):
+        deaths = (properties.headers or {}).get("x-death")
+        if not deaths:
+            return True
+        if deaths[0]["count"] >= fail:
+            return False
+        return True
+
+    window, extra = retry_loop(url, name, count, prefetch, can_retry, False,
+                               None if ttl_ms is None else lambda properties: ttl_ms)
+    window.report("seed-pika", "lateness" if ttl_ms is not None else "retry", count, fail=fail,
+                  **extra)
+
+
+def delayed_setup(url, name, min_ms):
+    """One quorum queue that holds a failed delivery in itself for min_ms x its delivery count
+    (RabbitMQ 4.3), with a delivery limit it never reaches: no wait queue, no dead-lettering."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    channel = connection.channel()
+    channel.queue_declare(queue=name, durable=True,
+                          arguments={"x-queue-type": "quorum", "x-delivery-limit": 1000000,
+                                     "x-delayed-retry-type": "failed",
+                                     "x-delayed-retry-min": min_ms,
+                                     "x-delayed-retry-max": min_ms * 100})
+    connection.close()
+
+
+def delayed(url, name, count, fail, prefetch, min_ms=None):
+    """The same work as seed() through the queue's delayed retry: reject with requeue while the
+    broker's x-delivery-count (failed deliveries) is below `fail`, then ack. With min_ms, also
+    the time from each reject to the next delivery against the delay the broker should hold it
+    for (min_ms x the delivery count it then carries)."""
+    def failed(properties):
+        return (properties.headers or {}).get("x-delivery-count", 0)
+
+    window, extra = retry_loop(url, name, count, prefetch,
+                               lambda properties: failed(properties) < fail, True,
+                               None if min_ms is None else
+                               lambda properties: min_ms * failed(properties))
+    window.report("delayed-pika", "lateness" if min_ms is not None else "retry", count, fail=fail,
+                  **extra)
 
 
 def replay(url, source, target, count):
@@ -224,6 +271,11 @@ def main():
         seed(url, args[0], int(args[1]), int(args[2]), int(args[3]), ttl_ms)
     elif mode == "replay":
         replay(url, args[0], args[1], int(args[2]))
+    elif mode == "delayed-setup":
+        delayed_setup(url, args[0], int(args[1]))
+    elif mode == "delayed":
+        min_ms = int(args[5]) if len(args) > 5 and args[4] == "lateness" else None
+        delayed(url, args[0], int(args[1]), int(args[2]), int(args[3]), min_ms)
     else:
         raise SystemExit(f"unknown mode {mode}")
 

@@ -323,6 +323,15 @@ std::string ConsumerImpl::over_delivery_limit(const AttemptInfo& info) const {
            std::string(what);
   }
   if (options_.service.queue_type != topology::QueueType::quorum) return {};
+  if (options_.service.retry.mode == topology::RetryMode::in_queue) {
+    // Every failed delivery is an attempt here (begin_handling): one past max_attempts means
+    // that consumers died with it, or gave it back failed, after its last handled attempt.
+    const int max = options_.service.retry.max_attempts;
+    if (info.attempt <= max) return {};
+    return "failed " + std::to_string(info.attempt - 1) +
+           " deliveries (its handler's retries and consumers that died with it), max_attempts is " +
+           std::to_string(max) + "; its handler was not run again";
+  }
   const int64_t limit = options_.service.delivery_limit.value_or(topology::default_delivery_limit);
   if (info.delivery_count < limit) return {};
   return "delivered " + std::to_string(info.delivery_count) +
@@ -336,6 +345,10 @@ void ConsumerImpl::begin_handling(Pending& pending) {
   pending.handling->info =
       read_attempt_info(message.properties, topology::input_queue_name(options_.service),
                         message.exchange, message.routing_key);
+  if (options_.service.retry.mode == topology::RetryMode::in_queue) {
+    // The queue counts the failed deliveries (RabbitMQ 4.3): each is an attempt.
+    pending.handling->info.attempt += pending.handling->info.delivery_count;
+  }
   message.attempt = pending.handling->info.attempt;
   pending.handling->trace = message.trace_context();
 }
@@ -463,7 +476,9 @@ void ConsumerImpl::carry_out(const std::shared_ptr<Pending>& pending) {
       }
       return;
     case Action::reject_to_wait:
-      if (pending->channel->reject(pending->delivery_tag, false)) {
+    case Action::requeue_delayed:
+      if (pending->channel->reject(pending->delivery_tag,
+                                   decision.action == Action::requeue_delayed)) {
         abandon(*pending);
         return;
       }
@@ -491,7 +506,8 @@ void ConsumerImpl::log_outcome(const Pending& pending, const char* what,
   if (!log->should_log(level)) return;
   std::string detail;
   if (std::string_view(what) == "retry") {
-    detail = decision.action == Action::reject_to_wait ? " via=reject"
+    detail = decision.action == Action::reject_to_wait    ? " via=reject"
+             : decision.action == Action::requeue_delayed ? " via=in-queue"
              : decision.hops > 0 || !decision.wait_exchange.empty()
                  ? " via=delay-levels hops=" + std::to_string(decision.hops)
                  : " via=republish";
@@ -499,8 +515,9 @@ void ConsumerImpl::log_outcome(const Pending& pending, const char* what,
     if (decision.requested_delay) {
       detail += " requested=" + topology::duration_label(*decision.requested_delay);
       if (decision.capped) {
-        detail += decision.action == Action::reject_to_wait
-                      ? " (reject mode waits its one delay)"
+        detail += decision.action == Action::reject_to_wait ? " (reject mode waits its one delay)"
+                  : decision.action == Action::requeue_delayed
+                      ? " (in_queue mode waits what the queue's delayed retry gives)"
                       : " (capped: the longest wait the topology allows)";
       }
     }

@@ -14,6 +14,8 @@ class ConsumerCategory : public std::error_category {
         return "topology drift";
       case ConsumerError::topology_missing:
         return "topology object missing";
+      case ConsumerError::broker_too_old:
+        return "the broker is too old for the topology";
     }
     return "unknown consumer error";
   }

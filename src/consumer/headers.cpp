@@ -178,6 +178,7 @@ amqp::BasicProperties make_retry_copy(const amqp::BasicProperties& properties,
   amqp::FieldTable& headers = copy.headers ? *copy.headers : copy.headers.emplace();
   headers.erase_if(is_death_header);
   headers.erase(header::delivery_count);
+  headers.erase(header::acquired_count);
   // Every attempt so far, the broker's rejections included: stripping x-death drops them.
   headers.set(std::string(header::retries), info.attempt);
   if (headers.find(header::original_exchange) == nullptr) {
@@ -212,6 +213,7 @@ amqp::BasicProperties make_parking_copy(const amqp::BasicProperties& properties,
   headers.set(std::string(header::parked_at), amqp::Timestamp{note.now_seconds});
   headers.set(std::string(header::consumer), note.consumer);
   headers.erase(header::delivery_count);
+  headers.erase(header::acquired_count);
   keep_expiration(copy, headers, info);
   return copy;
 }

@@ -44,6 +44,8 @@ const char* to_string(Action action) {
       return "drop";
     case Action::reject_to_wait:
       return "reject_to_wait";
+    case Action::requeue_delayed:
+      return "requeue_delayed";
     case Action::publish_to_wait:
       return "publish_to_wait";
     case Action::park:
@@ -93,6 +95,14 @@ Decision decide(const topology::Service& service, const AttemptInfo& info, const
   decision.error = outcome.text;
   decision.requested_delay = outcome.delay;
   const int attempt = info.attempt > 1000000 ? 1000000 : static_cast<int>(info.attempt);
+  if (retry.mode == topology::RetryMode::in_queue) {
+    // The queue counts this reject as a failed delivery: it holds the message for the step
+    // times the failed deliveries, `attempt` of them after this one, at most the cap.
+    decision.action = Action::requeue_delayed;
+    decision.delay = topology::delay_after_attempt(service, attempt);
+    decision.capped = outcome.delay && *outcome.delay != decision.delay;
+    return decision;
+  }
   if (retry.mode == topology::RetryMode::reject) {
     decision.action = Action::reject_to_wait;
     decision.delay = topology::delay_after_attempt(service, attempt);

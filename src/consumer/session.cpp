@@ -18,7 +18,8 @@ bool is_fatal(const Error& error) {
   return error.code == make_error_code(ClientError::authentication_failed) ||
          error.code == make_error_code(ClientError::vhost_refused) ||
          error.code == make_error_code(ClientError::tls_failed) ||
-         error.code == make_error_code(ConsumerError::topology_drift) || error.reply_code == 403;
+         error.code == make_error_code(ConsumerError::topology_drift) ||
+         error.code == make_error_code(ConsumerError::broker_too_old) || error.reply_code == 403;
 }
 
 /// The first problem of a declare report as an error naming the object.
@@ -152,6 +153,20 @@ void Session::connect(uv_loop_t* loop) {
 }
 
 void Session::declare() {
+  // A queue argument the broker does not know is stored and ignored, so an in_queue service on
+  // a broker without delayed retry would retry at once, in a hot loop: it stops first.
+  const auto [major, minor] = topology::broker_needed(options_.service);
+  const auto version = consume_connection_->broker_version();
+  if (version && !version->at_least(major, minor)) {
+    return fail(Error(ConsumerError::broker_too_old,
+                      "service " + options_.service.name + ": retry mode " +
+                          topology::to_string(options_.service.retry.mode) + " needs RabbitMQ " +
+                          std::to_string(major) + "." + std::to_string(minor) +
+                          " or later (a quorum queue's delayed retry), and the broker is "
+                          "RabbitMQ " +
+                          version->text()),
+                true);
+  }
   if (!options_.declare_topology) return open_publish_channel();
   topology::Plan plan = topology::make_plan(topology::Topology{{options_.service}});
   check(topology::apply(

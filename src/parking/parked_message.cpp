@@ -135,7 +135,7 @@ amqp::BasicProperties make_replay_copy(const amqp::BasicProperties& properties) 
   }
   headers.erase_if([](const std::string& name) {
     return consumer::is_death_header(name) || is_parking_header(name) ||
-           name == consumer::header::delivery_count;
+           name == consumer::header::delivery_count || name == consumer::header::acquired_count;
   });
   const int64_t next = replays < 0                                      ? 1
                        : replays == std::numeric_limits<int64_t>::max() ? replays

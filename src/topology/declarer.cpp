@@ -277,6 +277,11 @@ class Runner : public std::enable_shared_from_this<Runner> {
 
   void declare_current(bool existed) {
     const Action& a = current().action;
+    if (std::string why = unsupported_by_broker(a, connection_->broker_version()); !why.empty()) {
+      record_failure(Error(client::ClientError::invalid_argument, why));
+      advance();
+      return;
+    }
     std::weak_ptr<Runner> weak = weak_from_this();
     auto on_result = [weak, existed](const Error& error, const QueueInfo* info) {
       auto self = weak.lock();
@@ -701,6 +706,19 @@ bool Report::ok() const {
 size_t Report::count(Outcome outcome) const {
   return static_cast<size_t>(std::count_if(
       results.begin(), results.end(), [&](const ActionResult& r) { return r.outcome == outcome; }));
+}
+
+std::string unsupported_by_broker(const Action& action,
+                                  const std::optional<client::BrokerVersion>& version) {
+  if (!version || version->at_least(4, 3)) return {};
+  if (action.kind != ActionKind::declare_queue ||
+      action.arguments.find("x-delayed-retry-type") == nullptr) {
+    return {};
+  }
+  return "x-delayed-retry-type (the in_queue retry mode) needs RabbitMQ 4.3 or later, and the "
+         "broker is RabbitMQ " +
+         version->text() +
+         ", which would store the argument and ignore it: every retry would come back at once";
 }
 
 client::Error apply(const std::shared_ptr<client::Connection>& connection, const Plan& plan,

@@ -241,6 +241,14 @@ Plan make_plan(const Topology& topology) {
                                    duration_label(s.retry.delays.front()));
     }
     add_safe_dead_lettering(s, input_queue.arguments);
+    if (s.retry.mode == RetryMode::in_queue) {
+      // Only failed deliveries (a reject, a consumer that died with the message) wait; a nack,
+      // with which a stopping consumer hands back what it has not started, does not.
+      const auto& delays = s.retry.delays;
+      input_queue.arguments.append("x-delayed-retry-type", "failed");
+      input_queue.arguments.append("x-delayed-retry-min", integer(delays.front().count()));
+      input_queue.arguments.append("x-delayed-retry-max", integer(delays.back().count()));
+    }
     plan.actions.push_back(std::move(input_queue));
     const std::string type = to_string(s.input.type);
     if (s.input.type == ExchangeType::fanout) {

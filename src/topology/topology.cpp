@@ -339,7 +339,18 @@ class Validator {
       add(service.name, d,
           "reject mode takes exactly one delay (it has " + std::to_string(retry.delays.size()) +
               "); for a backoff sequence use \"mode\": \"republish\"");
+    } else if (retry.mode == RetryMode::in_queue && retry.delays.size() > 2) {
+      add(service.name, d,
+          "in_queue mode takes one delay, or two: the step the queue multiplies by the failed "
+          "deliveries, and the most it waits (it has " +
+              std::to_string(retry.delays.size()) + ")");
+    } else if (retry.mode == RetryMode::in_queue && retry.delays.size() == 2 &&
+               retry.delays[1] < retry.delays[0]) {
+      add(service.name, d + "[1]",
+          "the most an in_queue retry waits, " + duration_label(retry.delays[1]) +
+              ", is shorter than its step " + duration_label(retry.delays[0]));
     }
+    if (retry.mode == RetryMode::in_queue) check_in_queue(p, service);
     for (size_t k = 0; k < retry.delays.size(); ++k) {
       check_ttl(service, d + "[" + std::to_string(k) + "]", retry.delays[k], "a delay");
     }
@@ -354,6 +365,21 @@ class Validator {
     }
     if (retry.delay_levels) check_delay_levels(p + ".delay_levels", service);
     if (retry.backoff) check_backoff(p + ".backoff", service);
+  }
+
+  /// The in_queue mode rests on a quorum queue's delayed retry, and keeps no header of its own
+  /// on the message (it is never copied), so it has no first failure to time a budget from.
+  void check_in_queue(const std::string& p, const Service& service) {
+    if (service.queue_type != QueueType::quorum) {
+      add(service.name, p + ".mode",
+          "in_queue needs \"queue_type\": \"quorum\" (RabbitMQ 4.3's delayed retry is a quorum "
+          "queue's)");
+    }
+    if (service.retry.max_retry_duration) {
+      add(service.name, p + ".max_retry_duration",
+          "is not available in in_queue mode, which never copies the message and so keeps no "
+          "time of its first failure; use max_attempts");
+    }
   }
 
   void check_delay_levels(const std::string& p, const Service& service) {
@@ -615,7 +641,20 @@ const char* to_string(ExchangeType type) {
 }
 
 const char* to_string(RetryMode mode) {
-  return mode == RetryMode::republish ? "republish" : "reject";
+  switch (mode) {
+    case RetryMode::reject:
+      return "reject";
+    case RetryMode::republish:
+      return "republish";
+    case RetryMode::in_queue:
+      return "in_queue";
+  }
+  return "reject";
+}
+
+std::pair<unsigned, unsigned> broker_needed(const Service& service) {
+  if (service.retry.mode == RetryMode::in_queue) return {4, 3};
+  return {0, 0};
 }
 
 const char* to_string(HeadersMatch match) {
@@ -644,6 +683,7 @@ std::string parking_queue_name(std::string_view service_name) {
 
 std::vector<std::chrono::milliseconds> wait_delays(const Service& service) {
   std::vector<std::chrono::milliseconds> out;
+  if (service.retry.mode == RetryMode::in_queue) return out;  // the input queue waits itself
   for (auto delay : service.retry.delays) {
     if (std::find(out.begin(), out.end(), delay) == out.end()) out.push_back(delay);
   }
@@ -654,6 +694,10 @@ std::chrono::milliseconds delay_after_attempt(const Service& service, int attemp
   const auto& delays = service.retry.delays;
   if (delays.empty()) return std::chrono::milliseconds(0);
   if (service.retry.mode == RetryMode::reject) return delays.front();
+  if (service.retry.mode == RetryMode::in_queue) {
+    const auto step = delays.front() * std::max(attempt, 1);
+    return delays.size() > 1 ? std::min(step, delays[1]) : delays.front();
+  }
   size_t index = attempt < 1 ? 0 : static_cast<size_t>(attempt - 1);
   return delays[std::min(index, delays.size() - 1)];
 }

@@ -556,9 +556,11 @@ class Reader {
       return retry;
     }
     bool mode_ok = true;
-    retry.mode =
-        read_enum(value, "mode", p, false, RetryMode::reject,
-                  {{"reject", RetryMode::reject}, {"republish", RetryMode::republish}}, &mode_ok);
+    retry.mode = read_enum(value, "mode", p, false, RetryMode::reject,
+                           {{"reject", RetryMode::reject},
+                            {"republish", RetryMode::republish},
+                            {"in_queue", RetryMode::in_queue}},
+                           &mode_ok);
     // An unreadable mode must not also produce "reject mode takes exactly one delay".
     if (!mode_ok) retry.mode = RetryMode::republish;
     // A backoff gives the delays itself: then the tiers are optional.

@@ -41,17 +41,7 @@ struct QuorumService {
                                    R"("queue_type": "quorum")" + extra)) {
     broker.apply(service);
   }
-  ~QuorumService() {
-    bool done = false;
-    topology::DeleteOptions options;
-    options.execute = true;
-    options.force = true;
-    if (!topology::remove(broker.connection,
-                          topology::make_delete_plan(topology::Topology{{service}}), options,
-                          [&](const topology::Report&) { done = true; })) {
-      loop.run_until([&] { return done; });
-    }
-  }
+  ~QuorumService() { broker.remove(service); }
 
   /// Messages ready in `q`, on one channel kept for polling.
   uint32_t depth(const std::string& q) {

@@ -106,6 +106,17 @@ void Broker::apply(const topology::Service& service) {
   REQUIRE(result.ok());
 }
 
+void Broker::remove(const topology::Service& service) {
+  bool done = false;
+  topology::DeleteOptions options;
+  options.execute = true;
+  options.force = true;
+  if (!topology::remove(connection, topology::make_delete_plan(topology::Topology{{service}}),
+                        options, [&](const topology::Report&) { done = true; })) {
+    loop.run_until([&] { return done; });
+  }
+}
+
 std::vector<client::GetResult> Broker::drain(const std::string& queue) {
   return drain_queue(loop, *connection, queue);
 }

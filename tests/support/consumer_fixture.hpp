@@ -75,6 +75,9 @@ struct Broker {
   uint32_t depth(const std::string& queue);
   /// Declares the service's topology, as `retryloop topology apply` would.
   void apply(const topology::Service& service);
+  /// Deletes the service's objects, messages and all (`topology delete --yes --force`); safe to
+  /// call from a destructor, whatever the test left behind.
+  void remove(const topology::Service& service);
   std::vector<client::GetResult> drain(const std::string& queue);
 };
 

@@ -622,3 +622,32 @@ TEST_CASE("The exception policy maps the application's exceptions to outcomes", 
   CHECK(o.kind == OutcomeKind::retry);
   CHECK_THAT(o.text, Catch::Contains("rule failed"));
 }
+
+TEST_CASE(
+    "In in_queue mode a retry is a requeueing reject that the queue holds for the step times the "
+    "failures, capped",
+    "[retry]") {
+  auto s = service(topology::RetryMode::in_queue, {300ms, 1s}, 5);
+  s.queue_type = topology::QueueType::quorum;
+  const std::vector<std::chrono::milliseconds> expected = {300ms, 600ms, 900ms, 1000ms};
+  for (int attempt = 1; attempt <= 4; ++attempt) {
+    INFO("attempt " << attempt);
+    AttemptInfo info;
+    info.attempt = attempt;
+    const Decision d = decide(s, info, Outcome::retry("down"));
+    CHECK(d.action == Action::requeue_delayed);
+    CHECK(d.delay == expected[static_cast<size_t>(attempt - 1)]);
+    CHECK(d.error == "down");
+  }
+  AttemptInfo last;
+  last.attempt = 5;
+  const Decision parked = decide(s, last, Outcome::retry("down"));
+  CHECK(parked.action == Action::park);
+  CHECK(parked.reason == ParkReason::exhausted);
+  // One delay: a fixed wait.
+  const auto fixed = service(topology::RetryMode::in_queue, {2s}, 5);
+  AttemptInfo third;
+  third.attempt = 3;
+  CHECK(decide(fixed, third, Outcome::retry("down")).delay == 2s);
+  CHECK(std::string(to_string(Action::requeue_delayed)) == "requeue_delayed");
+}

@@ -245,6 +245,36 @@ TEST_CASE("Parking limits refuse new messages rather than drop old ones", "[topo
         Strings{"x-queue-version=2(l)", "x-message-ttl=1209600000(l)"});
 }
 
+TEST_CASE(
+    "An in_queue service's input queue holds its own retries (x-delayed-retry-*): no wait queue",
+    "[topology]") {
+  Plan plan = make_plan(load_valid("in_queue.json"));
+  const Action& q = find(plan, ActionKind::declare_queue, "invoices");
+  const auto q_args = args(q.arguments);
+  for (const char* wanted :
+       {"x-delayed-retry-type=failed(S)", "x-delayed-retry-min=1000(l)",
+        "x-delayed-retry-max=30000(l)", "x-queue-type=quorum(S)", "x-delivery-limit=1000000(l)"}) {
+    INFO(wanted);
+    CHECK(std::find(q_args.begin(), q_args.end(), wanted) != q_args.end());
+  }
+  for (const auto& a : plan.actions) {
+    INFO(describe(a));
+    CHECK(a.role != Role::wait_queue);
+  }
+  CHECK(unsupported_by_broker(q, client::BrokerVersion{4, 3, 0}).empty());
+  CHECK(unsupported_by_broker(q, std::nullopt).empty());
+  CHECK_THAT(unsupported_by_broker(q, client::BrokerVersion{4, 0, 5}),
+             Catch::Contains("needs RabbitMQ 4.3 or later") &&
+                 Catch::Contains("the broker is RabbitMQ 4.0.5"));
+  CHECK(unsupported_by_broker(find(plan, ActionKind::declare_queue, "invoices.parking"),
+                              client::BrokerVersion{3, 10, 8})
+            .empty());
+  CHECK(broker_needed(load_valid("in_queue.json").services.front()) ==
+        std::pair<unsigned, unsigned>{4, 3});
+  CHECK(broker_needed(load_valid("minimal.json").services.front()) ==
+        std::pair<unsigned, unsigned>{0, 0});
+}
+
 TEST_CASE("No plan ever sets x-expires or drop-head, and integers are always int64", "[topology]") {
   Plan plan = make_plan(load_valid("all_features.json"));
   for (const auto& a : plan.actions) {

@@ -9,6 +9,7 @@ namespace retryloop::consumer {
 enum class ConsumerError {
   topology_drift = 1,  ///< an object exists with other arguments than the topology wants
   topology_missing,    ///< an object declared elsewhere ("declare": false) does not exist
+  broker_too_old,      ///< the service needs a later RabbitMQ (the in_queue retry mode: 4.3)
 };
 
 const std::error_category& consumer_category() noexcept;

@@ -34,6 +34,9 @@ inline constexpr std::string_view original_expiration = "retryloop-original-expi
 /// The broker's (not retryloop's) count of earlier deliveries of a message in a quorum queue that
 /// went back unsettled. Copies never carry it: the count belongs to the queue it was read from.
 inline constexpr std::string_view delivery_count = "x-delivery-count";
+/// RabbitMQ 4.3's count of every earlier acquisition of a message by a consumer of its quorum
+/// queue, failed or not. Copies never carry it either.
+inline constexpr std::string_view acquired_count = "x-acquired-count";
 /// A parked message whose properties could not be decoded: its property flags and list as they
 /// arrived, as a byte array.
 inline constexpr std::string_view raw_properties = "retryloop-raw-properties";

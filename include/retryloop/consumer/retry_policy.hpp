@@ -16,6 +16,7 @@ enum class Action {
   ack,              ///< basic.ack
   drop,             ///< basic.ack, logged as dropped
   reject_to_wait,   ///< basic.reject(requeue=false): the broker moves it through the wait queue
+  requeue_delayed,  ///< basic.reject(requeue=true): the queue holds it back (in_queue mode)
   publish_to_wait,  ///< publish a copy to the wait exchange (confirmed, not returned), then ack
   park,             ///< publish a copy to the parking exchange (confirmed, not returned), then ack
 };
@@ -29,7 +30,7 @@ struct Decision {
   /// publish_to_wait: the routing key (the delay's label, e.g. `300ms`, on the wait exchange; the
   /// delay's bits and the queue on the delay levels).
   std::string wait_routing_key;
-  /// publish_to_wait and reject_to_wait: how long the message is to wait.
+  /// publish_to_wait, reject_to_wait and requeue_delayed: how long the message is to wait.
   std::chrono::milliseconds delay{0};
   /// An Outcome::retry_after: what the handler asked for. `capped`: the topology cannot wait that
   /// long, and the message waits `delay` instead.

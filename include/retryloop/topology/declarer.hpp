@@ -103,6 +103,13 @@ using ReportCallback = std::function<void(const Report&)>;
 /// arguments; a difference is `drifted`, with the argument named. The plan's lanes
 /// (split_into_lanes) run on up to four channels at once, after the shared objects: every object
 /// is still declared after the objects it names.
+/// Why `action` cannot work on a broker of `version`, which would store an argument it does not
+/// know and ignore it: `x-delayed-retry-type` (the in_queue retry mode) before RabbitMQ 4.3,
+/// whose retries would then come back at once. Empty when it can, or when the version is unknown.
+/// apply and verify report such an action as failed without sending it.
+std::string unsupported_by_broker(const Action& action,
+                                  const std::optional<client::BrokerVersion>& version);
+
 client::Error apply(const std::shared_ptr<client::Connection>& connection, const Plan& plan,
                     ReportCallback callback);
 

@@ -23,6 +23,11 @@ enum class RetryMode {
   /// The consumer publishes a copy to the wait exchange with the delay's routing key, waits for
   /// the confirm, then acks. One or more delays; the last one repeats.
   republish,
+  /// Quorum queues on RabbitMQ 4.3 and later: the consumer rejects with requeue, and the queue
+  /// itself holds the message back (its delayed retry, `x-delayed-retry-*`) for the first delay
+  /// times the number of failed deliveries so far, at most the second delay: no wait queue, no
+  /// dead-lettering. One delay (a fixed one) or two (the step and the cap).
+  in_queue,
 };
 /// `x-match` of a headers binding.
 enum class HeadersMatch { all, any };
@@ -80,7 +85,8 @@ struct RetryBackoff {
 struct Retry {
   RetryMode mode = RetryMode::reject;
   /// reject: exactly one. republish: the delay before retry k is delays[min(k-1, last)]. May be
-  /// empty in republish mode when `backoff` gives the delays instead.
+  /// empty in republish mode when `backoff` gives the delays instead. in_queue: the step and,
+  /// when given, the cap: the delay before retry k is min(delays[0] * k, delays[1]).
   std::vector<std::chrono::milliseconds> delays;
   /// Handler attempts before the message is parked (the first delivery counts as one).
   int max_attempts = 1;
@@ -169,6 +175,10 @@ Topology select_services(const Topology& topology, const std::vector<std::string
 const char* to_string(QueueType type);
 const char* to_string(ExchangeType type);
 const char* to_string(RetryMode mode);
+
+/// The oldest RabbitMQ release (major, minor) that has what `service` needs of the broker:
+/// {4, 3} for the in_queue retry mode (quorum queues' delayed retry), else {0, 0}.
+std::pair<unsigned, unsigned> broker_needed(const Service& service);
 const char* to_string(HeadersMatch match);
 
 /// The input queue: `service.queue`, or the service name when that is empty.
