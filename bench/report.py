@@ -267,7 +267,8 @@ class Report:
                  f"seed article's own code pattern with pika (reject with requeue=false, count "
                  f"from x-death[0], wait queue dead-lettering back through the input exchange); "
                  f"retryloop runs its retry consumer (handler on the loop) in reject mode and in "
-                 f"republish mode. Prefetch 200 for all.")
+                 f"republish mode (and, on RabbitMQ 4.3 quorum queues, in in_queue mode, where "
+                 f"the queue's own delayed retry holds the message). Prefetch 200 for all.")
         self.out()
         header, body = ["contender"], []
         for queue_type in self.meta["queue_types"]:

@@ -96,6 +96,21 @@ std::chrono::milliseconds wait_consuming_again(InProcessRun& run, Clock::time_po
   return took;
 }
 
+/// How long the cluster's quorum queues hold the messages of a consumer whose node is lost
+/// (RabbitMQ 4.3's consumer_disconnected_timeout: 60 s unless configured); zero before 4.3,
+/// which hands them out again at once.
+std::chrono::milliseconds disconnected_timeout() {
+  if (test::broker_version() != "4.3") return 0ms;
+  std::string output;
+  REQUIRE(
+      test::broker_ctl("eval 'application:get_env(rabbit, consumer_disconnected_timeout, 60000).'",
+                       &output) == 0);
+  INFO(output);
+  const long ms = std::stol(output);
+  REQUIRE(ms > 0);
+  return std::chrono::milliseconds(ms);
+}
+
 InProcessRun::Options quorum_lanes(std::chrono::milliseconds delay = retry_delay) {
   InProcessRun::Options options;
   options.types = {topology::QueueType::quorum};
@@ -108,6 +123,8 @@ InProcessRun::Options quorum_lanes(std::chrono::milliseconds delay = retry_delay
 TEST_CASE("On a cluster, SIGKILL of the node the consumers are on loses nothing",
           "[cluster][node-loss]") {
   NodesBackUp back_up;
+  // Asked before the kill: the test's rabbitmqctl talks to the node about to be killed.
+  const auto held = disconnected_timeout();
   InProcessRun run("cl-kill-own", quorum_lanes());
   run.start(test::broker_url());  // in order: every connection is on the first node
   const std::string victim = test::node_on_port(client::parse_uri(test::broker_url()).port);
@@ -119,15 +136,15 @@ TEST_CASE("On a cluster, SIGKILL of the node the consumers are on loses nothing"
   note("cluster, consumers' node SIGKILL: consuming again on another node " +
        std::to_string(took.count()) + " ms after the kill");
   // RabbitMQ 4.3's quorum queues hold what they had handed to a consumer whose node became
-  // unreachable for consumer_disconnected_timeout (60 s by default) before they hand it out
-  // again: the loops look empty meanwhile, so the wait allows that long without a change.
-  const bool holds_disconnected = test::broker_version() == "4.3";
-  CHECK(run.wait_quiet(holds_disconnected ? 150s : 120s, holds_disconnected ? 75s : 8s));
+  // unreachable for consumer_disconnected_timeout before they hand it out again: the loops look
+  // empty meanwhile, so the wait allows that long without a change.
+  CHECK(run.wait_quiet(120s + held, held.count() > 0 ? held + 15s : std::chrono::milliseconds(8s)));
   note("cluster, consumers' node SIGKILL: every message acked or parked " +
        std::to_string(static_cast<long>(seconds_since(killed))) + " s after the kill" +
-       (holds_disconnected ? " (RabbitMQ 4.3 holds the dead consumers' messages for its "
-                             "consumer_disconnected_timeout)"
-                           : ""));
+       (held.count() > 0 ? " (RabbitMQ 4.3 holds the dead consumers' messages for its "
+                           "consumer_disconnected_timeout, " +
+                               std::to_string(held.count()) + " ms here)"
+                         : ""));
   run.finish("cluster: consumers' node SIGKILL");
   node_script(run.loop, "restart", victim);
 }
