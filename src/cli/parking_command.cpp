@@ -239,6 +239,7 @@ int run_stats(const ParkingArgs& args) {
               out["by_error"].push_back({{"error", text}, {"count", count}});
             }
             out["loop_depths"] = stats.loop_depths;
+            out["loop_not_permitted"] = stats.loop_not_permitted;
             std::cout << dump(out) << "\n";
           } else {
             std::cout << "parking queue " << queue << ": " << plural(stats.depth, "message");
@@ -270,6 +271,13 @@ int run_stats(const ParkingArgs& args) {
               }
               std::cout << "the service's queues (ready messages):\n";
               depths.print(std::cout);
+            }
+            if (!stats.loop_not_permitted.empty()) {
+              std::cout << "not counted, no permission to look at them (RabbitMQ 4.3 asks for "
+                           "any one, read will do):";
+              for (const auto& name : stats.loop_not_permitted)
+                std::cout << " " << name;
+              std::cout << "\n";
             }
           }
           if (args.fail_above >= 0 && int64_t(stats.depth) > args.fail_above) {

@@ -16,10 +16,12 @@ using client::Error;
 using detail::Decision;
 using detail::Walker;
 
-using DepthsCallback = std::function<void(std::map<std::string, uint32_t> depths)>;
+/// Depths by queue name, and the queues the user may not look at.
+using DepthsCallback =
+    std::function<void(std::map<std::string, uint32_t> depths, std::vector<std::string> refused)>;
 
 /// Depths of the queues that exist, by passive declare, one channel per queue (a 404 closes
-/// the channel). Never fails: missing queues are left out.
+/// the channel). Never fails: missing queues are left out, refused ones (403) listed apart.
 void queue_depths(const std::shared_ptr<client::Connection>& connection,
                   std::vector<std::string> queues, DepthsCallback callback) {
   struct State {
@@ -27,6 +29,7 @@ void queue_depths(const std::shared_ptr<client::Connection>& connection,
     std::vector<std::string> queues;
     size_t next = 0;
     std::map<std::string, uint32_t> depths;
+    std::vector<std::string> refused;
     DepthsCallback callback;
     std::function<void()> step;
   };
@@ -40,14 +43,16 @@ void queue_depths(const std::shared_ptr<client::Connection>& connection,
     if (state->next == state->queues.size()) {
       auto done = std::move(state->callback);
       auto depths = std::move(state->depths);
+      auto refused = std::move(state->refused);
       state->step = nullptr;  // breaks the cycle; `done` may run after this returns
-      if (done) done(std::move(depths));
+      if (done) done(std::move(depths), std::move(refused));
       return;
     }
     const std::string queue = state->queues[state->next++];
     client::look_up_queue(state->connection, queue,
                           [state, queue](const Error& error, const client::QueueInfo& info) {
                             if (!error) state->depths[queue] = info.message_count;
+                            if (error.reply_code == 403) state->refused.push_back(queue);
                             state->step();
                           });
   };
@@ -156,8 +161,10 @@ Error stats(const std::shared_ptr<client::Connection>& connection, const topolog
           return;
         }
         queue_depths(connection, loop_queues,
-                     [counts, callback](std::map<std::string, uint32_t> depths) {
+                     [counts, callback](std::map<std::string, uint32_t> depths,
+                                        std::vector<std::string> refused) {
                        counts->stats.loop_depths = std::move(depths);
+                       counts->stats.loop_not_permitted = std::move(refused);
                        if (callback) callback(Error{}, std::move(counts->stats));
                      });
       },
@@ -244,8 +251,8 @@ Error replay(const std::shared_ptr<client::Connection>& connection,
   if (handle != nullptr) *handle = run;
   // The target must exist: a copy to a missing queue would only come back as a return. A
   // replaying user may hold no permission on it (write on the default exchange is all a replay
-  // needs), and RabbitMQ 4.2.6 and 4.3 refuse such a user's look-up (403): then the first copy's
-  // return says whether it exists, and ends the replay with nothing lost if not.
+  // needs), and RabbitMQ 4.2.6 and 4.3 refuse such a user's look-up (403): then the returns say
+  // whether it exists, each returned copy counted as failed and its original left parked.
   client::look_up_queue(
       connection, target,
       [connection, run, parking, target, callback = std::move(callback),

@@ -549,6 +549,13 @@ TEST_CASE(
   auto stats = s.cli({"parking", "stats"}, users.url(read_user));
   INFO(stats->out() << stats->err());
   CHECK(stats->wait() == 0);
+  // The wait queues' depths need a look at them, which 4.3 refuses to a user with no permission
+  // on them: stats says which it left out, where it would otherwise list them as if they were
+  // missing.
+  const bool says_not_counted =
+      stats->out().find("not counted, no permission to look at them") != std::string::npos;
+  CHECK(says_not_counted == (test::broker_version() == "4.3"));
+  if (says_not_counted) CHECK_THAT(stats->out(), Catch::Contains(s.queue()));
   auto dry_run = s.cli({"parking", "replay", "--dry-run"}, users.url(read_user));
   INFO(dry_run->out() << dry_run->err());
   CHECK(dry_run->wait() == 0);
@@ -574,6 +581,18 @@ TEST_CASE(
   INFO(purge->out() << purge->err());
   CHECK(purge->wait() == 0);
   CHECK(s.depth(s.parking()) == 0);
+
+  // A replay to a queue that is gone moves nothing: the look-up says so where the user may look
+  // (3.10, 4.0), and where it may not (4.3) each copy comes back unroutable and stays parked.
+  s.publish(s.parking(), "", "parked-4");
+  bool deleted = false;
+  REQUIRE_FALSE(s.channel->queue_delete(s.queue(), false, false,
+                                        [&](const Error&, uint32_t) { deleted = true; }));
+  REQUIRE(loop.run_until([&] { return deleted; }));
+  replay = s.cli({"parking", "replay"}, users.url(replay_user));
+  INFO(replay->out() << replay->err());
+  CHECK(replay->wait() == 3);
+  CHECK(s.depth(s.parking()) == 1);
 }
 
 TEST_CASE(

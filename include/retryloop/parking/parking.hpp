@@ -88,6 +88,9 @@ struct Stats {
   /// name -> depth). The delay levels are shared with the other services of the same base: their
   /// depths count every service's retries.
   std::map<std::string, uint32_t> loop_depths;
+  /// Those of the queues above that the user may not look at (RabbitMQ 4.2.6 and 4.3 refuse a
+  /// passive declare to a user without any permission on the queue): left out of loop_depths.
+  std::vector<std::string> loop_not_permitted;
   /// The first StatsOptions::keep matching messages, in queue order.
   std::vector<ParkedMessage> messages;
 };
