@@ -200,26 +200,18 @@ TEST_CASE(
   s.publish(s.service.input.exchange, "key", "crashes-its-consumer");
   CHECK(hand_back(s, HandBack::crash, 2) == 2);
 
-  consumer::ConsumerOptions options;
-  options.service = s.service;
-  options.connection.uri = client::parse_uri(test::broker_url());
-  options.handler_on_loop = true;
   int handled = 0;
-  auto c = consumer::Consumer::create(loop.get(), options, [&](const consumer::Message&) {
+  auto c = test::start(loop, test::options_for(s.service), [&](const consumer::Message&) {
     ++handled;
     return consumer::Outcome::ack();
   });
-  REQUIRE_FALSE(c->start());
   const bool parked = loop.run_until([&] { return c->metrics().parked() == 1; }, 20s);
   INFO("queue " << s.depth(s.queue()) << " wait " << s.depth(s.service.name + ".wait.100ms")
                 << " parking " << s.depth(s.parking()) << "; " << c->metrics().summary());
   REQUIRE(parked);
   CHECK(c->metrics().parked_delivery_limit == 1);
   CHECK(handled == 0);
-  bool stopped = false;
-  c->set_stopped_handler([&](const Error&) { stopped = true; });
-  c->stop(5s);
-  REQUIRE(loop.run_until([&] { return stopped; }));
+  test::stop(loop, c);
 
   auto messages = s.list();
   REQUIRE(messages.size() == 1);
@@ -262,22 +254,14 @@ TEST_CASE(
   REQUIRE_FALSE(channel->nack(result->delivery_tag, false, true));
   s.wait_depth(s.queue(), 1);
 
-  consumer::ConsumerOptions options;
-  options.service = s.service;
-  options.connection.uri = client::parse_uri(test::broker_url());
-  options.handler_on_loop = true;
   int handled = 0;
-  auto c = consumer::Consumer::create(loop.get(), options, [&](const consumer::Message&) {
+  auto c = test::start(loop, test::options_for(s.service), [&](const consumer::Message&) {
     ++handled;
     return consumer::Outcome::ack();
   });
-  REQUIRE_FALSE(c->start());
   REQUIRE(loop.run_until([&] { return c->metrics().acked + c->metrics().parked() == 1; }, 20s));
   CHECK(c->metrics().parked_delivery_limit == (counts_nacks ? 1 : 0));
   CHECK(handled == (counts_nacks ? 0 : 1));
-  bool stopped = false;
-  c->set_stopped_handler([&](const Error&) { stopped = true; });
-  c->stop(5s);
-  REQUIRE(loop.run_until([&] { return stopped; }));
+  test::stop(loop, c);
   CHECK(s.depth(s.queue()) == 0);
 }
