@@ -90,7 +90,9 @@ DelayRoute delay_route(const Service& service, std::chrono::milliseconds request
     route.capped = true;
     units = longest.count() / base;
   } else if (requested.count() > 0) {
-    units = (requested.count() + base / 2) / base;
+    // Up, never to the nearest: a retry must not come back before it asked to. Fits the levels,
+    // which reach at least `longest`.
+    units = requested.count() / base + (requested.count() % base != 0 ? 1 : 0);
   }
   route.delay = std::chrono::milliseconds(units * base);
   int highest = -1;

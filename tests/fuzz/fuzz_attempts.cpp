@@ -61,7 +61,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   for (auto kind : {OutcomeKind::ack, OutcomeKind::retry, OutcomeKind::permanent,
                     OutcomeKind::poison, OutcomeKind::drop}) {
-    const Decision decision = decide(service, info, Outcome{kind, "error"});
+    const Decision decision = decide(service, info, Outcome{kind, "error", {}});
     if (kind == OutcomeKind::retry && !info.malformed.empty()) {
       check(decision.action == Action::park && decision.reason == ParkReason::poison);
     }

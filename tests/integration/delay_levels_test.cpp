@@ -85,6 +85,39 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "A retry through the delay levels never comes back before it asked, below half the base or "
+    "between levels",
+    "[delay-levels][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  // A base of its own; 30 ms once rounded to the nearest base, 0: an immediate retry.
+  const auto service = make_service(test::unique_name("roundup"), R"("mode": "republish",
+      "delays": ["1s"], "max_attempts": 3, "delay_levels": {"base": "200ms", "levels": 4})");
+  const std::map<std::string, std::chrono::milliseconds> asked = {{"short", 30ms},
+                                                                  {"between", 250ms}};
+  Recorder recorder;
+  auto c = start(loop, options_for(service), [&](const consumer::Message& m) {
+    recorder.add(m);
+    return m.attempt == 1 ? Outcome::retry_after(asked.at(std::string(m.message_id())), "busy")
+                          : Outcome::ack();
+  });
+  for (const auto& [id, delay] : asked)
+    broker.publish(service.input.exchange, "key", id);
+  REQUIRE(loop.run_until([&] { return c->metrics().acked == 2; }, 20s));
+  stop(loop, c);
+  for (const auto& [id, delay] : asked) {
+    auto calls = recorder.of(id);
+    REQUIRE(calls.size() == 2);
+    const auto waited = gap(calls[0], calls[1]);
+    INFO(id << " asked " << delay.count() << " ms, came back after " << waited.count() << " ms");
+    // Rounded up to the base: 200 ms and 400 ms.
+    const auto rounded = id == "short" ? 200ms : 400ms;
+    CHECK(waited >= rounded);
+    CHECK(waited <= rounded + 1s);
+  }
+}
+
 TEST_CASE("Services sharing delay levels each get back only their own retries, in delay order",
           "[delay-levels][integration]") {
   TestLoop loop;

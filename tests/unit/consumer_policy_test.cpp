@@ -454,7 +454,7 @@ AttemptInfo attempt(int64_t number, std::optional<uint64_t> first_failure = std:
 
 }  // namespace
 
-TEST_CASE("retry_after waits in the delay levels, rounded to the base and capped", "[policy]") {
+TEST_CASE("retry_after waits in the delay levels, rounded up to the base and capped", "[policy]") {
   const auto s = with_levels({1s}, 5);
   DecisionContext now{1700000000, 0.5};
   Decision d = decide(s, attempt(1), Outcome::retry_after(17s, "429"), now);
@@ -466,8 +466,11 @@ TEST_CASE("retry_after waits in the delay levels, rounded to the base and capped
   CHECK_FALSE(d.capped);
   CHECK(d.hops == 4);
 
+  // Rounded up to the base: never back before it asked.
   d = decide(s, attempt(1), Outcome::retry_after(1234ms, "x"), now);
-  CHECK(d.delay == 1200ms);
+  CHECK(d.delay == 1300ms);
+  d = decide(s, attempt(1), Outcome::retry_after(30ms, "x"), now);
+  CHECK(d.delay == 100ms);
 
   // 16 levels of 100 ms reach 6553.5 s; a day is cut to that, and said so.
   d = decide(s, attempt(1), Outcome::retry_after(24h, "maintenance"), now);

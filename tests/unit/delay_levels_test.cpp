@@ -285,7 +285,10 @@ TEST_CASE("A retry through the delay levels waits its delay and comes back to it
       INFO(s.name << " asks " << ask.count() << " ms");
       DelayRoute route = delay_route(s, ask);
       CHECK(route.capped == (ask > longest));
-      if (!route.capped) CHECK(std::abs((route.delay - ask).count()) <= 50);
+      if (!route.capped) {
+        CHECK(route.delay >= ask);  // never back before it asked
+        CHECK(route.delay - ask < s.retry.delay_levels->base);
+      }
       CHECK(route.delay <= longest);
       auto journey = broker.deliver(route.exchange, route.routing_key);
       CHECK(journey.queue == input_queue_name(s));
@@ -305,6 +308,22 @@ TEST_CASE("A retry through the delay levels waits its delay and comes back to it
   CHECK(route.routing_key == "0.1.0.1.0.1.0.1.0.0.orders");
   CHECK(route.exchange == "retryloop.delay.100ms.07");
   CHECK(route.hops == 4);
+  // Rounded up, never to the nearest: below half the base, between levels, above the maximum.
+  auto second = parse_valid_topology(
+      R"({"services": [)" +
+      service_json("c", "orders", R"({"mode": "republish", "delays": ["1s"], "max_attempts": 5,
+                                      "delay_levels": {"base": "1s", "max": "1h"}})") +
+      "]}");
+  const Service& by_second = second.services[0];
+  CHECK(delay_route(by_second, 300ms).delay == 1s);
+  CHECK(delay_route(by_second, 1ms).delay == 1s);
+  CHECK(delay_route(by_second, 0ms).delay == 0s);
+  CHECK(delay_route(by_second, 4200ms).delay == 5s);
+  CHECK(delay_route(by_second, 4000ms).delay == 4s);
+  CHECK(delay_route(by_second, 1h).delay == 1h);
+  CHECK_FALSE(delay_route(by_second, 1h).capped);
+  CHECK(delay_route(by_second, 1h + 1ms).capped);
+  CHECK(delay_route(by_second, 1h + 1ms).delay == 1h);
   // A queue gone when the delay ends: its message waits in the set's unrouted queue.
   CHECK(broker.route("retryloop.delay.100ms.deliver", "0.0.0.0.0.0.0.0.0.0.gone") ==
         std::set<std::string>{"retryloop.delay.100ms.unrouted"});

@@ -35,9 +35,9 @@ struct Outcome {
   static Outcome retry(std::string error) { return {OutcomeKind::retry, std::move(error), {}}; }
   /// A retry that waits `delay` (an HTTP 429's Retry-After, a rate limit's reset time). It counts
   /// as an attempt like retry. With delay levels (republish mode) the message waits `delay`
-  /// rounded to the levels' base, at most their maximum; without them, the shortest delay tier
-  /// that is at least as long (else the longest); in reject mode, the one delay. The log line
-  /// says when the wait differs from the request.
+  /// rounded up to the levels' base (never less than asked), at most their maximum; without
+  /// them, the shortest delay tier that is at least as long (else the longest); in reject mode,
+  /// the one delay. The log line says when the wait differs from the request.
   static Outcome retry_after(std::chrono::milliseconds delay, std::string error) {
     return {OutcomeKind::retry, std::move(error), delay};
   }

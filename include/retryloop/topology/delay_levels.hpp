@@ -64,7 +64,8 @@ struct DelayRoute {
   /// that rounds to zero.
   std::string exchange;
   std::string routing_key;
-  /// What the message will wait: `requested` rounded to the base, cut to longest_level_delay.
+  /// What the message will wait: `requested` rounded up to a whole number of bases, so never
+  /// less than asked; a request over longest_level_delay waits longest_level_delay, rounded down.
   std::chrono::milliseconds delay{0};
   std::chrono::milliseconds requested{0};
   /// `requested` was longer than longest_level_delay.
