@@ -330,21 +330,32 @@ TEST_CASE(
   // Their delay ends while the queue is gone: every one of them is parked. Quorum wait queues
   // dead-letter at-least-once: a retry that was on its way into Q when Q went is sent again,
   // so parking may get a few more than were waiting; it is read once it holds still.
+  // The lanes are watched together, so that their quiet seconds overlap.
   std::vector<uint32_t> still_waiting(lanes.size(), 0);
   std::vector<uint32_t> parked_meanwhile(lanes.size(), 0);
-  for (size_t i = 0; i < lanes.size(); ++i) {
-    INFO(lanes[i]->label());
-    uint32_t last = 0;
-    auto since_change = Clock::now();
-    CHECK(poll_until(loop, delay + 30s, [&] {
-      if (probe.depth(lanes[i]->wait_queue()).messages != 0) return false;
+  std::vector<uint32_t> last(lanes.size(), 0);
+  std::vector<Clock::time_point> since_change(lanes.size(), Clock::now());
+  std::string not_settled;
+  const bool settled = poll_until(loop, delay + 30s, [&] {
+    not_settled.clear();
+    for (size_t i = 0; i < lanes.size(); ++i) {
       const uint32_t parked = probe.depth(lanes[i]->parking_queue()).messages;
-      if (parked != last) {
-        last = parked;
-        since_change = Clock::now();
+      if (parked != last[i]) {
+        last[i] = parked;
+        since_change[i] = Clock::now();
       }
-      return parked >= parked_before[i] + waiting[i] && Clock::now() - since_change > 3s;
-    }));
+      if (probe.depth(lanes[i]->wait_queue()).messages != 0 ||
+          parked < parked_before[i] + waiting[i] || Clock::now() - since_change[i] <= 3s) {
+        not_settled += " " + lanes[i]->label();
+      }
+    }
+    return not_settled.empty();
+  });
+  {
+    INFO("lanes whose retries had not all been parked:" << not_settled);
+    CHECK(settled);
+  }
+  for (size_t i = 0; i < lanes.size(); ++i) {
     still_waiting[i] = probe.depth(lanes[i]->wait_queue()).messages;
     parked_meanwhile[i] = probe.depth(lanes[i]->parking_queue()).messages - parked_before[i];
   }
