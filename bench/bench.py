@@ -24,8 +24,8 @@ BUILD = os.path.abspath(os.environ.get("BENCH_BUILD", os.path.join(ROOT, "build-
 PYTHON = "/usr/bin/python3"
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1" if QUICK else "3"))
-ALL_BENCHMARKS = ["consume", "callgrind", "publish", "retry", "lateness", "delays", "memory",
-                  "replay", "outbox", "scale"]
+ALL_BENCHMARKS = ["consume", "callgrind", "consumer", "publish", "retry", "lateness", "delays",
+                  "memory", "replay", "outbox", "scale"]
 ALL_CLIENTS = ["retryloop", "rabbitmq-c", "amqp091-go", "amqplib", "amqp-client.js", "pika"]
 
 
@@ -48,6 +48,8 @@ def size(name, default, quick, full):
 SIZES = {
     "consume": size("consume_n", 10000, 5000, 100000),
     "consume_low_prefetch": size("consume_low_n", 1000, 1000, 100000),
+    # The retry consumer against the clients under it, each parsing a 1 KB JSON body.
+    "consumer": size("consumer_n", 30000, 5000, 100000),
     "publish": size("publish_n", 10000, 5000, 100000),
     "publish_one": size("publish_one_n", 300, 100, 100000),
     "retry": size("retry_n", 3000, 1000, 10000),
@@ -116,6 +118,13 @@ def peer_command(client, mode, url, queue, count, setting):
 
 def log(text):
     print(text, flush=True)
+
+
+def log_rate(prefix, row, count):
+    """The progress line of a consume run: its rate, and the client's and broker's CPU."""
+    if "failed" not in row:
+        log(f"{prefix} {row['rate']:9.0f} msg/s  client {row['cpu_seconds'] / count * 1e6:6.1f} "
+            f"us/msg  broker {row['broker_cpu_seconds'] / count * 1e6:6.1f} us/msg")
 
 
 def run(command, timeout=1200):
@@ -348,13 +357,60 @@ class Bench:
                                                       prefetch), count)
                         self.record(row, bench="consume", client=client, queue_type=queue_type,
                                     prefetch=prefetch, round=r + 1)
-                        if "failed" not in row:
-                            log(f"consume {queue_type} prefetch {prefetch} round {r + 1}: "
-                                f"{client:15s} {row['rate']:9.0f} msg/s  client "
-                                f"{row['cpu_seconds'] / count * 1e6:6.1f} us/msg  broker "
-                                f"{row['broker_cpu_seconds'] / count * 1e6:6.1f} us/msg")
+                        log_rate(f"consume {queue_type} prefetch {prefetch} round {r + 1}: "
+                                 f"{client:15s}", row, count)
         for client in CLIENTS:
             self.tool("reset", "--queue", f"bench.consume.{client}", "--delete-only")
+
+    # ---- 1b. The retry consumer against the clients under it, the same handler work ----
+
+    # retryloop's contenders: the retry consumer at concurrency 1 and 8 with its handler on the
+    # worker threads, and on the loop; the raw client under it with the same handler.
+    CONSUMER_VARIANTS = {
+        "retryloop-c1": ["--concurrency", "1"],
+        "retryloop-c8": ["--concurrency", "8"],
+        "retryloop-loop": ["--concurrency", "1", "--on-loop"],
+    }
+
+    def consumer(self):
+        count = SIZES["consumer"]
+        contenders = []
+        if "retryloop" in CLIENTS:
+            contenders += list(self.CONSUMER_VARIANTS) + ["retryloop-raw"]
+        contenders += [c for c in ("pika", "amqplib", "rabbitmq-c") if c in CLIENTS]
+        for queue_type in [q for q in QUEUE_TYPES if q in ("classic", "quorum")]:
+            paths = {}
+            for contender in contenders:
+                queue = f"bench.handle.{contender}"
+                if contender in self.CONSUMER_VARIANTS:
+                    paths[contender] = self.topology(queue, queue_type, "reject", "30s")
+                else:
+                    self.tool("reset", "--queue", queue, "--type", queue_type)
+            for r in range(ROUNDS):
+                for contender in rotate(contenders, r):
+                    queue = f"bench.handle.{contender}"
+                    self.tool("fill", "--queue", queue, "--count", count, "--fresh", "--json",
+                              timeout=3600)
+                    if contender in self.CONSUMER_VARIANTS:
+                        command = [TOOL, "handle", "--url", self.url, "--topology",
+                                   paths[contender], "--service", queue, "--count", str(count),
+                                   "--prefetch", str(RETRY_PREFETCH),
+                                   *self.CONSUMER_VARIANTS[contender]]
+                    elif contender == "retryloop-raw":
+                        command = peer_command("retryloop", "consume", self.url, queue, count,
+                                               RETRY_PREFETCH) + ["--json"]
+                    else:
+                        command = peer_command(contender, "handle", self.url, queue, count,
+                                               RETRY_PREFETCH)
+                    row = self.timed(command, count)
+                    self.record(row, bench="consumer", client=contender, queue_type=queue_type,
+                                prefetch=RETRY_PREFETCH, round=r + 1)
+                    log_rate(f"consumer {queue_type} round {r + 1}: {contender:15s}", row, count)
+            for contender in contenders:
+                if contender in paths:
+                    self.drop_topology(paths[contender])
+                else:
+                    self.tool("reset", "--queue", f"bench.handle.{contender}", "--delete-only")
 
     def callgrind(self):
         clients = [c for c in ("retryloop", "rabbitmq-c") if c in CLIENTS]

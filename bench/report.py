@@ -127,6 +127,65 @@ class Report:
             self.table(["prefetch"] + clients + ["best peer", "retryloop / best peer",
                                                  "retryloop / pika"], body)
 
+    def consumer(self):
+        rows = self.select("consumer")
+        if not rows:
+            return
+        sizes = self.meta["sizes"]
+        parse = [r["parse_us"] for r in rows if "parse_us" in r]
+        self.out("## 1b. The retry consumer against the clients under it")
+        self.out()
+        self.out(f"N = {sizes.get('consumer', 0):,} persistent 1 KB JSON orders (no x-death: first "
+                 f"deliveries), the queue filled beforehand, prefetch 200. Every contender does "
+                 f"the same handler work: parse the body (nlohmann::json, json.loads, JSON.parse, "
+                 f"json-c), read a field, ack. `retryloop-c1` is the retry consumer as "
+                 f"`demo_consumer` runs it (concurrency 1, handler on a worker thread), `-c8` "
+                 f"with 8 handlers at once, `-loop` with the handler on the loop thread, `-raw` "
+                 f"the client under it with the same handler. CPU is the client process's over "
+                 f"the window from the first delivery to the last ack."
+                 + (f" One parse of the body alone costs {med(parse):.1f} µs of CPU (measured by "
+                    f"`bench_retryloop handle` before it connects)." if parse else ""))
+        self.out()
+        contenders = []
+        for r in rows:
+            if r["client"] not in contenders:
+                contenders.append(r["client"])
+        for q in self.meta["queue_types"]:
+            per = {}
+            for c in contenders:
+                sel = self.select("consumer", client=c, queue_type=q)
+                if sel:
+                    per[c] = sel
+            if not per:
+                continue
+            cpu = {c: med([r["cpu_seconds"] / r["messages"] * 1e6 for r in sel])
+                   for c, sel in per.items()}
+            rate = {c: med([r["rate"] for r in sel]) for c, sel in per.items()}
+            body = []
+            for c, sel in per.items():
+                broker = [r["broker_cpu_seconds"] / r["messages"] * 1e6 for r in sel
+                          if "broker_cpu_seconds" in r]
+                body.append([c, spread([r["rate"] for r in sel]),
+                             f"{cpu[c]:.1f}", f"{med(broker):.1f}" if broker else "–",
+                             fmt_ratio(ratio(cpu[c], cpu.get("pika"))),
+                             fmt_ratio(ratio(rate[c], rate.get("pika")))])
+            self.out(f"**{q} queue**:")
+            self.out()
+            self.table(["contender", "msg/s", "client CPU µs/msg", "broker CPU µs/msg",
+                        "CPU / pika's", "rate / pika's"], body)
+            ours = "retryloop-c1"
+            if ours in cpu and "pika" in cpu:
+                self.target(f"retry consumer CPU ≤ 0.25x pika's, same handler ({q})",
+                            f"{cpu[ours]:.1f} vs {cpu['pika']:.1f} µs "
+                            f"({cpu[ours] / cpu['pika']:.2f}x)", cpu[ours] <= 0.25 * cpu["pika"])
+            if ours in cpu and "retryloop-raw" in cpu:
+                self.target(f"retry consumer CPU ≤ the raw client's with the same handler + 3 µs "
+                            f"({q})", f"{cpu[ours]:.1f} vs {cpu['retryloop-raw']:.1f} µs",
+                            cpu[ours] <= cpu["retryloop-raw"] + 3)
+            if q == "classic" and ours in rate and "pika" in rate:
+                self.target("retry consumer drain ≥ 2x pika's (classic, prefetch 200)",
+                            f"{rate[ours] / rate['pika']:.2f}x", rate[ours] >= 2 * rate["pika"])
+
     def consume_targets(self, queue_type, prefetch, rates, peers, best, ours):
         where = f"{queue_type}, prefetch {prefetch}"
         ranges_overlap = min(rates["retryloop"]) <= max(rates[best]) and \
@@ -819,6 +878,7 @@ class Report:
         self.header()
         body_start = len(self.lines)
         self.consume()
+        self.consumer()
         self.cpu()
         self.publish()
         self.retry()

@@ -4,7 +4,10 @@
 //                           [--ttl MS --dead-letter-to Q2] [--delete-only]
 //   bench_retryloop fill    --url URL (--queue Q | --exchange FANOUT) --count N [--size BYTES]
 //                           [--fresh] [--parked [--rare-every K]] [--unique-ids] [--ballast]
-//   bench_retryloop consume --url URL --queue Q --count N --prefetch P [--ack-delay MS]
+//                           [--json]
+//   bench_retryloop consume --url URL --queue Q --count N --prefetch P [--ack-delay MS] [--json]
+//   bench_retryloop handle  --url URL --topology FILE --service S --count N --prefetch P
+//                           --concurrency C [--on-loop]
 //   bench_retryloop publish --url URL --queue Q --count N --window W [--rate MSG_PER_S]
 //                           [--mandatory] [--outbox-headers]
 //   bench_retryloop retry   --url URL --topology FILE --service S --count N --fail K [--lateness]
@@ -30,11 +33,17 @@
 // headers of a parked message, and with --rare-every K every Kth an error of its own, "certificate
 // expired", for a filter that takes 1/K of them; --unique-ids gives each message a message-id of
 // its own, for the inbox; --ballast marks each with a `bench-ballast` header, which `retry` acks
-// without counting), pipelined with confirms; it is how every queue is filled, outside the timed
-// window. The other modes print one JSON line:
+// without counting; --json makes each body a JSON order of BYTES, as bench/peers parse it),
+// pipelined with confirms; it is how every queue is filled, outside the timed window. The other
+// modes print one JSON line:
 //
-//   consume  N deliveries acked one by one, no-op handler: time from the first delivery to the last
-//            ack, and the process's CPU time over the same window.
+//   consume  N deliveries acked one by one, no-op handler (--json: the handler parses the body):
+//            time from the first delivery to the last ack, and the process's CPU time over the
+//            same window.
+//   handle   the retry consumer on a service of FILE, C handlers at once on its worker threads (or
+//            on the loop with --on-loop), each parsing the JSON body and acking: time and CPU
+//            from the first delivery to the Nth ack; and `parse_us`, the CPU one parse of the
+//            body costs alone (the handler's own work), measured before connecting.
 //   publish  N messages with confirms, at most W unconfirmed (1: one at a time); --rate paces
 //            them and stamps each with the time it was sent (for `ttl`). --mandatory and
 //            --outbox-headers publish as the outbox relay does: with mandatory, and with the
@@ -157,6 +166,8 @@ struct Args {
   long rare_every = 0;
   bool ballast = false;
   long sleep_ms = 20;
+  bool json = false;
+  bool on_loop = false;
 };
 
 // Exits at once: from the timeout's thread, or with worker threads running a handler, std::exit
@@ -245,6 +256,31 @@ amqp::BasicProperties message_properties(bool fresh, bool parked) {
     h.append("retryloop-consumer", "bench:1");
   }
   return properties;
+}
+
+/// A JSON order of about `size` bytes (at least its fixed part): what the consumer benchmark's
+/// handlers parse. bench/peers build none: they parse what `fill --json` published.
+std::string json_body(long size) {
+  std::string body =
+      R"({"order_id": "ord-2024-118842", "customer": {"id": 48213, "name": "Acme GmbH", )"
+      R"("country": "DE"}, "currency": "EUR", "total": 1234.5, "paid": true, "lines": [)";
+  for (int line = 0; body.size() + 200 < static_cast<size_t>(size); ++line) {
+    body += (line == 0 ? "" : ", ");
+    body += R"({"sku": "SKU-)" + std::to_string(10000 + line) + R"(", "quantity": )" +
+            std::to_string(1 + line % 7) + R"(, "price": )" + std::to_string(9.5 + line) +
+            R"(, "tags": ["retail", "eu"]})";
+  }
+  body += R"(], "note": ")";
+  while (body.size() + 2 < static_cast<size_t>(size))
+    body += 'x';
+  body += R"("})";
+  return body;
+}
+
+/// The handler work every consumer of the consumer benchmark does: parse the body, read a field.
+bool handle_json(std::string_view body) {
+  const auto order = nlohmann::json::parse(body.begin(), body.end(), nullptr, false);
+  return !order.is_discarded() && order.contains("order_id");
 }
 
 int64_t header_int(const amqp::BasicProperties& properties, const char* name) {
@@ -336,7 +372,8 @@ struct PublishResult {
 PublishResult publish(uv_loop_t* loop, const Args& args, bool stamp) {
   PublishResult result;
   long published = 0, confirmed = 0;
-  std::string body(static_cast<size_t>(args.size), 'x');
+  const std::string body =
+      args.json ? json_body(args.size) : std::string(static_cast<size_t>(args.size), 'x');
   amqp::BasicProperties properties = message_properties(args.fresh, args.parked);
   properties.headers->append("bench-seq", int64_t{0});
   if (stamp) properties.headers->append("bench-sent-us", int64_t{0});
@@ -432,6 +469,7 @@ void consume(uv_loop_t* loop, const Args& args) {
                   r.t0 = wall_seconds();
                   cpu0 = cpu_seconds();
                 }
+                if (args.json && !handle_json(delivery.message.body)) die("not a JSON order");
                 (void)channel->ack(delivery.delivery_tag);
                 if (++received == args.count) {
                   CALLGRIND_DUMP_STATS;
@@ -451,6 +489,73 @@ topology::Service load_service(const Args& args) {
   topology::ParseResult parsed = topology::load_topology(args.topology);
   if (!parsed.ok()) die("topology: " + parsed.messages().front());
   return topology::select_services(*parsed.topology, {args.service}).services.at(0);
+}
+
+/// CPU microseconds of one handle_json of a body of `size`, alone.
+double parse_cost_us(long size) {
+  const std::string body = json_body(size);
+  const int rounds = 20000;
+  const double cpu0 = cpu_seconds();
+  for (int k = 0; k < rounds; ++k) {
+    if (!handle_json(body)) die("json_body is not a JSON order");
+  }
+  return (cpu_seconds() - cpu0) / rounds * 1e6;
+}
+
+void handle(uv_loop_t* loop, const Args& args) {
+  const double parse_us = parse_cost_us(args.size);
+  consumer::ConsumerOptions options;
+  options.service = load_service(args);
+  options.connection.uri = parse_uri(args.url);
+  options.prefetch = static_cast<uint16_t>(args.prefetch);
+  options.concurrency = static_cast<uint32_t>(args.concurrency);
+  options.handler_on_loop = args.on_loop;
+  std::atomic<long> started{0};
+  struct State {
+    std::shared_ptr<consumer::Consumer> consumer;
+    const Args* args;
+    PublishResult r;
+    double cpu0 = 0;
+    std::atomic<long>* started;
+  } state{nullptr, &args, {}, 0, &started};
+  state.consumer = consumer::Consumer::create(
+      loop, options, consumer::Handler([&started](const consumer::Message& message) {
+        started.fetch_add(1, std::memory_order_relaxed);
+        if (!handle_json(message.body)) return consumer::Outcome::poison("not a JSON order");
+        return consumer::Outcome::ack();
+      }));
+  uv_timer_t poll{};
+  uv_timer_init(loop, &poll);
+  poll.data = &state;
+  // A 1 ms poll starts the clock at the first handler call and stops it at the Nth ack.
+  uv_timer_start(
+      &poll,
+      [](uv_timer_t* t) {
+        auto* s = static_cast<State*>(t->data);
+        if (s->r.t0 == 0 && s->started->load() > 0) {
+          s->r.t0 = wall_seconds();
+          s->cpu0 = cpu_seconds();
+        }
+        if (static_cast<long>(s->consumer->metrics().acked) < s->args->count) return;
+        s->r.t1 = wall_seconds();
+        s->r.cpu = cpu_seconds() - s->cpu0;
+        s->consumer->stop(std::chrono::seconds(10));
+        uv_close(reinterpret_cast<uv_handle_t*>(t), nullptr);
+      },
+      1, 1);
+  check(state.consumer->start(), "consumer start");
+  uv_run(loop, UV_RUN_DEFAULT);
+  const auto metrics = state.consumer->metrics();
+  state.consumer.reset();
+  if (static_cast<long>(metrics.acked) < args.count) die("consumer stopped early");
+  const double seconds = state.r.t1 - state.r.t0;
+  std::printf(
+      "{\"client\": \"retryloop\", \"bench\": \"handle\", \"messages\": %ld, "
+      "\"concurrency\": %d, \"on_loop\": %s, \"prefetch\": %d, \"seconds\": %.4f, "
+      "\"rate\": %.1f, \"cpu_seconds\": %.4f, \"parse_us\": %.3f, \"t0\": %.6f, "
+      "\"t1\": %.6f}\n",
+      args.count, args.concurrency, args.on_loop ? "true" : "false", args.prefetch, seconds,
+      args.count / seconds, state.r.cpu, parse_us, state.r.t0, state.r.t1);
 }
 
 std::string percentiles_json(std::vector<double> values) {
@@ -1262,6 +1367,14 @@ int main(int argc, char** argv) {
       args.ballast = true;
       continue;
     }
+    if (flag == "--json") {
+      args.json = true;
+      continue;
+    }
+    if (flag == "--on-loop") {
+      args.on_loop = true;
+      continue;
+    }
     if (flag == "--inbox") {
       args.inbox = true;
       continue;
@@ -1355,6 +1468,8 @@ int main(int argc, char** argv) {
     retry(loop, args);
   } else if (args.mode == "handlers") {
     handlers(loop, args);
+  } else if (args.mode == "handle") {
+    handle(loop, args);
   } else if (args.mode == "delays") {
     delays(loop, args);
   } else if (args.mode == "ttl") {

@@ -1,6 +1,7 @@
 // The amqplib peer (npm amqplib), with its promise API as its examples use it.
 //
 //   node amqplib.js consume URL QUEUE COUNT PREFETCH   ack each delivery, no-op handler
+//   node amqplib.js handle URL QUEUE COUNT PREFETCH    parse each JSON body, read a field, ack
 //   node amqplib.js publish URL QUEUE COUNT WINDOW     confirms, at most WINDOW unconfirmed
 //
 // Prints one JSON line: the time from the first delivery (or publish) to the last ack (or
@@ -29,18 +30,19 @@ function report(bench, count, setting, t0, cpu0) {
   }));
 }
 
-async function consume(conn, queue, count, prefetch) {
+async function consume(conn, queue, count, prefetch, parse) {
   const ch = await conn.createChannel();
   await ch.prefetch(prefetch);
   let received = 0, t0, cpu0;
   await new Promise((resolve) => {
     ch.consume(queue, (msg) => {
       if (received === 0) { t0 = Date.now() / 1000; cpu0 = cpuSeconds(); }
+      if (parse && !('order_id' in JSON.parse(msg.content))) throw new Error('not a JSON order');
       ch.ack(msg);
       if (++received === count) resolve();
     });
   });
-  report('consume', count, { prefetch }, t0, cpu0);
+  report(parse ? 'handle' : 'consume', count, { prefetch }, t0, cpu0);
 }
 
 async function publish(conn, queue, count, window) {
@@ -67,7 +69,9 @@ async function publish(conn, queue, count, window) {
 async function main() {
   const [mode, url, queue, count, setting] = process.argv.slice(2);
   const conn = await amqp.connect(url);
-  if (mode === 'consume') await consume(conn, queue, Number(count), Number(setting));
+  if (mode === 'consume' || mode === 'handle') {
+    await consume(conn, queue, Number(count), Number(setting), mode === 'handle');
+  }
   else await publish(conn, queue, Number(count), Number(setting));
   await conn.close();
 }

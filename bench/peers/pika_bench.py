@@ -1,6 +1,8 @@
 """The pika peer (python3-pika, the seed article's client), written the way pika's own examples are.
 
     pika_bench.py consume URL QUEUE COUNT PREFETCH      BlockingConnection consumer, ack each
+    pika_bench.py handle URL QUEUE COUNT PREFETCH       the same, parsing each JSON body (json.loads)
+                                                        and reading a field before the ack
     pika_bench.py publish URL QUEUE COUNT WINDOW        confirms; WINDOW 1: BlockingChannel,
                                                         one at a time; more: SelectConnection
     pika_bench.py seed-setup URL NAME TTL_MS TYPE       the seed recipe's exchanges and queues
@@ -65,7 +67,7 @@ class Window:
                           "cpu_seconds": round(self.cpu, 4), "t0": self.t0, "t1": self.t1}))
 
 
-def consume(url, queue, count, prefetch):
+def consume(url, queue, count, prefetch, parse=False):
     connection = pika.BlockingConnection(pika.URLParameters(url))
     channel = connection.channel()
     channel.basic_qos(prefetch_count=prefetch)
@@ -75,6 +77,8 @@ def consume(url, queue, count, prefetch):
         nonlocal received
         if received == 0:
             window.start()
+        if parse and "order_id" not in json.loads(body):
+            raise SystemExit("not a JSON order")
         ch.basic_ack(delivery_tag=method.delivery_tag)
         received += 1
         if received == count:
@@ -84,7 +88,7 @@ def consume(url, queue, count, prefetch):
     channel.basic_consume(queue=queue, on_message_callback=on_message)
     channel.start_consuming()
     connection.close()
-    window.report("pika", "consume", count, prefetch=prefetch)
+    window.report("pika", "handle" if parse else "consume", count, prefetch=prefetch)
 
 
 def publish_one_at_a_time(url, queue, count):
@@ -258,8 +262,8 @@ def replay(url, source, target, count):
 
 def main():
     mode, url, args = sys.argv[1], sys.argv[2], sys.argv[3:]
-    if mode == "consume":
-        consume(url, args[0], int(args[1]), int(args[2]))
+    if mode in ("consume", "handle"):
+        consume(url, args[0], int(args[1]), int(args[2]), parse=mode == "handle")
     elif mode == "publish" and int(args[2]) == 1:
         publish_one_at_a_time(url, args[0], int(args[1]))
     elif mode == "publish":

@@ -1,6 +1,8 @@
 /* The rabbitmq-c peer (Debian's librabbitmq-dev): the blocking API as its examples use it.
  *
  *   bench_rabbitmq_c consume URL QUEUE COUNT PREFETCH   ack each delivery, no-op handler
+ *   bench_rabbitmq_c handle URL QUEUE COUNT PREFETCH    parse each body with json-c (Debian's
+ *                                                       libjson-c-dev), read a field, ack
  *   bench_rabbitmq_c publish URL QUEUE COUNT WINDOW     confirms, at most WINDOW unconfirmed
  *
  * Prints one JSON line: the time from the first delivery (or publish) to the last ack (or
@@ -12,6 +14,10 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/time.h>
+
+#ifdef BENCH_HAVE_JSON_C
+#include <json-c/json.h>
+#endif
 
 #if __has_include(<valgrind/callgrind.h>)
 #include <valgrind/callgrind.h>
@@ -112,11 +118,28 @@ static void report(const char* bench, long count, long setting, double t0, doubl
   printf(
       "{\"client\": \"rabbitmq-c\", \"bench\": \"%s\", \"messages\": %ld, \"%s\": %ld, "
       "\"seconds\": %.4f, \"rate\": %.1f, \"cpu_seconds\": %.4f, \"t0\": %.6f, \"t1\": %.6f}\n",
-      bench, count, strcmp(bench, "consume") == 0 ? "prefetch" : "window", setting, t1 - t0,
+      bench, count, strcmp(bench, "publish") != 0 ? "prefetch" : "window", setting, t1 - t0,
       count / (t1 - t0), cpu, t0, t1);
 }
 
-static void consume(amqp_connection_state_t conn, const char* queue, long count, long prefetch) {
+/* The consumer benchmark's handler work: parse the JSON body, read a field. */
+static int handle_json(amqp_bytes_t body) {
+#ifdef BENCH_HAVE_JSON_C
+  struct json_tokener* tokener = json_tokener_new();
+  struct json_object* order = json_tokener_parse_ex(tokener, body.bytes, (int)body.len);
+  int ok = order != NULL && json_object_object_get_ex(order, "order_id", NULL);
+  json_object_put(order);
+  json_tokener_free(tokener);
+  return ok;
+#else
+  (void)body;
+  die("built without json-c (libjson-c-dev)");
+  return 0;
+#endif
+}
+
+static void consume(amqp_connection_state_t conn, const char* queue, long count, long prefetch,
+                    int parse) {
   amqp_basic_qos(conn, 1, 0, (uint16_t)prefetch, 0);
   check_reply(amqp_get_rpc_reply(conn), "basic.qos");
   amqp_basic_consume(conn, 1, amqp_cstring_bytes(queue), amqp_empty_bytes, 0, 0, 0,
@@ -132,11 +155,12 @@ static void consume(amqp_connection_state_t conn, const char* queue, long count,
       t0 = wall_seconds();
       cpu0 = cpu_seconds();
     }
+    if (parse && !handle_json(envelope.message.body)) die("not a JSON order");
     if (amqp_basic_ack(conn, 1, envelope.delivery_tag, 0) != AMQP_STATUS_OK) die("basic.ack");
     amqp_destroy_envelope(&envelope);
   }
   CALLGRIND_DUMP_STATS;
-  report("consume", count, prefetch, t0, wall_seconds(), cpu_seconds() - cpu0);
+  report(parse ? "handle" : "consume", count, prefetch, t0, wall_seconds(), cpu_seconds() - cpu0);
 }
 
 static void publish(amqp_connection_state_t conn, const char* queue, long count, long window) {
@@ -174,10 +198,12 @@ static void publish(amqp_connection_state_t conn, const char* queue, long count,
 }
 
 int main(int argc, char** argv) {
-  if (argc != 6) die("usage: bench_rabbitmq_c consume|publish URL QUEUE COUNT PREFETCH|WINDOW");
+  if (argc != 6) {
+    die("usage: bench_rabbitmq_c consume|handle|publish URL QUEUE COUNT PREFETCH|WINDOW");
+  }
   amqp_connection_state_t conn = open_connection(argv[2]);
-  if (strcmp(argv[1], "consume") == 0) {
-    consume(conn, argv[3], atol(argv[4]), atol(argv[5]));
+  if (strcmp(argv[1], "consume") == 0 || strcmp(argv[1], "handle") == 0) {
+    consume(conn, argv[3], atol(argv[4]), atol(argv[5]), strcmp(argv[1], "handle") == 0);
   } else {
     publish(conn, argv[3], atol(argv[4]), atol(argv[5]));
   }

@@ -257,6 +257,7 @@ void ConsumerImpl::close_session(std::function<void()> done) {
   std::shared_ptr<Session> session = std::move(session_);
   session_.reset();
   waiting_.clear();  // unacked: the broker requeues them when the channel closes
+  withdraw_handlers();
   std::unordered_map<uint64_t, std::shared_ptr<Pending>> settling = std::move(settling_);
   settling_.clear();
   for (const auto& [id, pending] : settling)
@@ -370,10 +371,20 @@ void ConsumerImpl::park_undecodable(const std::shared_ptr<Pending>& pending,
   publish_copy(pending);
 }
 
+size_t ConsumerImpl::handler_window() const {
+  // The worker pool runs `concurrency` handlers at once and starts its queued jobs in order, so
+  // a few more are handed to it ahead: a worker that finishes takes the next without waiting for
+  // the loop, and the loop collects finished handlers in batches. Only a handed-over delivery
+  // carries its Handling, so the look-ahead is bounded, not the whole prefetch.
+  if (pool_) return options_.concurrency + std::max<size_t>(options_.concurrency, 32);
+  return options_.concurrency;
+}
+
 void ConsumerImpl::start_handlers() {
   if (dispatching_) return;  // the outer call's loop picks up what was added
   dispatching_ = true;
-  while (running_ < options_.concurrency && !waiting_.empty() && state_ != State::stopping) {
+  const size_t window = handler_window();
+  while (running_ < window && !waiting_.empty() && state_ != State::stopping) {
     std::shared_ptr<Pending> pending = std::move(waiting_.front());
     waiting_.pop_front();
     run_handler(pending);
@@ -392,8 +403,8 @@ void ConsumerImpl::run_handler(const std::shared_ptr<Pending>& pending) {
     return;
   }
   ++running_;
-  pending->handling->started_ns = uv_hrtime();
   if (async_handler_ || options_.handler_on_loop) {
+    pending->handling->started_ns = uv_hrtime();
     pending->handling->span_end =
         begin_span(*start_span_, pending->message, pending->handling->trace);
   }
@@ -422,21 +433,40 @@ void ConsumerImpl::run_handler(const std::shared_ptr<Pending>& pending) {
   std::weak_ptr<ConsumerImpl> weak = weak_from_this();
   pool_->post(
       [pending, handler = handler_, exceptions = exceptions_, start_span = start_span_] {
+        pending->handling->started_ns = uv_hrtime();
         pending->handling->span_end =
             begin_span(*start_span, pending->message, pending->handling->trace);
         pending->handling->work_outcome =
             invoke(*handler, *exceptions, pending->message, pending->handling->threw);
+        pending->handling->finished_ns = uv_hrtime();
       },
       [weak, pending] {
         if (auto self = weak.lock())
           self->handler_done(pending, std::move(pending->handling->work_outcome));
+      },
+      [weak, pending] {
+        if (auto self = weak.lock()) self->handler_withdrawn(*pending);
       });
+}
+
+void ConsumerImpl::withdraw_handlers() {
+  if (pool_) pool_->withdraw();
+}
+
+void ConsumerImpl::handler_withdrawn(const Pending& pending) {
+  // Handed to the pool but not started: it goes back like a waiting delivery. A graceful stop
+  // hands it back; a session that ended takes it with its channel.
+  --running_;
+  if (is_live(pending)) (void)pending.channel->nack(pending.delivery_tag, false, true);
 }
 
 void ConsumerImpl::handler_done(const std::shared_ptr<Pending>& pending, Outcome outcome) {
   --running_;
+  // A worker's handler is timed to its return, not to when the loop collected it.
+  const uint64_t finished_ns =
+      pending->handling->finished_ns != 0 ? pending->handling->finished_ns : uv_hrtime();
   metrics_.handler_latency.record(
-      std::chrono::nanoseconds(uv_hrtime() - pending->handling->started_ns));
+      std::chrono::nanoseconds(finished_ns - pending->handling->started_ns));
   if (pending->handling->threw) ++metrics_.handler_errors;
   pending->handling->outcome = outcome;
   if (!is_live(*pending)) {
@@ -612,9 +642,12 @@ void ConsumerImpl::stop(std::chrono::milliseconds deadline) {
   }
   state_ = State::stopping;
   stop_deadline_ms_ = uv_now(loop_) + uint64_t(std::max<int64_t>(deadline.count(), 0));
+  // Those handed to the worker pool and not started yet go back first, so that what is counted
+  // as running is running.
+  const size_t going_back = waiting_.size() + (pool_ ? pool_->withdraw() : 0);
   if (auto* log = options_.logger.get()) {
     log->info("service={} stopping: {} handlers running, {} copies settling, {} waiting go back",
-              options_.service.name, running_, settling_.size(), waiting_.size());
+              options_.service.name, running_, settling_.size(), going_back);
   }
   for (const auto& pending : waiting_)
     (void)pending->channel->nack(pending->delivery_tag, false, true);

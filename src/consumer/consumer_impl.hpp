@@ -13,8 +13,8 @@
 #include "parking_depth.hpp"
 #include "retryloop/client/signals.hpp"
 #include "retryloop/consumer/consumer.hpp"
+#include "retryloop/consumer/detail/worker_pool.hpp"
 #include "session.hpp"
-#include "worker_pool.hpp"
 
 namespace retryloop::consumer::detail {
 
@@ -56,10 +56,13 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   struct Handling {
     AttemptInfo info;
     uint64_t started_ns = 0;
+    /// When a handler on a worker thread returned (uv_hrtime); 0 for the other modes.
+    uint64_t finished_ns = 0;
     bool threw = false;
     Decision decision;
-    /// The retry or parking copy's properties, built once.
-    std::optional<amqp::BasicProperties> copy;
+    /// The retry or parking copy's properties, built once. Apart, so that the record of a
+    /// delivery that is acked stays small enough for malloc's fast path.
+    std::unique_ptr<amqp::BasicProperties> copy;
     uint32_t publish_tries = 0;
     /// When a nacked or returned copy is published again (uv_now ms); 0: not waiting.
     uint64_t retry_at_ms = 0;
@@ -105,8 +108,13 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   void begin_handling(Pending& pending);
   std::string over_delivery_limit(const AttemptInfo& info) const;
   void park_undecodable(const std::shared_ptr<Pending>& pending, const client::Message& original);
+  /// How many handlers may be started or handed to the worker pool at once.
+  size_t handler_window() const;
   void start_handlers();
   void run_handler(const std::shared_ptr<Pending>& pending);
+  /// Takes back the deliveries handed to the worker pool whose handlers have not started.
+  void withdraw_handlers();
+  void handler_withdrawn(const Pending& pending);
   void handler_done(const std::shared_ptr<Pending>& pending, Outcome outcome);
   void carry_out(const std::shared_ptr<Pending>& pending);
   bool is_live(const Pending& pending) const;
@@ -149,7 +157,8 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
 
   /// Delivered, handler not started yet (concurrency is full).
   std::deque<std::shared_ptr<Pending>> waiting_;
-  /// Handlers running now, of any session.
+  /// Handlers running now, of any session, and those handed to the worker pool ahead of a free
+  /// worker (handler_window).
   size_t running_ = 0;
   /// Outcome known, copy being published or waiting to be published again (by id).
   std::unordered_map<uint64_t, std::shared_ptr<Pending>> settling_;

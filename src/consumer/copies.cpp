@@ -27,9 +27,9 @@ void ConsumerImpl::publish_copy(const std::shared_ptr<Pending>& pending) {
   const bool to_wait = decision.action == Action::publish_to_wait;
   if (!pending->handling->copy) {
     if (to_wait) {
-      pending->handling->copy =
+      pending->handling->copy = std::make_unique<amqp::BasicProperties>(
           make_retry_copy(pending->message.properties, pending->handling->info, unix_seconds(),
-                          unix_milliseconds() + uint64_t(decision.delay.count()));
+                          unix_milliseconds() + uint64_t(decision.delay.count())));
     } else {
       ParkingNote note;
       note.reason = decision.reason;
@@ -37,8 +37,8 @@ void ConsumerImpl::publish_copy(const std::shared_ptr<Pending>& pending) {
       note.queue = topology::input_queue_name(options_.service);
       note.consumer = options_.consumer_name;
       note.now_seconds = unix_seconds();
-      pending->handling->copy =
-          make_parking_copy(pending->message.properties, pending->handling->info, note);
+      pending->handling->copy = std::make_unique<amqp::BasicProperties>(
+          make_parking_copy(pending->message.properties, pending->handling->info, note));
     }
   }
   const std::string exchange = !to_wait ? topology::parking_exchange_name(options_.service.name)
@@ -108,7 +108,8 @@ void ConsumerImpl::copy_too_large(const std::shared_ptr<Pending>& pending, const
     note.queue = topology::input_queue_name(options_.service);
     note.consumer = options_.consumer_name;
     note.now_seconds = unix_seconds();
-    handling.copy = make_parking_copy(bare, handling.info, note);
+    handling.copy =
+        std::make_unique<amqp::BasicProperties>(make_parking_copy(bare, handling.info, note));
     if (log) {
       log->error("{} parking copy too large ({}); parking it without its headers",
                  message_fields(*pending), error.message());
