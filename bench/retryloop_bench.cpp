@@ -57,7 +57,7 @@
 //            levels fails each message once with Outcome::retry_after(d), d spread evenly on a
 //            log scale from A to B ms by the message's bench-seq; reports the error, |actual -
 //            d| where actual is the time from the failure to the next delivery, its lateness
-//            (actual minus d rounded to the base), and how many stayed within one base step plus
+//            (actual minus d rounded up to the base), and how many stayed within one base step plus
 //            10 ms per level passed.
 //   hold     the retry consumer with a slow handler (500 ms a message) until N deliveries have
 //            arrived, nearly all of them held unacked; then the peak RSS of the process.

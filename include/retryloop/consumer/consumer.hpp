@@ -157,7 +157,9 @@ struct ConsumerOptions {
   uint16_t prefetch = 200;
   /// Handlers that may run at once. With 1, messages are handled one at a time in delivery
   /// order; with more, they start in delivery order and may finish in any order. Either way a
-  /// retried message comes back after its delay, behind newer messages.
+  /// retried message comes back after its delay, behind newer messages. On the worker threads, up
+  /// to concurrency + max(concurrency, 32) deliveries are handed to the workers ahead of a free
+  /// one; a stop gives back those whose handlers have not started, like any other waiting one.
   uint32_t concurrency = 1;
   /// Run a synchronous handler on the loop thread instead of the worker pool: faster for cheap
   /// handlers that never block.
