@@ -20,10 +20,9 @@ namespace retryloop::consumer::detail {
 /// posted; a worker that finishes one takes the next without sleeping, and the `done` of the jobs
 /// that finished meanwhile run together, when the loop wakes: a worker wakes it only when no job
 /// is left, 16 have finished, a job took over 200 µs or one finished over 1 ms ago; otherwise
-/// the loop's check phase collects them after its next read. Closing waits, for a
-/// bounded time, for the jobs still running; a job still running after that is abandoned: it
-/// finishes on its own thread and its `done` never runs, so a stuck handler cannot hold the loop
-/// open for ever.
+/// the loop's check phase collects them after its next read. Closing waits, for a bounded time,
+/// for the jobs still running; a job still running after that is abandoned: it finishes on its
+/// own thread and its `done` never runs, so a stuck handler cannot hold the loop open for ever.
 class WorkerPool {
  public:
   using Job = std::function<void()>;
