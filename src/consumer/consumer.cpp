@@ -440,17 +440,19 @@ void ConsumerImpl::run_handler(const std::shared_ptr<Pending>& pending) {
             invoke(*handler, *exceptions, pending->message, pending->handling->threw);
         pending->handling->finished_ns = uv_hrtime();
       },
-      [weak, pending] {
-        if (auto self = weak.lock())
+      [weak, pending](bool started) {
+        auto self = weak.lock();
+        if (!self) return;
+        if (started) {
           self->handler_done(pending, std::move(pending->handling->work_outcome));
-      },
-      [weak, pending] {
-        if (auto self = weak.lock()) self->handler_withdrawn(*pending);
+        } else {
+          self->handler_withdrawn(*pending);
+        }
       });
 }
 
-void ConsumerImpl::withdraw_handlers() {
-  if (pool_) pool_->withdraw();
+size_t ConsumerImpl::withdraw_handlers() {
+  return pool_ ? pool_->withdraw() : 0;
 }
 
 void ConsumerImpl::handler_withdrawn(const Pending& pending) {
@@ -644,7 +646,7 @@ void ConsumerImpl::stop(std::chrono::milliseconds deadline) {
   stop_deadline_ms_ = uv_now(loop_) + uint64_t(std::max<int64_t>(deadline.count(), 0));
   // Those handed to the worker pool and not started yet go back first, so that what is counted
   // as running is running.
-  const size_t going_back = waiting_.size() + (pool_ ? pool_->withdraw() : 0);
+  const size_t going_back = waiting_.size() + withdraw_handlers();
   if (auto* log = options_.logger.get()) {
     log->info("service={} stopping: {} handlers running, {} copies settling, {} waiting go back",
               options_.service.name, running_, settling_.size(), going_back);

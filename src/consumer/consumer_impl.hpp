@@ -112,8 +112,9 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   size_t handler_window() const;
   void start_handlers();
   void run_handler(const std::shared_ptr<Pending>& pending);
-  /// Takes back the deliveries handed to the worker pool whose handlers have not started.
-  void withdraw_handlers();
+  /// Takes back the deliveries handed to the worker pool whose handlers have not started; returns
+  /// how many.
+  size_t withdraw_handlers();
   void handler_withdrawn(const Pending& pending);
   void handler_done(const std::shared_ptr<Pending>& pending, Outcome outcome);
   void carry_out(const std::shared_ptr<Pending>& pending);

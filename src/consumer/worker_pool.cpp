@@ -48,17 +48,17 @@ void WorkerPool::collect(Handle* handle) {
   }
   if (closed_and_idle) return finish_close(handle);
   for (auto& task : finished)
-    task.done();
+    task.done(true);
   finished.clear();
 }
 
-void WorkerPool::post(Job job, Done done, Done withdrawn) {
+void WorkerPool::post(Job job, Done done) {
   bool start_thread = false;
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(shared_->mutex);
     if (shared_->closing) return;
-    shared_->jobs.push_back({std::move(job), std::move(done), std::move(withdrawn)});
+    shared_->jobs.push_back({std::move(job), std::move(done)});
     if (shared_->idle < shared_->jobs.size() && shared_->threads < max_threads_) {
       ++shared_->threads;
       start_thread = true;
@@ -80,7 +80,7 @@ size_t WorkerPool::withdraw() {
     taken.swap(shared_->jobs);
   }
   for (auto& task : taken) {
-    if (task.withdrawn) task.withdrawn();
+    task.done(false);
   }
   return taken.size();
 }

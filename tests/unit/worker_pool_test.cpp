@@ -75,6 +75,7 @@ TEST_CASE("A one-thread pool runs its jobs one at a time in the order posted, do
   std::vector<int> ran;
   std::vector<int> finished;
   bool done_off_loop = false;
+  bool told_not_started = false;
   const int jobs = 500;
   for (int k = 0; k < jobs; ++k) {
     pool.post(
@@ -87,14 +88,16 @@ TEST_CASE("A one-thread pool runs its jobs one at a time in the order posted, do
           }
           --active;
         },
-        [&, k] {
+        [&, k](bool started) {
           if (std::this_thread::get_id() != loop_thread) done_off_loop = true;
+          if (!started) told_not_started = true;
           finished.push_back(k);
         });
   }
   REQUIRE(l.run_until([&] { return finished.size() == size_t(jobs); }));
   CHECK(most_at_once == 1);
   CHECK_FALSE(done_off_loop);
+  CHECK_FALSE(told_not_started);
   std::vector<int> in_order(jobs);
   for (int k = 0; k < jobs; ++k)
     in_order[size_t(k)] = k;
@@ -120,7 +123,7 @@ TEST_CASE("A pool of several threads runs every job once, at most that many at o
           std::this_thread::sleep_for(200us);
           --active;
         },
-        [&] { ++finished; });
+        [&](bool started) { finished += started ? 1 : 0; });
   }
   REQUIRE(l.run_until([&] { return finished == int(runs.size()); }));
   CHECK(most_at_once <= 4);
@@ -147,7 +150,7 @@ TEST_CASE("withdraw takes back the jobs no worker started, in order; the running
           }
           ++ran;
         },
-        [&, k] { done.push_back(k); }, [&, k] { withdrawn.push_back(k); });
+        [&, k](bool started) { (started ? done : withdrawn).push_back(k); });
   }
   REQUIRE(l.run_until([&] { return first_running.load(); }));
   CHECK(pool.withdraw() == 9);
@@ -159,7 +162,7 @@ TEST_CASE("withdraw takes back the jobs no worker started, in order; the running
   CHECK(ran == 1);
   CHECK(pool.withdraw() == 0);
   // The pool goes on taking jobs after a withdraw.
-  pool.post([&] { ++ran; }, [&] { done.push_back(10); });
+  pool.post([&] { ++ran; }, [&](bool started) { (started ? done : withdrawn).push_back(10); });
   REQUIRE(l.run_until([&] { return done.size() == 2; }));
   CHECK(ran == 2);
   l.close(pool);

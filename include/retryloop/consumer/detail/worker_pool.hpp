@@ -26,17 +26,18 @@ namespace retryloop::consumer::detail {
 class WorkerPool {
  public:
   using Job = std::function<void()>;
-  using Done = std::function<void()>;
+  /// Runs on the loop thread: `started` true after the job ran, false when withdraw() took it
+  /// back before a worker started it.
+  using Done = std::function<void(bool started)>;
 
   WorkerPool(uv_loop_t* loop, size_t max_threads);
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
 
-  /// Queues `job`. `withdrawn`, if set, runs instead of `done` when withdraw() takes the job back
-  /// before a worker started it.
-  void post(Job job, Done done, Done withdrawn = {});
-  /// Takes back every job that no worker has started yet and runs their `withdrawn`, in the order
-  /// they were posted, on the calling (loop) thread. Returns how many it took back.
+  /// Queues `job`; its `done` runs on the loop thread once it ran, or when withdraw() takes it.
+  void post(Job job, Done done);
+  /// Takes back every job that no worker has started yet and runs their `done(false)`, in the
+  /// order they were posted, on the calling (loop) thread. Returns how many it took back.
   size_t withdraw();
   /// Takes no more jobs (queued ones are dropped, their `done` never runs), lets idle threads
   /// exit, waits up to `wait` for the running jobs to return, and closes its handles;
@@ -54,7 +55,6 @@ class WorkerPool {
   struct Task {
     Job job;
     Done done;
-    Done withdrawn;
   };
   struct Shared {
     mutable std::mutex mutex;
