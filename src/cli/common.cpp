@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "retryloop/parking/parked_json.hpp"
+#include "retryloop/topology/duration.hpp"
 #include "retryloop/topology/topology_json.hpp"
 
 namespace retryloop::cli {
@@ -298,6 +299,22 @@ std::string preview(std::string_view text, size_t width) {
     if (out.size() < text.size()) out += "...";
   }
   return out;
+}
+
+int error_exit(const client::Error& error, const std::string& what) {
+  std::cerr << "retryloop: " << what << ": " << error.message() << "\n";
+  const bool connection =
+      error.code == client::make_error_code(client::ClientError::connection_lost) ||
+      error.code == client::make_error_code(client::ClientError::heartbeat_timeout) ||
+      error.code == client::make_error_code(client::ClientError::connection_closed);
+  return connection ? exit_connection : exit_broker_refused;
+}
+
+std::chrono::milliseconds duration_or_fail(const std::string& option, const std::string& text) {
+  std::string error;
+  auto duration = topology::parse_duration(text, &error);
+  if (!duration) throw Failure(exit_usage, option + " '" + text + "' " + error);
+  return *duration;
 }
 
 }  // namespace retryloop::cli

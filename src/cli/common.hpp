@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json_fwd.hpp>
 
+#include <chrono>
 #include <functional>
 #include <iosfwd>
 #include <memory>
@@ -68,6 +69,13 @@ using ConnectedWork = std::function<void(const std::shared_ptr<client::Connectio
 /// exit code `work` gave. When the connection cannot be made, prints why (with the redacted URL)
 /// and returns exit_connection.
 int with_connection(const client::Uri& uri, const ConnectedWork& work);
+
+/// Prints "retryloop: WHAT: error" to stderr and returns the exit code for it: exit_connection
+/// when the connection was lost, else exit_broker_refused.
+int error_exit(const client::Error& error, const std::string& what);
+
+/// A duration option's value (`30s`, `5m`); throws Failure(exit_usage) naming the option.
+std::chrono::milliseconds duration_or_fail(const std::string& option, const std::string& text);
 
 /// Loads and validates a topology file and selects `services` (all when empty). Prints every
 /// problem to stderr and throws Failure(exit_invalid_file) when the file is invalid, or

@@ -15,6 +15,7 @@
 #include "common.hpp"
 #include "outbox_command.hpp"
 #include "parking_command.hpp"
+#include "schedule_command.hpp"
 #include "topology_command.hpp"
 
 namespace {
@@ -53,6 +54,7 @@ int main(int argc, char** argv) {
   add_topology_commands(app, exit_code);
   add_parking_commands(app, exit_code);
   add_outbox_commands(app, exit_code);
+  add_schedule_commands(app, exit_code);
 
   if (argc < 2) {
     std::cout << app.help();

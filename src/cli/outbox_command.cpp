@@ -50,6 +50,7 @@ struct OutboxArgs {
   std::string retain = "0s";
   std::string confirm_timeout = "30s";
   bool until_idle = false;
+  std::string topology_file;
 };
 
 int exit_code_for(const store::StoreError& error) {
@@ -73,13 +74,6 @@ int with_database(const OutboxArgs& args, bool need_schema, Work work) {
   } catch (const store::StoreError& error) {
     throw Failure(exit_code_for(error), error.what());
   }
-}
-
-std::chrono::milliseconds duration_or_fail(const std::string& option, const std::string& text) {
-  std::string error;
-  auto duration = topology::parse_duration(text, &error);
-  if (!duration) throw Failure(exit_usage, option + " '" + text + "' " + error);
-  return *duration;
 }
 
 std::string state_of(const outbox::OutboxRow& row) {
@@ -219,6 +213,15 @@ int run_relay(const OutboxArgs& args) {
   }
   options.retain_published = duration_or_fail("--retain", args.retain);
   options.confirm_timeout = duration_or_fail("--confirm-timeout", args.confirm_timeout);
+  if (!args.topology_file.empty()) {
+    const topology::Topology topology = load_topology_or_fail(args.topology_file, {});
+    if (!topology.schedule) {
+      throw Failure(exit_invalid_file, args.topology_file +
+                                           ": has no top-level \"delay_levels\"; rows due later "
+                                           "need the schedule's delay levels");
+    }
+    options.schedule = topology.schedule;
+  }
   options.stop_on_signals = true;
   auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
   options.logger = std::make_shared<spdlog::logger>("outbox", sink);
@@ -327,6 +330,11 @@ void add_outbox_commands(CLI::App& app, int& exit_code) {
       ->add_option("--confirm-timeout", relay_args->confirm_timeout,
                    "Reconnect when a batch is not confirmed within this time (default 30s)")
       ->type_name("DURATION");
+  relay
+      ->add_option("-t,--topology", relay_args->topology_file,
+                   "Topology file whose delay_levels hold the rows that are due later")
+      ->envname("RETRYLOOP_TOPOLOGY")
+      ->type_name("FILE");
   relay->add_flag("--until-idle", relay_args->until_idle,
                   "Stop once no row is left to publish (instead of running until a signal)");
   relay->callback([args = relay_args, &exit_code] { exit_code = run_relay(*args); });

@@ -178,15 +178,6 @@ parking::Filter make_filter(const ParkingArgs& args) {
 }
 
 /// Exit code for an operation's error: a connection failure is 4, the rest 3.
-int error_exit(const client::Error& error, const std::string& what) {
-  std::cerr << "retryloop: " << what << ": " << error.message() << "\n";
-  const bool connection =
-      error.code == client::make_error_code(client::ClientError::connection_lost) ||
-      error.code == client::make_error_code(client::ClientError::heartbeat_timeout) ||
-      error.code == client::make_error_code(client::ClientError::connection_closed);
-  return connection ? exit_connection : exit_broker_refused;
-}
-
 int run_list(const ParkingArgs& args) {
   const topology::Service service = load_service(args);
   return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {

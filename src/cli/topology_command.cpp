@@ -84,6 +84,7 @@ Columns columns(const Action& a) {
     case ActionKind::delete_exchange:
       return {"exchange", a.name, ""};
     case ActionKind::declare_queue:
+    case ActionKind::check_queue:
     case ActionKind::delete_queue:
       return {"queue", a.name, ""};
     case ActionKind::bind_queue:
@@ -179,6 +180,9 @@ void print_plan(const std::string& file, const topology::Topology& t, const topo
       case ActionKind::declare_queue:
         detail = std::string(a.arguments.find("x-queue-type") ? "quorum" : "classic") + ", durable";
         break;
+      case ActionKind::check_queue:
+        detail = "not declared: must exist already (it receives scheduled messages)";
+        break;
       case ActionKind::bind_queue:
       case ActionKind::bind_exchange:
         detail = c.detail;
@@ -273,6 +277,9 @@ std::string result_note(const ActionResult& r, bool counts) {
       }
       return r.error.reply_code != 0 ? r.error.reply_text : r.error.message();
     case Outcome::exists:
+      if (r.action.kind == ActionKind::check_queue) {
+        return "declared elsewhere; receives scheduled messages";
+      }
       if (r.action.kind == ActionKind::check_exchange) {
         std::string shared = shared_note(r.action);
         return "declared elsewhere (\"declare\": false), so its type is not compared" +
@@ -280,6 +287,10 @@ std::string result_note(const ActionResult& r, bool counts) {
       }
       break;
     case Outcome::missing:
+      if (r.action.kind == ActionKind::check_queue) {
+        return "not found; a scheduled queue that no service of the file declares must be "
+               "declared by its owner first";
+      }
       if (r.action.kind == ActionKind::check_exchange) {
         return "not found; \"declare\": false means its owner must declare it";
       }

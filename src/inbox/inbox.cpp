@@ -6,6 +6,7 @@
 
 #include "retryloop/outbox/outbox.hpp"
 #include "retryloop/outbox/schema.hpp"
+#include "retryloop/schedule/scheduler.hpp"
 
 namespace retryloop::inbox {
 namespace detail {
@@ -39,6 +40,7 @@ class InboxImpl {
     out.rolled_back = rolled_back_;
     out.missing_id = missing_id_;
     out.cleaned = cleaned_;
+    out.cancelled = cancelled_;
     return out;
   }
 
@@ -75,7 +77,8 @@ class InboxImpl {
   std::mutex mutex_;
   std::vector<std::unique_ptr<store::Database>> idle_;
   std::atomic<int64_t> last_cleanup_{0};
-  std::atomic<uint64_t> handled_{0}, duplicates_{0}, rolled_back_{0}, missing_id_{0}, cleaned_{0};
+  std::atomic<uint64_t> handled_{0}, duplicates_{0}, rolled_back_{0}, missing_id_{0}, cleaned_{0},
+      cancelled_{0};
 };
 
 consumer::Outcome InboxImpl::handle(const consumer::Message& message,
@@ -107,6 +110,16 @@ consumer::Outcome InboxImpl::handle(const consumer::Message& message,
         transaction.commit();  // nothing written; ends the transaction
         release(std::move(database));
         return outcome;
+      }
+      if (message.headers().find(schedule::header::due_at) != nullptr &&
+          database->execute("DELETE FROM retryloop_cancelled WHERE message_id = $1",
+                            {std::string(id)})
+                  .affected > 0) {
+        ++cancelled_;
+        transaction.commit();  // the id recorded, the cancellation used up
+        release(std::move(database));
+        return consumer::Outcome::drop("cancelled: scheduled message " + std::string(id) +
+                                       " was cancelled before it was due");
       }
     }
     outcome = handler(message, *database);
@@ -149,6 +162,18 @@ uint64_t InboxImpl::clean_up(store::Database& database) {
     total += deleted;
     if (deleted < options_.cleanup_batch) break;
   }
+  const std::string cancelled_sql =
+      std::string(
+          "DELETE FROM retryloop_cancelled WHERE message_id IN (SELECT message_id FROM "
+          "retryloop_cancelled WHERE keep_until < $1 LIMIT $2") +
+      (postgres ? " FOR UPDATE SKIP LOCKED" : "") + ")";
+  for (;;) {
+    auto deleted =
+        database.execute(cancelled_sql, {before, static_cast<int64_t>(options_.cleanup_batch)})
+            .affected;
+    total += deleted;
+    if (deleted < options_.cleanup_batch) break;
+  }
   cleaned_ += total;
   return total;
 }
@@ -176,6 +201,36 @@ uint64_t Inbox::clean_up() {
 }
 InboxStats Inbox::stats() const {
   return impl_->stats();
+}
+
+CancelResult cancel_scheduled(store::Database& database, const std::string& message_id,
+                              int64_t keep_until_ms) {
+  if (message_id.empty()) {
+    throw store::StoreError(store::ErrorKind::usage, "cancel: the message id is empty");
+  }
+  CancelResult result;
+  store::Transaction transaction(database);
+  result.recorded =
+      database
+          .execute(
+              "INSERT INTO retryloop_cancelled (message_id, cancelled_at, keep_until) VALUES ($1, "
+              "$2, $3) ON CONFLICT (message_id) DO NOTHING",
+              {message_id, outbox::now_ms(), keep_until_ms})
+          .affected > 0;
+  if (!result.recorded) {
+    database.execute(
+        "UPDATE retryloop_cancelled SET keep_until = $2 WHERE message_id = $1 AND keep_until < $2",
+        {message_id, keep_until_ms});
+  }
+  for (const auto& row :
+       database
+           .execute("SELECT consumer FROM retryloop_inbox WHERE message_id = $1 ORDER BY consumer",
+                    {message_id})
+           .rows) {
+    result.handled_by.push_back(row.text(0).value_or(""));
+  }
+  transaction.commit();
+  return result;
 }
 
 }  // namespace retryloop::inbox

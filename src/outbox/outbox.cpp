@@ -174,7 +174,7 @@ amqp::BasicProperties properties_from_json(const std::string& text) {
 
 const char* const detail::row_columns =
     "id, exchange, routing_key, message_id, properties, headers, body, ordering_key, created_at, "
-    "state, attempts, last_error, updated_at";
+    "state, attempts, last_error, updated_at, due_at";
 
 OutboxRow detail::decode_row(const store::Row& row, bool lenient) {
   OutboxRow out;
@@ -198,6 +198,7 @@ OutboxRow detail::decode_row(const store::Row& row, bool lenient) {
   out.attempts = row.integer(10);
   out.last_error = row.text(11);
   if (!row.is_null(12)) out.updated_at_ms = row.integer(12);
+  if (!row.is_null(13)) out.due_at_ms = row.integer(13);
   return out;
 }
 
@@ -249,6 +250,13 @@ int64_t enqueue(store::Database& database, const OutboxMessage& message) {
     throw store::StoreError(store::ErrorKind::usage,
                             "outbox: a message needs an exchange or a routing key");
   }
+  if (message.due_at_ms && !message.exchange.empty()) {
+    throw store::StoreError(store::ErrorKind::usage,
+                            "outbox: a message due later goes to one queue through the delay "
+                            "levels: name the queue in routing_key and leave exchange empty (it is "
+                            "\"" +
+                                message.exchange + "\")");
+  }
   std::vector<store::Value> values{
       message.exchange,
       message.routing_key,
@@ -256,23 +264,28 @@ int64_t enqueue(store::Database& database, const OutboxMessage& message) {
       message.properties.headers ? headers_to_json(*message.properties.headers) : std::string("{}"),
       store::Blob{message.body},
       message.ordering_key ? store::Value(*message.ordering_key) : store::Value(),
+      message.due_at_ms ? store::Value(*message.due_at_ms) : store::Value(),
   };
   std::string sql;
   const char* cast = database.dialect() == store::Dialect::postgresql ? "::jsonb" : "";
   if (message.message_id.empty()) {
     sql = std::string(
               "INSERT INTO retryloop_outbox (exchange, routing_key, properties, headers, "
-              "body, ordering_key) VALUES ($1, $2, $3") +
-          cast + ", $4" + cast + ", $5, $6) RETURNING id";
+              "body, ordering_key, due_at) VALUES ($1, $2, $3") +
+          cast + ", $4" + cast + ", $5, $6, $7) RETURNING id";
   } else {
     values.emplace_back(message.message_id);
     sql = std::string(
               "INSERT INTO retryloop_outbox (exchange, routing_key, properties, headers, "
-              "body, ordering_key, message_id) VALUES ($1, $2, $3") +
-          cast + ", $4" + cast + ", $5, $6, $7) RETURNING id";
+              "body, ordering_key, due_at, message_id) VALUES ($1, $2, $3") +
+          cast + ", $4" + cast + ", $5, $6, $7, $8) RETURNING id";
   }
   auto result = database.execute(sql, values);
   return result.rows.at(0).integer(0);
+}
+
+int64_t due_in(std::chrono::milliseconds delay) {
+  return now_ms() + delay.count();
 }
 
 const char* to_string(RowState state) {

@@ -20,6 +20,7 @@
 #include "retryloop/client/signals.hpp"
 #include "retryloop/outbox/outbox.hpp"
 #include "retryloop/outbox/schema.hpp"
+#include "retryloop/schedule/scheduler.hpp"
 #include "retryloop/store/database.hpp"
 #include "rows.hpp"
 
@@ -128,6 +129,8 @@ std::string outcome_text(const client::PublishOutcome& outcome) {
     case client::PublishStatus::returned:
       return "returned by the broker: " + outcome.error.message();
     case client::PublishStatus::nacked:
+      // A row refused before it was published (a due row the delay levels cannot take).
+      if (outcome.error) return outcome.error.reply_text;
       return "nacked by the broker (for example a queue at its length limit with "
              "reject-publish)";
     default:
@@ -572,8 +575,31 @@ void RelayImpl::publish_batch(Lane& lane) {
   for (size_t i = 0; i < lane.batch->rows.size(); ++i) {
     const OutboxRow& row = lane.batch->rows[i];
     client::Error error;
+    std::optional<schedule::ScheduledCopy> scheduled;
+    if (row.due_at_ms) {
+      try {
+        if (!options_.schedule) {
+          throw std::invalid_argument(
+              "the row is due later, and the relay has no delay levels to hold it: give it the "
+              "topology file's schedule (RelayOptions::schedule, `outbox relay -t FILE`)");
+        }
+        const int64_t now = schedule::now_ms();
+        scheduled =
+            schedule::make_scheduled_copy(*options_.schedule, row.routing_key, row.properties,
+                                          std::chrono::milliseconds(*row.due_at_ms - now), now);
+      } catch (const std::invalid_argument& e) {
+        client::PublishOutcome refused;
+        refused.status = client::PublishStatus::nacked;
+        refused.error = client::Error(client::ClientError::invalid_argument, e.what());
+        on_outcome(generation, i, refused);
+        if (!lane.batch || lane.batch->generation != generation) return;  // settled at once
+        continue;
+      }
+    }
     if (!broken && channel_) {
-      error = channel_->publish(row.exchange, row.routing_key, row.properties, row.body,
+      error = channel_->publish(scheduled ? scheduled->exchange : row.exchange,
+                                scheduled ? scheduled->routing_key : row.routing_key,
+                                scheduled ? scheduled->properties : row.properties, row.body,
                                 client::Mandatory::yes,
                                 [weak, generation, i](const client::PublishOutcome& outcome) {
                                   if (auto self = weak.lock()) {

@@ -95,6 +95,27 @@ CREATE TABLE retryloop_inbox (
 );
 CREATE INDEX retryloop_inbox_received ON retryloop_inbox (received_at);
 )sql"},
+    // Version 2: scheduled delivery. An outbox row may be due later (`due_at`, through the delay
+    // levels), and a scheduled message may be cancelled by its id until an inbox consumer sees it.
+    {2,
+     R"sql(
+ALTER TABLE retryloop_outbox ADD COLUMN due_at INTEGER;
+CREATE TABLE retryloop_cancelled (
+  message_id TEXT PRIMARY KEY,
+  cancelled_at INTEGER NOT NULL,
+  keep_until INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX retryloop_cancelled_keep ON retryloop_cancelled (keep_until);
+)sql",
+     R"sql(
+ALTER TABLE retryloop_outbox ADD COLUMN due_at bigint;
+CREATE TABLE retryloop_cancelled (
+  message_id text PRIMARY KEY,
+  cancelled_at bigint NOT NULL,
+  keep_until bigint NOT NULL
+);
+CREATE INDEX retryloop_cancelled_keep ON retryloop_cancelled (keep_until);
+)sql"},
 };
 
 constexpr const char* create_schema_table =

@@ -113,6 +113,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
         bind_current();
         return;
       case ActionKind::check_exchange:
+      case ActionKind::check_queue:
       case ActionKind::declare_exchange:
       case ActionKind::declare_queue:
       case ActionKind::delete_queue:
@@ -207,7 +208,8 @@ class Runner : public std::enable_shared_from_this<Runner> {
       }
     };
     Error immediate;
-    if (a.kind == ActionKind::declare_queue || a.kind == ActionKind::delete_queue) {
+    if (a.kind == ActionKind::declare_queue || a.kind == ActionKind::delete_queue ||
+        a.kind == ActionKind::check_queue) {
       client::QueueOptions options;
       options.passive = true;
       immediate = channel_->queue_declare(
@@ -229,6 +231,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
     r.exists = exists;
     switch (r.action.kind) {
       case ActionKind::check_exchange:
+      case ActionKind::check_queue:
         if (exists) {
           r.error = {};
           // Never declared, so its type is not compared: verify can only say that it exists.

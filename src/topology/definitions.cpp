@@ -38,6 +38,7 @@ nlohmann::json export_definitions(const Plan& plan, std::string_view vhost) {
              {"arguments", to_json(a.arguments)}});
         break;
       case ActionKind::check_exchange:
+      case ActionKind::check_queue:
       case ActionKind::delete_queue:
       case ActionKind::delete_exchange:
         break;

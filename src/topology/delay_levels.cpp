@@ -110,6 +110,16 @@ DelayRoute delay_route(const Service& service, std::chrono::milliseconds request
   return route;
 }
 
+Service schedule_target(const Schedule& schedule, const std::string& queue) {
+  Service target;
+  target.name = queue;
+  target.queue = queue;
+  target.queue_type = schedule.queue_type;
+  target.retry.mode = RetryMode::republish;
+  target.retry.delay_levels = schedule.levels;
+  return target;
+}
+
 bool is_delay_route_of(const Service& service, std::string_view routing_key) {
   if (!service.retry.delay_levels) return false;
   for (int k = 0; k < service.retry.delay_levels->levels; ++k) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "retryloop/topology/delay_levels.hpp"
 #include "retryloop/topology/duration.hpp"
@@ -152,6 +153,40 @@ void add_delay_levels(const Service& s, int levels, const std::vector<std::strin
     plan.actions[i].services = users;
 }
 
+/// The schedule's actions (Plan): its set of delay levels unless a service declared it, then
+/// for each scheduled queue a check that it exists (unless a service declares it) and its binding.
+void add_schedule(const Topology& topology, const Service& levels,
+                  std::map<std::string, int>& set_levels, std::map<std::string, bool>& set_done,
+                  Plan& plan) {
+  const std::string set = delay_set_name(levels);
+  const size_t first = plan.actions.size();
+  if (!set_done[set]) {
+    set_done[set] = true;
+    add_delay_levels(levels, set_levels[set], {}, plan);
+  }
+  for (const std::string& queue : topology.schedule->queues) {
+    const Service target = schedule_target(*topology.schedule, queue);
+    const std::string key = delivery_binding_key(target);
+    const Service* owner = nullptr;
+    for (const Service& s : topology.services) {
+      if (input_queue_name(s) == queue) owner = &s;
+    }
+    if (owner != nullptr && owner->retry.delay_levels && delay_set_name(*owner) == set &&
+        delivery_binding_key(*owner) == key) {
+      continue;  // the service's own binding to the levels already brings it there
+    }
+    if (owner == nullptr) {
+      Action check = queue_action(target, Role::scheduled_queue, queue);
+      check.kind = ActionKind::check_queue;
+      plan.actions.push_back(std::move(check));
+    }
+    plan.actions.push_back(binding_action(target, Role::scheduled_queue, queue,
+                                          delay_delivery_exchange_name(target), "topic", key));
+  }
+  for (size_t i = first; i < plan.actions.size(); ++i)
+    plan.actions[i].services.clear();
+}
+
 }  // namespace
 
 Plan make_plan(const Topology& topology) {
@@ -172,6 +207,12 @@ Plan make_plan(const Topology& topology) {
     int& levels = set_levels[delay_set_name(s)];
     levels = std::max(levels, s.retry.delay_levels->levels);
     set_users[delay_set_name(s)].push_back(s.name);
+  }
+  std::optional<Service> schedule_levels;
+  if (topology.schedule) {
+    schedule_levels = schedule_target(*topology.schedule, std::string());
+    int& levels = set_levels[delay_set_name(*schedule_levels)];
+    levels = std::max(levels, topology.schedule->levels.levels);
   }
   std::map<std::string, bool> set_done;
 
@@ -275,6 +316,7 @@ Plan make_plan(const Topology& topology) {
                                             delivery_binding_key(s)));
     }
   }
+  if (topology.schedule) add_schedule(topology, *schedule_levels, set_levels, set_done, plan);
   return plan;
 }
 
@@ -316,6 +358,8 @@ const char* to_string(ActionKind kind) {
       return "check_exchange";
     case ActionKind::declare_queue:
       return "declare_queue";
+    case ActionKind::check_queue:
+      return "check_queue";
     case ActionKind::bind_queue:
       return "bind_queue";
     case ActionKind::bind_exchange:
@@ -346,6 +390,8 @@ const char* to_string(Role role) {
       return "delay exchange";
     case Role::delay_queue:
       return "delay queue";
+    case Role::scheduled_queue:
+      return "scheduled queue";
   }
   return "?";
 }
@@ -365,7 +411,7 @@ namespace {
 /// checks or binds first, then those it refers to.
 std::vector<std::string> objects_named(const Action& a) {
   const bool queue = a.kind == ActionKind::declare_queue || a.kind == ActionKind::bind_queue ||
-                     a.kind == ActionKind::delete_queue;
+                     a.kind == ActionKind::delete_queue || a.kind == ActionKind::check_queue;
   std::vector<std::string> names{(queue ? "q:" : "e:") + a.name};
   if (a.kind == ActionKind::bind_queue || a.kind == ActionKind::bind_exchange) {
     names.push_back("e:" + a.exchange);
@@ -381,7 +427,7 @@ std::vector<std::string> objects_named(const Action& a) {
 
 bool declares(const Action& a) {
   return a.kind == ActionKind::declare_exchange || a.kind == ActionKind::declare_queue ||
-         a.kind == ActionKind::check_exchange;
+         a.kind == ActionKind::check_exchange || a.kind == ActionKind::check_queue;
 }
 
 }  // namespace
@@ -455,6 +501,7 @@ std::string describe(const Action& action) {
     case ActionKind::delete_exchange:
       return "exchange " + action.name;
     case ActionKind::declare_queue:
+    case ActionKind::check_queue:
     case ActionKind::delete_queue:
       return "queue " + action.name;
     case ActionKind::bind_exchange:
@@ -540,6 +587,7 @@ nlohmann::json to_json(const Plan& plan) {
         j["routing_key"] = a.routing_key;
         j["arguments"] = to_json(a.arguments);
         break;
+      case ActionKind::check_queue:
       case ActionKind::delete_queue:
         j["queue"] = a.name;
         break;

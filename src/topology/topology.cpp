@@ -89,7 +89,9 @@ class Validator {
   explicit Validator(const Topology& topology) : topology_(topology) {}
 
   std::vector<TopologyError> run() {
-    if (topology_.services.empty()) add("", "services", "lists no services; add at least one");
+    if (topology_.services.empty() && !topology_.schedule) {
+      add("", "services", "lists no services; add at least one");
+    }
     std::map<std::string, size_t> names;
     for (size_t i = 0; i < topology_.services.size(); ++i) {
       const Service& service = topology_.services[i];
@@ -104,6 +106,7 @@ class Validator {
       usable_.push_back(name_ok);
     }
     check_collisions();
+    if (topology_.schedule) check_schedule(*topology_.schedule);
     std::stable_sort(errors_.begin(), errors_.end(),
                      [](const TopologyError& a, const TopologyError& b) {
                        return service_index(a.path) < service_index(b.path);
@@ -437,6 +440,48 @@ class Validator {
     }
   }
 
+  void check_schedule(const Schedule& schedule) {
+    const std::string p = "delay_levels";
+    const size_t errors_before = errors_.size();
+    Service levels = schedule_target(schedule, "q");
+    levels.name.clear();
+    check_delay_levels(p, levels);
+    if (errors_.size() != errors_before) return;
+    if (schedule.queues.empty()) {
+      add("", p + ".queues",
+          "lists no queues; name the queues that may receive scheduled messages");
+    }
+    std::map<std::string, size_t> seen;
+    for (size_t i = 0; i < schedule.queues.size(); ++i) {
+      const std::string& queue = schedule.queues[i];
+      const std::string qp = p + ".queues[" + std::to_string(i) + "]";
+      Service nameless;
+      if (!check_name(nameless, qp, queue, false)) continue;
+      if (!seen.emplace(queue, i).second) {
+        add("", qp, "lists " + quote(queue) + " twice");
+        continue;
+      }
+      const size_t before = errors_.size();
+      check_delay_levels(p, schedule_target(schedule, queue));
+      for (size_t e = before; e < errors_.size(); ++e) {
+        errors_[e].service.clear();
+        errors_[e].path = qp;
+      }
+      for (const Service& s : topology_.services) {
+        if (queue == parking_queue_name(s.name)) {
+          add("", qp,
+              quote(queue) + " is the parking queue of service " + quote(s.name) +
+                  "; replay parked messages with `retryloop parking replay` instead");
+        }
+        for (auto delay : wait_delays(s)) {
+          if (queue == wait_queue_name(s.name, delay)) {
+            add("", qp, quote(queue) + " is a wait queue of service " + quote(s.name));
+          }
+        }
+      }
+    }
+  }
+
   void check_backoff(const std::string& p, const Service& service) {
     const RetryBackoff& backoff = *service.retry.backoff;
     if (!service.retry.delay_levels) {
@@ -614,6 +659,7 @@ Topology select_services(const Topology& topology, const std::vector<std::string
     }
   }
   Topology selected;
+  selected.schedule = topology.schedule;
   for (const auto& s : topology.services) {
     if (std::find(names.begin(), names.end(), s.name) != names.end()) {
       selected.services.push_back(s);

@@ -398,11 +398,14 @@ class Reader {
 
   Topology read_topology(const json& root) {
     Topology topology;
-    if (!expect_object(root, "", {"services"}, "{\"services\": [...]}")) {
+    if (!expect_object(root, "", {"services", "delay_levels"}, "{\"services\": [...]}")) {
       bad_.insert("services");
       return topology;
     }
-    const json* services = field(root, "services", "", true);
+    if (const json* levels = field(root, "delay_levels", "", false)) {
+      topology.schedule = read_schedule(*levels, "delay_levels");
+    }
+    const json* services = field(root, "services", "", !topology.schedule);
     if (services == nullptr) return topology;
     if (!services->is_array()) {
       error("services", std::string("must be an array of services, not ") + type_name(*services));
@@ -622,6 +625,38 @@ class Reader {
       levels.levels = levels_for(levels.base, *levels.max);
     }
     return levels;
+  }
+
+  Schedule read_schedule(const json& value, const std::string& p) {
+    Schedule schedule;
+    schedule.levels = DelayLevels{std::chrono::seconds(1), 1, std::nullopt};
+    if (!expect_object(value, p, {"base", "levels", "max", "queue_type", "queues"},
+                       "{\"base\": \"1s\", \"max\": \"1d\", \"queues\": [\"orders\"]}")) {
+      return schedule;
+    }
+    json levels = json::object();
+    for (const char* key : {"base", "levels", "max"}) {
+      if (value.contains(key)) levels[key] = value[key];
+    }
+    schedule.levels = read_delay_levels(levels, p);
+    schedule.queue_type =
+        read_enum(value, "queue_type", p, false, QueueType::classic,
+                  {{"classic", QueueType::classic}, {"quorum", QueueType::quorum}});
+    const json* queues = field(value, "queues", p, true);
+    if (queues == nullptr) return schedule;
+    const std::string qp = child(p, "queues");
+    if (!queues->is_array()) {
+      error(qp, std::string("must be an array of queue names, not ") + type_name(*queues));
+      return schedule;
+    }
+    for (size_t i = 0; i < queues->size(); ++i) {
+      if (!(*queues)[i].is_string()) {
+        error(item(qp, i), std::string("must be a queue name, not ") + type_name((*queues)[i]));
+        continue;
+      }
+      schedule.queues.push_back((*queues)[i].get<std::string>());
+    }
+    return schedule;
   }
 
   std::optional<double> read_number(const json& object, const char* key, const std::string& path) {

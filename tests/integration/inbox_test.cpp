@@ -6,6 +6,8 @@
 #include <thread>
 
 #include "retryloop/inbox/inbox.hpp"
+#include "retryloop/outbox/outbox.hpp"
+#include "retryloop/schedule/scheduler.hpp"
 #include "support/consumer_fixture.hpp"
 #include "support/databases.hpp"
 
@@ -194,4 +196,61 @@ TEST_CASE("Ids older than the retention are deleted, and a copy after that runs 
 
   options.consumer.clear();
   CHECK_THROWS_WITH(inbox::Inbox::create(options), Catch::Contains("consumer name is empty"));
+}
+
+TEST_CASE(
+    "A cancelled scheduled message is dropped by the inbox without its handler; other messages "
+    "with that id are not",
+    "[inbox][schedule]") {
+  const std::string label = GENERATE("sqlite", "postgresql");
+  INFO(label);
+  auto database = business_database(label, "cancel");
+  inbox::InboxOptions options;
+  options.database = database.url;
+  options.consumer = "mailer";
+  options.retention = 1h;
+  auto inbox = inbox::Inbox::create(options);
+  auto handler = inbox->wrap(write_effect);
+  auto db = database.open();
+  auto scheduled = [](const std::string& id) {
+    consumer::Message message;
+    message.body = id;
+    message.properties.message_id = id;
+    message.properties.headers.emplace();
+    message.properties.headers->set(std::string(schedule::header::due_at), int64_t{1});
+    return message;
+  };
+  const int64_t keep_until = outbox::now_ms() + 3600000;
+  auto first = inbox::cancel_scheduled(*db, "reminder-1", keep_until);
+  CHECK(first.recorded);
+  CHECK(first.handled_by.empty());
+  CHECK_FALSE(inbox::cancel_scheduled(*db, "reminder-1", keep_until).recorded);  // stands
+
+  auto outcome = handler(scheduled("reminder-1"));
+  CHECK(outcome.kind == consumer::OutcomeKind::drop);
+  CHECK_THAT(outcome.text, Catch::Contains("cancelled"));
+  CHECK(effects(database) == 0);
+  CHECK(inbox->stats().cancelled == 1);
+  // The cancellation is used up with the id recorded: a second copy is a duplicate.
+  CHECK(db->execute("SELECT count(*) FROM retryloop_cancelled").rows[0].integer(0) == 0);
+  CHECK_THAT(handler(scheduled("reminder-1")).text, Catch::Contains("duplicate"));
+
+  // Not cancelled: handled. A message without the schedule header is never looked up.
+  CHECK(handler(scheduled("reminder-2")).kind == consumer::OutcomeKind::ack);
+  CHECK(inbox::cancel_scheduled(*db, "plain", keep_until).recorded);
+  consumer::Message plain;
+  plain.body = "plain";
+  plain.properties.message_id = "plain";
+  CHECK(handler(plain).kind == consumer::OutcomeKind::ack);
+  CHECK(effects(database) == 2);
+  // Too late: the inbox has the id already.
+  auto late = inbox::cancel_scheduled(*db, "reminder-2", keep_until);
+  CHECK(late.handled_by == std::vector<std::string>{"mailer"});
+  // Kept until the message is due at the latest (plus the retention), then cleaned up.
+  inbox::cancel_scheduled(*db, "expired", outbox::now_ms() - 2 * 3600000);
+  inbox->clean_up();
+  auto left = db->execute("SELECT message_id FROM retryloop_cancelled ORDER BY message_id");
+  REQUIRE(left.rows.size() == 2);
+  CHECK(left.rows[0].text(0) == "plain");
+  CHECK(left.rows[1].text(0) == "reminder-2");
 }

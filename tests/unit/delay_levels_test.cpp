@@ -87,6 +87,7 @@ struct Broker {
           }
           break;
         case ActionKind::declare_queue:
+        case ActionKind::check_queue:
           queue_arguments[a.name] = a.arguments;
           break;
         case ActionKind::bind_queue:
@@ -327,4 +328,96 @@ TEST_CASE("A retry through the delay levels waits its delay and comes back to it
   // A queue gone when the delay ends: its message waits in the set's unrouted queue.
   CHECK(broker.route("retryloop.delay.100ms.deliver", "0.0.0.0.0.0.0.0.0.0.gone") ==
         std::set<std::string>{"retryloop.delay.100ms.unrouted"});
+}
+
+TEST_CASE("A topology file's own delay levels schedule messages for the queues it names",
+          "[delay-levels][schedule]") {
+  auto t = parse_valid_topology(
+      R"({"delay_levels": {"base": "100ms", "max": "1h", "queues": ["orders", "mail", "x.orders"]},
+          "services": [)" +
+      service_json("a", "orders", levels_retry) + "]}");
+  REQUIRE(t.schedule);
+  CHECK(t.schedule->levels.levels == levels_for(100ms, 1h));
+  const Plan plan = make_plan(t);
+  // One set: the service's 10 levels and the schedule's 16 share it, as deep as the deepest.
+  int level_queues = 0;
+  int checks = 0;
+  for (const auto& a : plan.actions) {
+    if (a.kind == ActionKind::declare_queue && is_delay_level_object(a.name) &&
+        a.arguments.find("x-message-ttl")) {
+      ++level_queues;
+    }
+    if (a.kind == ActionKind::check_queue) {
+      ++checks;
+      CHECK(a.role == Role::scheduled_queue);
+      CHECK(a.services.empty());
+    }
+  }
+  CHECK(level_queues == t.schedule->levels.levels);
+  CHECK(checks == 2);  // mail and x.orders: no service declares them
+  Broker broker(plan);
+  std::mt19937 random(11);
+  for (const std::string queue : {"orders", "mail", "x.orders"}) {
+    const Service target = schedule_target(*t.schedule, queue);
+    const auto longest = longest_level_delay(target);
+    CHECK(longest == 1h);
+    std::vector<std::chrono::milliseconds> asks = {0ms, 1ms, 40ms, 100ms, 101ms, 90s, 1h};
+    for (int k = 0; k < 100; ++k)
+      asks.push_back(std::chrono::milliseconds(random() % (longest.count() + 1)));
+    for (auto ask : asks) {
+      INFO(queue << " asks " << ask.count() << " ms");
+      DelayRoute route = delay_route(target, ask);
+      CHECK_FALSE(route.capped);
+      CHECK(route.delay >= ask);
+      CHECK(route.delay - ask < 100ms);
+      auto journey = broker.deliver(route.exchange, route.routing_key);
+      CHECK(journey.queue == queue);
+      CHECK(journey.waited == route.delay);
+    }
+    CHECK(delay_route(target, 2h).capped);
+    CHECK(delay_route(target, 2h).delay == 1h);
+  }
+  // The schedule alone: a file may have no services.
+  auto alone = parse_valid_topology(
+      R"({"delay_levels": {"base": "1s", "levels": 3, "queue_type": "quorum",
+                           "queues": ["mail"]}})");
+  const Plan alone_plan = make_plan(alone);
+  Broker alone_broker(alone_plan);
+  const Service mail = schedule_target(*alone.schedule, "mail");
+  CHECK(delay_set_name(mail) == "retryloop.delay.1s.quorum");
+  CHECK(alone_broker.deliver(delay_route(mail, 5s).exchange, delay_route(mail, 5s).routing_key)
+            .waited == 5s);
+  for (const auto& a : alone_plan.actions) {
+    if (a.kind != ActionKind::declare_queue) continue;
+    INFO(a.name);
+    CHECK(a.arguments.find("x-queue-type") != nullptr);
+  }
+  // Exported as definitions, the checked queue is not declared.
+  auto definitions = export_definitions(alone_plan, "/");
+  for (const auto& queue : definitions["queues"])
+    CHECK(queue["name"] != "mail");
+}
+
+TEST_CASE("Schedule mistakes are named", "[delay-levels][schedule]") {
+  CHECK(first_error(R"({"delay_levels": {"base": "1s", "max": "1h"}})") ==
+        "delay_levels.queues: is missing; this key is required");
+  CHECK(first_error(R"({"delay_levels": {"base": "1s", "max": "1h", "queues": []}})") ==
+        "delay_levels.queues: lists no queues; name the queues that may receive scheduled "
+        "messages");
+  CHECK(first_error(R"({"delay_levels": {"base": "1s", "max": "1h", "queues": ["a", "a"]}})") ==
+        "delay_levels.queues[1]: lists \"a\" twice");
+  CHECK(first_error(R"({"delay_levels": {"base": "1s", "max": "1h", "queues": [3]}})") ==
+        "delay_levels.queues[0]: must be a queue name, not a number");
+  CHECK(first_error(R"({"delay_levels": {"base": "0s", "max": "1h", "queues": ["a"]}})") ==
+        "delay_levels.base: must be longer than zero");
+  CHECK(first_error(R"({"delay_levels": {"base": "1s", "max": "1h", "queues": ["a.*"]}})")
+            .find("wildcard") != std::string::npos);
+  CHECK(first_error(R"({"delay_levels": {"base": "1s", "max": "1h", "queue": ["a"]}})")
+            .find("queue") != std::string::npos);
+  CHECK(first_error(R"({"delay_levels": {"base": "1s", "max": "1h", "queues": ["s.parking"]},
+                        "services": [)" +
+                    service_json("s", "s", levels_retry) + "]}") ==
+        "delay_levels.queues[0]: \"s.parking\" is the parking queue of service \"s\"; replay "
+        "parked messages with `retryloop parking replay` instead");
+  CHECK(first_error(R"({})").find("services") != std::string::npos);
 }

@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "retryloop/consumer/consumer.hpp"
 #include "retryloop/store/database.hpp"
@@ -48,6 +49,7 @@ struct InboxStats {
   uint64_t rolled_back = 0;  ///< handler failed (retry, park, exception): nothing recorded
   uint64_t missing_id = 0;   ///< messages without a message-id
   uint64_t cleaned = 0;      ///< expired ids deleted
+  uint64_t cancelled = 0;    ///< scheduled messages whose id was cancelled: dropped, not handled
 };
 
 /// The handler the inbox wraps. It writes through `database`, inside the transaction the inbox
@@ -64,6 +66,11 @@ using TransactionalHandler =
 /// transaction, and commits; an id already recorded is acked without running the handler
 /// (outcome `drop`, "duplicate"). On PostgreSQL, two copies handled at the same moment meet on
 /// the table's primary key: the second waits for the first to commit, then sees the duplicate.
+///
+/// A scheduled message (one with `retryloop-due-at`, schedule/scheduler.hpp) whose id was
+/// cancelled (cancel_scheduled) is dropped instead, in the same transaction that deletes the
+/// cancellation and records the id: outcome `drop`, "cancelled", counted in `cancelled`. Only
+/// scheduled messages cost the extra statement.
 ///
 /// Threading: the handler it makes is safe to call from the consumer's worker threads; each
 /// call uses a database connection of its own from a pool.
@@ -86,5 +93,23 @@ class Inbox {
  private:
   std::shared_ptr<detail::InboxImpl> impl_;
 };
+
+/// What cancel_scheduled found.
+struct CancelResult {
+  /// False when the id was cancelled already (the cancellation stands).
+  bool recorded = false;
+  /// Inbox consumers that recorded the id already: the message reached them before the cancel,
+  /// which comes too late for them.
+  std::vector<std::string> handled_by;
+};
+
+/// Cancels the scheduled message with this message id until it is due: an inbox consumer
+/// (Inbox::wrap) that receives it drops it. The broker still holds the message until then (it
+/// is never searched for in the delay levels); a consumer without an inbox on this database
+/// handles it as usual. The cancellation is kept until `keep_until_ms` (when the message is
+/// due at the latest: now plus the levels' longest delay) plus the inbox retention, then the
+/// inbox cleanup deletes it. Throws StoreError.
+CancelResult cancel_scheduled(store::Database& database, const std::string& message_id,
+                              int64_t keep_until_ms);
 
 }  // namespace retryloop::inbox

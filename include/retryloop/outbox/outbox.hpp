@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -26,7 +27,16 @@ struct OutboxMessage {
   /// Messages with the same ordering key reach the broker in the order their transactions
   /// committed; messages without one in any order.
   std::optional<std::string> ordering_key;
+  /// When the message is due (milliseconds since the Unix epoch; outbox::due_in makes one from a
+  /// delay): the relay publishes it through the delay levels (RelayOptions::schedule), so that it
+  /// reaches its queue then, not before. A due message goes to one queue: `routing_key` names it
+  /// (one of the schedule's queues) and `exchange` stays empty. Unset: published as soon as
+  /// possible.
+  std::optional<int64_t> due_at_ms;
 };
+
+/// The due time `delay` from now (OutboxMessage::due_at_ms), by this process's clock.
+int64_t due_in(std::chrono::milliseconds delay);
 
 /// Inserts `message` into `retryloop_outbox` through `database`, inside whatever transaction the
 /// caller has open there (that is the point: it commits or rolls back with the business data).
@@ -49,6 +59,8 @@ struct OutboxRow {
   amqp::BasicProperties properties;
   std::string body;
   std::optional<std::string> ordering_key;
+  /// OutboxMessage::due_at_ms.
+  std::optional<int64_t> due_at_ms;
   int64_t created_at_ms = 0;
   RowState state = RowState::pending;
   int64_t attempts = 0;

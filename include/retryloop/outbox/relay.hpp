@@ -4,11 +4,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "retryloop/client/connection.hpp"
 #include "retryloop/client/loop.hpp"
 #include "retryloop/consumer/backoff.hpp"
+#include "retryloop/topology/topology.hpp"
 
 namespace spdlog {
 class logger;
@@ -48,6 +50,9 @@ struct RelayOptions {
   /// A batch whose publishes are not all confirmed within this time ends the broker connection,
   /// as a dead one would: its unconfirmed rows stay pending and are published again.
   std::chrono::milliseconds confirm_timeout{30000};
+  /// The delay levels that rows with a due time wait in (the topology file's `delay_levels`,
+  /// applied). Without it such a row is marked failed, naming why.
+  std::optional<topology::Schedule> schedule;
   /// Delay before reconnecting to the broker or the database after a loss.
   consumer::Backoff recovery{};
   /// Stop gracefully on the first SIGINT or SIGTERM, at once on the second.

@@ -5,8 +5,9 @@
 namespace retryloop::outbox {
 
 /// The version of the tables this release reads and writes (`retryloop_outbox`,
-/// `retryloop_inbox`), recorded in `retryloop_schema`. docs/outbox.md describes each version.
-constexpr int schema_version = 1;
+/// `retryloop_inbox`, `retryloop_cancelled`), recorded in `retryloop_schema`. docs/outbox.md
+/// describes each version.
+constexpr int schema_version = 2;
 
 /// What migrate() did.
 struct Migration {

@@ -78,6 +78,11 @@ struct DelayRoute {
 /// must have delay levels.
 DelayRoute delay_route(const Service& service, std::chrono::milliseconds requested);
 
+/// A scheduled message's view of `queue` as a service of the schedule's levels: named `queue`,
+/// consuming `queue`, republish mode with `schedule.levels`, of `schedule.queue_type`. The names
+/// and the route of a scheduled message come from it (delay_set_name, delay_route, ...).
+Service schedule_target(const Schedule& schedule, const std::string& queue);
+
 /// True when `routing_key` is the routing key of a retry of this service through its delay
 /// levels (delay_route): one `0` or `1` per level, then the service's input queue.
 bool is_delay_route_of(const Service& service, std::string_view routing_key);

@@ -15,6 +15,7 @@ enum class ActionKind {
   declare_exchange,  ///< exchange.declare (type, durable, arguments)
   check_exchange,    ///< an input exchange with "declare": false: must exist, never declared
   declare_queue,     ///< queue.declare (durable, arguments)
+  check_queue,       ///< a scheduled queue no service declares: must exist, never declared
   bind_queue,        ///< queue.bind `name` to `exchange` with `routing_key` and `arguments`
   bind_exchange,     ///< exchange.bind: destination exchange `name` to source `exchange`
   delete_queue,      ///< queue.delete (used by delete plans only)
@@ -32,6 +33,8 @@ enum class Role {
   /// The shared delay levels (delay_levels.hpp): their exchanges and bindings, and their queues.
   delay_exchange,
   delay_queue,
+  /// A queue that receives scheduled messages (Topology::schedule), and its binding to the levels.
+  scheduled_queue,
 };
 
 /// One broker operation with everything it sends. Integer arguments are AMQP `l` (int64), the
@@ -74,7 +77,9 @@ struct Action {
 /// input exchange, the input queue (dead-lettering to the wait exchange), its bindings, its
 /// binding to the wait exchange under its own name, which brings the retries back, and last its
 /// binding to the delay levels' delivery exchange. An input exchange or a set of delay levels
-/// shared by several services appears once.
+/// shared by several services appears once. The schedule comes last: its set of delay levels when
+/// no service uses it, then each scheduled queue's binding to its delivery exchange (after a check
+/// that the queue exists, for a queue no service declares). Schedule actions have no services.
 struct Plan {
   std::vector<Action> actions;
 };

@@ -141,8 +141,23 @@ struct Service {
   Parking parking;
 };
 
+/// Vhost-wide delay levels for scheduled delivery: the top-level `delay_levels` of a topology
+/// file. A producer schedules a message for one of `queues` (schedule/scheduler.hpp,
+/// `retryloop send`, an outbox row with a due time); it waits in the levels and then goes to that
+/// queue. The levels are the same objects a service with the same base and queue type uses.
+struct Schedule {
+  DelayLevels levels;
+  /// The type of the level queues; quorum keeps scheduled messages through the loss of a node.
+  QueueType queue_type = QueueType::classic;
+  /// The queues that may receive scheduled messages: a service's input queue, or a queue someone
+  /// else declares (it must exist; it is bound to the levels but never declared or deleted).
+  std::vector<std::string> queues;
+};
+
 struct Topology {
   std::vector<Service> services;
+  /// The file's top-level `delay_levels`, when it has one.
+  std::optional<Schedule> schedule{};
 };
 
 /// One problem found in a topology file or model.

@@ -1,0 +1,556 @@
+// retryloop send and retryloop schedule stats|cancel: scheduled delivery through a topology
+// file's delay levels (docs/scheduling.md).
+
+#include "schedule_command.hpp"
+
+#include <unistd.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+#include "retryloop/client/channel.hpp"
+#include "retryloop/inbox/inbox.hpp"
+#include "retryloop/schedule/scheduler.hpp"
+#include "retryloop/schedule/stats.hpp"
+#include "retryloop/store/database.hpp"
+#include "retryloop/topology/delay_levels.hpp"
+#include "retryloop/topology/duration.hpp"
+
+namespace retryloop::cli {
+
+namespace {
+
+const char* const schedule_exit_codes_help =
+    "Exit codes:\n"
+    "  0  success\n"
+    "  1  usage error (unknown option, missing argument, bad URL, a queue the file does not "
+    "schedule for)\n"
+    "  2  the topology file is unreadable or invalid, or has no top-level delay_levels\n"
+    "  3  the broker refused a message (returned or nacked), or the levels are not applied; the "
+    "database has no retryloop tables (cancel)\n"
+    "  4  cannot connect, or the connection failed before every message was confirmed\n"
+    "  6  standard output could not be written (a closed pipe, a full disk)";
+
+struct SendArgs {
+  std::string topology_file;
+  std::string queue;
+  std::string delay;
+  std::string at;
+  std::string message_id;
+  std::vector<std::string> headers;
+  std::string content_type;
+  std::string body;
+  std::string file;
+  bool lines = false;
+  bool json = false;
+  size_t window = 1000;
+  ConnectionArgs connection;
+};
+
+struct StatsArgs {
+  std::string topology_file;
+  bool json = false;
+  bool no_peek = false;
+  ConnectionArgs connection;
+};
+
+struct CancelArgs {
+  std::string topology_file;
+  std::string database;
+  std::vector<std::string> ids;
+};
+
+topology::Schedule load_schedule(const std::string& file) {
+  const topology::Topology topology = load_topology_or_fail(file, {});
+  if (!topology.schedule) {
+    throw Failure(exit_invalid_file,
+                  file +
+                      ": has no top-level \"delay_levels\" (the delay levels and the queues "
+                      "that receive scheduled messages; docs/scheduling.md)");
+  }
+  return *topology.schedule;
+}
+
+std::string read_all(std::istream& in) {
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+/// The message bodies a send names: BODY, `-` (standard input) or --file, whole or by line.
+std::vector<std::string> bodies(const SendArgs& args) {
+  std::string text;
+  if (!args.file.empty()) {
+    if (!args.body.empty()) throw Failure(exit_usage, "give BODY or --file, not both");
+    std::ifstream in(args.file, std::ios::binary);
+    if (!in) throw Failure(exit_usage, "cannot read --file " + args.file);
+    text = read_all(in);
+  } else if (args.body == "-" || (args.body.empty() && !isatty(STDIN_FILENO))) {
+    text = read_all(std::cin);
+  } else if (args.body.empty()) {
+    throw Failure(exit_usage, "no message: give BODY, - (standard input) or --file FILE");
+  } else {
+    text = args.body;
+  }
+  if (!args.lines) return {text};
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty()) out.push_back(line);
+  }
+  if (out.empty()) throw Failure(exit_usage, "--lines: the input has no non-empty line");
+  return out;
+}
+
+amqp::BasicProperties base_properties(const SendArgs& args) {
+  amqp::BasicProperties properties;
+  if (!args.content_type.empty()) properties.content_type = args.content_type;
+  for (const auto& header : args.headers) {
+    const size_t equals = header.find('=');
+    if (equals == std::string::npos || equals == 0) {
+      throw Failure(exit_usage, "--header '" + header + "' is not NAME=VALUE");
+    }
+    const std::string name = header.substr(0, equals);
+    if (name.rfind("x-", 0) == 0 || name.rfind("retryloop-", 0) == 0) {
+      throw Failure(exit_usage, "--header '" + name +
+                                    "': headers beginning with x- or retryloop- belong to "
+                                    "RabbitMQ and retryloop");
+    }
+    if (!properties.headers) properties.headers.emplace();
+    properties.headers->set(name, header.substr(equals + 1));
+  }
+  return properties;
+}
+
+std::string in_text(int64_t milliseconds) {
+  if (milliseconds < 1000) return std::to_string(milliseconds) + "ms";
+  return age_text(static_cast<uint64_t>(milliseconds / 1000));
+}
+
+/// Sends the messages with a window of unconfirmed publishes; prints each result.
+class Sender : public std::enable_shared_from_this<Sender> {
+ public:
+  Sender(const SendArgs& args, topology::Schedule schedule, std::vector<std::string> bodies,
+         std::function<void(int)> done)
+      : args_(args),
+        schedule_(std::move(schedule)),
+        bodies_(std::move(bodies)),
+        properties_(base_properties(args)),
+        done_(std::move(done)),
+        started_(std::chrono::steady_clock::now()),
+        last_progress_(started_) {}
+
+  void start(const std::shared_ptr<client::Connection>& connection) {
+    auto self = shared_from_this();
+    client::Error error = connection->open_channel(
+        [self](const client::Error& error, std::shared_ptr<client::Channel> channel) {
+          if (error) return self->finish(error_exit(error, "send"));
+          self->channel_ = std::move(channel);
+          client::Error confirm = self->channel_->confirm_select([self](const client::Error& e) {
+            if (e) return self->finish(error_exit(e, "send"));
+            self->scheduler_ =
+                std::make_unique<schedule::Scheduler>(*self->channel_, self->schedule_);
+            self->pump();
+          });
+          if (confirm) self->finish(error_exit(confirm, "send"));
+        });
+    if (error) finish(error_exit(error, "send"));
+  }
+
+ private:
+  void pump() {
+    while (!stopped_ && next_ < bodies_.size() && next_ - settled_ < args_.window) {
+      const size_t index = next_++;
+      amqp::BasicProperties properties = properties_;
+      if (!args_.message_id.empty()) {
+        properties.message_id = bodies_.size() == 1
+                                    ? args_.message_id
+                                    : args_.message_id + "-" + std::to_string(index + 1);
+      }
+      auto self = shared_from_this();
+      auto on_result = [self](const schedule::ScheduleResult& result) { self->settled(result); };
+      client::Error error;
+      if (!args_.at.empty()) {
+        error = scheduler_->schedule_at(
+            args_.queue, std::move(properties), bodies_[index],
+            std::chrono::system_clock::time_point(std::chrono::milliseconds(at_ms_)), on_result);
+      } else {
+        error = scheduler_->schedule_in(args_.queue, std::move(properties), bodies_[index], delay_,
+                                        on_result);
+      }
+      if (error) {
+        stopped_ = true;
+        return finish(error_exit(error, "send"));
+      }
+    }
+  }
+
+  void settled(const schedule::ScheduleResult& result) {
+    ++settled_;
+    if (result.ok()) {
+      ++scheduled_;
+      print(result);
+    } else {
+      const bool lost = result.publish.status == client::PublishStatus::failed;
+      std::cerr << "retryloop: send: message " << result.message_id << " was not scheduled: "
+                << (result.publish.status == client::PublishStatus::returned
+                        ? "returned by the broker (" + result.publish.error.message() +
+                              "): queue " + args_.queue + " does not exist"
+                    : result.publish.status == client::PublishStatus::nacked
+                        ? std::string("nacked by the broker")
+                        : "the connection ended first (" + result.publish.error.message() +
+                              "); it may or may not be held")
+                << "\n";
+      worst_ = std::max(worst_, lost ? int(exit_connection) : int(exit_broker_refused));
+      if (lost) stopped_ = true;
+    }
+    progress(false);
+    if (settled_ == next_ && (stopped_ || next_ == bodies_.size())) {
+      progress(true);
+      return finish(worst_);
+    }
+    pump();
+  }
+
+  void print(const schedule::ScheduleResult& result) {
+    if (args_.json) {
+      nlohmann::json out{{"message_id", result.message_id},
+                         {"queue", args_.queue},
+                         {"due_at", iso_time_ms(result.due_at_ms)},
+                         {"due_at_ms", result.due_at_ms},
+                         {"delay_ms", result.delay.count()}};
+      std::cout << dump(out) << "\n";
+      return;
+    }
+    std::cout << result.message_id << "  due " << iso_time_ms(result.due_at_ms) << " (in "
+              << in_text(result.delay.count()) << ")\n";
+  }
+
+  void progress(bool last) {
+    if (bodies_.size() < 2) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (!last && now - last_progress_ < std::chrono::seconds(1)) return;
+    last_progress_ = now;
+    const double seconds = std::chrono::duration<double>(now - started_).count();
+    std::fprintf(stderr, "send: %zu of %zu scheduled, %.0f msg/s\n", scheduled_, bodies_.size(),
+                 seconds > 0 ? double(settled_) / seconds : 0.0);
+  }
+
+  void finish(int code) {
+    if (!done_) return;
+    auto done = std::move(done_);
+    done_ = nullptr;
+    done(code);
+  }
+
+ public:
+  std::chrono::milliseconds delay_{0};
+  int64_t at_ms_ = 0;
+
+ private:
+  const SendArgs& args_;
+  topology::Schedule schedule_;
+  std::vector<std::string> bodies_;
+  amqp::BasicProperties properties_;
+  std::function<void(int)> done_;
+  std::shared_ptr<client::Channel> channel_;
+  std::unique_ptr<schedule::Scheduler> scheduler_;
+  size_t next_ = 0;
+  size_t settled_ = 0;
+  size_t scheduled_ = 0;
+  bool stopped_ = false;
+  int worst_ = exit_ok;
+  std::chrono::steady_clock::time_point started_;
+  std::chrono::steady_clock::time_point last_progress_;
+};
+
+int run_send(const SendArgs& args) {
+  const topology::Schedule schedule = load_schedule(args.topology_file);
+  if (args.delay.empty() == args.at.empty()) {
+    throw Failure(exit_usage, "give --delay DURATION or --at TIME (one of them)");
+  }
+  std::chrono::milliseconds delay{0};
+  int64_t at_ms = 0;
+  if (!args.delay.empty()) {
+    delay = duration_or_fail("--delay", args.delay);
+  } else {
+    auto at = parse_time(args.at);
+    if (!at) {
+      throw Failure(exit_usage, "--at '" + args.at +
+                                    "' is not a time such as 2026-11-27T10:15:00Z or "
+                                    "2026-11-27T12:15:00+02:00");
+    }
+    at_ms = *at;
+    delay = std::chrono::milliseconds(at_ms - schedule::now_ms());
+  }
+  try {
+    (void)schedule::make_scheduled_copy(schedule, args.queue, {}, delay, 0);
+  } catch (const std::invalid_argument& e) {
+    throw Failure(exit_usage, e.what());
+  }
+  std::vector<std::string> messages = bodies(args);
+  if (args.window == 0) throw Failure(exit_usage, "--window must be at least 1");
+  return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
+    auto sender = std::make_shared<Sender>(args, schedule, std::move(messages), done);
+    sender->delay_ = delay;
+    sender->at_ms_ = at_ms;
+    sender->start(connection);
+  });
+}
+
+int run_stats(const StatsArgs& args) {
+  const topology::Schedule schedule = load_schedule(args.topology_file);
+  return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
+    client::Error error = schedule::stats(
+        connection, schedule, !args.no_peek,
+        [&args, &schedule, done](const client::Error& error, const schedule::ScheduleStats& s) {
+          if (error) {
+            if (error.reply_code == 404) {
+              std::cerr << "retryloop: schedule stats: " << error.reply_text
+                        << "; apply the topology file first (retryloop topology apply)\n";
+              return done(exit_broker_refused);
+            }
+            return done(error_exit(error, "schedule stats"));
+          }
+          const int64_t now = schedule::now_ms();
+          if (args.json) {
+            nlohmann::json out;
+            out["set"] = s.set;
+            out["base_ms"] = schedule.levels.base.count();
+            out["waiting"] = s.waiting;
+            out["unrouted"] = s.unrouted;
+            out["earliest_head_due_at"] =
+                s.earliest_head_due_at_ms ? nlohmann::json(iso_time_ms(*s.earliest_head_due_at_ms))
+                                          : nullptr;
+            out["earliest_head_due_at_ms"] =
+                s.earliest_head_due_at_ms ? nlohmann::json(*s.earliest_head_due_at_ms) : nullptr;
+            out["levels"] = nlohmann::json::array();
+            for (const auto& level : s.levels) {
+              out["levels"].push_back(
+                  {{"level", level.level},
+                   {"queue", level.queue},
+                   {"holds_ms", level.holds.count()},
+                   {"messages", level.messages},
+                   {"head_due_at", level.head_due_at_ms
+                                       ? nlohmann::json(iso_time_ms(*level.head_due_at_ms))
+                                       : nullptr}});
+            }
+            out["queues"] = nlohmann::json::object();
+            for (const auto& [queue, count] : s.queues)
+              out["queues"][queue] = count;
+            out["queues_not_counted"] = nlohmann::json::object();
+            for (const auto& [queue, why] : s.queues_not_counted)
+              out["queues_not_counted"][queue] = why;
+            std::cout << dump(out) << "\n";
+            return done(exit_ok);
+          }
+          std::cout << "delay levels " << s.set << ": " << plural(s.waiting, "message")
+                    << " waiting";
+          if (s.earliest_head_due_at_ms) {
+            const int64_t in = *s.earliest_head_due_at_ms - now;
+            std::cout << "; earliest due at a level's head "
+                      << iso_time_ms(*s.earliest_head_due_at_ms)
+                      << (in > 0 ? " (in " + in_text(in) + ")" : " (now)");
+          }
+          std::cout << "\n";
+          Table levels;
+          levels.add({"level", "holds", "messages", "head due"});
+          for (const auto& level : s.levels) {
+            levels.add({level.queue, topology::duration_label(level.holds),
+                        std::to_string(level.messages),
+                        level.head_due_at_ms ? iso_time_ms(*level.head_due_at_ms) : ""});
+          }
+          levels.print(std::cout);
+          std::cout << "unrouted (their queue was gone when due): " << s.unrouted << "\n";
+          for (const auto& [queue, count] : s.queues) {
+            std::cout << "queue " << queue << ": " << plural(count, "message") << " ready\n";
+          }
+          for (const auto& [queue, why] : s.queues_not_counted) {
+            std::cout << "queue " << queue << ": not counted (" << why << ")\n";
+          }
+          done(exit_ok);
+        });
+    if (error) done(error_exit(error, "schedule stats"));
+  });
+}
+
+int run_cancel(const CancelArgs& args) {
+  const topology::Schedule schedule = load_schedule(args.topology_file);
+  const auto longest = schedule::longest_schedule_delay(schedule);
+  try {
+    auto database = store::Database::open(args.database, false);
+    const int64_t keep_until = schedule::now_ms() + longest.count();
+    int code = exit_ok;
+    for (const auto& id : args.ids) {
+      inbox::CancelResult result = inbox::cancel_scheduled(*database, id, keep_until);
+      std::cout << id << ": " << (result.recorded ? "cancelled" : "cancelled already");
+      if (!result.handled_by.empty()) {
+        std::cout << "; but consumer " << join(result.handled_by)
+                  << " received it already: too late there";
+        code = exit_broker_refused;
+      }
+      std::cout << "\n";
+    }
+    return code;
+  } catch (const store::StoreError& error) {
+    std::cerr << "retryloop: schedule cancel: " << error.what() << "\n";
+    return error.kind() == store::ErrorKind::connection ? exit_connection : exit_broker_refused;
+  }
+}
+
+void add_topology_option(CLI::App& command, std::string& file) {
+  command.add_option("-t,--topology", file, "Topology file with a top-level delay_levels")
+      ->envname("RETRYLOOP_TOPOLOGY")
+      ->required()
+      ->type_name("FILE");
+}
+
+}  // namespace
+
+std::optional<int64_t> parse_time(const std::string& text) {
+  int year = 0, month = 0, day = 0, hour = 0, minute = 0, second = 0;
+  char separator = 0;
+  int used = 0;
+  if (std::sscanf(text.c_str(), "%4d-%2d-%2d%c%2d:%2d:%2d%n", &year, &month, &day, &separator,
+                  &hour, &minute, &second, &used) != 7 ||
+      (separator != 'T' && separator != ' ') || used != 19) {
+    return std::nullopt;
+  }
+  if (month < 1 || month > 12 || day < 1 || day > 31 || hour > 23 || minute > 59 || second > 60) {
+    return std::nullopt;
+  }
+  std::string rest = text.substr(19);
+  int64_t millis = 0;
+  if (!rest.empty() && rest[0] == '.') {
+    size_t digits = 1;
+    while (digits < rest.size() && std::isdigit(static_cast<unsigned char>(rest[digits])))
+      ++digits;
+    if (digits == 1) return std::nullopt;
+    std::string fraction = rest.substr(1, digits - 1);
+    fraction.resize(3, '0');
+    millis = std::stoll(fraction.substr(0, 3));
+    rest = rest.substr(digits);
+  }
+  int64_t offset_minutes = 0;
+  if (rest == "Z" || rest == "z") {
+    offset_minutes = 0;
+  } else if (rest.size() == 6 && (rest[0] == '+' || rest[0] == '-') && rest[3] == ':' &&
+             std::isdigit(static_cast<unsigned char>(rest[1])) &&
+             std::isdigit(static_cast<unsigned char>(rest[2])) &&
+             std::isdigit(static_cast<unsigned char>(rest[4])) &&
+             std::isdigit(static_cast<unsigned char>(rest[5]))) {
+    offset_minutes = std::stoi(rest.substr(1, 2)) * 60 + std::stoi(rest.substr(4, 2));
+    if (rest[0] == '-') offset_minutes = -offset_minutes;
+  } else {
+    return std::nullopt;  // no zone: a time without one means something else on every machine
+  }
+  std::tm tm{};
+  tm.tm_year = year - 1900;
+  tm.tm_mon = month - 1;
+  tm.tm_mday = day;
+  tm.tm_hour = hour;
+  tm.tm_min = minute;
+  tm.tm_sec = second;
+  const time_t seconds = timegm(&tm);
+  if (tm.tm_mday != day) return std::nullopt;  // 31 April and the like were normalized
+  return (int64_t(seconds) - offset_minutes * 60) * 1000 + millis;
+}
+
+std::string iso_time_ms(int64_t milliseconds) {
+  const int64_t seconds = milliseconds >= 0 ? milliseconds / 1000 : (milliseconds - 999) / 1000;
+  std::string text = iso_time(static_cast<uint64_t>(std::max<int64_t>(seconds, 0)));
+  char fraction[8];
+  std::snprintf(fraction, sizeof fraction, ".%03d", int(milliseconds - seconds * 1000));
+  if (!text.empty() && text.back() == 'Z') text.insert(text.size() - 1, fraction);
+  return text;
+}
+
+void add_schedule_commands(CLI::App& app, int& exit_code) {
+  auto send_args = std::make_shared<SendArgs>();
+  CLI::App* send = app.add_subcommand(
+      "send", "Schedule a message for a queue after a delay or at a time, without a plugin");
+  send->footer(wrap("Publishes the message into the topology file's delay levels (its top-level "
+                    "delay_levels), from where the broker hands it to QUEUE when it is due: "
+                    "never earlier, the delay rounded up to the levels' base. Each message is "
+                    "confirmed by the broker before its id is printed, with its due time. With "
+                    "--lines each line of the input is a message (bulk scheduling, with a "
+                    "progress line on standard error). Cancel one with `retryloop schedule "
+                    "cancel` before it is due.") +
+               "\n\n" + schedule_exit_codes_help);
+  add_topology_option(*send, send_args->topology_file);
+  send->add_option("--queue", send_args->queue, "The queue that receives the message")
+      ->required()
+      ->type_name("QUEUE");
+  send->add_option("--delay", send_args->delay, "Due after this long (90s, 15m, 2h, 7d)")
+      ->type_name("DURATION");
+  send->add_option("--at", send_args->at, "Due at this time (2026-11-27T10:15:00Z, or +02:00)")
+      ->type_name("TIME");
+  send->add_option("--message-id", send_args->message_id,
+                   "The message id (default: 32 random hex digits); with --lines, ID-1, ID-2, ...")
+      ->type_name("ID");
+  send->add_option("--header", send_args->headers, "A header NAME=VALUE (repeatable)")
+      ->type_name("NAME=VALUE");
+  send->add_option("--content-type", send_args->content_type, "The content-type property")
+      ->type_name("TYPE");
+  send->add_option("--file", send_args->file, "Read the message from this file")->type_name("FILE");
+  send->add_flag("--lines", send_args->lines, "Each non-empty line of the input is a message");
+  send->add_flag("--json", send_args->json, "One JSON object per scheduled message");
+  send->add_option("--window", send_args->window, "Messages awaiting confirms at once (1000)")
+      ->type_name("N");
+  send->add_option("body", send_args->body, "The message body; - reads standard input")
+      ->type_name("BODY");
+  add_connection_option(*send, send_args->connection);
+  send->callback([args = send_args, &exit_code] { exit_code = run_send(*args); });
+
+  CLI::App* group = app.add_subcommand(
+      "schedule", "See what the delay levels hold, and cancel scheduled messages");
+  group->footer(schedule_exit_codes_help);
+  group->require_subcommand(1);
+
+  auto stats_args = std::make_shared<StatsArgs>();
+  CLI::App* stats = group->add_subcommand(
+      "stats", "Messages waiting in each delay level, and when the next ones are due");
+  stats->footer(wrap("Counts the messages in each level queue of the topology file's delay "
+                     "levels, in its unrouted queue and in each scheduled queue, and reads the "
+                     "message at the head of each level for its due time (basic.get, then handed "
+                     "back with a nack: it keeps its place and its expiry). --no-peek only "
+                     "counts.") +
+                "\n\n" + schedule_exit_codes_help);
+  add_topology_option(*stats, stats_args->topology_file);
+  stats->add_flag("--json", stats_args->json, "Print one JSON object");
+  stats->add_flag("--no-peek", stats_args->no_peek, "Count only; read no message");
+  add_connection_option(*stats, stats_args->connection);
+  stats->callback([args = stats_args, &exit_code] { exit_code = run_stats(*args); });
+
+  auto cancel_args = std::make_shared<CancelArgs>();
+  CLI::App* cancel = group->add_subcommand(
+      "cancel", "Cancel scheduled messages by message id, until they are due");
+  cancel->footer(
+      wrap("Records the ids in the database's retryloop_cancelled table. A consumer that runs "
+           "its handler through an inbox on this database (inbox::Inbox) drops a scheduled "
+           "message whose id it finds there, without running the handler. The broker keeps "
+           "the message until it is due (nothing searches the levels), and a consumer without "
+           "that inbox handles it as usual. Says when an inbox consumer received the id "
+           "already (exit 3).") +
+      "\n\n" + schedule_exit_codes_help);
+  add_topology_option(*cancel, cancel_args->topology_file);
+  cancel
+      ->add_option("--db", cancel_args->database,
+                   "Database URL: sqlite:PATH or postgresql://USER@HOST:PORT/DBNAME")
+      ->envname("RETRYLOOP_DB")
+      ->required()
+      ->type_name("URL");
+  cancel->add_option("id", cancel_args->ids, "Message ids")->required()->type_name("ID");
+  cancel->callback([args = cancel_args, &exit_code] { exit_code = run_cancel(*args); });
+}
+
+}  // namespace retryloop::cli

@@ -1,0 +1,444 @@
+// Scheduled delivery against a real broker: `retryloop send` and the Scheduler through classic and
+// quorum delay levels (nothing arrives before it is due, and the message arrives whole), a queue
+// gone when its message is due, `retryloop schedule stats`, and outbox rows due later.
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "retryloop/inbox/inbox.hpp"
+#include "retryloop/outbox/outbox.hpp"
+#include "retryloop/outbox/relay.hpp"
+#include "retryloop/schedule/scheduler.hpp"
+#include "retryloop/schedule/stats.hpp"
+#include "retryloop/topology/declarer.hpp"
+#include "retryloop/topology/plan.hpp"
+#include "retryloop/topology/topology_json.hpp"
+#include "support/consumer_fixture.hpp"
+#include "support/databases.hpp"
+#include "support/harness.hpp"
+#include "support/process.hpp"
+
+using namespace retryloop;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+Run retryloop_command(const std::vector<std::string>& args, const std::string& input = {}) {
+  std::vector<std::string> argv{test::built_program("retryloop")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<std::string> env{"RETRYLOOP_URL=" + test::broker_url(), "RETRYLOOP_TOPOLOGY="};
+  std::string stdin_file;
+  if (!input.empty()) {
+    stdin_file = (fs::temp_directory_path() / (test::unique_name("stdin") + ".txt")).string();
+    std::ofstream(stdin_file) << input;
+    argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" < " + stdin_file};
+    argv.insert(argv.end(), {test::built_program("retryloop")});
+    argv.insert(argv.end(), args.begin(), args.end());
+  }
+  test::ChildProcess child(argv, env);
+  Run run;
+  run.exit_code = child.wait(60000);
+  run.out = child.out();
+  run.err = child.err();
+  if (!stdin_file.empty()) fs::remove(stdin_file);
+  return run;
+}
+
+/// A topology file with only a schedule: `base`, `max`, `type`, for `queues`.
+struct ScheduleFile {
+  std::string path;
+  topology::Topology topology;
+  ScheduleFile(const std::string& base, const std::string& max, const std::string& type,
+               const std::vector<std::string>& queues) {
+    nlohmann::json file{
+        {"delay_levels", {{"base", base}, {"max", max}, {"queue_type", type}, {"queues", queues}}}};
+    path = (fs::temp_directory_path() / (test::unique_name("schedule") + ".json")).string();
+    std::ofstream(path) << file.dump(2);
+    auto parsed = topology::load_topology(path);
+    REQUIRE(parsed.ok());
+    topology = *parsed.topology;
+  }
+  ~ScheduleFile() { fs::remove(path); }
+  const topology::Schedule& schedule() const { return *topology.schedule; }
+};
+
+/// What reached a queue, and when (by this process's clock, as the loop saw it).
+struct Arrival {
+  std::string body;
+  amqp::BasicProperties properties;
+  int64_t at_ms = 0;
+  int64_t header(std::string_view name) const {
+    const amqp::FieldValue* value = properties.headers ? properties.headers->find(name) : nullptr;
+    return value && value->as_int64() ? *value->as_int64() : -1;
+  }
+};
+
+/// Consumes `queue` (auto-ack) on the test loop, recording each message as it arrives.
+struct Arrivals {
+  std::shared_ptr<client::Channel> channel;
+  std::shared_ptr<std::vector<Arrival>> seen = std::make_shared<std::vector<Arrival>>();
+  Arrivals(test::TestLoop& loop, client::Connection& connection, const std::string& queue) {
+    channel = test::open_channel(loop, connection);
+    client::ConsumeOptions options;
+    options.no_ack = true;
+    bool ready = false;
+    client::Error error;
+    REQUIRE_FALSE(channel->consume(
+        queue, options,
+        [seen = seen](client::Delivery&& delivery) {
+          seen->push_back({delivery.message.body, delivery.message.properties, schedule::now_ms()});
+        },
+        [&](const client::Error& e, const std::string&) {
+          error = e;
+          ready = true;
+        }));
+    REQUIRE(loop.run_until([&] { return ready; }));
+    REQUIRE_FALSE(error);
+  }
+};
+
+void apply(test::TestLoop& loop, const std::shared_ptr<client::Connection>& connection,
+           const topology::Topology& t) {
+  bool done = false;
+  topology::Report report;
+  REQUIRE_FALSE(topology::apply(connection, topology::make_plan(t), [&](const topology::Report& r) {
+    report = r;
+    done = true;
+  }));
+  REQUIRE(loop.run_until([&] { return done; }, 60s));
+  for (const auto& r : report.results) {
+    INFO(topology::describe(r.action) << ": " << r.error.message());
+    CHECK(r.outcome != topology::Outcome::failed);
+  }
+  REQUIRE(report.ok());
+}
+
+std::map<std::string, nlohmann::json> json_lines(const std::string& text) {
+  std::map<std::string, nlohmann::json> out;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    auto j = nlohmann::json::parse(line);
+    out[j["message_id"].get<std::string>()] = j;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "retryloop send delivers each message whole to its queue, never before it is due, through "
+    "classic and quorum delay levels",
+    "[schedule][integration]") {
+  const std::string type = GENERATE("classic", "quorum");
+  INFO(type);
+  test::TestLoop loop;
+  test::QueueUnderTest target(loop, "sched.send");
+  ScheduleFile file("500ms", "1h", type, {target.queue});
+  apply(loop, target.connection, file.topology);
+  Arrivals arrivals(loop, *target.connection, target.queue);
+
+  const int64_t asked_at = schedule::now_ms();
+  // Below half the base, between levels, and at a time.
+  auto delayed = retryloop_command({"send", "-t", file.path, "--queue", target.queue, "--delay",
+                                    "200ms", "--message-id", "short", "--json", "--header",
+                                    "tenant=acme", "--content-type", "text/plain", "hello"});
+  INFO(delayed.err);
+  REQUIRE(delayed.exit_code == 0);
+  auto between = retryloop_command({"send", "-t", file.path, "--queue", target.queue, "--delay",
+                                    "2300ms", "--message-id", "between", "--json", "body-2"});
+  REQUIRE(between.exit_code == 0);
+  const int64_t at = schedule::now_ms() + 1700;
+  char at_text[64];
+  const time_t at_seconds = at / 1000;
+  std::tm tm{};
+  gmtime_r(&at_seconds, &tm);
+  std::snprintf(at_text, sizeof at_text, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, int(at % 1000));
+  auto timed = retryloop_command({"send", "-t", file.path, "--queue", target.queue, "--at", at_text,
+                                  "--message-id", "timed", "--json", "body-3"});
+  INFO(timed.err);
+  REQUIRE(timed.exit_code == 0);
+  // Bulk: one message a line, numbered ids.
+  auto bulk = retryloop_command({"send", "-t", file.path, "--queue", target.queue, "--delay", "1s",
+                                 "--lines", "--message-id", "bulk", "--json", "-"},
+                                "a\nb\n\nc\n");
+  INFO(bulk.err);
+  REQUIRE(bulk.exit_code == 0);
+  CHECK_THAT(bulk.err, Catch::Contains("3 of 3 scheduled"));
+
+  std::map<std::string, nlohmann::json> printed = json_lines(delayed.out);
+  for (const auto& more : {between.out, timed.out, bulk.out}) {
+    for (auto& [id, j] : json_lines(more))
+      printed[id] = j;
+  }
+  REQUIRE(printed.size() == 6);
+  CHECK(printed["short"]["delay_ms"] == 500);     // 200 ms rounds up to the base
+  CHECK(printed["between"]["delay_ms"] == 2500);  // 2.3 s rounds up, not to the nearest
+  CHECK(printed["timed"]["due_at_ms"].get<int64_t>() >= at);
+
+  REQUIRE(loop.run_until([&] { return arrivals.seen->size() == 6; }, 30s));
+  std::map<std::string, int> bodies;
+  for (const Arrival& a : *arrivals.seen) {
+    const std::string id = a.properties.message_id.value_or("");
+    INFO(id);
+    REQUIRE(printed.count(id) == 1);
+    const int64_t due = printed[id]["due_at_ms"].get<int64_t>();
+    CHECK(a.header(schedule::header::due_at) == due);
+    CHECK(a.header(schedule::header::scheduled_at) >= asked_at);
+    CHECK(a.at_ms >= due);  // never early
+    CHECK(a.at_ms - due < 5000);
+    ++bodies[a.body];
+  }
+  CHECK(bodies == std::map<std::string, int>{
+                      {"hello", 1}, {"body-2", 1}, {"body-3", 1}, {"a", 1}, {"b", 1}, {"c", 1}});
+  const Arrival& hello = *std::find_if(arrivals.seen->begin(), arrivals.seen->end(),
+                                       [](const Arrival& a) { return a.body == "hello"; });
+  CHECK(hello.properties.content_type == "text/plain");
+  CHECK(*hello.properties.headers->find("tenant")->as_string() == "acme");
+  CHECK(hello.properties.delivery_mode == 2);
+
+  // Refused before anything is published: a queue the file does not name, a delay the levels
+  // cannot wait, neither --delay nor --at.
+  auto unknown =
+      retryloop_command({"send", "-t", file.path, "--queue", "elsewhere", "--delay", "1s", "x"});
+  CHECK(unknown.exit_code == 1);
+  CHECK_THAT(unknown.err, Catch::Contains("does not receive scheduled messages"));
+  auto too_long =
+      retryloop_command({"send", "-t", file.path, "--queue", target.queue, "--delay", "2h", "x"});
+  CHECK(too_long.exit_code == 1);
+  CHECK_THAT(too_long.err, Catch::Contains("would arrive early"));
+  auto neither = retryloop_command({"send", "-t", file.path, "--queue", target.queue, "x"});
+  CHECK(neither.exit_code == 1);
+  auto bad_time = retryloop_command(
+      {"send", "-t", file.path, "--queue", target.queue, "--at", "tomorrow", "x"});
+  CHECK(bad_time.exit_code == 1);
+  CHECK_THAT(bad_time.err, Catch::Contains("is not a time"));
+}
+
+TEST_CASE(
+    "The Scheduler keeps a message's properties, moves its TTL aside, and parks a message whose "
+    "queue is gone in the unrouted queue",
+    "[schedule][integration]") {
+  test::TestLoop loop;
+  test::QueueUnderTest target(loop, "sched.lib");
+  const std::string gone = test::unique_name("sched.gone");
+  test::declare_queue(loop, *target.channel, gone);
+  ScheduleFile file("250ms", "10m", "classic", {target.queue, gone});
+  apply(loop, target.connection, file.topology);
+  auto channel = test::open_channel(loop, *target.connection);
+  REQUIRE_FALSE(test::wait(loop, [&](auto cb) { return channel->confirm_select(cb); }));
+  schedule::Scheduler scheduler(*channel, file.schedule());
+  Arrivals arrivals(loop, *target.connection, target.queue);
+
+  std::vector<schedule::ScheduleResult> results;
+  auto record = [&](const schedule::ScheduleResult& r) { results.push_back(r); };
+  amqp::BasicProperties properties;
+  properties.message_id = "with-ttl";
+  properties.expiration = "100";  // would cut the 1 s wait to 100 ms if it stayed
+  properties.headers.emplace();
+  properties.headers->set("x-death", amqp::FieldValue(amqp::FieldArray{}));
+  REQUIRE_FALSE(scheduler.schedule_in(target.queue, properties, "ttl", 1s, record));
+  REQUIRE_FALSE(scheduler.schedule_in(gone, {}, "late", 1s, record));
+  REQUIRE_FALSE(scheduler.schedule_at(target.queue, {}, "now",
+                                      std::chrono::system_clock::now() - 1min, record));
+  CHECK(scheduler.schedule_in("elsewhere", {}, "x", 1s, record));  // refused at once
+  REQUIRE(loop.run_until([&] { return results.size() == 3; }));
+  for (const auto& r : results) {
+    INFO(r.message_id << ": " << r.publish.error.message());
+    CHECK(r.ok());
+  }
+  // Confirms of different queues may come in any order.
+  std::map<std::string, int> ids;
+  for (const auto& r : results)
+    ++ids[r.message_id.size() == 32 ? "random" : r.message_id];
+  CHECK(ids == std::map<std::string, int>{{"with-ttl", 1}, {"random", 2}});  // for a cancel
+  CHECK(std::count_if(results.begin(), results.end(),
+                      [](const auto& r) { return r.delay == 0ms; }) == 1);
+  // The queue is deleted before its message is due.
+  REQUIRE_FALSE(test::wait(loop, [&](auto cb) {
+    return target.channel->queue_delete(gone, false, false,
+                                        [cb](const client::Error& e, uint32_t) { cb(e); });
+  }));
+
+  REQUIRE(loop.run_until([&] { return arrivals.seen->size() == 2; }, 20s));
+  loop.run_for(300ms);
+  CHECK(arrivals.seen->size() == 2);
+  for (const Arrival& a : *arrivals.seen) {
+    CHECK(a.at_ms >= a.header(schedule::header::due_at));
+    if (a.body != "ttl") continue;
+    CHECK_FALSE(a.properties.expiration);
+    CHECK(*a.properties.headers->find("retryloop-original-expiration")->as_string() == "100");
+  }
+  const std::string unrouted = "retryloop.delay.250ms.unrouted";
+  CHECK(test::eventually(
+      loop, [&] { return test::queue_depth(loop, *target.connection, unrouted) >= 1; }));
+  // A message due now whose queue does not exist is returned, not kept.
+  schedule::Scheduler again(*channel, file.schedule());
+  std::optional<schedule::ScheduleResult> returned;
+  REQUIRE_FALSE(again.schedule_in(gone, {}, "x", 0ms,
+                                  [&](const schedule::ScheduleResult& r) { returned = r; }));
+  REQUIRE(loop.run_until([&] { return returned.has_value(); }));
+  CHECK(returned->publish.status == client::PublishStatus::returned);
+  for (auto& message : test::drain_queue(loop, *target.connection, unrouted)) {
+    (void)message;  // other tests' leftovers go too: the set is shared by base
+  }
+}
+
+TEST_CASE("retryloop schedule stats counts each level and reads the due time at each head",
+          "[schedule][integration]") {
+  test::TestLoop loop;
+  test::QueueUnderTest target(loop, "sched.stats");
+  // A base of its own, so that no other test's messages are counted.
+  ScheduleFile file("1130ms", "1h", "quorum", {target.queue});
+  apply(loop, target.connection, file.topology);
+  auto sent = retryloop_command({"send", "-t", file.path, "--queue", target.queue, "--delay", "30m",
+                                 "--message-id", "far", "--json", "far"});
+  REQUIRE(sent.exit_code == 0);
+  const int64_t due = json_lines(sent.out)["far"]["due_at_ms"].get<int64_t>();
+  auto stats = retryloop_command({"schedule", "stats", "-t", file.path, "--json"});
+  INFO(stats.err);
+  REQUIRE(stats.exit_code == 0);
+  auto j = nlohmann::json::parse(stats.out);
+  CHECK(j["set"] == "retryloop.delay.1130ms.quorum");
+  CHECK(j["waiting"] == 1);
+  CHECK(j["unrouted"] == 0);
+  CHECK(j["queues"][target.queue] == 0);
+  // 30 min is 1593 units of 1130 ms (rounded up): its highest bit is level 10.
+  int holding = -1;
+  for (const auto& level : j["levels"]) {
+    if (level["messages"] == 1) holding = level["level"].get<int>();
+  }
+  CHECK(holding == 10);
+  CHECK(j["levels"][10]["head_due_at"] == j["earliest_head_due_at"]);
+  CHECK(j["earliest_head_due_at_ms"] == due);
+  // The peek handed it back where it was.
+  auto again = retryloop_command({"schedule", "stats", "-t", file.path});
+  CHECK(again.exit_code == 0);
+  CHECK_THAT(again.out, Catch::Contains("1 message waiting"));
+  // Clean up the 30-minute message.
+  const std::string level = j["levels"][10]["queue"].get<std::string>();
+  CHECK(test::drain_queue(loop, *target.connection, level).size() == 1);
+}
+
+TEST_CASE("An outbox row due later reaches its queue through the delay levels, not before",
+          "[schedule][outbox][integration]") {
+  const std::string label = GENERATE("sqlite", "postgresql");
+  INFO(label);
+  auto database = test::database_for(label, "due");
+  test::TestLoop loop;
+  test::QueueUnderTest target(loop, "sched.outbox");
+  ScheduleFile file("500ms", "1h", "classic", {target.queue});
+  apply(loop, target.connection, file.topology);
+  Arrivals arrivals(loop, *target.connection, target.queue);
+  auto db = database.open();
+  int64_t due = 0;
+  {
+    store::Transaction transaction(*db);
+    outbox::OutboxMessage later;
+    later.routing_key = target.queue;
+    later.body = "later";
+    later.message_id = "later";
+    later.due_at_ms = due = outbox::due_in(1500ms);
+    outbox::enqueue(*db, later);
+    outbox::OutboxMessage unknown = later;
+    unknown.routing_key = "not-scheduled";
+    unknown.message_id = "unknown";
+    outbox::enqueue(*db, unknown);
+    outbox::OutboxMessage at_once;
+    at_once.routing_key = target.queue;
+    at_once.body = "at once";
+    at_once.message_id = "at-once";
+    outbox::enqueue(*db, at_once);
+    transaction.commit();
+  }
+  outbox::OutboxMessage to_exchange;
+  to_exchange.exchange = "amq.direct";
+  to_exchange.due_at_ms = 0;
+  CHECK_THROWS_WITH(outbox::enqueue(*db, to_exchange), Catch::Contains("leave exchange empty"));
+
+  outbox::RelayOptions options;
+  options.database = database.url;
+  options.connection.uri = client::parse_uri(test::broker_url());
+  options.poll_interval = 50ms;
+  options.schedule = file.schedule();
+  auto relay = outbox::Relay::create(loop.get(), options);
+  bool stopped = false;
+  relay->set_stopped_handler([&](const std::string&) { stopped = true; });
+  REQUIRE(relay->start().empty());
+  REQUIRE(loop.run_until([&] { return arrivals.seen->size() == 2; }, 20s));
+  relay->stop();
+  REQUIRE(loop.run_until([&] { return stopped; }));
+  std::map<std::string, const Arrival*> by_body;
+  for (const Arrival& a : *arrivals.seen)
+    by_body[a.body] = &a;
+  REQUIRE(by_body.count("later") == 1);
+  CHECK(by_body["later"]->at_ms >= due);
+  CHECK(by_body["later"]->header(schedule::header::due_at) >= due);
+  CHECK(by_body["at once"]->at_ms < by_body["later"]->at_ms);
+  auto failed = outbox::list_rows(*db, outbox::RowState::failed, 10);
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0].message_id == "unknown");
+  CHECK_THAT(failed[0].last_error.value_or(""), Catch::Contains("does not receive scheduled"));
+}
+
+TEST_CASE(
+    "retryloop schedule cancel stops a scheduled message at a retry consumer with an inbox; the "
+    "others arrive",
+    "[schedule][inbox][integration]") {
+  auto database = test::database_for("sqlite", "cancel");
+  test::TestLoop loop;
+  test::Broker broker(loop);
+  const auto service = test::make_service(test::unique_name("sched.cancel"),
+                                          R"("delays": ["1s"], "max_attempts": 3)");
+  broker.apply(service);
+  ScheduleFile file("500ms", "1h", "classic", {service.name});
+  apply(loop, broker.connection, file.topology);
+  inbox::InboxOptions inbox_options;
+  inbox_options.database = database.url;
+  inbox_options.consumer = "mailer";
+  auto inbox = inbox::Inbox::create(inbox_options);
+  test::Recorder recorder;
+  auto consumer = test::start(loop, test::options_for(service),
+                              inbox->wrap([&](const consumer::Message& message, store::Database&) {
+                                recorder.add(message);
+                                return consumer::Outcome::ack();
+                              }));
+  for (const char* id : {"keep", "cancel"}) {
+    auto sent = retryloop_command({"send", "-t", file.path, "--queue", service.name, "--delay",
+                                   "2s", "--message-id", id, id});
+    REQUIRE(sent.exit_code == 0);
+  }
+  auto cancelled =
+      retryloop_command({"schedule", "cancel", "-t", file.path, "--db", database.url, "cancel"});
+  INFO(cancelled.err);
+  CHECK(cancelled.exit_code == 0);
+  CHECK(cancelled.out == "cancel: cancelled\n");
+  REQUIRE(loop.run_until(
+      [&] { return consumer->metrics().acked + consumer->metrics().dropped == 2; }, 20s));
+  CHECK(recorder.of("keep").size() == 1);
+  CHECK(recorder.of("cancel").empty());
+  CHECK(inbox->stats().cancelled == 1);
+  CHECK(consumer->metrics().dropped == 1);
+  // Too late for a message that arrived already: it says so.
+  auto late =
+      retryloop_command({"schedule", "cancel", "-t", file.path, "--db", database.url, "keep"});
+  CHECK(late.exit_code == 3);
+  CHECK_THAT(late.out, Catch::Contains("consumer mailer received it already"));
+  test::stop(loop, consumer);
+  broker.remove(service);
+}
