@@ -13,6 +13,8 @@
 //   bench_retryloop retry   --url URL --topology FILE --service S --count N --fail K [--lateness]
 //                           [--ack-delay MS]
 //   bench_retryloop ttl     --url URL --queue Q --count N --delay-ms D
+//   bench_retryloop schedule --url URL --topology FILE --queue Q --count N --min-ms A --max-ms B
+//                           [--window W]
 //   bench_retryloop delays  --url URL --topology FILE --service S --count N --min-ms A --max-ms B
 //   bench_retryloop hold    --url URL --topology FILE --service S --count N --prefetch P
 //   bench_retryloop handlers --url URL --topology FILE --service S --count N --concurrency C
@@ -51,6 +53,14 @@
 //   retry    the retry consumer on a service of FILE, handler on the loop: each message fails K
 //            times, then is acked; completed messages per second from the first delivery.
 //            --lateness: the time from each failure to the next delivery, minus the delay.
+//   schedule scheduled delivery through the delay levels of FILE (its top-level delay_levels):
+//            N messages of 1 KB published to Q directly with confirms (the undelayed rate, the
+//            comparison), then N scheduled for Q with the Scheduler, delays spread on a log scale
+//            from A to B ms by sequence number, at most W unconfirmed; a consumer on Q records
+//            when each arrives. Reports both publish rates and the client's CPU per scheduled
+//            message, then, once every scheduled message arrived (or B ms plus two minutes
+//            passed), how many arrived, early (before retryloop-due-at: must be none), lost and
+//            duplicated, and the lateness (arrival minus due) by delay range.
 //   ttl      the broker's own TTL precision: consumes what a TTL queue dead-lettered, and
 //            reports arrival minus the sent stamp minus the delay.
 //   delays   the delay levels' accuracy: the retry consumer on a service of FILE with delay
@@ -96,6 +106,7 @@
 #include <retryloop/consumer/consumer.hpp>
 #include <retryloop/inbox/inbox.hpp>
 #include <retryloop/outbox/outbox.hpp>
+#include <retryloop/schedule/scheduler.hpp>
 #include <retryloop/store/database.hpp>
 #include <retryloop/topology/delay_levels.hpp>
 #include <retryloop/topology/topology_json.hpp>
@@ -119,6 +130,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -721,6 +733,153 @@ void delays(uv_loop_t* loop, const Args& args) {
       completed, static_cast<long long>(base.count()), options.service.retry.delay_levels->levels,
       args.min_ms, args.max_ms, most_hops, within, percentiles_json(error_ms).c_str(),
       percentiles_json(late_ms).c_str(), percentiles_json(late_per_hop_ms).c_str());
+}
+
+/// The delay range a scheduled delay falls in, for the report.
+const char* delay_range(std::chrono::milliseconds delay) {
+  if (delay < std::chrono::seconds(10)) return "1-10 s";
+  if (delay < std::chrono::minutes(1)) return "10-60 s";
+  if (delay < std::chrono::minutes(10)) return "1-10 min";
+  return "10-60 min";
+}
+
+void schedule_bench(uv_loop_t* loop, const Args& args) {
+  auto parsed = topology::load_topology(args.topology);
+  if (!parsed.ok() || !parsed.topology->schedule) die("the topology file has no delay_levels");
+  const topology::Schedule plan = *parsed.topology->schedule;
+  const std::string body(static_cast<size_t>(args.size), 'x');
+  struct Sent {
+    int64_t due_ms;
+    std::chrono::milliseconds asked;
+  };
+  std::vector<Sent> sent(static_cast<size_t>(args.count), Sent{0, {}});
+  std::vector<int> arrivals(static_cast<size_t>(args.count), 0);
+  std::map<std::string, std::vector<double>> late_by_range;
+  std::vector<double> late_all;
+  long arrived = 0, early = 0, duplicates = 0, plain_received = 0;
+  double plain_t0 = 0, plain_t1 = 0, schedule_t0 = 0, schedule_t1 = 0, schedule_cpu = 0;
+  long published = 0, confirmed = 0;
+  std::unique_ptr<schedule::Scheduler> scheduler;
+  std::shared_ptr<Connection> conn;
+  std::shared_ptr<Channel> publisher;
+  uv_timer_t deadline{};
+
+  bool finished = false;
+  std::function<void()> finish = [&] {
+    if (finished) return;
+    finished = true;
+    uv_close(reinterpret_cast<uv_handle_t*>(&deadline), nullptr);
+    conn->close();
+  };
+  std::function<void()> schedule_more;
+  std::function<void()> publish_plain = [&] {
+    while (published < args.count && published - confirmed < args.window) {
+      amqp::BasicProperties properties;
+      properties.delivery_mode = 2;
+      properties.message_id = "plain-" + std::to_string(published);
+      ++published;
+      check(publisher->publish("", args.queue, properties, body, Mandatory::yes,
+                               [&](const PublishOutcome& outcome) {
+                                 if (!outcome.ok()) die("publish: " + outcome.error.message());
+                                 if (++confirmed < args.count) return publish_plain();
+                                 plain_t1 = wall_seconds();
+                                 published = confirmed = 0;
+                                 schedule_t0 = wall_seconds();
+                                 schedule_cpu = cpu_seconds();
+                                 schedule_more();
+                               }),
+            "publish");
+    }
+  };
+  schedule_more = [&] {
+    while (published < args.count && published - confirmed < args.window) {
+      const long seq = published++;
+      const auto asked = requested_delay(seq, args);
+      amqp::BasicProperties properties;
+      properties.message_id = "s-" + std::to_string(seq);
+      check(scheduler->schedule_in(args.queue, std::move(properties), body, asked,
+                                   [&, seq, asked](const schedule::ScheduleResult& result) {
+                                     if (!result.ok())
+                                       die("schedule: " + result.publish.error.message());
+                                     sent[static_cast<size_t>(seq)] = {result.due_at_ms, asked};
+                                     if (++confirmed < args.count) return schedule_more();
+                                     schedule_t1 = wall_seconds();
+                                     schedule_cpu = cpu_seconds() - schedule_cpu;
+                                   }),
+            "schedule");
+    }
+  };
+  with_channel(loop, args, [&](auto connection, auto channel) {
+    conn = connection;
+    check(channel->qos(1000, {}), "qos");
+    ConsumeOptions options;
+    options.no_ack = true;
+    check(channel->consume(
+              args.queue, options,
+              [&](Delivery&& delivery) {
+                const std::string& id = delivery.message.properties.message_id.value_or("");
+                if (id.rfind("plain-", 0) == 0) {
+                  ++plain_received;
+                  return;
+                }
+                const int64_t now = wall_us() / 1000;
+                const long seq = std::strtol(id.c_str() + 2, nullptr, 10);
+                if (seq < 0 || seq >= args.count) return;
+                if (arrivals[static_cast<size_t>(seq)]++ > 0) {
+                  ++duplicates;
+                  return;
+                }
+                ++arrived;
+                const int64_t due = header_int(delivery.message.properties,
+                                               std::string(schedule::header::due_at).c_str());
+                if (now < due) ++early;
+                const double late = static_cast<double>(now - due);
+                late_all.push_back(late);
+                late_by_range[delay_range(sent[static_cast<size_t>(seq)].asked)].push_back(late);
+                if (arrived == args.count) finish();
+              },
+              [](const Error& e, const std::string&) { check(e, "consume"); }),
+          "consume");
+    check(conn->open_channel([&](const Error& e, std::shared_ptr<Channel> c) {
+      check(e, "channel");
+      publisher = std::move(c);
+      check(publisher->confirm_select([&](const Error& e2) {
+        check(e2, "confirm.select");
+        scheduler = std::make_unique<schedule::Scheduler>(*publisher, plan);
+        plain_t0 = wall_seconds();
+        publish_plain();
+      }),
+            "confirm.select");
+    }),
+          "channel");
+    uv_timer_init(loop, &deadline);
+    deadline.data = &finish;
+    uv_timer_start(
+        &deadline,
+        [](uv_timer_t* t) {
+          auto* done = static_cast<std::function<void()>*>(t->data);
+          (*done)();
+        },
+        static_cast<uint64_t>(args.max_ms) + 120000 + static_cast<uint64_t>(args.count) / 50, 0);
+  });
+  std::string ranges;
+  for (const auto& [range, values] : late_by_range) {
+    ranges += (ranges.empty() ? "" : ", ") + ("\"" + range + "\": ") + percentiles_json(values);
+  }
+  const double plain_seconds = plain_t1 - plain_t0;
+  const double schedule_seconds = schedule_t1 - schedule_t0;
+  std::printf(
+      "{\"client\": \"retryloop\", \"bench\": \"schedule\", \"messages\": %ld, \"window\": "
+      "%ld, \"min_ms\": %ld, \"max_ms\": %ld, \"base_ms\": %lld, \"levels\": %d, "
+      "\"plain_rate\": %.1f, \"rate\": %.1f, \"cpu_us_per_message\": %.2f, \"arrived\": %ld, "
+      "\"early\": %ld, \"lost\": %ld, \"duplicates\": %ld, \"late_ms\": %s, "
+      "\"late_ms_by_range\": {%s}, \"t0\": %.6f, \"t1\": %.6f}\n",
+      args.count, args.window, args.min_ms, args.max_ms,
+      static_cast<long long>(plan.levels.base.count()), plan.levels.levels,
+      args.count / plain_seconds, args.count / schedule_seconds,
+      schedule_cpu * 1e6 / static_cast<double>(args.count), arrived, early, args.count - arrived,
+      duplicates, late_all.empty() ? "null" : percentiles_json(late_all).c_str(), ranges.c_str(),
+      schedule_t0, schedule_t1);
 }
 
 void ttl(uv_loop_t* loop, const Args& args) {
@@ -1472,6 +1631,8 @@ int main(int argc, char** argv) {
     handle(loop, args);
   } else if (args.mode == "delays") {
     delays(loop, args);
+  } else if (args.mode == "schedule") {
+    schedule_bench(loop, args);
   } else if (args.mode == "ttl") {
     ttl(loop, args);
   } else if (args.mode == "hold") {

@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,9 @@
 #include "fault_harness.hpp"
 #include "retryloop/client/uri.hpp"
 #include "retryloop/management/management.hpp"
+#include "retryloop/schedule/scheduler.hpp"
+#include "retryloop/topology/delay_levels.hpp"
+#include "retryloop/topology/plan.hpp"
 #include "support/tcp_proxy.hpp"
 
 using namespace retryloop;
@@ -279,4 +284,77 @@ TEST_CASE(
   // Consumers drain what was replayed: the scripts run as written now. A copy confirmed whose
   // parked original was not yet acked is replayed twice: at most the replay window.
   drain_and_report(loop, probe, lanes, "cluster: replay's node stopped", started, replay_window);
+}
+
+TEST_CASE(
+    "On a cluster, SIGKILL of the node leading the quorum delay levels loses no scheduled message, "
+    "and none arrives early",
+    "[cluster][node-loss][schedule]") {
+  NodesBackUp back_up;
+  TestLoop loop;
+  Probe probe(loop, test::broker_url());  // the first node: it leads what it declares
+  const std::string queue = test::unique_name("cl.sched");
+  amqp::FieldTable arguments;
+  arguments.append("x-queue-type", "quorum");
+  REQUIRE_FALSE(probe.declare_queue(queue, arguments));
+  topology::Topology file;
+  file.schedule = topology::Schedule{
+      {std::chrono::milliseconds(510), 5, std::nullopt}, topology::QueueType::quorum, {queue}};
+  client::Error applied = probe.apply(topology::make_plan(file));
+  INFO(applied.message());
+  REQUIRE_FALSE(applied);
+  const std::string top_level =
+      topology::delay_level_name(topology::schedule_target(*file.schedule, queue), 4);
+  const std::string leader = leader_of(top_level);
+
+  // Scheduled through another node, so that the kill does not cut the publisher off.
+  auto connection = test::connect(loop, url_starting_at(1));
+  auto channel = test::open_channel(loop, *connection);
+  REQUIRE_FALSE(test::wait(loop, [&](auto done) { return channel->confirm_select(done); }));
+  schedule::Scheduler scheduler(*channel, *file.schedule);
+  std::map<std::string, int64_t> due;
+  size_t confirmed = 0;
+  std::mt19937 random(31);
+  constexpr size_t count = 200;
+  for (size_t i = 0; i < count; ++i) {
+    const auto delay = std::chrono::milliseconds(2000 + random() % 12000);
+    REQUIRE_FALSE(scheduler.schedule_in(queue, {}, "scheduled", delay,
+                                        [&](const schedule::ScheduleResult& result) {
+                                          INFO(result.publish.error.message());
+                                          CHECK(result.ok());
+                                          due[result.message_id] = result.due_at_ms;
+                                          ++confirmed;
+                                        }));
+  }
+  REQUIRE(loop.run_until([&] { return confirmed == count; }, 30s));
+  test::close(loop, connection);
+  loop.run_for(1500ms);
+  const auto killed = Clock::now();
+  node_script(loop, "kill", leader);
+
+  Probe reader(loop, url_starting_at(1));
+  std::map<std::string, int64_t> arrived;
+  size_t early = 0;
+  while (arrived.size() < due.size() && Clock::now() < killed + 120s) {
+    std::vector<client::GetResult> got;
+    reader.drain(queue, got);
+    const int64_t now = schedule::now_ms();
+    for (const auto& message : got) {
+      const std::string id = message.message.properties.message_id.value_or("");
+      if (due.count(id) && now < due[id]) ++early;
+      arrived.emplace(id, now);
+    }
+    loop.run_for(100ms);
+  }
+  size_t lost = 0;
+  for (const auto& entry : due)
+    lost += arrived.count(entry.first) == 0 ? 1 : 0;
+  note("cluster, delay levels' leader SIGKILL: " + std::to_string(due.size()) + " scheduled, " +
+       std::to_string(arrived.size()) + " arrived, " + std::to_string(lost) + " lost, " +
+       std::to_string(early) + " early; the last " +
+       std::to_string(static_cast<long>(seconds_since(killed))) + " s after the kill");
+  CHECK(lost == 0);
+  CHECK(early == 0);
+  node_script(loop, "restart", leader);  // before the clean-up, as above
+  CHECK_FALSE(reader.delete_queue(queue, false));
 }

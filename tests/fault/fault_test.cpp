@@ -16,11 +16,13 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "fault_harness.hpp"
+#include "retryloop/schedule/scheduler.hpp"
 #include "retryloop/topology/plan.hpp"
 #include "support/tcp_proxy.hpp"
 
@@ -662,4 +664,99 @@ TEST_CASE("A message at the frame size limit ends in a defined place without a r
          std::to_string(metrics[i].reconnects) + " reconnects, " +
          std::to_string(metrics[i].copies_too_large) + " copies too large");
   }
+}
+
+TEST_CASE(
+    "Scheduled messages wait through a broker restart on classic and quorum delay levels: none "
+    "lost, none early",
+    "[fault][schedule]") {
+  BrokerBackUp back_up;
+  TestLoop loop;
+  Probe probe(loop, test::broker_url());
+  std::string output;
+  struct Target {
+    std::string queue;
+    topology::Schedule schedule;
+    std::unique_ptr<schedule::Scheduler> scheduler;
+  };
+  std::vector<Target> targets;
+  for (auto type : {topology::QueueType::classic, topology::QueueType::quorum}) {
+    Target target;
+    target.queue =
+        test::unique_name(type == topology::QueueType::quorum ? "fault.sched.q" : "fault.sched.c");
+    amqp::FieldTable arguments;
+    if (type == topology::QueueType::quorum) arguments.append("x-queue-type", "quorum");
+    REQUIRE_FALSE(probe.declare_queue(target.queue, arguments));
+    target.schedule.levels = {std::chrono::milliseconds(500), 5, std::nullopt};  // up to 15.5 s
+    target.schedule.queue_type = type;
+    target.schedule.queues = {target.queue};
+    topology::Topology file;
+    file.schedule = target.schedule;
+    client::Error applied = probe.apply(topology::make_plan(file));
+    INFO(applied.message());
+    REQUIRE_FALSE(applied);
+    targets.push_back(std::move(target));
+  }
+  // The quorum level queues were made moments ago: have the broker write their registration now
+  // (see the SIGKILL test).
+  expect_ok(
+      ctl_async(loop,
+                {"eval", "ok = dets:sync(ra_directory_reverse), ok = dets:sync(ra_log_meta)."},
+                &output),
+      output);
+  auto connection = test::connect(loop, test::broker_url());
+  auto channel = test::open_channel(loop, *connection);
+  REQUIRE_FALSE(test::wait(loop, [&](auto done) { return channel->confirm_select(done); }));
+  std::map<std::string, int64_t> due;  // by message id
+  size_t confirmed = 0;
+  std::mt19937 random(23);
+  constexpr int per_queue = 150;
+  for (auto& target : targets) {
+    target.scheduler = std::make_unique<schedule::Scheduler>(*channel, target.schedule);
+    for (int i = 0; i < per_queue; ++i) {
+      const auto delay = std::chrono::milliseconds(1000 + random() % 11000);
+      REQUIRE_FALSE(target.scheduler->schedule_in(target.queue, {}, "scheduled", delay,
+                                                  [&](const schedule::ScheduleResult& result) {
+                                                    INFO(result.publish.error.message());
+                                                    CHECK(result.ok());
+                                                    due[result.message_id] = result.due_at_ms;
+                                                    ++confirmed;
+                                                  }));
+    }
+  }
+  REQUIRE(loop.run_until([&] { return confirmed == 2 * per_queue; }, 30s));
+  test::close(loop, connection);
+  loop.run_for(1500ms);  // some are due, most move between levels
+  expect_ok(ctl_async(loop, {"stop_app"}, &output), output);
+  expect_ok(ctl_async(loop, {"start_app"}, &output), output);
+
+  std::map<std::string, int64_t> arrived;  // first arrival, by message id
+  size_t copies = 0;
+  size_t early = 0;
+  const auto deadline = Clock::now() + 90s;
+  while (arrived.size() < due.size() && Clock::now() < deadline) {
+    for (const auto& target : targets) {
+      std::vector<client::GetResult> got;
+      probe.drain(target.queue, got);
+      const int64_t now = schedule::now_ms();
+      for (const auto& message : got) {
+        const std::string id = message.message.properties.message_id.value_or("");
+        ++copies;
+        if (due.count(id) && now < due[id]) ++early;
+        arrived.emplace(id, now);
+      }
+    }
+    loop.run_for(100ms);
+  }
+  size_t lost = 0;
+  for (const auto& [id, at] : due)
+    lost += arrived.count(id) == 0 ? 1 : 0;
+  note("scheduled through a broker restart: " + std::to_string(due.size()) + " scheduled, " +
+       std::to_string(arrived.size()) + " arrived (" + std::to_string(copies) + " copies), " +
+       std::to_string(lost) + " lost, " + std::to_string(early) + " early");
+  CHECK(lost == 0);
+  CHECK(early == 0);
+  CHECK(arrived.size() == due.size());
+  for (const auto& target : targets)
+    CHECK_FALSE(probe.delete_queue(target.queue, false));
 }
