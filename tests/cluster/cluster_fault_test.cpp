@@ -317,7 +317,7 @@ TEST_CASE(
   std::mt19937 random(31);
   constexpr size_t count = 200;
   for (size_t i = 0; i < count; ++i) {
-    const auto delay = std::chrono::milliseconds(2000 + random() % 12000);
+    const auto delay = std::chrono::milliseconds(2000 + random() % 7000);
     REQUIRE_FALSE(scheduler.schedule_in(queue, {}, "scheduled", delay,
                                         [&](const schedule::ScheduleResult& result) {
                                           INFO(result.publish.error.message());

@@ -714,7 +714,7 @@ TEST_CASE(
   for (auto& target : targets) {
     target.scheduler = std::make_unique<schedule::Scheduler>(*channel, target.schedule);
     for (int i = 0; i < per_queue; ++i) {
-      const auto delay = std::chrono::milliseconds(1000 + random() % 11000);
+      const auto delay = std::chrono::milliseconds(1000 + random() % 6000);
       REQUIRE_FALSE(target.scheduler->schedule_in(target.queue, {}, "scheduled", delay,
                                                   [&](const schedule::ScheduleResult& result) {
                                                     INFO(result.publish.error.message());
