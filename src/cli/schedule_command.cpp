@@ -94,6 +94,9 @@ std::vector<std::string> bodies(const SendArgs& args) {
     text = read_all(in);
   } else if (args.body == "-" || (args.body.empty() && !isatty(STDIN_FILENO))) {
     text = read_all(std::cin);
+    if (args.body.empty() && text.empty()) {
+      throw Failure(exit_usage, "no message: give BODY, - (standard input) or --file FILE");
+    }
   } else if (args.body.empty()) {
     throw Failure(exit_usage, "no message: give BODY, - (standard input) or --file FILE");
   } else {
