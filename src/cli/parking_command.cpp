@@ -62,6 +62,8 @@ struct ParkingArgs {
   std::vector<std::string> where;
   std::string older_than;
   std::vector<std::string> reasons;
+  std::string cause;
+  bool exact = false;
   std::string to_queue;
   bool dry_run = false;
   bool unrouted_retries = false;
@@ -174,6 +176,7 @@ parking::Filter make_filter(const ParkingArgs& args) {
     }
   }
   filter.reasons = args.reasons;
+  if (!args.cause.empty()) filter.error_fingerprint = args.cause == "(none)" ? "" : args.cause;
   return filter;
 }
 
@@ -229,6 +232,13 @@ int run_stats(const ParkingArgs& args) {
             for (const auto& [text, count] : stats.by_error) {
               out["by_error"].push_back({{"error", text}, {"count", count}});
             }
+            out["by_cause"] = nlohmann::json::array();
+            for (const auto& cause : stats.by_cause) {
+              out["by_cause"].push_back({{"cause", cause.fingerprint},
+                                         {"count", cause.count},
+                                         {"distinct", cause.distinct},
+                                         {"example", cause.example}});
+            }
             out["loop_depths"] = stats.loop_depths;
             out["loop_not_permitted"] = stats.loop_not_permitted;
             std::cout << dump(out) << "\n";
@@ -247,13 +257,24 @@ int run_stats(const ParkingArgs& args) {
               std::cout << "by reason:\n";
               reasons.print(std::cout);
             }
-            if (!stats.by_error.empty()) {
+            if (args.exact && !stats.by_error.empty()) {
               Table errors;
               for (const auto& [text, count] : stats.by_error) {
                 errors.add({std::to_string(count), preview(text, 100)});
               }
-              std::cout << "by error (first line):\n";
+              std::cout << "by error (first line, exactly):\n";
               errors.print(std::cout);
+            } else if (!stats.by_cause.empty()) {
+              Table causes;
+              causes.add({"COUNT", "DISTINCT", "CAUSE", "EXAMPLE"});
+              for (const auto& cause : stats.by_cause) {
+                causes.add({std::to_string(cause.count), std::to_string(cause.distinct),
+                            preview(cause.fingerprint, 70),
+                            cause.distinct > 1 ? preview(cause.example, 70) : ""});
+              }
+              std::cout << "by cause (the error's first line, numbers, ids and quoted values "
+                           "masked; --exact for the lines as they are):\n";
+              causes.print(std::cout);
             }
             if (!stats.loop_depths.empty()) {
               Table depths;
@@ -577,6 +598,13 @@ void add_filters(CLI::App& command, ParkingArgs& args, const char* verb) {
                       "permanent, poison, delivery_limit, or unrouted (parked by the broker: no "
                       "queue took a retry, as while the service queue was deleted)")
       ->type_name("REASON");
+  command
+      .add_option("--cause", args.cause,
+                  std::string("Only ") + verb +
+                      " messages of this cause: the error's first line with numbers, ids and "
+                      "quoted values masked, as `parking stats` shows it (e.g. \"customer <n> does "
+                      "not exist\")")
+      ->type_name("CAUSE");
 }
 
 }  // namespace
@@ -605,12 +633,16 @@ void add_parking_commands(CLI::App& app, int& exit_code) {
   auto stats_args = std::make_shared<ParkingArgs>();
   CLI::App* stats = add_command(
       *group, "stats", "Count parked messages by reason and error, with the loop's queue depths",
-      "Shows the parking depth, the oldest message's age, counts by reason and by the first line "
-      "of the error, and the depths of the service's input and wait queues. With --fail-above N "
+      "Shows the parking depth, the oldest message's age, counts by reason and by cause (the first "
+      "line "
+      "of the error with numbers, ids and quoted values masked; --exact: the line as it is), "
+      "and the depths of the service's input and wait queues. With --fail-above N "
       "it exits 5 when more than N messages are parked: a cron job or a monitoring check can "
       "alert on it.",
       stats_args);
   stats->add_flag("--json", stats_args->json, "Print one JSON object");
+  stats->add_flag("--exact", stats_args->exact,
+                  "Count by the error's first line exactly, instead of by cause");
   stats
       ->add_option("--fail-above", stats_args->fail_above,
                    "Exit 5 when the parking depth is above N")

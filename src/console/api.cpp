@@ -153,8 +153,8 @@ parking::Filter parse_filter(const nlohmann::json& json) {
   if (json.is_null()) return filter;
   if (!json.is_object()) throw std::invalid_argument("the filter must be a JSON object");
   static const std::vector<std::string> known = {
-      "reasons",     "error_first_line", "error_contains", "message_ids",
-      "routing_key", "parked_from",      "parked_until",   "older_than"};
+      "reasons",     "error_first_line", "error_cause",  "error_contains", "message_ids",
+      "routing_key", "parked_from",      "parked_until", "older_than"};
   for (const auto& item : json.items()) {
     if (std::find(known.begin(), known.end(), item.key()) == known.end()) {
       throw std::invalid_argument("unknown filter field " + item.key());
@@ -166,6 +166,9 @@ parking::Filter parse_filter(const nlohmann::json& json) {
   }
   if (json.contains("error_first_line")) {
     filter.error_first_line = group_key(text_field(json, "error_first_line"));
+  }
+  if (json.contains("error_cause")) {
+    filter.error_fingerprint = group_key(text_field(json, "error_cause"));
   }
   if (json.contains("error_contains")) filter.error_contains = text_field(json, "error_contains");
   if (json.contains("message_ids")) {

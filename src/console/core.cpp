@@ -446,6 +446,9 @@ void Core::finish_job(const std::shared_ptr<Job>& job, const Error& error) {
         groups.resize(kErrorGroupsShown);
       }
       groups.shrink_to_fit();
+      auto& causes = job->stats.by_cause;
+      if (causes.size() > kErrorGroupsShown) causes.resize(kErrorGroupsShown);
+      causes.shrink_to_fit();
       job->stats.messages.shrink_to_fit();
       shown_scan_ = job;
       depth_ = job->stats.depth;
@@ -567,6 +570,14 @@ nlohmann::json Core::scan_json(const Job& scan) const {
     errors.push_back({{"error", error}, {"count", count}});
   }
   out["by_error"] = std::move(errors);
+  nlohmann::json causes = nlohmann::json::array();
+  for (const auto& cause : stats.by_cause) {
+    causes.push_back({{"cause", cause.fingerprint},
+                      {"count", cause.count},
+                      {"distinct", cause.distinct},
+                      {"example", cause.example}});
+  }
+  out["by_cause"] = std::move(causes);
   out["more_error_groups"] = scan.error_groups_dropped;
   return out;
 }

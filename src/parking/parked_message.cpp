@@ -81,7 +81,145 @@ bool contains_ignoring_case(std::string_view text, std::string_view wanted) {
                      [&](char a, char b) { return lower(a) == lower(b); }) != text.end();
 }
 
+bool is_digit(char c) {
+  return c >= '0' && c <= '9';
+}
+bool is_hex(char c) {
+  return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+bool is_word(char c) {
+  return is_digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
+
+/// `count` characters of `text` from `at` that `accept`.
+bool run_of(std::string_view text, size_t at, size_t count, bool (*accept)(char)) {
+  if (at + count > text.size()) return false;
+  for (size_t k = 0; k < count; ++k) {
+    if (!accept(text[at + k])) return false;
+  }
+  return true;
+}
+
+/// 8-4-4-4-12 hex digits at `at`, not part of a longer word.
+bool uuid_at(std::string_view text, size_t at) {
+  if (at + 36 > text.size()) return false;
+  size_t p = at;
+  for (size_t group : {8, 4, 4, 4, 12}) {
+    if (!run_of(text, p, group, is_hex)) return false;
+    p += group;
+    if (group != 12) {
+      if (text[p] != '-') return false;
+      ++p;
+    }
+  }
+  return p == text.size() || !is_word(text[p]);
+}
+
+/// A date (2026-11-27), with a time (T or space, 10:15, :00, .250) and a zone (Z, +01:00), at
+/// `at`: its length, or 0.
+size_t time_at(std::string_view text, size_t at) {
+  if (!run_of(text, at, 4, is_digit) || at + 10 > text.size() || text[at + 4] != '-' ||
+      !run_of(text, at + 5, 2, is_digit) || text[at + 7] != '-' ||
+      !run_of(text, at + 8, 2, is_digit)) {
+    return 0;
+  }
+  size_t p = at + 10;
+  if (p + 6 <= text.size() && (text[p] == 'T' || text[p] == ' ') &&
+      run_of(text, p + 1, 2, is_digit) && text[p + 3] == ':' && run_of(text, p + 4, 2, is_digit)) {
+    p += 6;
+    if (p + 3 <= text.size() && text[p] == ':' && run_of(text, p + 1, 2, is_digit)) p += 3;
+    if (p + 1 < text.size() && (text[p] == '.' || text[p] == ',') && is_digit(text[p + 1])) {
+      ++p;
+      while (p < text.size() && is_digit(text[p]))
+        ++p;
+    }
+    if (p < text.size() && text[p] == 'Z') {
+      ++p;
+    } else if (p + 6 <= text.size() && (text[p] == '+' || text[p] == '-') &&
+               run_of(text, p + 1, 2, is_digit) && text[p + 3] == ':' &&
+               run_of(text, p + 4, 2, is_digit)) {
+      p += 6;
+    }
+  }
+  return p < text.size() && is_word(text[p]) ? 0 : p - at;
+}
+
 }  // namespace
+
+std::string error_fingerprint(std::string_view line) {
+  std::string out;
+  out.reserve(line.size());
+  size_t i = 0;
+  while (i < line.size()) {
+    const char c = line[i];
+    if (c == '"' || c == '\'' || c == '`') {
+      const size_t close = line.find(c, i + 1);
+      // An apostrophe inside a word ("don't") opens no quote.
+      const bool opens = c != '\'' || i == 0 || !is_word(line[i - 1]);
+      if (opens && close != std::string_view::npos) {
+        out += c;
+        out += "<value>";
+        out += c;
+        i = close + 1;
+        continue;
+      }
+      out += c;
+      ++i;
+      continue;
+    }
+    if (!is_word(c) || (i > 0 && is_word(line[i - 1]))) {
+      out += c;
+      ++i;
+      continue;
+    }
+    if (uuid_at(line, i)) {
+      out += "<uuid>";
+      i += 36;
+      continue;
+    }
+    if (size_t length = time_at(line, i)) {
+      out += "<time>";
+      i += length;
+      continue;
+    }
+    if (c == '0' && i + 2 < line.size() && (line[i + 1] == 'x' || line[i + 1] == 'X') &&
+        is_hex(line[i + 2])) {
+      size_t end = i + 2;
+      while (end < line.size() && is_hex(line[end]))
+        ++end;
+      if (end == line.size() || !is_word(line[end])) {
+        out += "<hex>";
+        i = end;
+        continue;
+      }
+    }
+    size_t end = i;
+    bool digit = false, letter = false, hex = true;
+    while (end < line.size() && is_word(line[end])) {
+      digit = digit || is_digit(line[end]);
+      letter = letter || !is_digit(line[end]);
+      hex = hex && is_hex(line[end]);
+      ++end;
+    }
+    if (!digit) {
+      out.append(line.substr(i, end - i));
+    } else if (!letter) {
+      // A decimal fraction is one number.
+      if (end + 1 < line.size() && line[end] == '.' && is_digit(line[end + 1])) {
+        end += 1;
+        while (end < line.size() && is_digit(line[end]))
+          ++end;
+      }
+      out += "<n>";
+    } else if (hex && end - i >= 8) {
+      out += "<hex>";
+    } else {
+      out += "<id>";
+    }
+    i = end;
+  }
+  return out;
+}
 
 bool Filter::matches(const ParkedMessage& parked, uint64_t now_seconds) const {
   if (!message_ids.empty() && message_ids.count(parked.message_id) == 0) return false;
@@ -92,6 +230,10 @@ bool Filter::matches(const ParkedMessage& parked, uint64_t now_seconds) const {
   }
   if (original_routing_key && parked.original_routing_key != *original_routing_key) return false;
   if (error_first_line && first_line(parked.error) != *error_first_line) return false;
+  if (error_fingerprint &&
+      parking::error_fingerprint(first_line(parked.error)) != *error_fingerprint) {
+    return false;
+  }
   if (!error_contains.empty() && !contains_ignoring_case(parked.error, error_contains)) {
     return false;
   }

@@ -99,6 +99,27 @@ Error stats(const std::shared_ptr<client::Connection>& connection, const topolog
   return stats(connection, service, StatsOptions{}, std::move(callback));
 }
 
+std::vector<ErrorCause> causes_of(const std::vector<std::pair<std::string, uint64_t>>& by_error) {
+  std::map<std::string, ErrorCause> causes;
+  for (const auto& [line, count] : by_error) {  // most frequent first: the first is the example
+    const bool kept_as_is = line == "(none)" || line == other_errors_group;
+    const std::string fingerprint = kept_as_is ? line : error_fingerprint(line);
+    ErrorCause& cause = causes[fingerprint];
+    if (cause.distinct++ == 0) {
+      cause.fingerprint = fingerprint;
+      cause.example = line;
+    }
+    cause.count += count;
+  }
+  std::vector<ErrorCause> out;
+  out.reserve(causes.size());
+  for (auto& entry : causes)
+    out.push_back(std::move(entry.second));
+  std::stable_sort(out.begin(), out.end(),
+                   [](const ErrorCause& a, const ErrorCause& b) { return a.count > b.count; });
+  return out;
+}
+
 Error stats(const std::shared_ptr<client::Connection>& connection, const topology::Service& service,
             StatsOptions options, StatsCallback callback, ProgressHandler on_progress) {
   struct Counts {
@@ -156,6 +177,7 @@ Error stats(const std::shared_ptr<client::Connection>& connection, const topolog
         std::sort(stats.by_error.begin(), stats.by_error.end(), [](const auto& a, const auto& b) {
           return a.second != b.second ? a.second > b.second : a.first < b.first;
         });
+        stats.by_cause = causes_of(stats.by_error);
         if (error || !connection->is_open() || loop_queues.empty()) {
           if (callback) callback(error, std::move(stats));
           return;

@@ -337,6 +337,16 @@ def run(args):
         errors = group_counts(driver, 'error-groups')
         check(errors == {TIMEOUT_ERROR: 3, PERMANENT_ERROR: 2, 'not JSON: Expecting value': 1,
                          HOSTILE_ERROR: 1}, f'the error groups are {errors}')
+        causes = driver.execute_script("""
+            const out = {};
+            for (const row of document.querySelectorAll('#cause-groups tbody tr')) {
+              out[row.dataset.cause] = [Number(row.querySelector('.distinct').textContent),
+                                        Number(row.querySelector('.count').textContent)];
+            }
+            return out;""")
+        check(causes.get('Timeout talking to payments after <n> ms') == [1, 3] and
+              causes.get('customer <n> does not exist') == [1, 2] and len(causes) == 4,
+              f'the cause groups are {causes}')
         check('token' not in driver.current_url, 'the token stayed in the address bar')
         check(text(driver, 'depth') == '7', f'the depth shows {text(driver, "depth")!r}')
         wait_for(driver, 'the message list', lambda d: len(listed_ids(d)) == 7)

@@ -435,7 +435,24 @@ TEST_CASE("stats --fail-above exits 5 only above the threshold, and counts by re
   CHECK(stats["by_reason"]["exhausted"] == 20);
   CHECK(stats["by_error"].size() == 3);  // "boom 0", "boom 1", "boom 2": first lines only
   CHECK(stats["by_error"][0]["count"] == 10);
+  // One cause: the numbers masked.
+  REQUIRE(stats["by_cause"].size() == 1);
+  CHECK(stats["by_cause"][0]["cause"] == "boom <n>");
+  CHECK(stats["by_cause"][0]["count"] == 30);
+  CHECK(stats["by_cause"][0]["distinct"] == 3);
   CHECK(stats["oldest_parked_at"] == "2023-11-14T22:13:20Z");
+  auto text = s.cli({"stats"});
+  REQUIRE(text.wait() == 0);
+  CHECK_THAT(text.out(), Catch::Contains("by cause") && Catch::Contains("boom <n>"));
+  auto exact = s.cli({"stats", "--exact"});
+  REQUIRE(exact.wait() == 0);
+  CHECK_THAT(exact.out(), Catch::Contains("boom 1") && !Catch::Contains("boom <n>"));
+  auto by_cause = s.cli({"replay", "--dry-run", "--cause", "boom <n>", "--reason", "poison"});
+  REQUIRE(by_cause.wait() == 0);
+  CHECK_THAT(by_cause.err(), Catch::Contains("10 messages would move"));
+  auto other_cause = s.cli({"replay", "--dry-run", "--cause", "boom 1"});
+  REQUIRE(other_cause.wait() == 0);
+  CHECK_THAT(other_cause.err(), Catch::Contains("0 messages would move"));
   CHECK(stats["loop_depths"][s.queue] == 0);
 
   auto list = s.cli({"list", "--json", "--limit", "2"});

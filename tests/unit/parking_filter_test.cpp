@@ -6,6 +6,7 @@
 
 #include "retryloop/consumer/headers.hpp"
 #include "retryloop/parking/parked_message.hpp"
+#include "retryloop/parking/parking.hpp"
 
 using namespace retryloop;
 using namespace std::chrono_literals;
@@ -219,4 +220,65 @@ TEST_CASE("message_ids takes any of the ids, original_routing_key the exact key"
   key.error_contains = "x";
   CHECK_FALSE(key.matches(parked, 0));
   CHECK(parking::Filter{}.empty());
+}
+
+TEST_CASE("Error fingerprints mask what varies from message to message", "[parking]") {
+  using parking::error_fingerprint;
+  CHECK(error_fingerprint("customer 1 does not exist") == "customer <n> does not exist");
+  CHECK(error_fingerprint("customer 4 does not exist") == "customer <n> does not exist");
+  CHECK(error_fingerprint("Timeout talking to payments after 5000 ms") ==
+        "Timeout talking to payments after <n> ms");
+  CHECK(error_fingerprint("order 7f3c9a2e-1b4d-4e8f-9a0b-c1d2e3f4a5b6 not found") ==
+        "order <uuid> not found");
+  CHECK(error_fingerprint("lock held since 2026-11-27T10:15:00.250Z by worker-3") ==
+        "lock held since <time> by worker-<n>");
+  CHECK(error_fingerprint("lock held since 2026-11-27 10:15:00+01:00") == "lock held since <time>");
+  CHECK(error_fingerprint("bad checksum 0x1F2e, expected deadbeef42") ==
+        "bad checksum <hex>, expected <hex>");
+  CHECK(error_fingerprint("user \"ana\" has no role 'admin'") ==
+        "user \"<value>\" has no role '<value>'");
+  CHECK(error_fingerprint("don't retry ord_8F3k2 at 12.5%") == "don't retry <id> at <n>%");
+  CHECK(error_fingerprint("HTTP 503 Service Unavailable") == "HTTP <n> Service Unavailable");
+  CHECK(error_fingerprint("connection refused") == "connection refused");
+  CHECK(error_fingerprint("") == "");
+  CHECK(error_fingerprint("unclosed \"quote 12") == "unclosed \"quote <n>");
+}
+
+TEST_CASE("Error lines group by cause, with an example and the count of distinct lines",
+          "[parking]") {
+  // 12 parked messages, 6 distinct lines, 3 causes.
+  const std::vector<std::pair<std::string, uint64_t>> by_error = {
+      {"customer 1 does not exist", 4}, {"Timeout after 5000 ms", 3},
+      {"customer 4 does not exist", 2}, {"card 4111-1111 declined", 1},
+      {"card 5500-0000 declined", 1},   {"customer 9 does not exist", 1}};
+  auto causes = parking::causes_of(by_error);
+  REQUIRE(causes.size() == 3);
+  CHECK(causes[0].fingerprint == "customer <n> does not exist");
+  CHECK(causes[0].count == 7);
+  CHECK(causes[0].distinct == 3);
+  CHECK(causes[0].example == "customer 1 does not exist");
+  CHECK(causes[1].fingerprint == "Timeout after <n> ms");
+  CHECK(causes[1].count == 3);
+  CHECK(causes[1].distinct == 1);
+  CHECK(causes[2].fingerprint == "card <n>-<n> declined");
+  CHECK(causes[2].count == 2);
+  // Kept as they are: no error, and the lines past the limit.
+  auto kept = parking::causes_of({{"(none)", 2}, {parking::other_errors_group, 5}});
+  REQUIRE(kept.size() == 2);
+  CHECK(kept[0].fingerprint == parking::other_errors_group);
+  CHECK(kept[1].fingerprint == "(none)");
+}
+
+TEST_CASE("A filter by cause takes the messages whose first line has that fingerprint",
+          "[parking]") {
+  parking::Filter filter;
+  filter.error_fingerprint = "customer <n> does not exist";
+  parking::ParkedMessage parked;
+  parked.error = "customer 12 does not exist\n  at billing.cpp:40";
+  CHECK(filter.matches(parked, 0));
+  parked.error = "customer twelve does not exist";
+  CHECK_FALSE(filter.matches(parked, 0));
+  filter.error_fingerprint = "";
+  parked.error.clear();
+  CHECK(filter.matches(parked, 0));
 }

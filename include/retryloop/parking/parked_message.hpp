@@ -55,6 +55,13 @@ std::optional<std::string> header_text(const amqp::FieldValue& value);
 /// The first line of `text` (all of it when it has no line break): what `stats` groups errors by.
 std::string first_line(std::string_view text);
 
+/// An error line with what varies from message to message masked, so that the messages of one
+/// cause form one group: quoted text becomes `"<value>"`, UUIDs `<uuid>`, dates and times
+/// `<time>`, hex numbers (`0x1f`, or eight or more hex digits with a letter) `<hex>`, other
+/// numbers `<n>`, and words that mix letters and digits `<id>`. "customer 1 does not exist" and
+/// "customer 4 does not exist" both become "customer <n> does not exist".
+std::string error_fingerprint(std::string_view line);
+
 /// Which parked messages an operation takes. Every condition must hold; an empty filter takes
 /// every message.
 struct Filter {
@@ -73,6 +80,9 @@ struct Filter {
   std::string error_contains;
   /// The error's first_line() is exactly this; "" takes the messages without an error.
   std::optional<std::string> error_first_line;
+  /// The error_fingerprint() of the error's first line is exactly this; "" takes the messages
+  /// without an error.
+  std::optional<std::string> error_fingerprint;
   /// The message id is one of these; empty: any.
   std::unordered_set<std::string> message_ids;
   /// `retryloop-original-routing-key` is exactly this.
@@ -80,8 +90,8 @@ struct Filter {
 
   bool empty() const {
     return where.empty() && !older_than && reasons.empty() && !parked_from && !parked_until &&
-           error_contains.empty() && !error_first_line && message_ids.empty() &&
-           !original_routing_key;
+           error_contains.empty() && !error_first_line && !error_fingerprint &&
+           message_ids.empty() && !original_routing_key;
   }
   bool matches(const ParkedMessage& parked, uint64_t now_seconds) const;
 };

@@ -69,6 +69,17 @@ inline constexpr size_t max_error_groups = 10000;
 /// The group that counts the messages of error lines past max_error_groups.
 inline constexpr const char* other_errors_group = "(other errors, past the first 10000 distinct)";
 
+/// The messages whose error lines share one error_fingerprint(): one cause.
+struct ErrorCause {
+  /// The fingerprint ("(none)" for messages without an error).
+  std::string fingerprint;
+  uint64_t count = 0;
+  /// How many distinct first lines it groups.
+  uint64_t distinct = 0;
+  /// One of them: the most frequent (the first in text order among equals).
+  std::string example;
+};
+
 struct Stats {
   /// Messages ready in the parking queue.
   uint32_t depth = 0;
@@ -84,6 +95,9 @@ struct Stats {
   /// distinct lines are counted; the messages of any further ones count under
   /// other_errors_group.
   std::vector<std::pair<std::string, uint64_t>> by_error;
+  /// The same messages grouped by cause (error_fingerprint of the first line), most frequent
+  /// first. The lines past max_error_groups stay in their own group.
+  std::vector<ErrorCause> by_cause;
   /// Depths of the service's input queue, wait queues and delay level queues that exist (queue
   /// name -> depth). The delay levels are shared with the other services of the same base: their
   /// depths count every service's retries.
@@ -94,6 +108,9 @@ struct Stats {
   /// The first StatsOptions::keep matching messages, in queue order.
   std::vector<ParkedMessage> messages;
 };
+/// Groups counts per error line (Stats::by_error, most frequent first) by cause.
+std::vector<ErrorCause> causes_of(const std::vector<std::pair<std::string, uint64_t>>& by_error);
+
 /// Gets the stats by value: a caller may keep them without a copy.
 using StatsCallback = std::function<void(const client::Error& error, Stats stats)>;
 

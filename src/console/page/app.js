@@ -147,6 +147,7 @@
     const parts = [];
     if (filter.reasons) parts.push(`reason ${filter.reasons.join(' or ')}`);
     if (filter.error_first_line !== undefined) parts.push(`error “${filter.error_first_line}”`);
+    if (filter.error_cause !== undefined) parts.push(`cause “${filter.error_cause}”`);
     if (filter.error_contains) parts.push(`error containing “${filter.error_contains}”`);
     if (filter.message_ids) {
       parts.push(filter.message_ids.length === 1 ? `id ${filter.message_ids[0]}`
@@ -249,8 +250,10 @@
     groupsShown = scanId;
     const reasons = $('reason-groups').tBodies[0];
     const errors = $('error-groups').tBodies[0];
+    const causes = $('cause-groups').tBodies[0];
     clear(reasons);
     clear(errors);
+    clear(causes);
     $('more-groups').textContent = '';
     if (!s.scan) return;
     const base = s.scan.filter || {};
@@ -259,6 +262,18 @@
       const description = `${plural(group.count, 'message')} with reason “${group.reason}”`;
       reasons.append(el('tr', {'data-reason': group.reason},
         el('td', {class: 'key', text: group.reason}),
+        el('td', {class: 'num count', text: String(group.count)}),
+        groupActions(filter, description, group.count)));
+    }
+    for (const group of s.scan.by_cause || []) {
+      const filter = Object.assign({}, base, {error_cause: group.cause});
+      const description = `${plural(group.count, 'message')} whose error is of cause “${group.cause}”`;
+      const text = el('td', {class: 'key error-text'}, el('div', {text: group.cause}));
+      if (group.distinct > 1) {
+        text.append(el('div', {class: 'muted', text: `e.g. ${group.example}`}));
+      }
+      causes.append(el('tr', {'data-cause': group.cause}, text,
+        el('td', {class: 'num distinct', text: String(group.distinct)}),
         el('td', {class: 'num count', text: String(group.count)}),
         groupActions(filter, description, group.count)));
     }
