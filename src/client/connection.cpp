@@ -100,6 +100,8 @@ Error ConnectionImpl::connect(ConnectCallback callback) {
     const TlsOptions& tls = options_.tls;
     detail::TlsSettings settings;
     settings.ca_file = tls.ca_file.value_or(uri.ca_file.value_or(std::string()));
+    settings.cert_file = tls.cert_file.value_or(uri.cert_file.value_or(std::string()));
+    settings.key_file = tls.key_file.value_or(uri.key_file.value_or(std::string()));
     settings.verify_peer = tls.verify_peer.value_or(uri.verify_peer.value_or(true));
     settings.server_name = tls.server_name.value_or(uri.server_name.value_or(uri.host));
     if (settings.server_name.empty()) settings.server_name = uri.host;

@@ -133,6 +133,29 @@ Error TlsSession::create(const TlsSettings& settings, std::unique_ptr<TlsSession
   } else {
     SSL_CTX_set_verify(ctx, SSL_VERIFY_NONE, nullptr);
   }
+  if (settings.cert_file.empty() != settings.key_file.empty()) {
+    return Error(ClientError::tls_failed,
+                 std::string("a client certificate needs both certfile and keyfile; only ") +
+                     (settings.cert_file.empty() ? "keyfile" : "certfile") + " is given");
+  }
+  if (!settings.cert_file.empty()) {
+    // An encrypted key is refused, not asked for on the terminal.
+    SSL_CTX_set_default_passwd_cb(ctx, [](char*, int, int, void*) { return 0; });
+    if (SSL_CTX_use_certificate_chain_file(ctx, settings.cert_file.c_str()) != 1) {
+      return Error(ClientError::tls_failed, "cannot load the client certificate '" +
+                                                settings.cert_file +
+                                                "': " + openssl_reason("no PEM certificate in it"));
+    }
+    if (SSL_CTX_use_PrivateKey_file(ctx, settings.key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
+      return Error(ClientError::tls_failed, "cannot load the client key '" + settings.key_file +
+                                                "': " + openssl_reason("no PEM private key in it"));
+    }
+    if (SSL_CTX_check_private_key(ctx) != 1) {  // OpenSSL 3 checks on load; older ones here
+      return Error(ClientError::tls_failed, "cannot load the client key '" + settings.key_file +
+                                                "': key values mismatch the certificate '" +
+                                                settings.cert_file + "'");
+    }
+  }
 
   session->ssl_ = SSL_new(ctx);
   SSL* ssl = session->ssl_;

@@ -20,6 +20,9 @@ namespace retryloop::client::detail {
 struct TlsSettings {
   /// PEM file of trusted CAs; empty: the system's trust store.
   std::string ca_file;
+  /// The client certificate (chain) and its key, PEM; both empty: none.
+  std::string cert_file;
+  std::string key_file;
   bool verify_peer = true;
   /// Checked against the certificate, and sent as SNI unless it is an IP address.
   std::string server_name;

@@ -67,6 +67,10 @@ void apply_query(Uri& uri, std::string_view query) {
           parse_number<uint32_t>(value, "connection_timeout", 1, 86400000));
     } else if (key == "cacertfile") {
       uri.ca_file = value;
+    } else if (key == "certfile") {
+      uri.cert_file = value;
+    } else if (key == "keyfile") {
+      uri.key_file = value;
     } else if (key == "verify") {
       if (value != "verify_peer" && value != "verify_none") {
         throw std::invalid_argument("URI verify must be verify_peer or verify_none, not '" + value +

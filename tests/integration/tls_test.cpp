@@ -49,12 +49,30 @@ std::string encoded(const std::string& text) {
   return out;
 }
 
-/// `amqps://guest:guest@HOST:PORT/` plus `query`, for the test broker's TLS port.
-ConnectionOptions amqps(const std::string& host, const std::string& query = "") {
+/// The client certificate and key the test broker's CA signed: the broker requires one.
+std::string client_cert_file() {
+  return required_env("RETRYLOOP_TEST_CLIENT_CERT");
+}
+std::string client_key_file() {
+  return required_env("RETRYLOOP_TEST_CLIENT_KEY");
+}
+
+/// `amqps://guest:guest@HOST:PORT/` plus `query`, for the test broker's TLS port, without a
+/// client certificate.
+ConnectionOptions amqps_without_client_certificate(const std::string& host,
+                                                   const std::string& query = "") {
   ConnectionOptions options;
   options.uri = parse_uri("amqps://guest:guest@" + host + ":" + amqps_port() + "/" +
                           (query.empty() ? "" : "?" + query));
   options.connect_timeout = std::chrono::seconds(20);
+  return options;
+}
+
+/// The same with the client certificate the broker requires, given as options.
+ConnectionOptions amqps(const std::string& host, const std::string& query = "") {
+  ConnectionOptions options = amqps_without_client_certificate(host, query);
+  options.tls.cert_file = client_cert_file();
+  options.tls.key_file = client_key_file();
   return options;
 }
 
@@ -64,7 +82,8 @@ ConnectionOptions verified_amqps(const std::string& extra_query = "") {
                                 (extra_query.empty() ? "" : "&" + extra_query));
 }
 
-/// A CA that signed nothing the broker has, made with the openssl command.
+/// A CA that signed nothing the broker has, made with the openssl command, and a client
+/// certificate it signed.
 class OtherCa {
  public:
   OtherCa() {
@@ -74,9 +93,16 @@ class OtherCa {
     std::string command =
         "openssl req -x509 -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -noenc -days 1 "
         "-subj '/CN=some other CA' -keyout '" +
-        (dir_ / "ca.key").string() + "' -out '" + file() + "' 2>/dev/null";
+        (dir_ / "ca.key").string() + "' -out '" + file() +
+        "' 2>/dev/null && openssl req -x509 -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 "
+        "-noenc -days 1 -subj '/CN=a stranger' -CA '" +
+        file() + "' -CAkey '" + (dir_ / "ca.key").string() +
+        "' -addext 'extendedKeyUsage=clientAuth' -keyout '" + client_key() + "' -out '" +
+        client_cert() + "' 2>/dev/null";
     REQUIRE(std::system(command.c_str()) == 0);
   }
+  std::string client_cert() const { return (dir_ / "client.pem").string(); }
+  std::string client_key() const { return (dir_ / "client.key").string(); }
   ~OtherCa() {
     std::error_code ignored;
     std::filesystem::remove_all(dir_, ignored);
@@ -415,4 +441,65 @@ TEST_CASE("A CA file that cannot be read fails connect at once, naming the file"
   CHECK(contains(error.message(), "cannot load the CA file '/nonexistent/retryloop-ca.pem'"));
   CHECK(loop.drain());
   CHECK_FALSE(called);
+}
+
+TEST_CASE(
+    "A broker that requires a client certificate takes one its CA signed, from the URI or the "
+    "options, and refuses a client without one or with another CA's",
+    "[client][integration][tls]") {
+  TestLoop loop;
+  SECTION("certfile and keyfile in the URI") {
+    round_trip(loop, amqps_without_client_certificate(
+                         "localhost", "cacertfile=" + encoded(test_ca_file()) +
+                                          "&certfile=" + encoded(client_cert_file()) +
+                                          "&keyfile=" + encoded(client_key_file())));
+  }
+  SECTION("no client certificate") {
+    Error error = connect_error(loop, amqps_without_client_certificate(
+                                          "localhost", "cacertfile=" + encoded(test_ca_file())));
+    INFO(error.message());
+    CHECK(error);
+    CHECK_FALSE(error.code == make_error_code(ClientError::connect_failed));
+    CHECK(contains(error.message(), "TLS: "));  // the broker's alert: "certificate required"
+  }
+  SECTION("a certificate of another CA") {
+    OtherCa other;
+    ConnectionOptions options =
+        amqps_without_client_certificate("localhost", "cacertfile=" + encoded(test_ca_file()));
+    options.tls.cert_file = other.client_cert();
+    options.tls.key_file = other.client_key();
+    Error error = connect_error(loop, options);
+    INFO(error.message());
+    CHECK(error);
+    CHECK(contains(error.message(), "TLS: "));  // the broker's alert: "unknown ca"
+  }
+  CHECK(loop.drain());
+}
+
+TEST_CASE("A client certificate that cannot be used fails connect at once, naming the file and why",
+          "[client][integration][tls]") {
+  TestLoop loop;
+  OtherCa other;
+  auto immediate = [&](ConnectionOptions options) {
+    auto connection = Connection::create(loop.get(), options);
+    bool called = false;
+    Error error = connection->connect([&](const Error&) { called = true; });
+    CHECK(loop.drain());
+    CHECK_FALSE(called);
+    CHECK(error.code == make_error_code(ClientError::tls_failed));
+    return error.message();
+  };
+  ConnectionOptions options = verified_amqps();
+  options.tls.key_file.reset();
+  CHECK(contains(immediate(options), "needs both certfile and keyfile; only certfile is given"));
+  options = verified_amqps();
+  options.tls.cert_file = "/nonexistent/client.pem";
+  CHECK(
+      contains(immediate(options), "cannot load the client certificate '/nonexistent/client.pem'"));
+  options = verified_amqps();
+  options.tls.key_file = other.client_key();  // another certificate's key
+  const std::string mismatch = immediate(options);
+  INFO(mismatch);
+  CHECK(contains(mismatch, "cannot load the client key '" + other.client_key() + "'"));
+  CHECK(contains(mismatch, "key values mismatch"));
 }

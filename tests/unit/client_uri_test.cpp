@@ -143,3 +143,15 @@ TEST_CASE("The broker's version is read from its server properties, and sets the
   CHECK(broker_min_frame_max(properties("4.3.6")) == 8192);
   CHECK(broker_min_frame_max(retryloop::amqp::FieldTable{}) == 4096);
 }
+
+TEST_CASE("The TLS query options are read, the client certificate's among them", "[client]") {
+  auto uri = parse_uri(
+      "amqps://u:p@rabbit.example.com/?cacertfile=%2Fetc%2Fca.pem&certfile=%2Fetc%2Fclient.pem"
+      "&keyfile=%2Fetc%2Fclient.key&verify=verify_peer&server_name_indication=rabbit");
+  CHECK(uri.ca_file == "/etc/ca.pem");
+  CHECK(uri.cert_file == "/etc/client.pem");
+  CHECK(uri.key_file == "/etc/client.key");
+  CHECK(uri.verify_peer == true);
+  CHECK(uri.server_name == "rabbit");
+  CHECK_FALSE(parse_uri("amqps://h/").cert_file);
+}

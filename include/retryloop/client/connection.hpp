@@ -24,7 +24,8 @@ struct ConnectionAttempts;
 }
 
 /// TLS settings for `amqps://` URIs (ignored for `amqp://`). Each unset field takes the URI's
-/// query option (`cacertfile`, `verify`, `server_name_indication`), else the default below.
+/// query option (`cacertfile`, `verify`, `server_name_indication`, `certfile`, `keyfile`), else
+/// the default below.
 struct TlsOptions {
   /// PEM file with the CA certificates that may sign the broker's certificate. Default: the
   /// system's trust store (OpenSSL's default paths). A file that cannot be read fails connect()
@@ -37,6 +38,13 @@ struct TlsOptions {
   /// The name the certificate must carry, also sent as SNI (an IP address is checked against
   /// the certificate's IP entries and not sent). Default: the URI's host.
   std::optional<std::string> server_name;
+  /// The client's own certificate (PEM; a chain may follow it) and its private key (PEM, not
+  /// encrypted), for a broker that asks for one (mutual TLS: `ssl_options.verify = verify_peer`,
+  /// and with `fail_if_no_peer_cert = true` it refuses a client without one). Both or neither.
+  /// Default: none. A file that cannot be read, or a key that does not match the certificate,
+  /// fails connect() at once with tls_failed, naming the file.
+  std::optional<std::string> cert_file;
+  std::optional<std::string> key_file;
 };
 
 /// A RabbitMQ release, as its `connection.start` names it in the server property `version`.

@@ -49,8 +49,11 @@ struct Uri {
   std::optional<uint16_t> channel_max;
   std::optional<std::chrono::milliseconds> connect_timeout;
   /// TLS query options: `cacertfile=PATH`, `verify=verify_none|verify_peer`,
-  /// `server_name_indication=HOST`.
+  /// `server_name_indication=HOST`, and for a client certificate `certfile=PATH` and
+  /// `keyfile=PATH`.
   std::optional<std::string> ca_file;
+  std::optional<std::string> cert_file;
+  std::optional<std::string> key_file;
   std::optional<bool> verify_peer;
   std::optional<std::string> server_name;
 
