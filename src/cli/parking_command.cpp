@@ -72,6 +72,7 @@ struct ParkingArgs {
   std::string listen = "127.0.0.1:8080";
   std::string token;
   std::string token_file;
+  std::string tokens_file;
   bool allow_counted_reads = false;
   std::string rescan_after = "30s";
 };
@@ -514,7 +515,20 @@ int run_serve(const ParkingArgs& args) {
   options.connection.connect_timeout =
       options.connection.uri.connect_timeout.value_or(std::chrono::seconds(10));
   std::tie(options.listen_host, options.listen_port) = parse_listen(args.listen);
-  options.token = console_token(args);
+  if (!args.tokens_file.empty()) {
+    if (!args.token.empty() || !args.token_file.empty()) {
+      throw Failure(exit_usage,
+                    "give --tokens or a single token (--token-file, --token, "
+                    "RETRYLOOP_CONSOLE_TOKEN), not both");
+    }
+    try {
+      options.identities = console::read_identities(args.tokens_file);
+    } catch (const std::invalid_argument& e) {
+      throw Failure(exit_usage, std::string("--tokens: ") + e.what());
+    }
+  } else {
+    options.token = console_token(args);
+  }
   options.allow_counted_reads = args.allow_counted_reads;
   std::string why;
   auto rescan = topology::parse_duration(args.rescan_after, &why);
@@ -532,6 +546,9 @@ int run_serve(const ParkingArgs& args) {
       std::cout << "  open  " << info.url << "#token=" << info.token << "\n"
                 << "  token " << info.token << " (every request needs it; set your own with "
                 << "--token-file or RETRYLOOP_CONSOLE_TOKEN)\n";
+    } else if (!options.identities.empty()) {
+      std::cout << "  open  " << info.url << " (the page asks for a token of " << args.tokens_file
+                << ": " << plural(options.identities.size(), "identity", "identities") << ")\n";
     } else {
       std::cout << "  open  " << info.url << " (the page asks for the token you gave)\n";
     }
@@ -720,6 +737,12 @@ void add_parking_commands(CLI::App& app, int& exit_code) {
                    "list: prefer --token-file or RETRYLOOP_CONSOLE_TOKEN")
       ->envname("RETRYLOOP_CONSOLE_TOKEN")
       ->type_name("TOKEN");
+  serve
+      ->add_option("--tokens", serve_args->tokens_file,
+                   "Named tokens with roles, one per line: NAME ROLE TOKEN, ROLE reader (look), "
+                   "operator (also replay) or admin (also purge); each call is checked against "
+                   "the caller's role, and the page and the log name the caller")
+      ->type_name("FILE");
   serve->add_flag("--allow-counted-reads", serve_args->allow_counted_reads,
                   "Serve a quorum parking queue without retryloop's delivery limit (or whose "
                   "arguments could not be compared) anyway: each scan is a delivery of every "

@@ -95,11 +95,32 @@ Refusal check_request(const RequestFacts& request, const Access& access) {
   if (request.token.empty()) {
     return {403, std::string("the token is missing: send it in the ") + token_header + " header"};
   }
-  if (!same_token(request.token, access.token)) return {403, "wrong token"};
+  const Identity* who = identify(access, request.token);
+  if (who == nullptr) return {403, "wrong token"};
+  const Role needed = role_needed(request.method, request.path);
+  if (who->role < needed) {
+    return {403, std::string("this needs the ") + to_string(needed) + " role; " + who->name +
+                     " has the " + to_string(who->role) + " role"};
+  }
   if (request.method == "POST" && !is_json_media_type(request.content_type)) {
     return {415, "send the request body as application/json"};
   }
   return {};
+}
+
+Role role_needed(std::string_view method, std::string_view path) {
+  if (method != "POST") return Role::reader;
+  if (path == "/api/purge") return Role::admin;
+  if (path == "/api/replay" || path == "/api/stop") return Role::operator_;
+  return Role::reader;
+}
+
+const Identity* identify(const Access& access, std::string_view token) {
+  const Identity* found = nullptr;
+  for (const Identity& identity : access.identities) {  // every one, whichever matches
+    if (same_token(token, identity.token)) found = &identity;
+  }
+  return found;
 }
 
 bool is_loopback(std::string_view host) {

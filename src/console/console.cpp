@@ -7,7 +7,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <memory>
+#include <sstream>
+#include <stdexcept>
 #include <thread>
 
 #include "core.hpp"
@@ -150,16 +153,29 @@ void add_routes(httplib::Server& server, LoopBridge& bridge, const std::shared_p
                   return core->request_scan(std::move(body));
                 });
               });
-  auto action = [&bridge, core](Job::Kind kind) {
-    return [&bridge, core, kind](const httplib::Request& request, httplib::Response& response) {
+  // Who did it, for the log: the identity's name and the address it came from.
+  auto who = [access](const httplib::Request& request) {
+    const Identity* identity =
+        detail::identify(access, request.get_header_value(detail::token_header));
+    return (identity != nullptr ? identity->name : std::string("?")) + " at " + request.remote_addr;
+  };
+  auto action = [&bridge, core, who](Job::Kind kind) {
+    return [&bridge, core, kind, who](const httplib::Request& request,
+                                      httplib::Response& response) {
       auto body = json_body(request, response);
       if (!body) return;
-      answer(bridge, response,
-             [core, body = std::move(*body), kind, who = request.remote_addr]() mutable {
-               return core->request_action(kind, std::move(body), who);
-             });
+      answer(bridge, response, [core, body = std::move(*body), kind, who = who(request)]() mutable {
+        return core->request_action(kind, std::move(body), who);
+      });
     };
   };
+  server.Get("/api/whoami", [access](const httplib::Request& request, httplib::Response& response) {
+    const Identity* identity =
+        detail::identify(access, request.get_header_value(detail::token_header));
+    nlohmann::json out{{"name", identity != nullptr ? identity->name : ""},
+                       {"role", identity != nullptr ? to_string(identity->role) : ""}};
+    response.set_content(out.dump(), "application/json");
+  });
   server.Post("/api/replay", action(Job::Kind::replay));
   server.Post("/api/purge", action(Job::Kind::purge));
   server.Post("/api/count", action(Job::Kind::count));
@@ -174,12 +190,69 @@ std::string url_host(const std::string& host) {
 
 }  // namespace
 
+const char* to_string(Role role) {
+  switch (role) {
+    case Role::reader:
+      return "reader";
+    case Role::operator_:
+      return "operator";
+    case Role::admin:
+      return "admin";
+  }
+  return "?";
+}
+
+std::vector<Identity> read_identities(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument("cannot read the tokens file " + path);
+  std::vector<Identity> identities;
+  std::string line;
+  for (size_t number = 1; std::getline(in, line); ++number) {
+    const std::string where = path + ":" + std::to_string(number) + ": ";
+    std::istringstream words(line);
+    std::string name, role, token, extra;
+    if (!(words >> name) || name[0] == '#') continue;
+    if (!(words >> role >> token) || (words >> extra)) {
+      throw std::invalid_argument(where + "give NAME ROLE TOKEN, separated by spaces");
+    }
+    Identity identity{name, Role::reader, token};
+    if (role == "operator") {
+      identity.role = Role::operator_;
+    } else if (role == "admin") {
+      identity.role = Role::admin;
+    } else if (role != "reader") {
+      throw std::invalid_argument(where + "the role \"" + role +
+                                  "\" is not reader, operator or admin");
+    }
+    if (token.size() < 16) {
+      throw std::invalid_argument(where + "the token of " + name +
+                                  " is shorter than 16 characters: anyone could guess it");
+    }
+    for (const Identity& other : identities) {
+      if (other.name == name) throw std::invalid_argument(where + name + " is named twice");
+      if (other.token == token) {
+        throw std::invalid_argument(where + "the token of " + name + " is also " + other.name +
+                                    "'s");
+      }
+    }
+    identities.push_back(std::move(identity));
+  }
+  if (identities.empty()) throw std::invalid_argument(path + " names nobody");
+  return identities;
+}
+
 ServeResult serve(const Options& given, const std::function<void(const ServeInfo&)>& on_ready) {
   Options options = given;
   ServeInfo info;
-  info.generated_token = options.token.empty();
-  if (options.token.empty()) options.token = detail::random_token();
-  info.token = options.token;
+  detail::Access access;
+  if (options.identities.empty()) {
+    info.generated_token = options.token.empty();
+    if (options.token.empty()) options.token = detail::random_token();
+    info.token = options.token;
+    access.identities = {{"console", Role::admin, options.token}};
+  } else {
+    access.identities = options.identities;
+  }
   if (options.connection.connection_name.empty()) {
     options.connection.connection_name = "retryloop parking console";
   }
@@ -204,8 +277,6 @@ ServeResult serve(const Options& given, const std::function<void(const ServeInfo
   info.port = uint16_t(port);
   info.url = "http://" + url_host(host) + ":" + std::to_string(port) + "/";
   info.loopback = detail::is_loopback(host);
-  detail::Access access;
-  access.token = options.token;
   access.hosts = detail::allowed_hosts(host, info.port);
 
   uv_loop_t loop;

@@ -115,11 +115,11 @@ class Broker:
 class Console:
     """`retryloop parking serve` on a free loopback port."""
 
-    def __init__(self, retryloop, topology_file, service, url, work):
-        self.errors = open(os.path.join(work, 'console.err'), 'w+', encoding='utf-8')
+    def __init__(self, retryloop, topology_file, service, url, work, extra=()):
+        self.errors = open(os.path.join(work, f'console{len(extra)}.err'), 'w+', encoding='utf-8')
         self.process = subprocess.Popen(
             [retryloop, 'parking', 'serve', '-t', topology_file, service, '--url', url,
-             '--listen', '127.0.0.1:0', '--rescan-after', '1s'],
+             '--listen', '127.0.0.1:0', '--rescan-after', '1s', *extra],
             stdout=subprocess.PIPE, stderr=self.errors, text=True)
         self.output = []
         started = threading.Event()
@@ -134,7 +134,7 @@ class Console:
     def read(self, started):
         for line in self.process.stdout:
             self.output.append(line)
-            match = re.search(r'open  (http://127\.0\.0\.1:(\d+)/)#token=([0-9a-f]+)', line)
+            match = re.search(r'open  (http://127\.0\.0\.1:(\d+)/)(?:#token=([0-9a-f]+))?', line)
             if match:
                 self.base, self.port, self.token = match.group(1), match.group(2), match.group(3)
                 started.set()
@@ -539,6 +539,65 @@ def run(args):
         check(len(shown) == 1024 * 1024 and big.startswith(shown),
               f'the big body is shown as {len(shown)} characters')
         log('a deeply nested JSON body is shown as it is; a body over 1 MiB is shown cut, and said so')
+
+        # -- named tokens with roles: each call is checked against the caller's role, and the
+        # page offers only what the role may do
+        tokens_file = os.path.join(work, 'tokens')
+        tokens = {'ana': ('reader', 'a' * 32), 'bob': ('operator', 'b' * 32),
+                  'cyd': ('admin', 'c' * 32)}
+        with open(tokens_file, 'w', encoding='utf-8') as out:
+            out.write('# name role token\n')
+            for name, (role, secret) in tokens.items():
+                out.write(f'{name} {role} {secret}\n')
+        roles = Console(args.retryloop, topology_file, service, url, work, ['--tokens', tokens_file])
+        try:
+            as_user = {name: {'X-Retryloop-Token': secret} for name, (_, secret) in tokens.items()}
+            nothing = {'filter': {'message_ids': ['no-such-message']}}
+            for name, (role, _) in tokens.items():
+                status, answer = roles.request('GET', '/api/whoami', headers=as_user[name])
+                check(status == 200 and answer == {'name': name, 'role': role},
+                      f'whoami for {name}: HTTP {status} {answer}')
+                status, _ = roles.request('GET', '/api/state', headers=as_user[name])
+                check(status == 200, f'{name} could not look: HTTP {status}')
+
+            def idle():
+                _, state = roles.request('GET', '/api/state', headers=as_user['ana'])
+                job = state.get('job') or {}
+                return job.get('state') not in ('running', 'queued')
+
+            status, _ = roles.request('POST', '/api/count', nothing, as_user['ana'])
+            check(status == 200, f'a reader could not count: HTTP {status}')
+            wait_for(driver, 'the count to end', lambda d: idle())
+            refusals = [('ana', '/api/replay', 'operator'), ('ana', '/api/purge', 'admin'),
+                        ('ana', '/api/stop', 'operator'), ('bob', '/api/purge', 'admin')]
+            for name, path, needed in refusals:
+                status, answer = roles.request('POST', path, nothing, as_user[name])
+                check(status == 403 and f'needs the {needed} role' in answer.get('error', ''),
+                      f'{name} ({tokens[name][0]}) on {path}: HTTP {status} {answer}')
+            status, answer = roles.request('POST', '/api/purge', nothing, as_user['cyd'])
+            check(status == 200, f'the admin could not purge: HTTP {status} {answer}')
+            status, answer = roles.request('GET', '/api/state', headers={'X-Retryloop-Token': console.token})
+            check(status == 403, f'the single token works on the console with named tokens: {status}')
+            for name, shown, hidden in [('ana', [], ['replay-matching', 'purge-matching', 'older-form']),
+                                        ('bob', ['replay-matching'], ['purge-matching', 'older-form']),
+                                        ('cyd', ['replay-matching', 'purge-matching'], [])]:
+                driver.get('about:blank')  # a new hash alone would not load the page again
+                driver.get(f'{roles.base}#token={tokens[name][1]}')
+                wait_for(driver, f'the page to name {name}',
+                         lambda d, name=name: text(d, 'identity') == f'{name} ({tokens[name][0]})')
+                for element in shown:
+                    check(driver.find_element(By.ID, element).is_displayed(),
+                          f'{name} ({tokens[name][0]}) is not offered #{element}')
+                for element in hidden:
+                    check(not driver.find_element(By.ID, element).is_displayed(),
+                          f'{name} ({tokens[name][0]}) is offered #{element}')
+        finally:
+            roles_status, roles_output = roles.stop()
+        check(roles_status == 0, f'the console with named tokens exited {roles_status}')
+        check('cyd at 127.0.0.1' in roles_output,
+              f'the log does not name who purged:\n{roles_output}')
+        log('reader, operator and admin tokens: each refused what its role may not do, by the '
+            'API with the role it needs and by the page, which offers only the rest')
     finally:
         if driver is not None:
             driver.quit()

@@ -1,8 +1,11 @@
 // The parking console's request check and filter parsing, without a server.
 
+#include <unistd.h>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <unordered_set>
 
@@ -16,7 +19,7 @@ namespace {
 
 Access loopback_access() {
   Access access;
-  access.token = "0123456789abcdef0123456789abcdef";
+  access.identities = {{"console", console::Role::admin, "0123456789abcdef0123456789abcdef"}};
   access.hosts = console::detail::allowed_hosts("127.0.0.1", 8080);
   return access;
 }
@@ -136,7 +139,7 @@ TEST_CASE("A console on loopback answers to its address and localhost; elsewhere
   CHECK_FALSE(is_loopback("0.0.0.0"));
 
   Access anywhere;
-  anywhere.token = "t";
+  anywhere.identities = {{"console", console::Role::admin, "t"}};
   RequestFacts request;
   request.method = "GET";
   request.path = "/";
@@ -228,4 +231,69 @@ TEST_CASE("older_than becomes the parked_until it means when the action is asked
     // Later, the relative filter takes more; the pinned one the same.
     CHECK(pinned.matches(parked, now + 3600) == relative.matches(parked, now));
   }
+}
+
+TEST_CASE("Each call needs a role, and a token of a lesser role is refused naming it",
+          "[console]") {
+  Access access = loopback_access();
+  access.identities = {{"ana", console::Role::reader, "aaaaaaaaaaaaaaaaaaaa"},
+                       {"bob", console::Role::operator_, "bbbbbbbbbbbbbbbbbbbb"},
+                       {"cyd", console::Role::admin, "cccccccccccccccccccc"}};
+  auto as = [&](const std::string& token, const std::string& method, const std::string& path) {
+    RequestFacts request = page_replay();
+    request.token = token;
+    request.method = method;
+    request.path = path;
+    return console::detail::check_request(request, access);
+  };
+  const std::string ana = "aaaaaaaaaaaaaaaaaaaa", bob = "bbbbbbbbbbbbbbbbbbbb",
+                    cyd = "cccccccccccccccccccc";
+  for (const auto& token : {ana, bob, cyd}) {
+    CHECK(as(token, "GET", "/api/state").status == 0);
+    CHECK(as(token, "GET", "/api/whoami").status == 0);
+    CHECK(as(token, "POST", "/api/count").status == 0);
+    CHECK(as(token, "POST", "/api/scan").status == 0);
+  }
+  auto replay = as(ana, "POST", "/api/replay");
+  CHECK(replay.status == 403);
+  CHECK(replay.reason == "this needs the operator role; ana has the reader role");
+  CHECK(as(ana, "POST", "/api/stop").status == 403);
+  CHECK(as(bob, "POST", "/api/replay").status == 0);
+  CHECK(as(bob, "POST", "/api/stop").status == 0);
+  CHECK(as(bob, "POST", "/api/purge").reason ==
+        "this needs the admin role; bob has the operator role");
+  CHECK(as(cyd, "POST", "/api/purge").status == 0);
+  CHECK(as("dddddddddddddddddddd", "GET", "/api/state").reason == "wrong token");
+  CHECK(console::detail::identify(access, bob)->name == "bob");
+  CHECK(console::detail::identify(access, "b") == nullptr);
+}
+
+TEST_CASE("A tokens file gives names, roles and tokens; its mistakes name their line",
+          "[console]") {
+  const auto path =
+      std::filesystem::temp_directory_path() / ("retryloop-tokens-" + std::to_string(::getpid()));
+  auto read = [&](const std::string& text) {
+    std::ofstream(path) << text;
+    return console::read_identities(path.string());
+  };
+  auto identities = read(
+      "# who role token\n\nana reader aaaaaaaaaaaaaaaa\n  bob operator "
+      "bbbbbbbbbbbbbbbb\ncyd admin cccccccccccccccc\n");
+  REQUIRE(identities.size() == 3);
+  CHECK(identities[1].name == "bob");
+  CHECK(identities[1].role == console::Role::operator_);
+  CHECK(identities[2].token == "cccccccccccccccc");
+  const std::string at = path.string() + ":2: ";
+  CHECK_THROWS_WITH(read("ana reader aaaaaaaaaaaaaaaa\nbob owner bbbbbbbbbbbbbbbb\n"),
+                    at + "the role \"owner\" is not reader, operator or admin");
+  CHECK_THROWS_WITH(read("ana reader aaaaaaaaaaaaaaaa\nbob reader short\n"),
+                    at + "the token of bob is shorter than 16 characters: anyone could guess it");
+  CHECK_THROWS_WITH(read("ana reader aaaaaaaaaaaaaaaa\nbob admin aaaaaaaaaaaaaaaa\n"),
+                    at + "the token of bob is also ana's");
+  CHECK_THROWS_WITH(read("ana reader aaaaaaaaaaaaaaaa\nana admin bbbbbbbbbbbbbbbb\n"),
+                    at + "ana is named twice");
+  CHECK_THROWS_WITH(read("ana reader\n"),
+                    path.string() + ":1: give NAME ROLE TOKEN, separated by spaces");
+  CHECK_THROWS_WITH(read("# nobody\n"), path.string() + " names nobody");
+  std::filesystem::remove(path);
 }

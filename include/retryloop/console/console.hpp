@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "retryloop/client/connection.hpp"
 #include "retryloop/topology/topology.hpp"
@@ -14,6 +15,23 @@ class logger;
 }
 
 namespace retryloop::console {
+
+/// What a console user may do: `reader` looks (state, messages, scans, counts), `operator` also
+/// replays (and stops a running action), `admin` also purges.
+enum class Role { reader, operator_ /* `operator` is a keyword */, admin };
+const char* to_string(Role role);
+
+/// A console user: a name for the audit trail and the page, a role, and the token they send.
+struct Identity {
+  std::string name;
+  Role role = Role::reader;
+  std::string token;
+};
+
+/// Reads a tokens file: one identity a line, `NAME ROLE TOKEN` separated by spaces, `#` starting
+/// a comment line. Throws std::invalid_argument naming the line and what is wrong: an unknown
+/// role, a name or token used twice, a token shorter than 16 characters, no identity at all.
+std::vector<Identity> read_identities(const std::string& path);
 
 /// The parking console: a web page, served over HTTP, that shows one service's parking queue
 /// and replays or purges its messages through retryloop::parking.
@@ -26,8 +44,13 @@ struct Options {
   std::string listen_host = "127.0.0.1";
   /// 0: any free port (ServeInfo::port says which).
   uint16_t listen_port = 8080;
-  /// What every API request must carry in the X-Retryloop-Token header. Empty: a random one.
+  /// What every API request must carry in the X-Retryloop-Token header. Empty: a random one
+  /// (unless `identities` are given). Its holder may do everything (the admin role).
   std::string token;
+  /// Named tokens, each with a role (read_identities reads them from a file). When given,
+  /// `token` is not used: every API request must carry one of these tokens, and its role must
+  /// allow the call (403 naming the role needed otherwise).
+  std::vector<Identity> identities;
   /// Messages shown in the list (the first matching ones, from the head of the queue).
   size_t list_limit = 200;
   /// A scan reads every parked message, and each read counts as a delivery in a quorum queue,

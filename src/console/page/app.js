@@ -8,6 +8,7 @@
 
   const ui = {
     token: '',
+    identity: null,      // {name, role} of the token, from /api/whoami
     server: null,        // the last /api/state
     scanId: null,        // the scan whose messages are listed
     messages: [],
@@ -235,9 +236,9 @@
     return el('td', {class: 'actions'},
       el('button', {type: 'button', class: 'show', text: 'Show', title: 'Filter the list to these',
                     onclick: () => showGroup(filter)}),
-      el('button', {type: 'button', class: 'replay', text: 'Replay…',
+      el('button', {type: 'button', class: 'replay needs-operator', text: 'Replay…',
                     onclick: () => act('replay', filter, description, count)}),
-      el('button', {type: 'button', class: 'purge danger', text: 'Purge…',
+      el('button', {type: 'button', class: 'purge danger needs-admin', text: 'Purge…',
                     onclick: () => act('purge', filter, description, count)}));
   }
 
@@ -619,6 +620,12 @@
     try {
       const s = await api('GET', '/api/state');
       $('token-panel').hidden = true;
+      if (!ui.identity) {
+        // What the token may do: the page hides the buttons of what its role may not.
+        ui.identity = await api('GET', '/api/whoami');
+        document.body.dataset.role = ui.identity.role;
+        $('identity').textContent = `${ui.identity.name} (${ui.identity.role})`;
+      }
       render(s);
       if (s.scan && s.scan.id !== ui.scanId) await loadMessages();
       fast = Boolean(s.scanning) || Boolean(s.job && (s.job.state === 'running' || s.job.state === 'queued'));
@@ -639,6 +646,7 @@
     $('token-form').addEventListener('submit', (event) => {
       event.preventDefault();
       ui.token = $('token-input').value.trim();
+      ui.identity = null;
       sessionStorage.setItem(TOKEN_KEY, ui.token);
       $('token-input').value = '';
       schedulePoll(0);

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "retryloop/console/console.hpp"
 #include "retryloop/parking/parked_message.hpp"
 
 namespace retryloop::console::detail {
@@ -39,9 +40,10 @@ struct RequestFacts {
   std::string content_type;
 };
 
-/// Who may use the console.
+/// Who may use the console: each identity with its token and role (the single-token mode is one
+/// identity, "console", with the admin role).
 struct Access {
-  std::string token;
+  std::vector<Identity> identities;
   /// Accepted values of the Host header; empty: any. A console on a loopback address answers
   /// only to its own address and `localhost`, so that a page of another site whose name was made
   /// to resolve to 127.0.0.1 (DNS rebinding) is refused.
@@ -59,10 +61,18 @@ struct Refusal {
   std::string reason;
 };
 
+/// The role an API call needs: POST /api/replay and /api/stop operator, POST /api/purge admin,
+/// everything else reader.
+Role role_needed(std::string_view method, std::string_view path);
+
+/// The identity whose token `token` is (compared in constant time); nullptr when none.
+const Identity* identify(const Access& access, std::string_view token);
+
 /// Checks a request: the Host, then that it comes from the console's own page (no Origin of
-/// another site, no CORS preflight), then, for `/api/` paths, the token and, for a POST, a JSON
-/// body (`Content-Type: application/json`, parameters such as `; charset=utf-8` allowed). Pages and
-/// scripts need no token; other methods than GET and HEAD on them are refused.
+/// another site, no CORS preflight), then, for `/api/` paths, the token, the role it needs (403
+/// naming it) and, for a POST, a JSON body (`Content-Type: application/json`, parameters such as
+/// `; charset=utf-8` allowed). Pages and scripts need no token; other methods than GET and HEAD on
+/// them are refused.
 Refusal check_request(const RequestFacts& request, const Access& access);
 
 /// Whether `host` is a loopback address (127.0.0.0/8, ::1) or `localhost`.
