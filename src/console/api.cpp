@@ -88,7 +88,7 @@ Refusal check_request(const RequestFacts& request, const Access& access) {
       request.fetch_site != "none") {
     return {403, "cross-origin request refused: Sec-Fetch-Site is " + request.fetch_site};
   }
-  if (!starts_with(request.path, "/api/")) {
+  if (!starts_with(request.path, "/api/") && request.path != "/metrics") {
     if (request.method != "GET" && request.method != "HEAD") return {405, "method not allowed"};
     return {};
   }

@@ -111,6 +111,11 @@ void add_routes(httplib::Server& server, LoopBridge& bridge, const std::shared_p
         facts.origin = request.get_header_value("Origin");
         facts.fetch_site = request.get_header_value("Sec-Fetch-Site");
         facts.token = request.get_header_value(detail::token_header);
+        // Prometheus sends a scrape's token as a bearer token.
+        const std::string authorization = request.get_header_value("Authorization");
+        if (facts.token.empty() && authorization.rfind("Bearer ", 0) == 0) {
+          facts.token = authorization.substr(7);
+        }
         facts.content_type = request.get_header_value("Content-Type");
         const detail::Refusal refusal = detail::check_request(facts, access);
         if (refusal.status == 0) return httplib::Server::HandlerResponse::Unhandled;
@@ -133,6 +138,9 @@ void add_routes(httplib::Server& server, LoopBridge& bridge, const std::shared_p
 
   server.Get("/api/state", [&bridge, core](const httplib::Request&, httplib::Response& response) {
     answer(bridge, response, [core] { return core->state(); });
+  });
+  server.Get("/metrics", [&bridge, core](const httplib::Request&, httplib::Response& response) {
+    answer(bridge, response, [core] { return core->metrics(); });
   });
   server.Get("/api/messages",
              [&bridge, core](const httplib::Request&, httplib::Response& response) {

@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <map>
+#include <string_view>
 #include <utility>
 
 #include "retryloop/console/detail/api.hpp"
@@ -610,6 +612,75 @@ Reply Core::state() {
                : last_action_ ? job_json(*last_action_)
                               : nlohmann::json(nullptr);
   return json_reply(out);
+}
+
+namespace {
+
+/// A Prometheus label value: backslash, double quote and newline escaped.
+std::string label(std::string_view value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+Reply Core::metrics() {
+  refresh_depths();
+  maybe_rescan();
+  const std::string service = "service=\"" + label(options_.service.name) + "\"";
+  std::string out;
+  auto gauge = [&out](const char* name, const char* help) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n";
+  };
+  gauge("retryloop_parking_depth",
+        "Messages in the service's parking queue, looked up at most every few seconds.");
+  if (depth_) {
+    out += "retryloop_parking_depth{" + service + ",queue=\"" + label(parking_queue_) + "\"} " +
+           std::to_string(*depth_) + "\n";
+  }
+  gauge("retryloop_queue_messages",
+        "Messages ready in the service's input queue (looked up with the parking depth), and in "
+        "its wait queues and delay levels as the last count found them.");
+  std::map<std::string, uint64_t> queues;
+  if (input_depth_) queues[input_queue_] = *input_depth_;
+  if (shown_scan_) {
+    for (const auto& [queue, depth] : shown_scan_->stats.loop_depths) {
+      if (queue != input_queue_) queues[queue] = depth;
+    }
+  }
+  for (const auto& [queue, depth] : queues) {
+    out += "retryloop_queue_messages{" + service + ",queue=\"" + label(queue) + "\"} " +
+           std::to_string(depth) + "\n";
+  }
+  // Counts by reason only from a count of every parked message: a filtered one would undercount.
+  const bool whole = shown_scan_ && shown_scan_->filter.empty();
+  gauge("retryloop_parking_messages",
+        "Parked messages by reason, as the last count of the whole parking queue found them.");
+  if (whole) {
+    for (const auto& [reason, count] : shown_scan_->stats.by_reason) {
+      out += "retryloop_parking_messages{" + service + ",reason=\"" + label(reason) + "\"} " +
+             std::to_string(count) + "\n";
+    }
+  }
+  gauge("retryloop_parking_count_age_seconds", "Seconds since that count ended.");
+  if (whole) {
+    const uint64_t now = consumer::unix_seconds();
+    const uint64_t at = shown_scan_->finished_at;
+    out += "retryloop_parking_count_age_seconds{" + service + "} " +
+           std::to_string(now > at ? now - at : 0) + "\n";
+  }
+  Reply reply;
+  reply.body = std::move(out);
+  reply.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  return reply;
 }
 
 Reply Core::messages() {

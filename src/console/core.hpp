@@ -40,6 +40,9 @@ class Core : public std::enable_shared_from_this<Core> {
   /// The connection, the depths, the last scan's counts, the job running or last finished.
   /// Looks the depths up again when they are older than a few seconds.
   Reply state();
+  /// The depths and the last count in Prometheus text form (`GET /metrics`): sampled as state()
+  /// samples them, never a read of the broker per scrape.
+  Reply metrics();
   /// The messages the last scan kept, as one line each.
   Reply messages();
   /// One message of scan `scan_id` in full: properties, headers, body (its first MiB).

@@ -347,6 +347,17 @@ def run(args):
         check(causes.get('Timeout talking to payments after <n> ms') == [1, 3] and
               causes.get('customer <n> does not exist') == [1, 2] and len(causes) == 4,
               f'the cause groups are {causes}')
+        status, _ = console.request('GET', '/metrics')
+        check(status == 403, f'/metrics without a token got HTTP {status}')
+        request = urllib.request.Request(console.base + 'metrics',
+                                         headers={'Authorization': f'Bearer {console.token}'})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            metrics = response.read().decode()
+        for line in [f'retryloop_parking_depth{{service="{service}",queue="{parking}"}} 7',
+                     f'retryloop_parking_messages{{service="{service}",reason="exhausted"}} 3',
+                     f'retryloop_parking_messages{{service="{service}",reason="poison"}} 2',
+                     f'retryloop_queue_messages{{service="{service}",queue="{service}"}} 0']:
+            check(line in metrics.splitlines(), f'/metrics lacks {line!r}:\n{metrics}')
         check('token' not in driver.current_url, 'the token stayed in the address bar')
         check(text(driver, 'depth') == '7', f'the depth shows {text(driver, "depth")!r}')
         wait_for(driver, 'the message list', lambda d: len(listed_ids(d)) == 7)

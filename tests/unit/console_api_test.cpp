@@ -263,6 +263,8 @@ TEST_CASE("Each call needs a role, and a token of a lesser role is refused namin
   CHECK(as(bob, "POST", "/api/purge").reason ==
         "this needs the admin role; bob has the operator role");
   CHECK(as(cyd, "POST", "/api/purge").status == 0);
+  CHECK(as("", "GET", "/metrics").status == 403);  // a metrics scrape needs a token too
+  CHECK(as(ana, "GET", "/metrics").status == 0);
   CHECK(as("dddddddddddddddddddd", "GET", "/api/state").reason == "wrong token");
   CHECK(console::detail::identify(access, bob)->name == "bob");
   CHECK(console::detail::identify(access, "b") == nullptr);

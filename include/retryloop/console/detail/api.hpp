@@ -69,8 +69,10 @@ Role role_needed(std::string_view method, std::string_view path);
 const Identity* identify(const Access& access, std::string_view token);
 
 /// Checks a request: the Host, then that it comes from the console's own page (no Origin of
-/// another site, no CORS preflight), then, for `/api/` paths, the token, the role it needs (403
-/// naming it) and, for a POST, a JSON body (`Content-Type: application/json`, parameters such as
+/// another site, no CORS preflight), then, for `/api/` paths and `/metrics`, the token (for
+/// `/metrics` also as `Authorization: Bearer TOKEN`, as Prometheus sends it), the role it needs
+/// (403 naming it) and, for a POST, a JSON body (`Content-Type: application/json`, parameters such
+/// as
 /// `; charset=utf-8` allowed). Pages and scripts need no token; other methods than GET and HEAD on
 /// them are refused.
 Refusal check_request(const RequestFacts& request, const Access& access);
