@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common.hpp"
+#include "retryloop/operations/http_endpoint.hpp"
 #include "retryloop/outbox/outbox.hpp"
 #include "retryloop/outbox/relay.hpp"
 #include "retryloop/outbox/schema.hpp"
@@ -51,6 +52,7 @@ struct OutboxArgs {
   std::string confirm_timeout = "30s";
   bool until_idle = false;
   std::string topology_file;
+  std::string metrics_listen;
 };
 
 int exit_code_for(const store::StoreError& error) {
@@ -239,14 +241,53 @@ int run_relay(const OutboxArgs& args) {
       uv_close(reinterpret_cast<uv_handle_t*>(&idle_timer), nullptr);
     }
   };
+  // --metrics-listen: the relay's counters, and the table's state sampled at most every 5 s.
+  std::shared_ptr<operations::HttpEndpoint> endpoint;
+  if (!args.metrics_listen.empty()) {
+    operations::HttpEndpointOptions endpoint_options;
+    try {
+      endpoint_options.listen = operations::parse_listen_address(args.metrics_listen);
+    } catch (const std::invalid_argument& e) {
+      throw Failure(exit_usage, std::string("--metrics-listen: ") + e.what());
+    }
+    endpoint_options.logger = options.logger;
+    endpoint = operations::HttpEndpoint::create(&loop, endpoint_options);
+    struct Sample {
+      std::unique_ptr<store::Database> database;
+      std::optional<outbox::OutboxStats> table;
+      int64_t at_ms = 0;
+    };
+    auto sample = std::make_shared<Sample>();
+    endpoint->add_metrics([relay, sample, url = args.database] {
+      const int64_t now = outbox::now_ms();
+      if (now - sample->at_ms >= 5000) {
+        sample->at_ms = now;
+        try {
+          if (!sample->database || !sample->database->usable()) {
+            sample->database = store::Database::open(url, false);
+          }
+          sample->table = outbox::stats(*sample->database);
+        } catch (const store::StoreError&) {
+          sample->table.reset();  // the counters still answer; the table's state is left out
+        }
+      }
+      return outbox::prometheus_text(relay->stats(), sample->table, now);
+    });
+  }
   std::string failure;
-  relay->set_stopped_handler([&failure, &close_timer](const std::string& error) {
+  relay->set_stopped_handler([&failure, &close_timer, &endpoint](const std::string& error) {
     failure = error;
     close_timer();
+    if (endpoint) endpoint->close();
   });
   std::string error = relay->start();
+  if (error.empty() && endpoint) {
+    if (client::Error listen = endpoint->start()) error = listen.message();
+    if (!error.empty()) relay->stop_now();
+  }
   if (!error.empty()) {
     close_timer();
+    if (endpoint) endpoint->close();
     uv_run(&loop, UV_RUN_DEFAULT);
     uv_loop_close(&loop);
     throw Failure(
@@ -330,6 +371,11 @@ void add_outbox_commands(CLI::App& app, int& exit_code) {
       ->add_option("--confirm-timeout", relay_args->confirm_timeout,
                    "Reconnect when a batch is not confirmed within this time (default 30s)")
       ->type_name("DURATION");
+  relay
+      ->add_option("--metrics-listen", relay_args->metrics_listen,
+                   "Serve the relay's counters and the table's state for Prometheus at "
+                   "http://HOST:PORT/metrics (the table looked at most every 5 s)")
+      ->type_name("HOST:PORT");
   relay
       ->add_option("-t,--topology", relay_args->topology_file,
                    "Topology file whose delay_levels hold the rows that are due later")

@@ -233,4 +233,30 @@ CancelResult cancel_scheduled(store::Database& database, const std::string& mess
   return result;
 }
 
+std::string prometheus_text(const InboxStats& stats, const std::string& consumer) {
+  std::string name;
+  for (char c : consumer) {
+    if (c == '\\' || c == '"') name += '\\';
+    name += c == '\n' ? ' ' : c;
+  }
+  const std::string labels = "{consumer=\"" + name + "\"} ";
+  std::string out;
+  auto counter = [&](const char* family, const char* help, uint64_t value) {
+    out += std::string("# HELP ") + family + " " + help + "\n# TYPE " + family + " counter\n" +
+           family + labels + std::to_string(value) + "\n";
+  };
+  counter("retryloop_inbox_handled_total", "Messages whose handler ran and committed.",
+          stats.handled);
+  counter("retryloop_inbox_duplicates_total",
+          "Copies of messages handled already: acked without running the handler.",
+          stats.duplicates);
+  counter("retryloop_inbox_rolled_back_total", "Handler runs that failed and rolled back.",
+          stats.rolled_back);
+  counter("retryloop_inbox_missing_id_total", "Messages without a message-id.", stats.missing_id);
+  counter("retryloop_inbox_cancelled_total",
+          "Scheduled messages dropped because their id was cancelled.", stats.cancelled);
+  counter("retryloop_inbox_cleaned_total", "Expired ids and cancellations deleted.", stats.cleaned);
+  return out;
+}
+
 }  // namespace retryloop::inbox

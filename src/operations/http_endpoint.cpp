@@ -67,6 +67,9 @@ class HttpEndpointImpl : public std::enable_shared_from_this<HttpEndpointImpl> {
   void add(std::shared_ptr<consumer::Consumer> consumer) {
     if (consumer) consumers_.push_back(std::move(consumer));
   }
+  void add_metrics(std::function<std::string()> source) {
+    if (source) sources_.push_back(std::move(source));
+  }
 
   client::Error start();
   void close(std::function<void()> done);
@@ -75,6 +78,8 @@ class HttpEndpointImpl : public std::enable_shared_from_this<HttpEndpointImpl> {
  private:
   enum class State { created, serving, closing, closed };
   using Snapshot = std::vector<ConsumerStatus>;
+  /// On an HTTP thread: the text of the added metric sources, made on the loop thread.
+  std::optional<std::string> other_metrics();
 
   void route();
   /// On an HTTP thread: the consumers' status, taken on the loop thread; nullopt when the loop
@@ -87,6 +92,7 @@ class HttpEndpointImpl : public std::enable_shared_from_this<HttpEndpointImpl> {
   HttpEndpointOptions options_;
   State state_ = State::created;
   std::vector<std::shared_ptr<consumer::Consumer>> consumers_;
+  std::vector<std::function<std::string()>> sources_;
   uint16_t port_ = 0;
   httplib::Server server_;
   std::thread listener_;
@@ -141,8 +147,9 @@ void HttpEndpointImpl::route() {
   const auto content_type = std::string(prometheus_content_type);
   server_.Get("/metrics", [this, content_type](const httplib::Request&, httplib::Response& res) {
     std::optional<Snapshot> consumers = snapshot();
-    if (!consumers) return unavailable(res);
-    res.set_content(prometheus_text(*consumers), content_type.c_str());
+    std::optional<std::string> others = consumers ? other_metrics() : std::nullopt;
+    if (!consumers || !others) return unavailable(res);
+    res.set_content(prometheus_text(*consumers) + *others, content_type.c_str());
   });
   server_.Get("/healthz", [this](const httplib::Request&, httplib::Response& res) {
     if (!snapshot()) return unavailable(res);
@@ -183,6 +190,18 @@ std::optional<HttpEndpointImpl::Snapshot> HttpEndpointImpl::snapshot() {
       options_.loop_timeout);
   if (!ran) return std::nullopt;
   return consumers;
+}
+
+std::optional<std::string> HttpEndpointImpl::other_metrics() {
+  std::string text;
+  const bool ran = bridge_->call(
+      [this, &text] {
+        for (const auto& source : sources_)
+          text += source();
+      },
+      options_.loop_timeout);
+  if (!ran) return std::nullopt;
+  return text;
 }
 
 void HttpEndpointImpl::close(std::function<void()> done) {
@@ -240,6 +259,11 @@ HttpEndpoint::~HttpEndpoint() = default;
 void HttpEndpoint::add(std::shared_ptr<consumer::Consumer> consumer) {
   impl_->add(std::move(consumer));
 }
+
+void HttpEndpoint::add_metrics(std::function<std::string()> source) {
+  impl_->add_metrics(std::move(source));
+}
+
 client::Error HttpEndpoint::start() {
   return impl_->start();
 }

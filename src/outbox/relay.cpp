@@ -859,4 +859,38 @@ bool Relay::idle() const {
   return impl_->idle;
 }
 
+std::string prometheus_text(const RelayStats& stats, const std::optional<OutboxStats>& table,
+                            int64_t now_ms) {
+  std::string out;
+  auto family = [&out](const char* name, const char* type, const char* help) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  };
+  auto counter = [&](const char* name, const char* help, uint64_t value) {
+    family(name, "counter", help);
+    out += std::string(name) + " " + std::to_string(value) + "\n";
+  };
+  counter("retryloop_outbox_published_total", "Rows the broker confirmed.", stats.published);
+  counter("retryloop_outbox_failed_total", "Rows the broker returned or nacked, marked failed.",
+          stats.failed);
+  counter("retryloop_outbox_unsettled_total",
+          "Rows left pending because the connection ended before their confirm.", stats.unsettled);
+  counter("retryloop_outbox_batches_total", "Batches that claimed at least one row.",
+          stats.batches);
+  counter("retryloop_outbox_database_errors_total", "Database errors the relay recovered from.",
+          stats.database_errors);
+  counter("retryloop_outbox_broker_losses_total", "Broker connections lost.", stats.broker_losses);
+  if (!table) return out;
+  family("retryloop_outbox_rows", "gauge", "Rows of retryloop_outbox by state.");
+  out += "retryloop_outbox_rows{state=\"pending\"} " + std::to_string(table->pending) + "\n";
+  out += "retryloop_outbox_rows{state=\"failed\"} " + std::to_string(table->failed) + "\n";
+  out += "retryloop_outbox_rows{state=\"published\"} " + std::to_string(table->published) + "\n";
+  family("retryloop_outbox_oldest_pending_age_seconds", "gauge",
+         "How long the oldest pending row has waited; 0 when none is pending.");
+  const int64_t age =
+      table->oldest_pending_ms ? std::max<int64_t>(now_ms - *table->oldest_pending_ms, 0) : 0;
+  out +=
+      "retryloop_outbox_oldest_pending_age_seconds " + std::to_string(double(age) / 1000.0) + "\n";
+  return out;
+}
+
 }  // namespace retryloop::outbox

@@ -231,6 +231,9 @@ TEST_CASE(
   CHECK_THAT(outcome.text, Catch::Contains("cancelled"));
   CHECK(effects(database) == 0);
   CHECK(inbox->stats().cancelled == 1);
+  CHECK_THAT(inbox::prometheus_text(inbox->stats(), "mailer"),
+             Catch::Contains("retryloop_inbox_cancelled_total{consumer=\"mailer\"} 1\n") &&
+                 Catch::Contains("# TYPE retryloop_inbox_duplicates_total counter"));
   // The cancellation is used up with the id recorded: a second copy is a duplicate.
   CHECK(db->execute("SELECT count(*) FROM retryloop_cancelled").rows[0].integer(0) == 0);
   CHECK_THAT(handler(scheduled("reminder-1")).text, Catch::Contains("duplicate"));

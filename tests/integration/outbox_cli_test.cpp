@@ -1,10 +1,13 @@
 // retryloop outbox init|list|stats|retry|purge|relay as an operator runs them, on SQLite and on
 // PostgreSQL: outputs, JSON, exit codes, and the relay as a process stopped by a signal.
 
+#include <httplib.h>
 #include <catch2/catch.hpp>
+
 #include <csignal>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
 #include "retryloop/outbox/outbox.hpp"
@@ -140,9 +143,25 @@ TEST_CASE("retryloop outbox relay publishes until SIGTERM, then says what it did
     transaction.commit();
   }
   test::ChildProcess relay({test::built_program("retryloop"), "outbox", "relay", "--db",
-                            database.url, "--url", test::broker_url()});
+                            database.url, "--url", test::broker_url(), "--metrics-listen",
+                            "127.0.0.1:0"});
   REQUIRE(
       test::eventually(loop, [&] { return test::queue_depth(loop, *connection, queue) == 300; }));
+  // The counters and the table's state for Prometheus, on the port it picked.
+  std::smatch port;
+  const std::string log = relay.err();
+  REQUIRE(std::regex_search(log, port,
+                            std::regex("operations endpoint on http://127\\.0\\.0\\.1:(\\d+)/")));
+  std::string metrics;
+  CHECK(test::eventually(loop, [&] {
+    httplib::Client client("127.0.0.1", std::stoi(port[1]));
+    auto reply = client.Get("/metrics");
+    metrics = reply ? reply->body : "";
+    return metrics.find("retryloop_outbox_published_total 300\n") != std::string::npos;
+  }));
+  INFO(metrics);
+  CHECK_THAT(metrics, Catch::Contains("retryloop_outbox_rows{state=\"failed\"} 0") &&
+                          Catch::Contains("retryloop_outbox_oldest_pending_age_seconds"));
   relay.signal(SIGTERM);
   CHECK(relay.wait() == 0);
   CHECK_THAT(relay.err(), Catch::Contains("published 300"));

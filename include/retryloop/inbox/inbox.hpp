@@ -94,6 +94,12 @@ class Inbox {
   std::shared_ptr<detail::InboxImpl> impl_;
 };
 
+/// An inbox's counters in Prometheus' text format, labelled with its consumer name:
+/// `retryloop_inbox_handled_total`, `..._duplicates_total` (copies absorbed),
+/// `..._rolled_back_total`, `..._missing_id_total`, `..._cancelled_total`, `..._cleaned_total`
+/// (operations::HttpEndpoint::add_metrics serves it).
+std::string prometheus_text(const InboxStats& stats, const std::string& consumer);
+
 /// What cancel_scheduled found.
 struct CancelResult {
   /// False when the id was cancelled already (the cancellation stands).

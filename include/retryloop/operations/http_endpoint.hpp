@@ -74,6 +74,10 @@ class HttpEndpoint {
 
   /// Reports `consumer` too (it is kept until close). Before or after start().
   void add(std::shared_ptr<consumer::Consumer> consumer);
+  /// Adds the text `source` returns, in Prometheus' text format, to each `/metrics` answer after
+  /// the consumers' (outbox::prometheus_text for a relay, inbox::prometheus_text for an inbox).
+  /// `source` runs on the loop thread. Before or after start().
+  void add_metrics(std::function<std::string()> source);
   /// Binds the address and starts serving. Returns an error (and serves nothing) when the
   /// address cannot be bound, or when called twice or after close().
   client::Error start();

@@ -10,6 +10,7 @@
 #include "retryloop/client/connection.hpp"
 #include "retryloop/client/loop.hpp"
 #include "retryloop/consumer/backoff.hpp"
+#include "retryloop/outbox/outbox.hpp"
 #include "retryloop/topology/topology.hpp"
 
 namespace spdlog {
@@ -72,6 +73,14 @@ struct RelayStats {
   uint64_t database_errors = 0;
   uint64_t broker_losses = 0;
 };
+
+/// A relay's counters and, when given, the table's state in Prometheus' text format:
+/// `retryloop_outbox_published_total`, `..._failed_total`, `..._unsettled_total`,
+/// `..._batches_total`, `..._database_errors_total`, `..._broker_losses_total`, and from `table`
+/// `retryloop_outbox_rows{state}` and `retryloop_outbox_oldest_pending_age_seconds`
+/// (operations::HttpEndpoint::add_metrics serves it).
+std::string prometheus_text(const RelayStats& stats, const std::optional<OutboxStats>& table,
+                            int64_t now_ms);
 
 /// Told once when the relay has stopped and closed its connections: an empty text after stop()
 /// or stop_now(), otherwise
