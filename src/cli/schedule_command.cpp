@@ -6,6 +6,8 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -142,9 +144,12 @@ std::string in_text(int64_t milliseconds) {
 /// Sends the messages with a window of unconfirmed publishes; prints each result.
 class Sender : public std::enable_shared_from_this<Sender> {
  public:
+  /// Each message due `delay` from when it is published, or at `at_ms` when --at was given.
   Sender(const SendArgs& args, topology::Schedule schedule, std::vector<std::string> bodies,
-         std::function<void(int)> done)
+         std::chrono::milliseconds delay, int64_t at_ms, std::function<void(int)> done)
       : args_(args),
+        delay_(delay),
+        at_ms_(at_ms),
         schedule_(std::move(schedule)),
         bodies_(std::move(bodies)),
         properties_(base_properties(args)),
@@ -255,12 +260,10 @@ class Sender : public std::enable_shared_from_this<Sender> {
     done(code);
   }
 
- public:
-  std::chrono::milliseconds delay_{0};
-  int64_t at_ms_ = 0;
-
  private:
   const SendArgs& args_;
+  std::chrono::milliseconds delay_{0};
+  int64_t at_ms_ = 0;
   topology::Schedule schedule_;
   std::vector<std::string> bodies_;
   amqp::BasicProperties properties_;
@@ -303,10 +306,8 @@ int run_send(const SendArgs& args) {
   std::vector<std::string> messages = bodies(args);
   if (args.window == 0) throw Failure(exit_usage, "--window must be at least 1");
   return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
-    auto sender = std::make_shared<Sender>(args, schedule, std::move(messages), done);
-    sender->delay_ = delay;
-    sender->at_ms_ = at_ms;
-    sender->start(connection);
+    std::make_shared<Sender>(args, schedule, std::move(messages), delay, at_ms, done)
+        ->start(connection);
   });
 }
 
