@@ -315,9 +315,9 @@ TEST_CASE(
   std::map<std::string, int64_t> due;
   size_t confirmed = 0;
   std::mt19937 random(31);
-  constexpr size_t count = 200;
+  constexpr size_t count = 120;
   for (size_t i = 0; i < count; ++i) {
-    const auto delay = std::chrono::milliseconds(2000 + random() % 7000);
+    const auto delay = std::chrono::milliseconds(2000 + random() % 5000);
     REQUIRE_FALSE(scheduler.schedule_in(queue, {}, "scheduled", delay,
                                         [&](const schedule::ScheduleResult& result) {
                                           INFO(result.publish.error.message());

@@ -250,7 +250,8 @@ TEST_CASE("Every valid topology file parses without errors", "[topology]") {
     CHECK(result.ok());
   }
   CHECK(files >= 4);
-  for (const char* example : {"example.json", "quorum.json", "demo.json", "delays.json", "scheduled.json"}) {
+  for (const char* example :
+       {"example.json", "quorum.json", "demo.json", "delays.json", "scheduled.json"}) {
     auto path = data_dir().parent_path().parent_path().parent_path() / "topology" / example;
     ParseResult result = load_topology(path.string());
     INFO(example << "\n" << all_messages(result));
