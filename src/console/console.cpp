@@ -100,6 +100,15 @@ std::optional<uint64_t> number_parameter(const httplib::Request& request, const 
   return std::stoull(text);
 }
 
+/// The token a request carries: the X-Retryloop-Token header, else a bearer token (Prometheus
+/// sends a scrape's token as `Authorization: Bearer TOKEN`).
+std::string request_token(const httplib::Request& request) {
+  std::string token = request.get_header_value(detail::token_header);
+  const std::string authorization = request.get_header_value("Authorization");
+  if (token.empty() && authorization.rfind("Bearer ", 0) == 0) token = authorization.substr(7);
+  return token;
+}
+
 void add_routes(httplib::Server& server, LoopBridge& bridge, const std::shared_ptr<Core>& core,
                 const detail::Access& access) {
   server.set_pre_routing_handler(
@@ -110,12 +119,7 @@ void add_routes(httplib::Server& server, LoopBridge& bridge, const std::shared_p
         facts.host = request.get_header_value("Host");
         facts.origin = request.get_header_value("Origin");
         facts.fetch_site = request.get_header_value("Sec-Fetch-Site");
-        facts.token = request.get_header_value(detail::token_header);
-        // Prometheus sends a scrape's token as a bearer token.
-        const std::string authorization = request.get_header_value("Authorization");
-        if (facts.token.empty() && authorization.rfind("Bearer ", 0) == 0) {
-          facts.token = authorization.substr(7);
-        }
+        facts.token = request_token(request);
         facts.content_type = request.get_header_value("Content-Type");
         const detail::Refusal refusal = detail::check_request(facts, access);
         if (refusal.status == 0) return httplib::Server::HandlerResponse::Unhandled;
@@ -163,8 +167,7 @@ void add_routes(httplib::Server& server, LoopBridge& bridge, const std::shared_p
               });
   // Who did it, for the log: the identity's name and the address it came from.
   auto who = [access](const httplib::Request& request) {
-    const Identity* identity =
-        detail::identify(access, request.get_header_value(detail::token_header));
+    const Identity* identity = detail::identify(access, request_token(request));
     return (identity != nullptr ? identity->name : std::string("?")) + " at " + request.remote_addr;
   };
   auto action = [&bridge, core, who](Job::Kind kind) {
@@ -178,8 +181,7 @@ void add_routes(httplib::Server& server, LoopBridge& bridge, const std::shared_p
     };
   };
   server.Get("/api/whoami", [access](const httplib::Request& request, httplib::Response& response) {
-    const Identity* identity =
-        detail::identify(access, request.get_header_value(detail::token_header));
+    const Identity* identity = detail::identify(access, request_token(request));
     nlohmann::json out{{"name", identity != nullptr ? identity->name : ""},
                        {"role", identity != nullptr ? to_string(identity->role) : ""}};
     response.set_content(out.dump(), "application/json");
