@@ -772,7 +772,7 @@ TEST_CASE("Scheduled messages wait through a broker restart, on classic and quor
     }
   }
   CHECK(early == 0);
-  // RabbitMQ 3.10 once left 9 of 200 undelivered 90 s after a restart (in about a dozen
+  // RabbitMQ 3.10 once left 9 of 200 undelivered 90 s after a restart (in about 20
   // runs; docs/scheduling.md, "Failures"); 4.0 and 4.3 never did. Checked there only.
   if (test::broker_is_4x()) {
     CHECK(lost_quorum == 0);
