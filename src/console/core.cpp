@@ -9,6 +9,7 @@
 
 #include "retryloop/console/detail/api.hpp"
 #include "retryloop/consumer/headers.hpp"
+#include "retryloop/consumer/metrics.hpp"
 #include "retryloop/parking/parked_json.hpp"
 #include "retryloop/topology/declarer.hpp"
 #include "retryloop/topology/plan.hpp"
@@ -614,28 +615,11 @@ Reply Core::state() {
   return json_reply(out);
 }
 
-namespace {
-
-/// A Prometheus label value: backslash, double quote and newline escaped.
-std::string label(std::string_view value) {
-  std::string out;
-  for (char c : value) {
-    if (c == '\\' || c == '"') out += '\\';
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += c;
-  }
-  return out;
-}
-
-}  // namespace
-
 Reply Core::metrics() {
   refresh_depths();
   maybe_rescan();
-  const std::string service = "service=\"" + label(options_.service.name) + "\"";
+  const std::string service =
+      "service=\"" + consumer::prometheus_escaped(options_.service.name, true) + "\"";
   std::string out;
   auto gauge = [&out](const char* name, const char* help) {
     out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n";
@@ -643,8 +627,9 @@ Reply Core::metrics() {
   gauge("retryloop_parking_depth",
         "Messages in the service's parking queue, looked up at most every few seconds.");
   if (depth_) {
-    out += "retryloop_parking_depth{" + service + ",queue=\"" + label(parking_queue_) + "\"} " +
-           std::to_string(*depth_) + "\n";
+    out += "retryloop_parking_depth{" + service + ",queue=\"" +
+           consumer::prometheus_escaped(parking_queue_, true) + "\"} " + std::to_string(*depth_) +
+           "\n";
   }
   gauge("retryloop_queue_messages",
         "Messages ready in the service's input queue (looked up with the parking depth), and in "
@@ -657,8 +642,8 @@ Reply Core::metrics() {
     }
   }
   for (const auto& [queue, depth] : queues) {
-    out += "retryloop_queue_messages{" + service + ",queue=\"" + label(queue) + "\"} " +
-           std::to_string(depth) + "\n";
+    out += "retryloop_queue_messages{" + service + ",queue=\"" +
+           consumer::prometheus_escaped(queue, true) + "\"} " + std::to_string(depth) + "\n";
   }
   // Counts by reason only from a count of every parked message: a filtered one would undercount.
   const bool whole = shown_scan_ && shown_scan_->filter.empty();
@@ -666,8 +651,8 @@ Reply Core::metrics() {
         "Parked messages by reason, as the last count of the whole parking queue found them.");
   if (whole) {
     for (const auto& [reason, count] : shown_scan_->stats.by_reason) {
-      out += "retryloop_parking_messages{" + service + ",reason=\"" + label(reason) + "\"} " +
-             std::to_string(count) + "\n";
+      out += "retryloop_parking_messages{" + service + ",reason=\"" +
+             consumer::prometheus_escaped(reason, true) + "\"} " + std::to_string(count) + "\n";
     }
   }
   gauge("retryloop_parking_count_age_seconds", "Seconds since that count ended.");

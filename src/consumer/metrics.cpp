@@ -81,4 +81,21 @@ std::string Metrics::summary() const {
          " latency_max=" + ms(handler_latency.max());
 }
 
+std::string prometheus_escaped(std::string_view text, bool label_value) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '"' && label_value) {
+      out += "\\\"";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 }  // namespace retryloop::consumer

@@ -233,13 +233,9 @@ CancelResult cancel_scheduled(store::Database& database, const std::string& mess
   return result;
 }
 
-std::string prometheus_text(const InboxStats& stats, const std::string& consumer) {
-  std::string name;
-  for (char c : consumer) {
-    if (c == '\\' || c == '"') name += '\\';
-    name += c == '\n' ? ' ' : c;
-  }
-  const std::string labels = "{consumer=\"" + name + "\"} ";
+std::string prometheus_text(const InboxStats& stats, const std::string& consumer_name) {
+  const std::string labels =
+      "{consumer=\"" + consumer::prometheus_escaped(consumer_name, true) + "\"} ";
   std::string out;
   auto counter = [&](const char* family, const char* help, uint64_t value) {
     out += std::string("# HELP ") + family + " " + help + "\n# TYPE " + family + " counter\n" +

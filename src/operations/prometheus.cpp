@@ -11,23 +11,7 @@ namespace {
 
 using Labels = std::vector<std::pair<std::string_view, std::string>>;
 
-/// Backslash and newline escaped, and the double quote too in a label value (not in HELP).
-std::string escaped(std::string_view text, bool label_value) {
-  std::string out;
-  out.reserve(text.size());
-  for (char c : text) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '"' && label_value) {
-      out += "\\\"";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
+using consumer::prometheus_escaped;
 
 /// Microseconds as seconds, exactly: 250 -> "0.00025", 60000000 -> "60".
 std::string seconds_text(uint64_t us) {
@@ -46,7 +30,7 @@ class Exposition {
     text_ += "# HELP ";
     text_ += name;
     text_ += ' ';
-    text_ += escaped(help, false);
+    text_ += prometheus_escaped(help, false);
     text_ += "\n# TYPE ";
     text_ += name;
     text_ += ' ';
@@ -62,7 +46,7 @@ class Exposition {
         if (i > 0) text_ += ',';
         text_ += labels[i].first;
         text_ += "=\"";
-        text_ += escaped(labels[i].second, true);
+        text_ += prometheus_escaped(labels[i].second, true);
         text_ += '"';
       }
       text_ += '}';

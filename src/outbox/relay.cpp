@@ -129,8 +129,6 @@ std::string outcome_text(const client::PublishOutcome& outcome) {
     case client::PublishStatus::returned:
       return "returned by the broker: " + outcome.error.message();
     case client::PublishStatus::nacked:
-      // A row refused before it was published (a due row the delay levels cannot take).
-      if (outcome.error) return outcome.error.reply_text;
       return "nacked by the broker (for example a queue at its length limit with "
              "reject-publish)";
     default:
@@ -157,6 +155,9 @@ class RelayImpl : public std::enable_shared_from_this<RelayImpl> {
     uint64_t generation = 0;
     std::vector<OutboxRow> rows;
     std::vector<std::optional<client::PublishOutcome>> outcomes;
+    /// Why a row was refused before it was published (a due row the delay levels cannot take);
+    /// empty for the rows that were published.
+    std::vector<std::string> refusals;
     size_t settled = 0;
   };
 
@@ -566,6 +567,7 @@ void RelayImpl::publish_batch(Lane& lane) {
   if (busy()) ++stats.overlapped;
   batch.generation = ++generation_;
   batch.outcomes.resize(batch.rows.size());
+  batch.refusals.resize(batch.rows.size());
   lane.batch = std::move(batch);
   std::weak_ptr<RelayImpl> weak = shared_from_this();
   const uint64_t generation = generation_;
@@ -588,9 +590,9 @@ void RelayImpl::publish_batch(Lane& lane) {
             schedule::make_scheduled_copy(*options_.schedule, row.routing_key, row.properties,
                                           std::chrono::milliseconds(*row.due_at_ms - now), now);
       } catch (const std::invalid_argument& e) {
-        client::PublishOutcome refused;
+        lane.batch->refusals[i] = e.what();
+        client::PublishOutcome refused;  // settled as failed, with the refusal as its error
         refused.status = client::PublishStatus::nacked;
-        refused.error = client::Error(client::ClientError::invalid_argument, e.what());
         on_outcome(generation, i, refused);
         if (!lane.batch || lane.batch->generation != generation) return;  // settled at once
         continue;
@@ -659,8 +661,10 @@ void RelayImpl::settle_batch(Lane& lane) {
     } else if (outcome.status == client::PublishStatus::failed) {
       ++unsettled;
     } else {
-      if (outcome.status == client::PublishStatus::nacked) ++nacked;
-      failed.emplace_back(batch.rows[i].id, outcome_text(outcome));
+      // A refused row never reached the broker: no reason to doubt the channel.
+      if (outcome.status == client::PublishStatus::nacked && batch.refusals[i].empty()) ++nacked;
+      failed.emplace_back(batch.rows[i].id,
+                          batch.refusals[i].empty() ? outcome_text(outcome) : batch.refusals[i]);
     }
   }
   try {
@@ -870,7 +874,8 @@ std::string prometheus_text(const RelayStats& stats, const std::optional<OutboxS
     out += std::string(name) + " " + std::to_string(value) + "\n";
   };
   counter("retryloop_outbox_published_total", "Rows the broker confirmed.", stats.published);
-  counter("retryloop_outbox_failed_total", "Rows the broker returned or nacked, marked failed.",
+  counter("retryloop_outbox_failed_total",
+          "Rows marked failed: returned or nacked by the broker, or refused by the relay.",
           stats.failed);
   counter("retryloop_outbox_unsettled_total",
           "Rows left pending because the connection ended before their confirm.", stats.unsettled);

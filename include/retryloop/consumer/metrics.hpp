@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 
 namespace retryloop::consumer {
 
@@ -71,5 +72,9 @@ struct Metrics {
   /// One line for logs: `delivered=... acked=... ... latency_p50=...`.
   std::string summary() const;
 };
+
+/// Text for Prometheus' text format: backslash and newline escaped, and the double quote too in
+/// a label value (not in HELP). Every `/metrics` of retryloop escapes with it.
+std::string prometheus_escaped(std::string_view text, bool label_value);
 
 }  // namespace retryloop::consumer

@@ -98,7 +98,7 @@ class Inbox {
 /// `retryloop_inbox_handled_total`, `..._duplicates_total` (copies absorbed),
 /// `..._rolled_back_total`, `..._missing_id_total`, `..._cancelled_total`, `..._cleaned_total`
 /// (operations::HttpEndpoint::add_metrics serves it).
-std::string prometheus_text(const InboxStats& stats, const std::string& consumer);
+std::string prometheus_text(const InboxStats& stats, const std::string& consumer_name);
 
 /// What cancel_scheduled found.
 struct CancelResult {
