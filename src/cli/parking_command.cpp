@@ -377,6 +377,7 @@ int run_replay(const ParkingArgs& args) {
   options.filter = make_filter(args);
   options.to_queue = args.to_queue;
   options.dry_run = args.dry_run;
+  options.note.by = parking::command_line_user();
   auto printer = std::make_shared<MessagePrinter>(args.json);
   if (args.dry_run) {
     options.on_would_move = [printer](parking::ParkedMessage& parked) { printer->add(parked); };

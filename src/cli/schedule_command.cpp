@@ -21,6 +21,8 @@
 #include "common.hpp"
 #include "retryloop/client/channel.hpp"
 #include "retryloop/inbox/inbox.hpp"
+#include "retryloop/parking/parked_message.hpp"
+#include "retryloop/parking/parking.hpp"
 #include "retryloop/schedule/scheduler.hpp"
 #include "retryloop/schedule/stats.hpp"
 #include "retryloop/store/database.hpp"
@@ -62,6 +64,13 @@ struct StatsArgs {
   std::string topology_file;
   bool json = false;
   bool no_peek = false;
+  ConnectionArgs connection;
+};
+
+struct RedeliverArgs {
+  std::string topology_file;
+  std::vector<std::string> queues;
+  bool dry_run = false;
   ConnectionArgs connection;
 };
 
@@ -387,6 +396,68 @@ int run_stats(const StatsArgs& args) {
   });
 }
 
+/// Replays each queue's messages from the levels' unrouted queue, one queue after the other.
+class Redeliverer : public std::enable_shared_from_this<Redeliverer> {
+ public:
+  Redeliverer(const RedeliverArgs& args, topology::Schedule schedule,
+              std::vector<std::string> queues, std::function<void(int)> done)
+      : args_(args),
+        schedule_(std::move(schedule)),
+        queues_(std::move(queues)),
+        done_(std::move(done)) {}
+
+  void next(const std::shared_ptr<client::Connection>& connection) {
+    if (index_ == queues_.size()) return done_(code_);
+    const std::string queue = queues_[index_++];
+    const topology::Service target = topology::schedule_target(schedule_, queue);
+    parking::ReplayOptions options;
+    options.unrouted_retries = true;
+    options.dry_run = args_.dry_run;
+    options.note.by = parking::command_line_user();
+    options.on_would_move = [](parking::ParkedMessage&) {};
+    auto self = shared_from_this();
+    client::Error error = parking::replay(
+        connection, target, options,
+        [self, connection, queue, target](const parking::ReplayResult& result) {
+          const parking::Progress& p = result.progress;
+          if (result.error) {
+            self->code_ = error_exit(result.error, "schedule redeliver " + queue);
+          } else {
+            std::cout << queue << ": " << p.moved << (self->args_.dry_run ? " would be" : "")
+                      << " redelivered from " << topology::delay_unrouted_name(target);
+            if (p.failed > 0) std::cout << ", " << p.failed << " failed (kept there)";
+            std::cout << "\n";
+            if (p.failed > 0) self->code_ = exit_broker_refused;
+          }
+          self->next(connection);
+        });
+    if (error) {
+      code_ = error_exit(error, "schedule redeliver " + queue);
+      next(connection);
+    }
+  }
+
+ private:
+  const RedeliverArgs& args_;
+  topology::Schedule schedule_;
+  std::vector<std::string> queues_;
+  std::function<void(int)> done_;
+  size_t index_ = 0;
+  int code_ = exit_ok;
+};
+
+int run_redeliver(const RedeliverArgs& args) {
+  const topology::Schedule schedule = load_schedule(args.topology_file);
+  std::vector<std::string> queues = args.queues.empty() ? schedule.queues : args.queues;
+  for (const auto& queue : queues) {
+    if (std::find(schedule.queues.begin(), schedule.queues.end(), queue) == schedule.queues.end())
+      throw Failure(exit_usage, "the schedule of " + args.topology_file + " has no queue " + queue);
+  }
+  return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
+    std::make_shared<Redeliverer>(args, schedule, queues, done)->next(connection);
+  });
+}
+
 int run_cancel(const CancelArgs& args) {
   const topology::Schedule schedule = load_schedule(args.topology_file);
   const auto longest = schedule::longest_schedule_delay(schedule);
@@ -534,6 +605,23 @@ void add_schedule_commands(CLI::App& app, int& exit_code) {
   stats->add_flag("--no-peek", stats_args->no_peek, "Count only; read no message");
   add_connection_option(*stats, stats_args->connection);
   stats->callback([args = stats_args, &exit_code] { exit_code = run_stats(*args); });
+
+  auto redeliver_args = std::make_shared<RedeliverArgs>();
+  CLI::App* redeliver = group->add_subcommand(
+      "redeliver", "Send the scheduled messages that found no queue when due to their queues");
+  redeliver->footer(
+      wrap("A scheduled message whose queue did not exist, or was not yet bound, when it was due "
+           "is kept in the levels' unrouted queue (counted by `schedule stats`). Once the "
+           "queue is there, this sends each such message to it (confirmed before the kept copy "
+           "is acked) and leaves the other queues' messages in place. RabbitMQ 3.10 can route "
+           "messages that fall due while it starts there (docs/scheduling.md, \"Failures\").") +
+      "\n\n" + schedule_exit_codes_help);
+  add_topology_option(*redeliver, redeliver_args->topology_file);
+  redeliver->add_option("--queue", redeliver_args->queues, "Only this queue (repeatable)")
+      ->type_name("QUEUE");
+  redeliver->add_flag("--dry-run", redeliver_args->dry_run, "Count what would be sent; send none");
+  add_connection_option(*redeliver, redeliver_args->connection);
+  redeliver->callback([args = redeliver_args, &exit_code] { exit_code = run_redeliver(*args); });
 
   auto cancel_args = std::make_shared<CancelArgs>();
   CLI::App* cancel = group->add_subcommand(

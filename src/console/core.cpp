@@ -402,6 +402,8 @@ void Core::start_job(const std::shared_ptr<Job>& job) {
     case Job::Kind::replay: {
       parking::ReplayOptions options;
       options.filter = job->filter;
+      options.note.via = "console";
+      options.note.by = job->who;
       error = parking::replay(
           connection_, options_.service, options,
           [weak, job](const parking::ReplayResult& result) {
@@ -766,6 +768,7 @@ Reply Core::request_action(Job::Kind kind, nlohmann::json request, const std::st
     return error_reply(400, std::string("filter: ") + e.what());
   }
   auto job = jobs_.make(kind, std::move(filter), std::move(filter_json));
+  job->who = who;
   if (options_.logger && kind != Job::Kind::count) {
     options_.logger->info("console: {} {} requested from {}, filter {}", kind_name(kind), job->id,
                           who, dump(job->filter_json));

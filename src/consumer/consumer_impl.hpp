@@ -134,6 +134,9 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   void copy_refused(const std::shared_ptr<Pending>& pending, const client::PublishOutcome& outcome);
   void copy_too_large(const std::shared_ptr<Pending>& pending, const client::Error& error);
   bool reject_uncopyable(const std::shared_ptr<Pending>& pending);
+  ParkingNote parking_note(const Decision& decision) const;
+  /// Adds this attempt (and the ones before it that no copy recorded) to the copy's history.
+  void record_attempt(Handling& handling) const;
   void count_parked(ParkReason reason);
   void check_copies(uint64_t now_ms);
   void on_blocked(bool blocked, const std::string& reason);

@@ -2,6 +2,7 @@
 
 #include "consumer_impl.hpp"
 #include "retryloop/client/move.hpp"
+#include "retryloop/consumer/history.hpp"
 
 // The consumer's retry and parking copies: each is published with a confirm, mandatory, and its
 // original acked only after the broker confirmed it and did not return it (client::
@@ -31,15 +32,10 @@ void ConsumerImpl::publish_copy(const std::shared_ptr<Pending>& pending) {
           make_retry_copy(pending->message.properties, pending->handling->info, unix_seconds(),
                           unix_milliseconds() + uint64_t(decision.delay.count())));
     } else {
-      ParkingNote note;
-      note.reason = decision.reason;
-      note.error = decision.error;
-      note.queue = topology::input_queue_name(options_.service);
-      note.consumer = options_.consumer_name;
-      note.now_seconds = unix_seconds();
-      pending->handling->copy = std::make_unique<amqp::BasicProperties>(
-          make_parking_copy(pending->message.properties, pending->handling->info, note));
+      pending->handling->copy = std::make_unique<amqp::BasicProperties>(make_parking_copy(
+          pending->message.properties, pending->handling->info, parking_note(decision)));
     }
+    record_attempt(*pending->handling);
   }
   const std::string exchange = !to_wait ? topology::parking_exchange_name(options_.service.name)
                                : decision.wait_exchange.empty()
@@ -64,9 +60,14 @@ void ConsumerImpl::publish_copy(const std::shared_ptr<Pending>& pending) {
 
 void ConsumerImpl::copy_too_large(const std::shared_ptr<Pending>& pending, const Error& error) {
   // The same message would fail the same way after any reconnect, so it must end here. First
-  // retryloop-error is shortened, half at a time, to what fits.
+  // its history gives up its oldest entries, then retryloop-error is shortened, half at a time,
+  // to what fits.
   Handling& handling = *pending->handling;
   amqp::BasicProperties& copy = *handling.copy;
+  if (shorten_history(copy)) {
+    publish_copy(pending);
+    return;
+  }
   amqp::FieldValue* value = copy.headers ? copy.headers->find(header::error) : nullptr;
   std::string* text = value ? value->get_if<std::string>() : nullptr;
   if (text != nullptr && !text->empty()) {
@@ -101,15 +102,12 @@ void ConsumerImpl::copy_too_large(const std::shared_ptr<Pending>& pending, const
     handling.stripped = true;
     amqp::BasicProperties bare = pending->message.properties;
     bare.headers.reset();
-    ParkingNote note;
-    note.reason = handling.decision.reason;
+    ParkingNote note = parking_note(handling.decision);
     note.error = "its headers were removed, the copy needs a header frame over frame_max (" +
                  error.message() + "); " + handling.decision.error;
-    note.queue = topology::input_queue_name(options_.service);
-    note.consumer = options_.consumer_name;
-    note.now_seconds = unix_seconds();
     handling.copy =
         std::make_unique<amqp::BasicProperties>(make_parking_copy(bare, handling.info, note));
+    record_attempt(handling);
     if (log) {
       log->error("{} parking copy too large ({}); parking it without its headers",
                  message_fields(*pending), error.message());
@@ -127,6 +125,43 @@ void ConsumerImpl::copy_too_large(const std::shared_ptr<Pending>& pending, const
     end_span(*pending, Settlement::retried);
   }
   maybe_finish_stop();
+}
+
+ParkingNote ConsumerImpl::parking_note(const Decision& decision) const {
+  ParkingNote note;
+  note.reason = decision.reason;
+  note.error = decision.error;
+  note.queue = topology::input_queue_name(options_.service);
+  note.consumer = options_.consumer_name;
+  note.now_seconds = unix_seconds();
+  return note;
+}
+
+void ConsumerImpl::record_attempt(Handling& handling) const {
+  const Decision& decision = handling.decision;
+  const topology::RetryMode mode = options_.service.retry.mode;
+  HistoryEntry entry;
+  entry.attempt = handling.info.attempt;
+  entry.at = unix_seconds();
+  entry.error = decision.error;
+  entry.consumer = options_.consumer_name;
+  if (decision.action == Action::publish_to_wait) {
+    entry.outcome = history_outcome::retry;
+    entry.delay_ms = decision.delay.count();
+    entry.via = "republish";
+  } else {
+    entry.outcome = history_outcome::parked;
+    entry.reason = to_string(decision.reason);
+    entry.via = topology::to_string(mode);
+  }
+  // The attempts before this one that no copy recorded: the broker moved them (rejected into
+  // the wait queue, or back into their own queue in in_queue mode).
+  const bool in_queue = mode == topology::RetryMode::in_queue;
+  std::optional<int64_t> delay;
+  if (mode == topology::RetryMode::reject)
+    delay = topology::delay_after_attempt(options_.service, 1).count();
+  record_history(*handling.copy, std::move(entry), in_queue ? "in_queue" : "reject", delay,
+                 handling.info.first_failure);
 }
 
 bool ConsumerImpl::reject_uncopyable(const std::shared_ptr<Pending>& pending) {

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <ctime>
 
+#include "retryloop/consumer/history.hpp"
+
 namespace retryloop::parking {
 
 namespace {
@@ -17,6 +19,32 @@ nlohmann::json table_json(const amqp::FieldTable& table) {
 }
 
 }  // namespace
+
+nlohmann::json history_json(const amqp::FieldTable* headers) {
+  const consumer::History history = consumer::read_history(headers);
+  nlohmann::json entries = nlohmann::json::array();
+  for (const auto& entry : history.entries) {
+    nlohmann::json out;
+    out["attempt"] = entry.attempt;
+    out["at"] = entry.at ? nlohmann::json(iso_time(*entry.at)) : nullptr;
+    out["outcome"] = entry.outcome;
+    auto put = [&](const char* name, const std::string& value) {
+      if (!value.empty()) out[name] = is_utf8(value) ? value : base64(value);
+    };
+    put("error", entry.error);
+    if (entry.delay_ms) out["delay_ms"] = *entry.delay_ms;
+    put("via", entry.via);
+    put("consumer", entry.consumer);
+    put("reason", entry.reason);
+    put("by", entry.by);
+    entries.push_back(std::move(out));
+  }
+  nlohmann::json out;
+  out["entries"] = std::move(entries);
+  out["older"] = history.older;
+  if (!history.malformed.empty()) out["malformed"] = history.malformed;
+  return out;
+}
 
 bool is_utf8(std::string_view text) {
   const size_t n = text.size();
@@ -129,6 +157,7 @@ nlohmann::json message_json(const ParkedMessage& parked, uint64_t now_seconds) {
   out["original_exchange"] = parked.original_exchange;
   out["original_routing_key"] = parked.original_routing_key;
   out["replays"] = parked.replays;
+  out["history"] = history_json(p.headers ? &*p.headers : nullptr);
   out["properties"] = properties;
   out["headers"] = p.headers ? table_json(*p.headers) : nlohmann::json::object();
   out["body_size"] = parked.message.body.size();

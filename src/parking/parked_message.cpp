@@ -1,10 +1,15 @@
 #include "retryloop/parking/parked_message.hpp"
 
+#include <pwd.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 #include <stdexcept>
 
 #include "retryloop/consumer/headers.hpp"
+#include "retryloop/consumer/history.hpp"
 
 namespace retryloop::parking {
 namespace header = consumer::header;
@@ -268,13 +273,41 @@ std::pair<std::string, std::string> parse_where(const std::string& text) {
   return {text.substr(0, equals), text.substr(equals + 1)};
 }
 
-amqp::BasicProperties make_replay_copy(const amqp::BasicProperties& properties) {
+std::string command_line_user() {
+  std::string user;
+  passwd entry{};
+  passwd* found = nullptr;
+  char buffer[1024];
+  if (getpwuid_r(geteuid(), &entry, buffer, sizeof buffer, &found) == 0 && found != nullptr) {
+    user = found->pw_name;
+  } else if (const char* name = std::getenv("USER")) {
+    user = name;
+  } else {
+    user = "uid " + std::to_string(geteuid());
+  }
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) == 0 && host[0] != '\0') user += std::string("@") + host;
+  return user;
+}
+
+amqp::BasicProperties make_replay_copy(const amqp::BasicProperties& properties,
+                                       const ActionNote& note) {
   amqp::BasicProperties copy = properties;
   amqp::FieldTable& headers = copy.headers ? *copy.headers : copy.headers.emplace();
   int64_t replays = 0;
   if (const amqp::FieldValue* previous = headers.find(header::replays)) {
     replays = previous->as_int64().value_or(0);
   }
+  consumer::HistoryEntry entry;
+  if (const amqp::FieldValue* attempts = headers.find(header::attempts)) {
+    entry.attempt = std::max<int64_t>(attempts->as_int64().value_or(0), 0);
+  }
+  entry.at = note.now_seconds != 0 ? note.now_seconds : consumer::unix_seconds();
+  entry.outcome =
+      note.outcome.empty() ? std::string(consumer::history_outcome::replayed) : note.outcome;
+  entry.via = note.via;
+  entry.by = note.by;
+  consumer::record_history(copy, std::move(entry));
   headers.erase_if([](const std::string& name) {
     return consumer::is_death_header(name) || is_parking_header(name) ||
            name == consumer::header::delivery_count || name == consumer::header::acquired_count;

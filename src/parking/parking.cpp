@@ -228,7 +228,7 @@ class ReplayRun : public Replay {
     }
     decision.kind = Decision::Kind::move;
     decision.routing_key = target_;
-    decision.properties = make_replay_copy(parked.message.properties);
+    decision.properties = make_replay_copy(parked.message.properties, options_.note);
     return decision;
   }
 

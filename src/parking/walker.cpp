@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "retryloop/client/move.hpp"
+#include "retryloop/consumer/history.hpp"
 #include "retryloop/parking/error.hpp"
 
 namespace retryloop::parking::detail {
@@ -256,7 +257,28 @@ void Walker::hold() {
 void Walker::move(uint64_t delivery_tag, Decision&& decision, std::string&& body) {
   ++publishes_in_flight_;
   std::weak_ptr<Walker> weak = weak_from_this();
-  Error error = client::move_delivery(
+  Error error = publish_move(weak, delivery_tag, decision, body);
+  // A copy over frame_max gives up its oldest history entries first; one that still does not
+  // fit stays parked, counted as failed.
+  while (error.code == make_error_code(ClientError::properties_too_large) &&
+         consumer::shorten_history(decision.properties)) {
+    error = publish_move(weak, delivery_tag, decision, body);
+  }
+  if (error.code == make_error_code(ClientError::properties_too_large)) {
+    --publishes_in_flight_;
+    ++progress_.failed;
+    hold();
+    return;
+  }
+  if (error) {
+    --publishes_in_flight_;
+    fail(error);
+  }
+}
+
+Error Walker::publish_move(const std::weak_ptr<Walker>& weak, uint64_t delivery_tag,
+                           const Decision& decision, const std::string& body) {
+  return client::move_delivery(
       *channel_, channel_, delivery_tag,
       {decision.exchange, decision.routing_key, decision.properties, body},
       [weak](const client::PublishOutcome& outcome, const Error& ack_error) {
@@ -280,10 +302,6 @@ void Walker::move(uint64_t delivery_tag, Decision&& decision, std::string&& body
         if (self->publishes_in_flight_ == 0) self->on_settled();
         self->maybe_done();
       });
-  if (error) {
-    --publishes_in_flight_;
-    fail(error);
-  }
 }
 
 void Walker::on_settled() {

@@ -83,6 +83,8 @@ class Walker : public std::enable_shared_from_this<Walker> {
   void finish_returns();
   void on_delivery(client::Delivery&& delivery);
   void move(uint64_t delivery_tag, Decision&& decision, std::string&& body);
+  client::Error publish_move(const std::weak_ptr<Walker>& weak, uint64_t delivery_tag,
+                             const Decision& decision, const std::string& body);
   void finish_reading();
   void maybe_done();
   void fail(const client::Error& error);

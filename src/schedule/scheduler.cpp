@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <memory>
-#include <random>
 #include <stdexcept>
 #include <utility>
 
@@ -30,19 +29,6 @@ int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-std::string random_message_id() {
-  thread_local std::mt19937_64 random{std::random_device{}()};
-  static const char digits[] = "0123456789abcdef";
-  std::string id(32, '0');
-  uint64_t bits = 0;
-  for (size_t i = 0; i < id.size(); ++i) {
-    if (i % 16 == 0) bits = random();
-    id[i] = digits[bits & 0xF];
-    bits >>= 4;
-  }
-  return id;
 }
 
 ScheduledCopy make_scheduled_copy(const topology::Schedule& schedule, const std::string& queue,

@@ -317,6 +317,17 @@ Plan make_plan(const Topology& topology) {
     }
   }
   if (topology.schedule) add_schedule(topology, *schedule_levels, set_levels, set_done, plan);
+  if (topology.audit) {
+    Action stream;
+    stream.kind = ActionKind::declare_queue;
+    stream.role = Role::audit_stream;
+    stream.name = audit_stream_name();
+    stream.arguments.append("x-queue-type", "stream");
+    const auto seconds =
+        std::chrono::duration_cast<std::chrono::seconds>(topology.audit->max_age).count();
+    stream.arguments.append("x-max-age", std::to_string(std::max<int64_t>(seconds, 1)) + "s");
+    plan.actions.push_back(std::move(stream));
+  }
   return plan;
 }
 
@@ -392,6 +403,8 @@ const char* to_string(Role role) {
       return "delay queue";
     case Role::scheduled_queue:
       return "scheduled queue";
+    case Role::audit_stream:
+      return "audit stream";
   }
   return "?";
 }

@@ -89,7 +89,7 @@ class Validator {
   explicit Validator(const Topology& topology) : topology_(topology) {}
 
   std::vector<TopologyError> run() {
-    if (topology_.services.empty() && !topology_.schedule) {
+    if (topology_.services.empty() && !topology_.schedule && !topology_.audit) {
       add("", "services", "lists no services; add at least one");
     }
     std::map<std::string, size_t> names;
@@ -107,6 +107,9 @@ class Validator {
     }
     check_collisions();
     if (topology_.schedule) check_schedule(*topology_.schedule);
+    if (topology_.audit && topology_.audit->max_age < std::chrono::seconds(1)) {
+      add("", "audit.max_age", "must be at least 1s: the stream keeps records for whole seconds");
+    }
     std::stable_sort(errors_.begin(), errors_.end(),
                      [](const TopologyError& a, const TopologyError& b) {
                        return service_index(a.path) < service_index(b.path);
@@ -660,6 +663,7 @@ Topology select_services(const Topology& topology, const std::vector<std::string
   }
   Topology selected;
   selected.schedule = topology.schedule;
+  selected.audit = topology.audit;
   for (const auto& s : topology.services) {
     if (std::find(names.begin(), names.end(), s.name) != names.end()) {
       selected.services.push_back(s);
@@ -725,6 +729,10 @@ std::string parking_exchange_name(std::string_view service_name) {
 
 std::string parking_queue_name(std::string_view service_name) {
   return std::string(service_name) + ".parking";
+}
+
+std::string audit_stream_name() {
+  return "retryloop.audit";
 }
 
 std::vector<std::chrono::milliseconds> wait_delays(const Service& service) {

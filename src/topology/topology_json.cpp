@@ -398,14 +398,22 @@ class Reader {
 
   Topology read_topology(const json& root) {
     Topology topology;
-    if (!expect_object(root, "", {"services", "delay_levels"}, "{\"services\": [...]}")) {
+    if (!expect_object(root, "", {"services", "delay_levels", "audit"}, "{\"services\": [...]}")) {
       bad_.insert("services");
       return topology;
     }
     if (const json* levels = field(root, "delay_levels", "", false)) {
       topology.schedule = read_schedule(*levels, "delay_levels");
     }
-    const json* services = field(root, "services", "", !topology.schedule);
+    if (const json* audit = field(root, "audit", "", false)) {
+      topology.audit = Audit{};
+      if (expect_object(*audit, "audit", {"max_age"}, "{\"max_age\": \"365d\"}")) {
+        if (const json* age = field(*audit, "max_age", "audit", false)) {
+          topology.audit->max_age = read_duration(*age, "audit.max_age");
+        }
+      }
+    }
+    const json* services = field(root, "services", "", !topology.schedule && !topology.audit);
     if (services == nullptr) return topology;
     if (!services->is_array()) {
       error("services", std::string("must be an array of services, not ") + type_name(*services));

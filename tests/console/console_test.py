@@ -308,9 +308,17 @@ def run(args):
     broker.service = service
     now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0, tzinfo=None)
     for i in range(1, 4):
+        parked_at = now - datetime.timedelta(minutes=10 - i)
+        history = [
+            {'attempt': 1, 'at': parked_at - datetime.timedelta(seconds=3), 'outcome': 'retry',
+             'error': TIMEOUT_ERROR, 'delay_ms': 1000, 'via': 'republish',
+             'consumer': 'host-a:11'},
+            {'attempt': 2, 'outcome': 'retry', 'delay_ms': 1000, 'via': 'reject'},
+            {'attempt': 3, 'at': parked_at, 'outcome': 'parked', 'error': TIMEOUT_ERROR,
+             'via': 'reject', 'reason': 'exhausted', 'consumer': 'host-a:11'}]
         broker.park(parking, f'order-{i}', json.dumps({'order': f'order-{i}', 'amount': 10 * i}),
                     'exhausted', f'{TIMEOUT_ERROR}\n  at payments.cpp:{40 + i}', 'order.created',
-                    now - datetime.timedelta(minutes=10 - i))
+                    parked_at, {'retryloop-history': history, 'retryloop-history-older': 2})
     for i in range(4, 6):
         broker.park(parking, f'order-{i}', json.dumps({'order': f'order-{i}'}), 'permanent',
                     PERMANENT_ERROR, 'order.updated', now - datetime.timedelta(minutes=5))
@@ -375,7 +383,22 @@ def run(args):
         properties = table_values(driver, 'detail-properties')
         check(properties.get('content_type') == 'application/json', f'properties: {properties}')
         check(properties.get('message_id') == 'order-1', f'properties: {properties}')
-        log('a message shows its properties, headers and indented body')
+        events = driver.execute_script("""
+            return [...document.querySelectorAll('#detail-history li')].map((li) => [
+              li.dataset.outcome, li.querySelector('.when').textContent,
+              li.querySelector('.what').textContent,
+              li.querySelector('.error') ? li.querySelector('.error').textContent : null]);""")
+        first_at = (now - datetime.timedelta(minutes=9, seconds=3)).strftime('%Y-%m-%dT%H:%M:%SZ')
+        check([e[0] for e in events] == ['retry', 'retry', 'parked'], f'the timeline: {events}')
+        check(events[0][1] == first_at and events[0][3] == TIMEOUT_ERROR and
+              'attempt 1' in events[0][2] and 'via republish' in events[0][2] and
+              'waits 1000 ms' in events[0][2], f'the first event: {events[0]}')
+        check(events[1][1] == 'time not recorded' and events[1][3] is None and
+              'via reject' in events[1][2], f'the second event: {events[1]}')
+        check('exhausted' in events[2][2], f'the third event: {events[2]}')
+        note = text(driver, 'detail-history-note')
+        check(note == '(2 older events not kept)', f'the history note is {note!r}')
+        log('a message shows its properties, headers, history timeline and indented body')
         if screenshot:
             driver.set_window_size(1500, 960)
             time.sleep(0.5)
@@ -428,6 +451,12 @@ def run(args):
                   and 'retryloop-reason' not in properties.headers
                   and properties.headers.get('tenant') == 'acme',
                   f'a replayed copy has the headers {properties.headers}')
+            history = properties.headers.get('retryloop-history') or []
+            check([e.get('outcome') for e in history] == ['retry', 'retry', 'parked', 'replayed']
+                  and history[3].get('via') == 'console' and history[3].get('attempt') == 3
+                  and history[3].get('by', '').startswith('console at 127.0.0.1')
+                  and properties.headers.get('retryloop-history-older') == 2,
+                  f'a replayed copy has the history {history}')
             check(json.loads(body)['order'] == properties.message_id, 'a body changed')
         check(broker.depth(parking) == 4, 'parking does not hold the four others')
         log('the group replay moved 3 messages to the service queue, fresh')

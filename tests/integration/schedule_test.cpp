@@ -294,6 +294,27 @@ TEST_CASE(
                                   [&](const schedule::ScheduleResult& r) { returned = r; }));
   REQUIRE(loop.run_until([&] { return returned.has_value(); }));
   CHECK(returned->publish.status == client::PublishStatus::returned);
+  // Once the queue is back, `schedule redeliver` sends it its kept message, and only that.
+  test::declare_queue(loop, *target.channel, gone);
+  auto counted = retryloop_command({"schedule", "redeliver", "-t", file.path, "--dry-run"});
+  INFO(counted.err);
+  CHECK(counted.exit_code == 0);
+  CHECK_THAT(counted.out, Catch::Contains(gone + ": 1 would be redelivered"));
+  CHECK_THAT(counted.out, Catch::Contains(target.queue + ": 0 would be redelivered"));
+  auto redelivered = retryloop_command({"schedule", "redeliver", "-t", file.path, "--queue", gone});
+  INFO(redelivered.err);
+  CHECK(redelivered.exit_code == 0);
+  CHECK(redelivered.out == gone + ": 1 redelivered from " + unrouted + "\n");
+  auto kept = test::drain_queue(loop, *target.connection, gone);
+  REQUIRE(kept.size() == 1);
+  CHECK(kept[0].message.body == "late");
+  CHECK(
+      retryloop_command({"schedule", "redeliver", "-t", file.path, "--queue", "nope"}).exit_code ==
+      1);
+  REQUIRE_FALSE(test::wait(loop, [&](auto cb) {
+    return target.channel->queue_delete(gone, false, false,
+                                        [cb](const client::Error& e, uint32_t) { cb(e); });
+  }));
   for (auto& message : test::drain_queue(loop, *target.connection, unrouted)) {
     (void)message;  // other tests' leftovers go too: the set is shared by base
   }

@@ -12,10 +12,15 @@
 namespace retryloop::parking {
 
 /// A parked message as one JSON object, as `retryloop parking list --json` prints it: its place,
-/// id, when (ISO 8601, UTC) and why it was parked, the decoded parking headers, every property,
-/// every header (header_json) and the body: text when it is UTF-8 (`body_encoding` "utf-8"),
-/// base64 otherwise ("base64").
+/// id, when (ISO 8601, UTC) and why it was parked, the decoded parking headers, its history
+/// (history_json), every property, every header (header_json) and the body: text when it is UTF-8
+/// (`body_encoding` "utf-8"), base64 otherwise ("base64").
 nlohmann::json message_json(const ParkedMessage& parked, uint64_t now_seconds);
+
+/// `retryloop-history` decoded: {"entries": [{"attempt", "at" (ISO 8601 or null), "outcome",
+/// and when known "error", "delay_ms", "via", "consumer", "reason", "by"}, ...], "older": N},
+/// plus "malformed" when the header is not what retryloop writes.
+nlohmann::json history_json(const amqp::FieldTable* headers);
 
 /// A header value as JSON: tables as objects, arrays as arrays, numbers and booleans as they are,
 /// timestamps as seconds, decimals as numbers, strings and byte arrays as text when they are

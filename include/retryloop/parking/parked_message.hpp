@@ -99,12 +99,29 @@ struct Filter {
 /// Parses `HEADER=VALUE` (`--where`). Throws std::invalid_argument naming the problem.
 std::pair<std::string, std::string> parse_where(const std::string& text);
 
+/// Who sends a parked message back, for its history entry.
+struct ActionNote {
+  /// The history entry's outcome; empty: `replayed`.
+  std::string outcome;
+  /// `cli` or `console`.
+  std::string via = "cli";
+  /// The console's caller, or the command line's user@host.
+  std::string by;
+  /// Seconds since the epoch; 0: now.
+  uint64_t now_seconds = 0;
+};
+
+/// The command line's user@host, for ActionNote::by.
+std::string command_line_user();
+
 /// The copy a replay publishes: the same body and properties, with `x-death`,
 /// `x-first-death-*`, `x-last-death-*`, `retryloop-retries` and the parking headers removed (the
-/// original exchange and routing key stay: they say where the message came from), and
-/// `retryloop-replays` incremented. The message starts fresh on every RabbitMQ version. An
+/// original exchange and routing key stay: they say where the message came from),
+/// `retryloop-replays` incremented, and a `replayed` entry (attempts made, when, via, by) added to
+/// `retryloop-history`, which stays. The message starts fresh on every RabbitMQ version. An
 /// `expiration` property is not restored or kept: it moves to `retryloop-original-expiration`
 /// (which replay keeps), so the replayed message cannot expire in the queue it goes to.
-amqp::BasicProperties make_replay_copy(const amqp::BasicProperties& properties);
+amqp::BasicProperties make_replay_copy(const amqp::BasicProperties& properties,
+                                       const ActionNote& note = {});
 
 }  // namespace retryloop::parking

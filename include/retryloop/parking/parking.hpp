@@ -155,6 +155,8 @@ struct ReplayOptions {
   /// only this service's retries (topology::is_delay_route_of): those whose input queue did not
   /// exist when their delay ended. The other services' retries there stay, in order.
   bool unrouted_retries = false;
+  /// Who replays, for the `replayed` entry each copy's history gets.
+  ActionNote note;
 };
 
 struct ReplayResult {

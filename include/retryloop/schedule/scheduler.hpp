@@ -9,6 +9,7 @@
 #include "retryloop/amqp/properties.hpp"
 #include "retryloop/client/channel.hpp"
 #include "retryloop/client/publish.hpp"
+#include "retryloop/consumer/headers.hpp"
 #include "retryloop/topology/delay_levels.hpp"
 #include "retryloop/topology/topology.hpp"
 
@@ -100,7 +101,6 @@ class Scheduler {
 /// Milliseconds since the Unix epoch.
 int64_t now_ms();
 
-/// 32 random hex digits, for a message id.
-std::string random_message_id();
+using consumer::random_message_id;
 
 }  // namespace retryloop::schedule

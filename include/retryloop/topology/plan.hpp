@@ -35,6 +35,8 @@ enum class Role {
   delay_queue,
   /// A queue that receives scheduled messages (Topology::schedule), and its binding to the levels.
   scheduled_queue,
+  /// The vhost's audit stream (Topology::audit).
+  audit_stream,
 };
 
 /// One broker operation with everything it sends. Integer arguments are AMQP `l` (int64), the

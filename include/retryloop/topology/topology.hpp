@@ -154,8 +154,18 @@ struct Schedule {
   std::vector<std::string> queues;
 };
 
+/// The vhost's audit trail: a stream that the parking console and the parking commands append a
+/// record of each action to (who, when, what, how many), and that the console reads back. The
+/// top-level `audit` of a topology file.
+struct Audit {
+  /// How long records are kept (the stream's `x-max-age`, in whole seconds).
+  std::chrono::milliseconds max_age = std::chrono::hours(24 * 365);
+};
+
 struct Topology {
   std::vector<Service> services;
+  /// The file's top-level `audit`, when it has one.
+  std::optional<Audit> audit{};
   /// The file's top-level `delay_levels`, when it has one.
   std::optional<Schedule> schedule{};
 };
@@ -206,6 +216,8 @@ std::string wait_queue_name(std::string_view service_name, std::chrono::millisec
 std::string parking_exchange_name(std::string_view service_name);
 /// `N.parking`, the parking queue (same name as its exchange).
 std::string parking_queue_name(std::string_view service_name);
+/// The vhost's audit stream: `retryloop.audit`.
+std::string audit_stream_name();
 
 /// The distinct delays of a service in first-use order: one wait queue each.
 std::vector<std::chrono::milliseconds> wait_delays(const Service& service);

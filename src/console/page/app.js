@@ -438,6 +438,35 @@
     if (entries.length === 0) body.append(el('tr', {}, el('td', {class: 'muted', text: 'none'})));
   }
 
+  // The message's retryloop-history as a timeline, oldest first.
+  function fillHistory(history) {
+    const list = $('detail-history');
+    clear(list);
+    const entries = history ? history.entries : [];
+    for (const entry of entries) {
+      const what = [];
+      if (entry.attempt) {
+        what.push(entry.outcome === 'replayed' || entry.outcome === 'edited'
+          ? `after ${plural(entry.attempt, 'attempt')}` : `attempt ${entry.attempt}`);
+      }
+      if (entry.via) what.push(`via ${entry.via}`);
+      if (entry.reason) what.push(entry.reason);
+      if (entry.delay_ms !== undefined) what.push(`waits ${entry.delay_ms} ms`);
+      if (entry.by) what.push(`by ${entry.by}`);
+      else if (entry.consumer) what.push(`on ${entry.consumer}`);
+      list.append(el('li', {class: `event ${entry.outcome}`, 'data-outcome': entry.outcome},
+        el('span', {class: 'when', text: entry.at || 'time not recorded'}),
+        el('strong', {class: 'outcome', text: entry.outcome}),
+        el('span', {class: 'what', text: what.join(', ')}),
+        entry.error ? el('code', {class: 'error', text: entry.error}) : null));
+    }
+    const notes = [];
+    if (history && history.older) notes.push(`${plural(history.older, 'older event')} not kept`);
+    if (history && history.malformed) notes.push(`not readable: ${history.malformed}`);
+    if (entries.length === 0) notes.push('none recorded');
+    $('detail-history-note').textContent = notes.length ? `(${notes.join('; ')})` : '';
+  }
+
   // The message the user last opened, found again in a new list by its id and place.
   function findWanted() {
     const wanted = ui.wanted;
@@ -461,6 +490,7 @@
       properties.unshift(['parked at', m.parked_at || '–'], ['reason', m.reason || '(none)'],
                          ['attempts', m.attempts === null ? '–' : m.attempts],
                          ['position in queue', m.position + 1], ['replays', m.replays]);
+      fillHistory(m.history);
       fillTable($('detail-properties'), properties);
       fillTable($('detail-headers'), Object.entries(m.headers).map(([key, value]) =>
         [key, m.header_times[key] ? `${value} (${m.header_times[key]})` : value]));

@@ -30,6 +30,8 @@ struct Job {
   nlohmann::json filter_json;
   /// A scan started by the console itself, not by a request.
   bool automatic = false;
+  /// Who asked for it: the caller's name and address.
+  std::string who;
   State state = State::queued;
   bool stop_requested = false;
   bool interrupted = false;

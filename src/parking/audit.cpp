@@ -1,0 +1,200 @@
+#include "retryloop/parking/audit.hpp"
+
+#include <stdexcept>
+#include <utility>
+
+#include "retryloop/parking/parked_json.hpp"
+#include "retryloop/topology/topology.hpp"
+
+namespace retryloop::parking {
+
+using client::ClientError;
+using client::Error;
+
+namespace {
+
+/// Streams need a prefetch; records are small.
+constexpr uint16_t reader_prefetch = 200;
+
+std::string text_of(const nlohmann::json& json, const char* key) {
+  auto it = json.find(key);
+  if (it == json.end() || it->is_null()) return {};
+  if (!it->is_string()) throw std::invalid_argument(std::string(key) + " is not a string");
+  return it->get<std::string>();
+}
+
+std::optional<uint64_t> count_of(const nlohmann::json& json, const char* key) {
+  auto it = json.find(key);
+  if (it == json.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number_unsigned()) {
+    throw std::invalid_argument(std::string(key) + " is not a whole number");
+  }
+  return it->get<uint64_t>();
+}
+
+}  // namespace
+
+nlohmann::json audit_json(const AuditRecord& record) {
+  nlohmann::json out;
+  out["id"] = record.id;
+  out["at_ms"] = record.at_ms;
+  out["at"] = iso_time(record.at_ms / 1000);
+  out["who"] = record.who;
+  out["via"] = record.via;
+  out["action"] = record.action;
+  out["state"] = record.state;
+  out["service"] = record.service;
+  out["filter"] = record.filter;
+  out["asked"] = record.asked ? nlohmann::json(*record.asked) : nullptr;
+  out["done"] = record.done ? nlohmann::json(*record.done) : nullptr;
+  out["failed"] = record.failed;
+  if (!record.error.empty()) out["error"] = record.error;
+  if (!record.note.empty()) out["note"] = record.note;
+  if (!record.group.empty()) out["group"] = record.group;
+  if (!record.message_id.empty()) out["message_id"] = record.message_id;
+  if (!record.new_message_id.empty()) out["new_message_id"] = record.new_message_id;
+  if (record.offset) out["offset"] = *record.offset;
+  return out;
+}
+
+AuditRecord audit_from_json(const nlohmann::json& json) {
+  if (!json.is_object()) throw std::invalid_argument("an audit record is a JSON object");
+  AuditRecord record;
+  record.id = text_of(json, "id");
+  record.at_ms = count_of(json, "at_ms").value_or(0);
+  record.who = text_of(json, "who");
+  record.via = text_of(json, "via");
+  record.action = text_of(json, "action");
+  record.state = text_of(json, "state");
+  record.service = text_of(json, "service");
+  if (auto filter = json.find("filter"); filter != json.end()) record.filter = *filter;
+  record.asked = count_of(json, "asked");
+  record.done = count_of(json, "done");
+  record.failed = count_of(json, "failed").value_or(0);
+  record.error = text_of(json, "error");
+  record.note = text_of(json, "note");
+  record.group = text_of(json, "group");
+  record.message_id = text_of(json, "message_id");
+  record.new_message_id = text_of(json, "new_message_id");
+  if (record.id.empty() || record.action.empty()) {
+    throw std::invalid_argument("an audit record needs an id and an action");
+  }
+  return record;
+}
+
+Error append_audit(client::Channel& channel, const AuditRecord& record, AuditCallback done) {
+  amqp::BasicProperties properties;
+  properties.content_type = "application/json";
+  properties.delivery_mode = 2;
+  properties.message_id = record.id + "." + record.state;
+  properties.timestamp = record.at_ms / 1000;
+  properties.type = "retryloop.audit";
+  const std::string stream = topology::audit_stream_name();
+  return channel.publish(
+      "", stream, properties, audit_json(record).dump(), client::Mandatory::yes,
+      [done = std::move(done), stream](const client::PublishOutcome& outcome) {
+        if (outcome.ok()) return done(Error{});
+        if (outcome.status == client::PublishStatus::returned) {
+          return done(Error(ClientError::unroutable,
+                            "the audit stream " + stream +
+                                " does not exist; declare it with `retryloop topology apply` of "
+                                "a file with a top-level \"audit\""));
+        }
+        done(outcome.error ? outcome.error
+                           : Error(ClientError::connection_lost,
+                                   "the broker refused the audit record (nack)"));
+      });
+}
+
+AuditReader::AuditReader(RecordHandler on_record, AuditCallback on_error)
+    : on_record_(std::move(on_record)), on_error_(std::move(on_error)) {}
+
+std::shared_ptr<AuditReader> AuditReader::start(
+    const std::shared_ptr<client::Connection>& connection, uint64_t since_ms,
+    std::optional<int64_t> after_offset, RecordHandler on_record, AuditCallback on_error) {
+  auto reader = std::make_shared<AuditReader>(std::move(on_record), std::move(on_error));
+  reader->last_offset_ = after_offset;
+  std::weak_ptr<AuditReader> weak = reader;
+  amqp::FieldTable arguments;
+  if (after_offset) {
+    arguments.append("x-stream-offset", int64_t(*after_offset + 1));
+  } else {
+    arguments.append("x-stream-offset", amqp::Timestamp{since_ms / 1000});
+  }
+  Error error = connection->open_channel(
+      [weak, arguments](const Error& error, std::shared_ptr<client::Channel> channel) {
+        auto self = weak.lock();
+        if (!self || self->stopped_) {
+          if (channel) (void)channel->close();
+          return;
+        }
+        if (error) return self->fail(error);
+        self->channel_ = channel;
+        channel->set_close_handler([weak](const Error& error) {
+          if (auto self = weak.lock()) self->fail(error);
+        });
+        Error qos = channel->qos(reader_prefetch, [weak, channel, arguments](const Error& error) {
+          auto self = weak.lock();
+          if (!self || self->stopped_) return;
+          if (error) return self->fail(error);
+          client::ConsumeOptions options;
+          options.arguments = arguments;
+          Error consume = channel->consume(
+              topology::audit_stream_name(), std::move(options),
+              [weak, channel](client::Delivery&& delivery) {
+                auto self = weak.lock();
+                (void)channel->ack(delivery.delivery_tag);  // credit for the next ones
+                if (!self || self->stopped_) return;
+                std::optional<int64_t> offset;
+                if (const auto& headers = delivery.message.properties.headers) {
+                  if (const amqp::FieldValue* value = headers->find("x-stream-offset")) {
+                    offset = value->as_int64();
+                  }
+                }
+                if (offset && self->last_offset_ && *offset <= *self->last_offset_) return;
+                if (offset) self->last_offset_ = offset;
+                try {
+                  AuditRecord record =
+                      audit_from_json(nlohmann::json::parse(delivery.message.body));
+                  record.offset = offset;
+                  self->on_record_(std::move(record));
+                } catch (const std::exception&) {
+                  ++self->unreadable_;
+                }
+              },
+              [weak](const Error& error, const std::string&) {
+                if (auto self = weak.lock(); self && error) self->fail(error);
+              });
+          if (consume) self->fail(consume);
+        });
+        if (qos) self->fail(qos);
+      });
+  if (error) reader->fail(error);
+  return reader;
+}
+
+void AuditReader::stop() {
+  stopped_ = true;
+  if (channel_) {
+    auto channel = std::move(channel_);
+    channel->set_close_handler({});
+    (void)channel->close();
+  }
+}
+
+void AuditReader::fail(const Error& error) {
+  if (stopped_) return;
+  stopped_ = true;
+  channel_.reset();
+  if (on_error_) {
+    if (error.reply_code == 404) {
+      on_error_(Error(error.code, "the audit stream " + topology::audit_stream_name() +
+                                      " does not exist; declare it with `retryloop topology "
+                                      "apply` of a file with a top-level \"audit\""));
+    } else {
+      on_error_(error);
+    }
+  }
+}
+
+}  // namespace retryloop::parking
