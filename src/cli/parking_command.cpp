@@ -26,6 +26,7 @@
 #include "retryloop/client/signals.hpp"
 #include "retryloop/console/console.hpp"
 #include "retryloop/consumer/headers.hpp"
+#include "retryloop/parking/audit.hpp"
 #include "retryloop/parking/parked_json.hpp"
 #include "retryloop/parking/parking.hpp"
 #include "retryloop/topology/delay_levels.hpp"
@@ -143,6 +144,107 @@ class MessagePrinter {
 };
 
 // ---- commands ----------------------------------------------------------------------------
+
+/// Whether the topology file declares the audit stream (a top-level `audit`).
+bool audit_declared(const ParkingArgs& args) {
+  return load_topology_or_fail(args.topology_file, {}).audit.has_value();
+}
+
+/// The command line's filter as the audit trail records it.
+nlohmann::json filter_json(const ParkingArgs& args) {
+  nlohmann::json out = nlohmann::json::object();
+  if (!args.where.empty()) out["where"] = args.where;
+  if (!args.older_than.empty()) out["older_than"] = args.older_than;
+  if (!args.reasons.empty()) out["reasons"] = args.reasons;
+  if (!args.cause.empty()) out[args.exact ? "error_first_line" : "error_cause"] = args.cause;
+  if (args.limit != 0) out["limit"] = args.limit;
+  if (args.unrouted_retries) out["unrouted_retries"] = true;
+  if (!args.to_queue.empty()) out["to_queue"] = args.to_queue;
+  return out;
+}
+
+/// A replay or purge of the command line in the audit trail: a `started` record before it
+/// touches a message (on a confirm channel of its own), and one with its counts at the end.
+class CliAudit : public std::enable_shared_from_this<CliAudit> {
+ public:
+  using Then = std::function<void(const std::string& error)>;
+
+  CliAudit(std::string action, std::string service, nlohmann::json filter) {
+    record_.id = consumer::random_message_id();
+    record_.who = parking::command_line_user();
+    record_.via = "cli";
+    record_.action = std::move(action);
+    record_.service = std::move(service);
+    record_.filter = std::move(filter);
+  }
+
+  /// Records `started`; `then` gets "" once the broker confirmed it.
+  void begin(const std::shared_ptr<client::Connection>& connection, Then then) {
+    auto self = shared_from_this();
+    client::Error error = connection->open_channel(
+        [self, then](const client::Error& error, std::shared_ptr<client::Channel> channel) {
+          if (error) return then(error.message());
+          self->channel_ = channel;
+          client::Error confirm = channel->confirm_select([self, then](const client::Error& error) {
+            if (error) return then(error.message());
+            self->append("started", then);
+          });
+          if (confirm) then(confirm.message());
+        });
+    if (error) then(error.message());
+  }
+
+  /// Records how it ended; `then` gets "" once confirmed.
+  void end(const char* state, const parking::Progress& progress, const client::Error& failure,
+           Then then) {
+    record_.done = progress.moved;
+    record_.failed = progress.failed;
+    record_.error = failure ? failure.message() : std::string();
+    append(state, std::move(then));
+  }
+
+ private:
+  void append(const char* state, Then then) {
+    record_.state = state;
+    record_.at_ms = consumer::unix_milliseconds();
+    client::Error error = parking::append_audit(
+        *channel_, record_,
+        [then](const client::Error& error) { then(error ? error.message() : std::string()); });
+    if (error) then(error.message());
+  }
+
+  parking::AuditRecord record_;
+  std::shared_ptr<client::Channel> channel_;
+};
+
+/// Runs `action` after recording it in the audit trail when the file declares one (otherwise at
+/// once); `action` gets a recorder for its end, or nullptr.
+void audited(const std::shared_ptr<client::Connection>& connection, bool declared,
+             std::shared_ptr<CliAudit> audit, std::function<void(int)> done,
+             std::function<void(std::shared_ptr<CliAudit>)> action) {
+  if (!declared) return action(nullptr);
+  audit->begin(connection, [audit, done, action](const std::string& error) {
+    if (!error.empty()) {
+      std::cerr << "retryloop: not recorded in the audit trail (" << error
+                << "); nothing was done\n";
+      return done(exit_broker_refused);
+    }
+    action(audit);
+  });
+}
+
+/// Records the end of an audited action (when there is a recorder), then exits with `code`.
+void finish_audited(const std::shared_ptr<CliAudit>& audit, const char* state,
+                    const parking::Progress& progress, const client::Error& error, int code,
+                    const std::function<void(int)>& done) {
+  if (!audit) return done(code);
+  audit->end(state, progress, error, [code, done](const std::string& failure) {
+    if (!failure.empty()) {
+      std::cerr << "retryloop: the end was not recorded in the audit trail: " << failure << "\n";
+    }
+    done(code);
+  });
+}
 
 topology::Service load_service(const ParkingArgs& args) {
   if (args.topology_file.empty()) {
@@ -385,56 +487,69 @@ int run_replay(const ParkingArgs& args) {
   options.window = args.window;
   const std::string target =
       args.to_queue.empty() ? topology::input_queue_name(service) : args.to_queue;
+  const bool declared = !args.dry_run && audit_declared(args);
+  auto audit = std::make_shared<CliAudit>("replay", service.name, filter_json(args));
   return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
-    auto handle = std::make_shared<std::shared_ptr<parking::Replay>>();
-    auto reporter =
-        args.dry_run ? nullptr : std::make_shared<ProgressReporter>(connection->loop(), "moved");
-    auto interrupts = std::make_shared<client::StopSignals>(
-        connection->loop(),
-        [handle](int) {
-          std::cerr << "\nretryloop: interrupted: letting the copies in flight settle (Ctrl-C "
-                       "again to stop at once)\n";
-          if (*handle) (*handle)->stop();
-        },
-        [connection] { connection->close(); });
-    client::Error error = parking::replay(
-        connection, service, options,
-        [&args, &service, &source, &target, done, reporter, interrupts,
-         printer](const parking::ReplayResult& result) {
-          interrupts->close();
-          const double seconds = reporter ? reporter->seconds() : 0;
-          if (reporter) reporter->close();
-          const parking::Progress& p = result.progress;
-          if (args.dry_run && !result.error) {
-            printer->finish();
-            std::cerr << "dry run: " << plural(p.moved, "message") << " would move from " << source
-                      << " to queue " << target << ", " << p.skipped
-                      << " would stay; nothing was moved\n";
-            return done(exit_ok);
-          }
-          if (result.error && p.scanned == 0) {
-            return done(error_exit(result.error, "parking replay " + service.name));
-          }
-          char rate[64] = "";
-          if (seconds > 0)
-            std::snprintf(rate, sizeof rate, " in %.1f s, %.0f msg/s", seconds,
-                          double(p.moved) / seconds);
-          std::cerr << "replay " << source << " -> queue " << target << ": moved " << p.moved
-                    << ", skipped " << p.skipped << ", failed " << p.failed << rate
-                    << (result.interrupted ? " (interrupted)" : "") << "\n";
-          if (result.error) return done(error_exit(result.error, "parking replay " + service.name));
-          if (result.interrupted) return done(exit_interrupted);
-          done(p.failed == 0 ? exit_ok : exit_broker_refused);
-        },
-        handle.get(),
-        [reporter](const parking::Progress& progress) {
-          if (reporter) reporter->update(progress);
-        });
-    if (error) {
-      interrupts->close();
-      if (reporter) reporter->close();
-      done(error_exit(error, "parking replay"));
-    }
+    audited(connection, declared, audit, done, [&, connection, done](auto recorder) {
+      auto handle = std::make_shared<std::shared_ptr<parking::Replay>>();
+      auto reporter =
+          args.dry_run ? nullptr : std::make_shared<ProgressReporter>(connection->loop(), "moved");
+      auto interrupts = std::make_shared<client::StopSignals>(
+          connection->loop(),
+          [handle](int) {
+            std::cerr << "\nretryloop: interrupted: letting the copies in flight settle (Ctrl-C "
+                         "again to stop at once)\n";
+            if (*handle) (*handle)->stop();
+          },
+          [connection] { connection->close(); });
+      client::Error error = parking::replay(
+          connection, service, options,
+          [&args, &service, &source, &target, done, reporter, interrupts, printer,
+           recorder](const parking::ReplayResult& result) {
+            interrupts->close();
+            const double seconds = reporter ? reporter->seconds() : 0;
+            if (reporter) reporter->close();
+            const parking::Progress& p = result.progress;
+            if (args.dry_run && !result.error) {
+              printer->finish();
+              std::cerr << "dry run: " << plural(p.moved, "message") << " would move from "
+                        << source << " to queue " << target << ", " << p.skipped
+                        << " would stay; nothing was moved\n";
+              return done(exit_ok);
+            }
+            if (result.error && p.scanned == 0) {
+              return finish_audited(recorder, "failed", p, result.error,
+                                    error_exit(result.error, "parking replay " + service.name),
+                                    done);
+            }
+            char rate[64] = "";
+            if (seconds > 0)
+              std::snprintf(rate, sizeof rate, " in %.1f s, %.0f msg/s", seconds,
+                            double(p.moved) / seconds);
+            std::cerr << "replay " << source << " -> queue " << target << ": moved " << p.moved
+                      << ", skipped " << p.skipped << ", failed " << p.failed << rate
+                      << (result.interrupted ? " (interrupted)" : "") << "\n";
+            if (result.error) {
+              return finish_audited(recorder, "failed", p, result.error,
+                                    error_exit(result.error, "parking replay " + service.name),
+                                    done);
+            }
+            if (result.interrupted) {
+              return finish_audited(recorder, "stopped", p, {}, exit_interrupted, done);
+            }
+            finish_audited(recorder, "done", p, {}, p.failed == 0 ? exit_ok : exit_broker_refused,
+                           done);
+          },
+          handle.get(),
+          [reporter](const parking::Progress& progress) {
+            if (reporter) reporter->update(progress);
+          });
+      if (error) {
+        interrupts->close();
+        if (reporter) reporter->close();
+        finish_audited(recorder, "failed", {}, error, error_exit(error, "parking replay"), done);
+      }
+    });
   });
 }
 
@@ -443,23 +558,33 @@ int run_purge(const ParkingArgs& args) {
   parking::PurgeOptions options;
   options.filter = make_filter(args);
   options.execute = args.yes;
+  // A purge is recorded; counting what it would delete is not.
+  const bool declared = args.yes && audit_declared(args);
+  auto audit = std::make_shared<CliAudit>("purge", service.name, filter_json(args));
   return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
-    client::Error error = parking::purge(
-        connection, service, options,
-        [&args, &service, done](const client::Error& error, const parking::Progress& p) {
-          const std::string queue = topology::parking_queue_name(service.name);
-          if (error) return done(error_exit(error, "parking purge " + service.name));
-          if (!args.yes) {
-            std::cerr << "retryloop: would delete " << plural(p.moved, "message") << " of "
-                      << p.scanned << " in " << queue
-                      << "; nothing was deleted. Add --yes to delete them.\n";
-            return done(exit_usage);
-          }
-          std::cout << "deleted " << plural(p.moved, "message") << " from " << queue << ", "
-                    << p.skipped << " kept\n";
-          done(exit_ok);
-        });
-    if (error) done(error_exit(error, "parking purge"));
+    audited(connection, declared, audit, done, [&, connection, done](auto recorder) {
+      client::Error error = parking::purge(
+          connection, service, options,
+          [&args, &service, done, recorder](const client::Error& error,
+                                            const parking::Progress& p) {
+            const std::string queue = topology::parking_queue_name(service.name);
+            if (error) {
+              return finish_audited(recorder, "failed", p, error,
+                                    error_exit(error, "parking purge " + service.name), done);
+            }
+            if (!args.yes) {
+              std::cerr << "retryloop: would delete " << plural(p.moved, "message") << " of "
+                        << p.scanned << " in " << queue
+                        << "; nothing was deleted. Add --yes to delete them.\n";
+              return done(exit_usage);
+            }
+            std::cout << "deleted " << plural(p.moved, "message") << " from " << queue << ", "
+                      << p.skipped << " kept\n";
+            finish_audited(recorder, "done", p, {}, exit_ok, done);
+          });
+      if (error)
+        finish_audited(recorder, "failed", {}, error, error_exit(error, "parking purge"), done);
+    });
   });
 }
 
@@ -511,7 +636,17 @@ std::string console_token(const ParkingArgs& args) {
 
 int run_serve(const ParkingArgs& args) {
   console::Options options;
-  options.service = load_service(args);
+  if (args.topology_file.empty()) {
+    throw Failure(exit_usage, "give the topology file with -t FILE or RETRYLOOP_TOPOLOGY");
+  }
+  const topology::Topology file =
+      load_topology_or_fail(args.topology_file, args.service.empty() ? std::vector<std::string>{}
+                                                                     : std::vector{args.service});
+  options.services = file.services;
+  if (options.services.empty()) {
+    throw Failure(exit_usage, args.topology_file + " has no services whose parking to serve");
+  }
+  options.audit_on_broker = file.audit.has_value();
   options.connection.uri = parse_url(args.connection);
   options.connection.connect_timeout =
       options.connection.uri.connect_timeout.value_or(std::chrono::seconds(10));
@@ -539,10 +674,21 @@ int run_serve(const ParkingArgs& args) {
   options.logger = std::make_shared<spdlog::logger>("console", sink);
   options.logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
 
-  const std::string queue = topology::parking_queue_name(options.service.name);
+  std::string served;
+  for (const auto& service : options.services) {
+    served += (served.empty() ? "" : ", ") + service.name + " (queue " +
+              topology::parking_queue_name(service.name) + ")";
+  }
   const console::ServeResult result = console::serve(options, [&](const console::ServeInfo& info) {
-    std::cout << "retryloop parking console: service " << options.service.name << ", queue "
-              << queue << ", broker " << options.connection.uri.redacted() << "\n";
+    std::cout << "retryloop parking console: "
+              << (options.services.size() == 1 ? "service " : "services ") << served << ", broker "
+              << options.connection.uri.redacted() << "\n"
+              << "  audit trail: "
+              << (options.audit_on_broker ? "stream " + topology::audit_stream_name()
+                                          : std::string("in memory only (declare a top-level "
+                                                        "\"audit\" in the topology file to "
+                                                        "keep it on the broker)"))
+              << "\n";
     if (info.generated_token) {
       std::cout << "  open  " << info.url << "#token=" << info.token << "\n"
                 << "  token " << info.token << " (every request needs it; set your own with "
@@ -571,11 +717,10 @@ int run_serve(const ParkingArgs& args) {
                 << result.message << "\n";
       return exit_connection;
     case console::ServeResult::Status::no_queue:
-      std::cerr << "retryloop: parking serve " << options.service.name << ": " << result.message
-                << "\n";
+      std::cerr << "retryloop: parking serve: " << result.message << "\n";
       return exit_broker_refused;
     case console::ServeResult::Status::unsafe_delivery_limit:
-      std::cerr << "retryloop: parking serve " << options.service.name << ": " << result.message
+      std::cerr << "retryloop: parking serve: " << result.message
                 << ".\nretryloop: to serve it anyway, each scan counting as a delivery of every "
                    "parked message, add --allow-counted-reads\n";
       return exit_broker_refused;
@@ -708,11 +853,15 @@ void add_parking_commands(CLI::App& app, int& exit_code) {
   auto serve_args = std::make_shared<ParkingArgs>();
   CLI::App* serve = add_command(
       *group, "serve", "A console in the browser: groups, filters, messages, replay and purge",
-      "Serves a web page for the service's parking queue, on loopback unless --listen says "
-      "otherwise: the parked messages counted by reason and by the first line of their error, "
-      "filters (when parked, error text, message id, original routing key), each message's "
-      "properties, headers and body, and replay or purge of one message, a selection, a group or "
-      "everything that matches, each after a confirmation, with its progress and what it moved. "
+      "Serves a web page for the service's parking queue (without SERVICE: of every service of "
+      "the file, with a switcher and a summary by service and reason), on loopback unless "
+      "--listen says otherwise: the parked messages counted by reason, by cause and by the first "
+      "line of their error, filters (when parked, error text, message id, original routing "
+      "key), each message's history, properties, headers and body, and replay or purge of one "
+      "message, a selection, a group or everything that matches, each after a confirmation, "
+      "with its progress and what it moved, and edit-and-retry of one message. Every action is "
+      "recorded in the audit trail: the vhost's stream retryloop.audit when the file declares a "
+      "top-level \"audit\", else in memory. "
       "Replays go through the same confirm-then-ack path as `parking replay`. Every request needs "
       "the token, in a header that no other site can make a browser send: a random one printed "
       "on standard output at the start, or your own from --token-file or RETRYLOOP_CONSOLE_TOKEN "
@@ -723,6 +872,7 @@ void add_parking_commands(CLI::App& app, int& exit_code) {
       "first checks that the parking queue has retryloop's delivery limit (exit 3 otherwise, "
       "unless --allow-counted-reads). Runs until Ctrl-C or SIGTERM.",
       serve_args);
+  serve->get_option("service")->required(false);
   serve
       ->add_option("--listen", serve_args->listen,
                    "Address and port to listen on (default 127.0.0.1:8080; port 0: any free one)")

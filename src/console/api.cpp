@@ -111,7 +111,9 @@ Refusal check_request(const RequestFacts& request, const Access& access) {
 Role role_needed(std::string_view method, std::string_view path) {
   if (method != "POST") return Role::reader;
   if (path == "/api/purge") return Role::admin;
-  if (path == "/api/replay" || path == "/api/stop") return Role::operator_;
+  if (path == "/api/replay" || path == "/api/stop" || path == "/api/edit" || path == "/api/note") {
+    return Role::operator_;
+  }
   return Role::reader;
 }
 

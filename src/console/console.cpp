@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
@@ -18,6 +19,7 @@
 #include "retryloop/client/loop_bridge.hpp"
 #include "retryloop/client/signals.hpp"
 #include "retryloop/console/detail/api.hpp"
+#include "retryloop/console/detail/audit_trail.hpp"
 
 namespace retryloop::console {
 
@@ -109,8 +111,58 @@ std::string request_token(const httplib::Request& request) {
   return token;
 }
 
-void add_routes(httplib::Server& server, LoopBridge& bridge, const std::shared_ptr<Core>& core,
-                const detail::Access& access) {
+/// The console's services by name, the first one the default.
+struct Cores {
+  std::vector<std::shared_ptr<Core>> list;
+
+  /// The core the request's `service` parameter names (the first when it names none), or nullptr
+  /// after answering 404.
+  std::shared_ptr<Core> of(const httplib::Request& request, httplib::Response& response) const {
+    if (!request.has_param("service")) return list.front();
+    const std::string name = request.get_param_value("service");
+    std::string known;
+    for (const auto& core : list) {
+      if (core->service().name == name) return core;
+      known += (known.empty() ? "" : ", ") + core->service().name;
+    }
+    send_error(response, 404,
+               "this console serves no service " + name + " (it serves " + known + ")");
+    return nullptr;
+  }
+};
+
+/// Prometheus text from several sources as one exposition: each family's `# HELP` and `# TYPE`
+/// once, followed by the samples of every source (a family's lines must stay together).
+std::string merge_prometheus(const std::vector<std::string>& texts) {
+  std::vector<std::string> order;
+  std::map<std::string, std::pair<std::string, std::string>> families;  // name: head, samples
+  for (const auto& text : texts) {
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) {
+      std::string name;
+      const bool comment = line.rfind("# HELP ", 0) == 0 || line.rfind("# TYPE ", 0) == 0;
+      if (comment) {
+        name = line.substr(7, line.find(' ', 7) - 7);
+      } else {
+        name = line.substr(0, line.find_first_of("{ "));
+      }
+      auto [it, added] = families.try_emplace(name);
+      if (added) order.push_back(name);
+      if (!comment) {
+        it->second.second += line + "\n";
+      } else if (it->second.first.find(line.substr(0, 7)) == std::string::npos) {
+        it->second.first += line + "\n";
+      }
+    }
+  }
+  std::string out;
+  for (const auto& name : order)
+    out += families[name].first + families[name].second;
+  return out;
+}
+
+void add_routes(httplib::Server& server, LoopBridge& bridge, const Cores& cores,
+                const std::shared_ptr<detail::AuditTrail>& audit, const detail::Access& access) {
   server.set_pre_routing_handler(
       [access](const httplib::Request& request, httplib::Response& response) {
         detail::RequestFacts facts;
@@ -140,45 +192,90 @@ void add_routes(httplib::Server& server, LoopBridge& bridge, const std::shared_p
   server.Get("/app.js", asset(detail::page_script, "text/javascript; charset=utf-8"));
   server.Get("/app.css", asset(detail::page_style, "text/css; charset=utf-8"));
 
-  server.Get("/api/state", [&bridge, core](const httplib::Request&, httplib::Response& response) {
-    answer(bridge, response, [core] { return core->state(); });
-  });
-  server.Get("/metrics", [&bridge, core](const httplib::Request&, httplib::Response& response) {
-    answer(bridge, response, [core] { return core->metrics(); });
-  });
+  // A GET answered by one service's core.
+  auto read = [&bridge, &cores](std::function<Reply(Core&, const httplib::Request&)> task) {
+    return [&bridge, &cores, task](const httplib::Request& request, httplib::Response& response) {
+      auto core = cores.of(request, response);
+      if (!core) return;
+      answer(bridge, response, [core, task, &request] { return task(*core, request); });
+    };
+  };
+  server.Get("/api/state", read([](Core& core, const httplib::Request&) { return core.state(); }));
   server.Get("/api/messages",
-             [&bridge, core](const httplib::Request&, httplib::Response& response) {
-               answer(bridge, response, [core] { return core->messages(); });
-             });
-  server.Get("/api/message", [&bridge, core](const httplib::Request& request,
-                                             httplib::Response& response) {
+             read([](Core& core, const httplib::Request&) { return core.messages(); }));
+  server.Get("/api/message", [&bridge, &cores](const httplib::Request& request,
+                                               httplib::Response& response) {
     const auto scan = number_parameter(request, "scan");
     const auto index = number_parameter(request, "index");
     if (!scan || !index) return send_error(response, 400, "give scan=N&index=N");
+    auto core = cores.of(request, response);
+    if (!core) return;
     answer(bridge, response, [core, scan, index] { return core->message(*scan, *index); });
   });
+  server.Get("/metrics", [&bridge, &cores](const httplib::Request&, httplib::Response& response) {
+    answer(bridge, response, [&cores] {
+      std::vector<std::string> texts;
+      Reply reply;
+      for (const auto& core : cores.list) {
+        reply = core->metrics();
+        texts.push_back(reply.body);
+      }
+      reply.body = merge_prometheus(texts);
+      return reply;
+    });
+  });
+  server.Get("/api/services",
+             [&bridge, &cores](const httplib::Request&, httplib::Response& response) {
+               answer(bridge, response, [&cores] {
+                 nlohmann::json list = nlohmann::json::array();
+                 for (const auto& core : cores.list)
+                   list.push_back(core->summary());
+                 return Reply{200, nlohmann::json{{"services", std::move(list)}}.dump(
+                                       -1, ' ', false, nlohmann::json::error_handler_t::replace)};
+               });
+             });
+  server.Get("/api/audit", [&bridge, audit](const httplib::Request& request,
+                                            httplib::Response& response) {
+    const size_t limit = std::min<uint64_t>(number_parameter(request, "limit").value_or(200), 1000);
+    answer(bridge, response, [audit, limit] {
+      return Reply{
+          200, audit->json(limit).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};
+    });
+  });
   server.Post("/api/scan",
-              [&bridge, core](const httplib::Request& request, httplib::Response& response) {
+              [&bridge, &cores](const httplib::Request& request, httplib::Response& response) {
                 auto body = json_body(request, response);
                 if (!body) return;
+                auto core = cores.of(request, response);
+                if (!core) return;
                 answer(bridge, response, [core, body = std::move(*body)]() mutable {
                   return core->request_scan(std::move(body));
                 });
               });
-  // Who did it, for the log: the identity's name and the address it came from.
+  // Who did it, for the log and the audit trail: the identity's name and the address it came
+  // from.
   auto who = [access](const httplib::Request& request) {
     const Identity* identity = detail::identify(access, request_token(request));
     return (identity != nullptr ? identity->name : std::string("?")) + " at " + request.remote_addr;
   };
-  auto action = [&bridge, core, who](Job::Kind kind) {
-    return [&bridge, core, kind, who](const httplib::Request& request,
-                                      httplib::Response& response) {
+  // A POST answered by one service's core, told who asks.
+  auto act = [&bridge, &cores,
+              who](std::function<Reply(Core&, nlohmann::json&&, const std::string&)> task) {
+    return [&bridge, &cores, who, task](const httplib::Request& request,
+                                        httplib::Response& response) {
       auto body = json_body(request, response);
       if (!body) return;
-      answer(bridge, response, [core, body = std::move(*body), kind, who = who(request)]() mutable {
-        return core->request_action(kind, std::move(body), who);
+      auto core = cores.of(request, response);
+      if (!core) return;
+      answer(bridge, response, [core, task, body = std::move(*body), who = who(request)]() mutable {
+        return task(*core, std::move(body), who);
       });
     };
+  };
+  auto action = [&act](Job::Kind kind) {
+    return act([kind](Core& core, nlohmann::json&& body, const std::string& who) {
+      return core.request_action(kind, std::move(body), who);
+    });
   };
   server.Get("/api/whoami", [access](const httplib::Request& request, httplib::Response& response) {
     const Identity* identity = detail::identify(access, request_token(request));
@@ -189,9 +286,18 @@ void add_routes(httplib::Server& server, LoopBridge& bridge, const std::shared_p
   server.Post("/api/replay", action(Job::Kind::replay));
   server.Post("/api/purge", action(Job::Kind::purge));
   server.Post("/api/count", action(Job::Kind::count));
-  server.Post("/api/stop", [&bridge, core](const httplib::Request&, httplib::Response& response) {
-    answer(bridge, response, [core] { return core->stop_action(); });
-  });
+  server.Post("/api/edit", act([](Core& core, nlohmann::json&& body, const std::string& who) {
+                return core.request_edit(body, who);
+              }));
+  server.Post("/api/note", act([](Core& core, nlohmann::json&& body, const std::string& who) {
+                return core.request_note(body, who);
+              }));
+  server.Post("/api/stop",
+              [&bridge, &cores](const httplib::Request& request, httplib::Response& response) {
+                auto core = cores.of(request, response);
+                if (!core) return;
+                answer(bridge, response, [core] { return core->stop_action(); });
+              });
 }
 
 std::string url_host(const std::string& host) {
@@ -253,6 +359,7 @@ std::vector<Identity> read_identities(const std::string& path) {
 
 ServeResult serve(const Options& given, const std::function<void(const ServeInfo&)>& on_ready) {
   Options options = given;
+  if (options.services.empty()) throw std::invalid_argument("the console needs a service to serve");
   ServeInfo info;
   detail::Access access;
   if (options.identities.empty()) {
@@ -294,17 +401,28 @@ ServeResult serve(const Options& given, const std::function<void(const ServeInfo
   ServeResult result;
   {
     LoopBridge bridge(&loop);
-    auto core = std::make_shared<Core>(&loop, options);
-    add_routes(server, bridge, core, access);
+    auto audit = std::make_shared<detail::AuditTrail>(options.audit_on_broker, options.logger);
+    Cores cores;
+    for (size_t i = 0; i < options.services.size(); ++i) {
+      cores.list.push_back(
+          std::make_shared<Core>(&loop, options, options.services[i], audit, i == 0));
+    }
+    add_routes(server, bridge, cores, audit, access);
     std::atomic<bool> listening_ended{false};
     std::thread http;
     std::unique_ptr<client::StopSignals> signals;
+    bool shutting_down = false;
+    size_t running = cores.list.size();
     auto shut_down = [&](bool at_once) {
       bridge.close();
       server.stop();
-      core->stop(at_once, [&signals] {
-        if (signals) signals->close();
-      });
+      if (shutting_down && !at_once) return;
+      shutting_down = true;
+      for (const auto& core : cores.list) {
+        core->stop(at_once, [&signals, &running] {
+          if (--running == 0 && signals) signals->close();
+        });
+      }
     };
     signals = std::make_unique<client::StopSignals>(
         &loop,
@@ -317,18 +435,24 @@ ServeResult serve(const Options& given, const std::function<void(const ServeInfo
           shut_down(false);
         },
         [&] { shut_down(true); });
-    core->start([&](ServeResult ready) {
-      if (ready.status != ServeResult::Status::stopped) {
-        result = ready;
-        shut_down(true);
-        return;
-      }
-      http = std::thread([&server, &listening_ended] {
-        server.listen_after_bind();
-        listening_ended = true;
+    size_t waiting = cores.list.size();
+    for (const auto& core : cores.list) {
+      core->start([&, name = core->service().name](ServeResult ready) {
+        if (result.status != ServeResult::Status::stopped || shutting_down) return;
+        if (ready.status != ServeResult::Status::stopped) {
+          result = ready;
+          if (options.services.size() > 1) result.message = name + ": " + result.message;
+          shut_down(true);
+          return;
+        }
+        if (--waiting > 0) return;
+        http = std::thread([&server, &listening_ended] {
+          server.listen_after_bind();
+          listening_ended = true;
+        });
+        if (on_ready) on_ready(info);
       });
-      if (on_ready) on_ready(info);
-    });
+    }
     uv_run(&loop, UV_RUN_DEFAULT);
     // A stop() that came before the server thread began listening is lost: stop until it ends.
     while (http.joinable() && !listening_ended) {

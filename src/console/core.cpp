@@ -28,6 +28,7 @@ constexpr size_t kBodyShownBytes = 1024 * 1024;
 constexpr size_t kErrorGroupsShown = 100;
 constexpr size_t kPreviewBytes = 160;
 constexpr size_t kErrorLineBytes = 400;
+constexpr size_t kNoteBytes = 2000;
 /// Indenting a JSON body recurses as deep as it nests: a deeper one is shown as it is.
 constexpr size_t kPrettyDepth = 64;
 
@@ -41,6 +42,8 @@ const char* kind_name(Job::Kind kind) {
       return "purge";
     case Job::Kind::count:
       return "count";
+    case Job::Kind::edit:
+      return "edit";
   }
   return "?";
 }
@@ -163,11 +166,15 @@ std::string delivery_limit_problem(const topology::Report& report, const std::st
 
 }  // namespace
 
-Core::Core(uv_loop_t* loop, Options options)
+Core::Core(uv_loop_t* loop, Options options, topology::Service service,
+           std::shared_ptr<AuditTrail> audit, bool hosts_audit)
     : loop_(loop),
       options_(std::move(options)),
-      parking_queue_(topology::parking_queue_name(options_.service.name)),
-      input_queue_(topology::input_queue_name(options_.service)) {
+      service_(std::move(service)),
+      audit_(std::move(audit)),
+      hosts_audit_(hosts_audit),
+      parking_queue_(topology::parking_queue_name(service_.name)),
+      input_queue_(topology::input_queue_name(service_)) {
   uv_timer_init(loop_, &reconnect_timer_);
   reconnect_timer_.data = this;
 }
@@ -203,7 +210,7 @@ void Core::connect() {
       return self->fail_start({ServeResult::Status::cannot_connect, error.message()});
     }
     if (self->options_.logger) {
-      self->options_.logger->warn("console: cannot connect to {}: {}",
+      self->options_.logger->warn("console: {}: cannot connect to {}: {}", self->service_.name,
                                   self->options_.connection.uri.redacted(), error.message());
     }
     self->schedule_reconnect();
@@ -227,10 +234,12 @@ void Core::on_connected(const std::shared_ptr<client::Connection>& connection) {
     if (auto self = weak.lock()) self->on_lost(raw, error);
   });
   if (options_.logger) {
-    options_.logger->info("console: connected to {}", connection->uri().redacted());
+    options_.logger->info("console: {}: connected to {}", service_.name,
+                          connection->uri().redacted());
   }
+  if (hosts_audit_) audit_->attach(connection);
   const bool first = static_cast<bool>(ready_);
-  if (first && options_.service.queue_type == topology::QueueType::quorum &&
+  if (first && service_.queue_type == topology::QueueType::quorum &&
       !options_.allow_counted_reads) {
     check_delivery_limit(connection);
   } else {
@@ -240,7 +249,7 @@ void Core::on_connected(const std::shared_ptr<client::Connection>& connection) {
 
 void Core::check_delivery_limit(const std::shared_ptr<client::Connection>& connection) {
   topology::Plan plan;
-  for (auto& action : topology::make_plan(topology::Topology{{options_.service}}).actions) {
+  for (auto& action : topology::make_plan(topology::Topology{{service_}}).actions) {
     if (action.kind == topology::ActionKind::declare_queue &&
         action.role == topology::Role::parking_queue) {
       plan.actions.push_back(std::move(action));
@@ -303,10 +312,11 @@ void Core::on_lost(const client::Connection* connection, const Error& error) {
   if (connection != connection_.get()) return;
   connected_ = false;
   connection_.reset();
+  if (hosts_audit_) audit_->detach();
   connection_error_ = error.message();
   if (options_.logger) {
-    options_.logger->warn("console: lost the connection to the broker: {}; reconnecting",
-                          error.message());
+    options_.logger->warn("console: {}: lost the connection to the broker: {}; reconnecting",
+                          service_.name, error.message());
   }
   // A running job ends with the error through its own callback (its channel closes).
   if (!stopping_) schedule_reconnect();
@@ -376,11 +386,54 @@ void Core::run_next() {
   if (std::shared_ptr<Job> job = jobs_.pop()) start_job(job);
 }
 
+parking::AuditRecord Core::audit_record(const Job& job, const char* state) const {
+  parking::AuditRecord record;
+  record.id = job.audit_id;
+  record.who = job.who;
+  record.action = kind_name(job.kind);
+  record.state = state;
+  record.service = service_.name;
+  record.filter = job.kind == Job::Kind::edit ? nlohmann::json(nullptr) : job.filter_json;
+  record.asked = job.asked;
+  if (job.kind == Job::Kind::edit) {
+    record.message_id = job.edit.message_id;
+    record.new_message_id = job.edit_result.new_message_id;
+  }
+  if (job.state == Job::State::done || job.state == Job::State::failed) {
+    record.done = job.progress.moved;
+    record.failed = job.progress.failed;
+    record.error = job.error;
+  }
+  return record;
+}
+
 void Core::start_job(const std::shared_ptr<Job>& job) {
   running_ = job;
   job->state = Job::State::running;
   job->started_ms = now_ms();
   job->started_at = consumer::unix_seconds();
+  if (job->kind == Job::Kind::scan) return run_job(job);
+  // Recorded before it touches a message: an action that cannot be recorded is not done.
+  job->audit_id = consumer::random_message_id();
+  std::weak_ptr<Core> weak = weak_from_this();
+  audit_->append(audit_record(*job, "started"), [weak, job](const std::string& error) {
+    auto self = weak.lock();
+    if (!self) return;
+    if (!error.empty()) {
+      return self->finish_job(
+          job, Error(client::ClientError::not_open,
+                     "not recorded in the audit trail (" + error + "); nothing was done"));
+    }
+    if (self->stopping_ || !self->connected_) {
+      return self->finish_job(job, Error(client::ClientError::not_open,
+                                         "the console lost its broker connection; nothing was "
+                                         "done"));
+    }
+    self->run_job(job);
+  });
+}
+
+void Core::run_job(const std::shared_ptr<Job>& job) {
   std::weak_ptr<Core> weak = weak_from_this();
   auto on_progress = [job](const parking::Progress& progress) { job->progress = progress; };
   Error error;
@@ -391,7 +444,7 @@ void Core::start_job(const std::shared_ptr<Job>& job) {
       options.keep = options_.list_limit;
       options.kept_body_bytes = kBodyShownBytes;
       error = parking::stats(
-          connection_, options_.service, options,
+          connection_, service_, options,
           [weak, job](const Error& error, parking::Stats stats) {
             job->stats = std::move(stats);
             if (auto self = weak.lock()) self->finish_job(job, error);
@@ -405,7 +458,7 @@ void Core::start_job(const std::shared_ptr<Job>& job) {
       options.note.via = "console";
       options.note.by = job->who;
       error = parking::replay(
-          connection_, options_.service, options,
+          connection_, service_, options,
           [weak, job](const parking::ReplayResult& result) {
             job->progress = result.progress;
             job->interrupted = result.interrupted;
@@ -420,12 +473,29 @@ void Core::start_job(const std::shared_ptr<Job>& job) {
       options.filter = job->filter;
       options.execute = job->kind == Job::Kind::purge;
       error = parking::purge(
-          connection_, options_.service, options,
+          connection_, service_, options,
           [weak, job](const Error& error, const parking::Progress& progress) {
             job->progress = progress;
             if (auto self = weak.lock()) self->finish_job(job, error);
           },
           on_progress);
+      break;
+    }
+    case Job::Kind::edit: {
+      job->edit.note.via = "console";
+      job->edit.note.by = job->who;
+      error = parking::edit(
+          connection_, service_, job->edit, [weak, job](const parking::EditResult& result) {
+            job->edit_result = result;
+            job->progress.moved = result.sent ? 1 : 0;
+            job->progress.failed = result.found && !result.sent ? 1 : 0;
+            Error error = result.error;
+            if (!error && !result.found) {
+              error = Error(client::ClientError::invalid_argument,
+                            "no parked message has the id " + job->edit.message_id + " (any more)");
+            }
+            if (auto self = weak.lock()) self->finish_job(job, error);
+          });
       break;
     }
   }
@@ -465,6 +535,21 @@ void Core::finish_job(const std::shared_ptr<Job>& job, const Error& error) {
   } else {
     last_action_ = job;
     log_action(*job);
+    if (!job->audit_id.empty()) {
+      const char* state = job->state == Job::State::failed ? "failed"
+                          : job->interrupted               ? "stopped"
+                                                           : "done";
+      std::weak_ptr<Core> weak = weak_from_this();
+      audit_->append(audit_record(*job, state), [weak](const std::string& error) {
+        auto self = weak.lock();
+        if (!error.empty() && self && self->options_.logger) {
+          self->options_.logger->error(
+              "console: the end of an action was not recorded in the "
+              "audit trail: {}",
+              error);
+        }
+      });
+    }
     // The counts changed. A scan the user asked for meanwhile keeps its newer filter.
     if (job->kind != Job::Kind::count && !stopping_) {
       jobs_.refresh(shown_scan_ ? shown_scan_->filter : parking::Filter{},
@@ -484,10 +569,11 @@ void Core::log_action(const Job& job) const {
   const char* outcome = job.state == Job::State::failed ? "failed"
                         : job.interrupted               ? "stopped"
                                                         : "done";
-  options_.logger->info("console: {} {} {}: read {}, {} {}, skipped {}, failed {}{}{}",
-                        kind_name(job.kind), job.id, outcome, p.scanned,
+  options_.logger->info("console: {}: {} {} {}: read {}, {} {}, skipped {}, failed {}{}{}",
+                        service_.name, kind_name(job.kind), job.id, outcome, p.scanned,
                         job.kind == Job::Kind::replay  ? "moved"
                         : job.kind == Job::Kind::purge ? "deleted"
+                        : job.kind == Job::Kind::edit  ? "sent"
                                                        : "matched",
                         p.moved, p.skipped, p.failed, job.error.empty() ? "" : ": ", job.error);
 }
@@ -513,6 +599,7 @@ void Core::close_all() {
   if (closed_) return;
   closed_ = true;
   connected_ = false;
+  if (hosts_audit_) audit_->detach();
   open_parts_ = 2;  // the timer and the connection
   uv_timer_stop(&reconnect_timer_);
   if (auto connecting = std::move(connecting_)) connecting->close();
@@ -548,7 +635,13 @@ nlohmann::json Core::job_json(const Job& job) const {
                         {"interrupted", job.interrupted},
                         {"stop_requested", job.stop_requested},
                         {"automatic", job.automatic}};
-  if (job.kind == Job::Kind::replay) out["target"] = input_queue_;
+  if (job.kind == Job::Kind::replay || job.kind == Job::Kind::edit) out["target"] = input_queue_;
+  if (job.asked) out["asked"] = *job.asked;
+  if (job.kind == Job::Kind::edit) {
+    out["message_id"] = job.edit.message_id;
+    out["new_message_id"] = job.edit_result.new_message_id;
+    out["kept_original"] = job.edit.keep_original;
+  }
   if (job.started_at != 0) out["started_at"] = job.started_at;
   if (job.finished_at != 0) {
     out["finished_at"] = job.finished_at;
@@ -590,7 +683,7 @@ nlohmann::json Core::scan_json(const Job& scan) const {
 Reply Core::state() {
   refresh_depths();
   maybe_rescan();
-  const auto& service = options_.service;
+  const auto& service = service_;
   nlohmann::json out = {
       {"service", service.name},
       {"parking_queue", parking_queue_},
@@ -614,6 +707,7 @@ Reply Core::state() {
   out["job"] = action         ? job_json(*action)
                : last_action_ ? job_json(*last_action_)
                               : nlohmann::json(nullptr);
+  out["notes"] = audit_->notes(service_.name);
   return json_reply(out);
 }
 
@@ -621,7 +715,7 @@ Reply Core::metrics() {
   refresh_depths();
   maybe_rescan();
   const std::string service =
-      "service=\"" + consumer::prometheus_escaped(options_.service.name, true) + "\"";
+      "service=\"" + consumer::prometheus_escaped(service_.name, true) + "\"";
   std::string out;
   auto gauge = [&out](const char* name, const char* help) {
     out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n";
@@ -744,7 +838,7 @@ Reply Core::request_scan(nlohmann::json request) {
   return json_reply({{"queued", true}, {"connected", connected_}});
 }
 
-Reply Core::request_action(Job::Kind kind, nlohmann::json request, const std::string& who) {
+std::optional<Reply> Core::cannot_act() const {
   if (stopping_) return error_reply(503, "the console is stopping");
   if (!connected_) {
     return error_reply(503, "not connected to the broker (" + connection_error_ +
@@ -754,6 +848,11 @@ Reply Core::request_action(Job::Kind kind, nlohmann::json request, const std::st
     return error_reply(
         409, std::string("a ") + kind_name(pending->kind) + " is running: wait for it, or stop it");
   }
+  return std::nullopt;
+}
+
+Reply Core::request_action(Job::Kind kind, nlohmann::json request, const std::string& who) {
+  if (auto refused = cannot_act()) return *refused;
   auto given = request.find("filter");
   if (given == request.end()) {
     return error_reply(400, "give a filter (an empty object takes every message)");
@@ -767,11 +866,19 @@ Reply Core::request_action(Job::Kind kind, nlohmann::json request, const std::st
   } catch (const std::invalid_argument& e) {
     return error_reply(400, std::string("filter: ") + e.what());
   }
+  std::optional<uint64_t> asked;
+  if (auto given_count = request.find("asked"); given_count != request.end()) {
+    if (!given_count->is_number_unsigned()) {
+      return error_reply(400, "asked: give the number of messages the user confirmed");
+    }
+    asked = given_count->get<uint64_t>();
+  }
   auto job = jobs_.make(kind, std::move(filter), std::move(filter_json));
   job->who = who;
+  job->asked = asked;
   if (options_.logger && kind != Job::Kind::count) {
-    options_.logger->info("console: {} {} requested from {}, filter {}", kind_name(kind), job->id,
-                          who, dump(job->filter_json));
+    options_.logger->info("console: {}: {} {} requested from {}, filter {}", service_.name,
+                          kind_name(kind), job->id, who, dump(job->filter_json));
   }
   jobs_.push_action(job);
   run_next();
@@ -796,6 +903,108 @@ Reply Core::stop_action() {
   running_->stop_requested = true;
   running_->replay->stop();
   return json_reply({{"stopping", true}});
+}
+
+Reply Core::request_edit(const nlohmann::json& request, const std::string& who) {
+  if (auto refused = cannot_act()) return *refused;
+  parking::EditOptions edit;
+  auto text = [&request](const char* key) -> std::optional<std::string> {
+    auto it = request.find(key);
+    if (it == request.end() || !it->is_string()) return std::nullopt;
+    return it->get<std::string>();
+  };
+  auto id = text("message_id");
+  if (!id || id->empty()) return error_reply(400, "message_id: give the parked message's id");
+  auto body = text("body");
+  if (!body) return error_reply(400, "body: give the edited body as a string");
+  edit.message_id = *id;
+  edit.body = std::move(*body);
+  if (auto headers = request.find("headers"); headers != request.end() && !headers->is_null()) {
+    if (!headers->is_object()) {
+      return error_reply(400, "headers: give an object of header names and values");
+    }
+    amqp::FieldTable table;
+    for (const auto& [name, value] : headers->items()) {
+      if (value.is_string()) {
+        table.append(name, value.get<std::string>());
+      } else if (value.is_boolean()) {
+        table.append(name, value.get<bool>());
+      } else if (value.is_number_integer()) {
+        table.append(name, value.get<int64_t>());
+      } else if (value.is_number_float()) {
+        table.append(name, value.get<double>());
+      } else {
+        return error_reply(400, "headers: " + name +
+                                    " must be a string, a number or true/false (tables and "
+                                    "arrays cannot be edited here)");
+      }
+    }
+    edit.headers = std::move(table);
+  }
+  if (auto keep = request.find("keep_original"); keep != request.end()) {
+    if (!keep->is_boolean()) return error_reply(400, "keep_original: give true or false");
+    edit.keep_original = keep->get<bool>();
+  }
+  auto job = jobs_.make(Job::Kind::edit, {}, nlohmann::json{{"message_id", edit.message_id}});
+  job->who = who;
+  job->asked = 1;
+  job->edit = std::move(edit);
+  if (options_.logger) {
+    options_.logger->info("console: {}: edit {} of {} requested from {}", service_.name, job->id,
+                          job->edit.message_id, who);
+  }
+  jobs_.push_action(job);
+  run_next();
+  return json_reply({{"job", job->id}});
+}
+
+Reply Core::request_note(const nlohmann::json& request, const std::string& who) {
+  auto group = request.find("group");
+  auto text = request.find("text");
+  if (group == request.end() || !group->is_string() || group->get<std::string>().empty()) {
+    return error_reply(400, "group: give the cause the note is about");
+  }
+  if (text == request.end() || !text->is_string()) {
+    return error_reply(400, "text: give the note (an empty text clears it)");
+  }
+  if (group->get<std::string>().size() > kErrorLineBytes ||
+      text->get<std::string>().size() > kNoteBytes) {
+    return error_reply(400, "the note is too long (at most " + std::to_string(kNoteBytes) +
+                                " bytes, its group " + std::to_string(kErrorLineBytes) + ")");
+  }
+  parking::AuditRecord record;
+  record.who = who;
+  record.action = "note";
+  record.state = "done";
+  record.service = service_.name;
+  record.group = group->get<std::string>();
+  record.note = text->get<std::string>();
+  std::weak_ptr<Core> weak = weak_from_this();
+  audit_->append(std::move(record), [weak](const std::string& error) {
+    auto self = weak.lock();
+    if (!error.empty() && self && self->options_.logger) {
+      self->options_.logger->error("console: a note was not recorded: {}", error);
+    }
+  });
+  return json_reply({{"recording", true}});
+}
+
+nlohmann::json Core::summary() {
+  refresh_depths();
+  maybe_rescan();
+  nlohmann::json out = {{"service", service_.name},
+                        {"parking_queue", parking_queue_},
+                        {"connected", connected_},
+                        {"depth", depth_ ? nlohmann::json(*depth_) : nlohmann::json(nullptr)}};
+  const bool whole = shown_scan_ && shown_scan_->filter.empty();
+  nlohmann::json reasons = nlohmann::json::object();
+  if (whole) {
+    for (const auto& [reason, count] : shown_scan_->stats.by_reason)
+      reasons[reason] = count;
+  }
+  out["by_reason"] = whole ? reasons : nlohmann::json(nullptr);
+  out["counted_at"] = whole ? nlohmann::json(shown_scan_->finished_at) : nlohmann::json(nullptr);
+  return out;
 }
 
 }  // namespace retryloop::console::detail

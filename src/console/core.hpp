@@ -12,6 +12,7 @@
 #include "retryloop/client/connection.hpp"
 #include "retryloop/console/console.hpp"
 #include "retryloop/console/detail/api.hpp"
+#include "retryloop/console/detail/audit_trail.hpp"
 #include "retryloop/console/detail/jobs.hpp"
 #include "retryloop/parking/parking.hpp"
 
@@ -24,7 +25,10 @@ class Core : public std::enable_shared_from_this<Core> {
  public:
   using ReadyCallback = std::function<void(ServeResult result)>;
 
-  Core(uv_loop_t* loop, Options options);
+  /// A console for `service`. Its actions are recorded in `audit`, which uses this core's
+  /// connection when `hosts_audit` (one core of a console does).
+  Core(uv_loop_t* loop, Options options, topology::Service service,
+       std::shared_ptr<AuditTrail> audit, bool hosts_audit);
   Core(const Core&) = delete;
   Core& operator=(const Core&) = delete;
 
@@ -53,9 +57,18 @@ class Core : public std::enable_shared_from_this<Core> {
   /// `older_than` in it is fixed as the `parked_until` it means now (pin_older_than), and the
   /// job shows the filter so.
   Reply request_action(Job::Kind kind, nlohmann::json request, const std::string& who);
+  /// Starts an edit-and-retry of one parked message: `message_id`, the new `body`, optionally
+  /// `headers` (an object of strings, numbers and booleans) and `keep_original`.
+  Reply request_edit(const nlohmann::json& request, const std::string& who);
+  /// Records a note (`text`) on a group of messages (`group`, an error cause) in the audit trail.
+  Reply request_note(const nlohmann::json& request, const std::string& who);
   /// Stops the running replay once its copies in flight settle, or an action that waits before
   /// it starts.
   Reply stop_action();
+  /// The service's name, parking depth and, from the last count of the whole queue, its messages
+  /// by reason: a line of the console's summary of every service.
+  nlohmann::json summary();
+  const topology::Service& service() const { return service_; }
 
  private:
   void connect();
@@ -69,6 +82,9 @@ class Core : public std::enable_shared_from_this<Core> {
   void maybe_rescan();
   void run_next();
   void start_job(const std::shared_ptr<Job>& job);
+  void run_job(const std::shared_ptr<Job>& job);
+  parking::AuditRecord audit_record(const Job& job, const char* state) const;
+  std::optional<Reply> cannot_act() const;
   void finish_job(const std::shared_ptr<Job>& job, const client::Error& error);
   void log_action(const Job& job) const;
   void close_all();
@@ -80,6 +96,9 @@ class Core : public std::enable_shared_from_this<Core> {
 
   uv_loop_t* loop_;
   Options options_;
+  topology::Service service_;
+  std::shared_ptr<AuditTrail> audit_;
+  bool hosts_audit_ = false;
   std::string parking_queue_;
   std::string input_queue_;
   std::shared_ptr<client::Connection> connection_;

@@ -4,6 +4,7 @@
 #include <unordered_map>
 
 #include "retryloop/consumer/headers.hpp"
+#include "retryloop/consumer/history.hpp"
 #include "retryloop/parking/error.hpp"
 #include "retryloop/topology/delay_levels.hpp"
 #include "walker.hpp"
@@ -316,6 +317,69 @@ Error replay(const std::shared_ptr<client::Connection>& connection,
         run->walker_ = walker;
       });
   return {};
+}
+
+amqp::BasicProperties make_edited_copy(const amqp::BasicProperties& original,
+                                       const EditOptions& options, const std::string& new_id) {
+  ActionNote note = options.note;
+  note.outcome = consumer::history_outcome::edited;
+  amqp::BasicProperties copy = make_replay_copy(original, note);
+  amqp::FieldTable& headers = copy.headers ? *copy.headers : copy.headers.emplace();
+  if (options.headers) {
+    headers.erase_if([](const std::string& name) {
+      return name.rfind("retryloop-", 0) != 0 || name == edited_from_header;
+    });
+    for (const auto& entry : *options.headers) {
+      if (entry.name.rfind("retryloop-", 0) == 0 || consumer::is_death_header(entry.name)) continue;
+      headers.set(entry.name, entry.value);
+    }
+  }
+  headers.set(std::string(edited_from_header), original.message_id.value_or(""));
+  copy.message_id = new_id;
+  return copy;
+}
+
+Error edit(const std::shared_ptr<client::Connection>& connection, const topology::Service& service,
+           EditOptions options, EditCallback callback) {
+  if (!connection || !connection->is_open()) return Error(ClientError::not_open);
+  if (options.message_id.empty()) {
+    return Error(ClientError::invalid_argument, "give the message id of the parked message");
+  }
+  struct State {
+    EditOptions options;
+    EditResult result;
+    std::string target;
+  };
+  auto state = std::make_shared<State>();
+  state->target = options.to_queue.empty() ? topology::input_queue_name(service) : options.to_queue;
+  state->options = std::move(options);
+  state->result.new_message_id = consumer::random_message_id();
+  return Walker::start(
+      connection, topology::parking_queue_name(service.name), 1,
+      [state](ParkedMessage& parked) {
+        Decision decision;
+        if (state->result.found || parked.message_id != state->options.message_id) return decision;
+        state->result.found = true;
+        decision.kind = state->options.keep_original ? Decision::Kind::copy : Decision::Kind::move;
+        decision.routing_key = state->target;
+        decision.properties = make_edited_copy(parked.message.properties, state->options,
+                                               state->result.new_message_id);
+        decision.body = state->options.body;
+        decision.stop_after = true;
+        return decision;
+      },
+      [state, callback = std::move(callback)](const Error& error, const Progress& progress, bool) {
+        state->result.error = error;
+        state->result.sent = progress.moved > 0;
+        state->result.original_removed = state->result.sent && !state->options.keep_original;
+        if (progress.failed > 0 && !error) {
+          state->result.error =
+              Error(ClientError::unroutable,
+                    "the broker returned or refused the edited copy (does queue " + state->target +
+                        " exist?); the original stays parked");
+        }
+        if (callback) callback(state->result);
+      });
 }
 
 Error purge(const std::shared_ptr<client::Connection>& connection, const topology::Service& service,

@@ -235,9 +235,17 @@ void Walker::on_delivery(client::Delivery&& delivery) {
       last_ack_ms_ = uv_now(connection_->loop());
       ++progress_.moved;
       break;
-    case Decision::Kind::move:
-      move(delivery.delivery_tag, std::move(decision), std::move(parked.message.body));
+    case Decision::Kind::move: {
+      std::string body = decision.body ? std::move(*decision.body) : std::move(parked.message.body);
+      move(delivery.delivery_tag, std::move(decision), std::move(body));
       break;
+    }
+    case Decision::Kind::copy: {
+      hold();
+      std::string body = decision.body ? std::move(*decision.body) : std::move(parked.message.body);
+      copy(std::move(decision), std::move(body));
+      break;
+    }
   }
   if (reported_) return;
   if (decision.stop_after || progress_.scanned >= progress_.total) {
@@ -284,24 +292,45 @@ Error Walker::publish_move(const std::weak_ptr<Walker>& weak, uint64_t delivery_
       [weak](const client::PublishOutcome& outcome, const Error& ack_error) {
         auto self = weak.lock();
         if (!self) return;
-        --self->publishes_in_flight_;
-        if (outcome.ok()) {
-          if (ack_error) return self->fail(ack_error);
-          self->last_ack_ms_ = uv_now(self->connection_->loop());
-          ++self->progress_.moved;
-        } else if (outcome.status == client::PublishStatus::failed) {
-          // The channel ended first: the run ends with its error, not as finished.
-          return self->fail(outcome.error ? outcome.error
-                                          : Error(ClientError::channel_closed,
-                                                  "the channel ended before a copy was confirmed"));
-        } else {
-          ++self->progress_.failed;  // returned or nacked: the parked original stays
-          self->hold();
+        if (outcome.ok() && ack_error) {
+          --self->publishes_in_flight_;
+          return self->fail(ack_error);
         }
-        if (self->on_progress_) self->on_progress_(self->progress_);
-        if (self->publishes_in_flight_ == 0) self->on_settled();
-        self->maybe_done();
+        if (outcome.ok()) self->last_ack_ms_ = uv_now(self->connection_->loop());
+        self->copy_settled(outcome, false);
       });
+}
+
+void Walker::copy_settled(const client::PublishOutcome& outcome, bool original_held) {
+  --publishes_in_flight_;
+  if (outcome.ok()) {
+    ++progress_.moved;
+  } else if (outcome.status == client::PublishStatus::failed) {
+    // The channel ended first: the run ends with its error, not as finished.
+    return fail(outcome.error ? outcome.error
+                              : Error(ClientError::channel_closed,
+                                      "the channel ended before a copy was confirmed"));
+  } else {
+    ++progress_.failed;  // returned or nacked: the parked original stays
+    if (!original_held) hold();
+  }
+  if (on_progress_) on_progress_(progress_);
+  if (publishes_in_flight_ == 0) on_settled();
+  maybe_done();
+}
+
+void Walker::copy(Decision&& decision, std::string&& body) {
+  ++publishes_in_flight_;
+  std::weak_ptr<Walker> weak = weak_from_this();
+  Error error =
+      channel_->publish(decision.exchange, decision.routing_key, decision.properties, body,
+                        client::Mandatory::yes, [weak](const client::PublishOutcome& outcome) {
+                          if (auto self = weak.lock()) self->copy_settled(outcome, true);
+                        });
+  if (error) {
+    --publishes_in_flight_;
+    fail(error);
+  }
 }
 
 void Walker::on_settled() {

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,11 +19,14 @@ struct Decision {
     keep,    ///< leave it parked, in its place
     remove,  ///< ack it: it is deleted
     move,    ///< publish `properties` + its body to `exchange`/`routing_key`, ack after the confirm
+    copy,    ///< publish as `move` does, and keep the original parked
   };
   Kind kind = Kind::keep;
   std::string exchange;
   std::string routing_key;
   amqp::BasicProperties properties;
+  /// The body to publish instead of the message's own.
+  std::optional<std::string> body;
   /// Read no further message after this one.
   bool stop_after = false;
 };
@@ -83,6 +87,9 @@ class Walker : public std::enable_shared_from_this<Walker> {
   void finish_returns();
   void on_delivery(client::Delivery&& delivery);
   void move(uint64_t delivery_tag, Decision&& decision, std::string&& body);
+  void copy(Decision&& decision, std::string&& body);
+  /// A move's or copy's publish ended; `original_held`: a copy's original stays parked anyway.
+  void copy_settled(const client::PublishOutcome& outcome, bool original_held);
   client::Error publish_move(const std::weak_ptr<Walker>& weak, uint64_t delivery_tag,
                              const Decision& decision, const std::string& body);
   void finish_reading();

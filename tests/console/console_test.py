@@ -13,7 +13,10 @@ messages really are in the service's queue, fresh), the live depth, a purge of a
 confirmation counts the duplicates of its ids, and "purge older than", which deletes what it
 counted even when more messages have come of age by the time it is confirmed; and, over plain
 HTTP, that requests without the token, with another Origin or Host, or from another site are
-refused and move nothing, and that a deeply nested request body is refused and harms nothing.
+refused and move nothing, and that a deeply nested request body is refused and harms nothing;
+a message's history timeline, the audit trail of a replay and a purge, edit-and-retry end to
+end, a note on a cause, each role's refusals, and a console of every service of the file with
+its summary and switcher.
 
 Environment: RETRYLOOP_TEST_URL (the broker; scripts/with-broker sets it).
              RETRYLOOP_CONSOLE_SCREENSHOT=PATH also saves a screenshot of the console there.
@@ -118,8 +121,8 @@ class Console:
     def __init__(self, retryloop, topology_file, service, url, work, extra=()):
         self.errors = open(os.path.join(work, f'console{len(extra)}.err'), 'w+', encoding='utf-8')
         self.process = subprocess.Popen(
-            [retryloop, 'parking', 'serve', '-t', topology_file, service, '--url', url,
-             '--listen', '127.0.0.1:0', '--rescan-after', '1s', *extra],
+            [retryloop, 'parking', 'serve', '-t', topology_file, *([service] if service else []),
+             '--url', url, '--listen', '127.0.0.1:0', '--rescan-after', '1s', *extra],
             stdout=subprocess.PIPE, stderr=self.errors, text=True)
         self.output = []
         started = threading.Event()
@@ -281,6 +284,31 @@ def wait_job(driver, kind, contains, previous):
     return job_text
 
 
+def audit_rows(driver, service):
+    """The audit table's rows about `service`, newest first: [{action, state, asked, done, what, who}]."""
+    return driver.execute_script("""
+        return [...document.querySelectorAll('#audit-table tbody tr[data-action]')]
+            .filter((row) => row.children[2].textContent === arguments[0])
+            .map((row) => ({action: row.dataset.action, state: row.dataset.state,
+                            who: row.children[1].textContent, what: row.children[4].textContent,
+                            asked: row.children[5].textContent, done: row.children[6].textContent}));""",
+                                 service)
+
+
+def wait_audit(driver, service, action, asked, done):
+    """Waits until the newest `action` in the audit view ended `done` with these counts."""
+    def found(d):
+        rows = [r for r in audit_rows(d, service) if r['action'] == action]
+        return rows and rows[0]['state'] == 'done' and rows[0]
+    row = wait_for(driver, f'the audit trail to show the {action}', found)
+    check(row['asked'] == str(asked) and row['done'] == str(done) and
+          row['who'].startswith('console at 127.0.0.1'), f'the audit trail shows {row}')
+    started = [r for r in audit_rows(driver, service) if r['action'] == action]
+    check(len(started) >= 2 and started[1]['state'] == 'started',
+          f'the {action} has no "started" record before its end: {started[:2]}')
+    return row
+
+
 def xss_ran(driver):
     return driver.execute_script('return window.__xss === undefined ? null : window.__xss;')
 
@@ -296,11 +324,15 @@ def run(args):
     parking = f'{service}.parking'
     work = tempfile.mkdtemp(prefix='retryloop-console-')
     topology_file = os.path.join(work, 'topology.json')
+    mail = f'{service}-mail'
     with open(topology_file, 'w', encoding='utf-8') as out:
-        json.dump({'services': [{
+        json.dump({'audit': {'max_age': '7d'}, 'services': [{
             'name': service, 'queue_type': 'quorum',
             'input': {'exchange': f'{service}.in', 'type': 'direct', 'bindings': ['order.created']},
-            'retry': {'mode': 'reject', 'delays': ['1s'], 'max_attempts': 3}}]}, out)
+            'retry': {'mode': 'reject', 'delays': ['1s'], 'max_attempts': 3}}, {
+            'name': mail,
+            'input': {'exchange': f'{mail}.in', 'type': 'direct', 'bindings': ['mail.sent']},
+            'retry': {'mode': 'republish', 'delays': ['1s'], 'max_attempts': 2}}]}, out)
     subprocess.run([args.retryloop, 'topology', 'apply', topology_file, '--url', url],
                    check=True, stdout=subprocess.DEVNULL)
 
@@ -459,7 +491,11 @@ def run(args):
                   f'a replayed copy has the history {history}')
             check(json.loads(body)['order'] == properties.message_id, 'a body changed')
         check(broker.depth(parking) == 4, 'parking does not hold the four others')
-        log('the group replay moved 3 messages to the service queue, fresh')
+        wait_audit(driver, service, 'replay', 3, 3)
+        check('stream retryloop.audit' in text(driver, 'audit-where'),
+              f'the audit view says {text(driver, "audit-where")!r}')
+        log('the group replay moved 3 messages to the service queue, fresh; the audit trail '
+            'recorded it before and after')
 
         # -- the depth refreshes by itself (with a second message of id order-5, for later)
         broker.park(parking, 'order-7', '{"order": "order-7"}', 'permanent', PERMANENT_ERROR,
@@ -526,7 +562,10 @@ def run(args):
         confirm(driver, 'the 3 messages with the 2 selected ids')
         wait_job(driver, 'purge', 'deleted 3 messages', previous)
         wait_for(driver, 'the depth after the purge', lambda d: text(d, 'depth') == '3')
-        log('purging a selection said, and deleted, every message with the selected ids')
+        row = wait_audit(driver, service, 'purge', 3, 3)
+        check('order-4' in row['what'] and 'order-5' in row['what'], f'the purge row says {row}')
+        log('purging a selection said, and deleted, every message with the selected ids; the '
+            'audit trail shows it with its ids')
 
         # -- "purge older than" deletes what it counted, although another message comes of age
         # while the confirmation waits; meanwhile, deeply nested request bodies are refused
@@ -559,6 +598,56 @@ def run(args):
         check(broker.depth(parking) == 3, 'parking does not hold the three messages left')
         log('purge older than 7d deleted the message it counted, not the one that came of age; '
             'deeply nested request bodies got 400')
+
+        # -- edit and retry: the operator fixes a body that is not JSON, adds a header and sends
+        # the copy; the original leaves parking only once the copy is confirmed
+        open_message(driver, 'order-6')
+        click(driver, '#detail-edit')
+        wait_for(driver, 'the editor', lambda d: d.find_element(By.ID, 'edit-form').is_displayed())
+        check(driver.find_element(By.ID, 'edit-body').get_attribute('value') == 'this is not JSON',
+              'the editor does not start from the body')
+        headers_shown = json.loads(driver.find_element(By.ID, 'edit-headers').get_attribute('value'))
+        check(headers_shown == {'tenant': 'acme'}, f'the editor offers the headers {headers_shown}')
+        body_box = driver.find_element(By.ID, 'edit-body')
+        body_box.clear()
+        body_box.send_keys('{"order": "order-6", "fixed": true}')
+        headers_box = driver.find_element(By.ID, 'edit-headers')
+        headers_box.clear()
+        headers_box.send_keys('{"tenant": "beta", "ticket": 17}')
+        click(driver, '#edit-send')
+        confirm(driver, 'Send the edited message order-6')
+        wait_for(driver, 'the edit to be sent', lambda d: 'Sent as' in text(d, 'notice'))
+        new_id = text(driver, 'notice').split('Sent as ')[1].rstrip('.')
+        edited = broker.take_all(service)
+        check(len(edited) == 1, f'queue {service} holds {len(edited)} messages after the edit')
+        properties, body = edited[0]
+        check(properties.message_id == new_id and len(new_id) == 32,
+              f'the edited copy has the id {properties.message_id}, the page said {new_id}')
+        check(json.loads(body) == {'order': 'order-6', 'fixed': True}, f'the edited body is {body}')
+        check(properties.headers.get('retryloop-edited-from') == 'order-6' and
+              properties.headers.get('tenant') == 'beta' and properties.headers.get('ticket') == 17
+              and 'retryloop-reason' not in properties.headers,
+              f'the edited copy has the headers {properties.headers}')
+        last = (properties.headers.get('retryloop-history') or [{}])[-1]
+        check(last.get('outcome') == 'edited' and last.get('by', '').startswith('console at'),
+              f'the edited copy\'s history ends with {last}')
+        wait_for(driver, 'the depth after the edit', lambda d: text(d, 'depth') == '2')
+        wait_for(driver, 'the list after the edit',
+                 lambda d: sorted(listed_ids(d)) == ['edge-1', 'order-7'])
+        row = wait_audit(driver, service, 'edit', 1, 1)
+        check('order-6' in row['what'] and new_id in row['what'], f'the edit row says {row}')
+        log('edit and retry sent a fixed copy with a new id and a link to the original, then '
+            'took the original out of parking; the audit trail shows both ids')
+
+        # -- a note on a cause, kept in the audit trail and shown beside the group
+        cause = 'customer <n> does not exist'
+        click(driver, f'#cause-groups tr[data-cause="{cause}"] button.note-edit')
+        wait_for(driver, 'the note dialog', lambda d: d.find_element(By.ID, 'confirm-input').is_displayed())
+        driver.find_element(By.ID, 'confirm-input').send_keys('looking into it: customer sync lag')
+        driver.find_element(By.ID, 'confirm-ok').click()
+        wait_for(driver, 'the note beside its cause', lambda d: 'looking into it: customer sync lag' in
+                 d.find_element(By.CSS_SELECTOR, f'#cause-groups tr[data-cause="{cause}"] .note').text)
+        log('a note on a cause is shown beside it, with who wrote it')
 
         # -- a JSON body nested 100,000 deep is shown as it is, not indented (which would
         # recurse); a body over 1 MiB is kept and shown cut, and the page says so
@@ -609,7 +698,8 @@ def run(args):
             check(status == 200, f'a reader could not count: HTTP {status}')
             wait_for(driver, 'the count to end', lambda d: idle())
             refusals = [('ana', '/api/replay', 'operator'), ('ana', '/api/purge', 'admin'),
-                        ('ana', '/api/stop', 'operator'), ('bob', '/api/purge', 'admin')]
+                        ('ana', '/api/stop', 'operator'), ('ana', '/api/edit', 'operator'),
+                        ('ana', '/api/note', 'operator'), ('bob', '/api/purge', 'admin')]
             for name, path, needed in refusals:
                 status, answer = roles.request('POST', path, nothing, as_user[name])
                 check(status == 403 and f'needs the {needed} role' in answer.get('error', ''),
@@ -638,6 +728,43 @@ def run(args):
               f'the log does not name who purged:\n{roles_output}')
         log('reader, operator and admin tokens: each refused what its role may not do, by the '
             'API with the role it needs and by the page, which offers only the rest')
+
+        # -- one console for every service of the file: a summary by service and reason, and a
+        # switcher
+        broker.park(f'{mail}.parking', 'mail-1', '{"to": "a@example.com"}', 'exhausted',
+                    'SMTP 451 try again later', 'mail.sent', now)
+        every = Console(args.retryloop, topology_file, None, url, work, ['--token', 'e' * 32])
+        try:
+            driver.get('about:blank')
+            driver.get(f'{every.base}#token={"e" * 32}')
+            wait_for(driver, 'the summary of both services', lambda d: d.execute_script("""
+                const rows = {};
+                for (const row of document.querySelectorAll('#service-summary tbody tr')) {
+                  rows[row.dataset.service] = [row.querySelector('.depth').textContent,
+                                               row.querySelector('.reasons').textContent];
+                }
+                return rows;""").get(mail) == ['1', 'exhausted 1'])
+            summary = driver.execute_script("""
+                return [...document.querySelectorAll('#service-summary tbody tr')]
+                    .map((row) => [row.dataset.service, row.querySelector('.depth').textContent]);""")
+            check(summary == [[service, str(broker.depth(parking))], [mail, '1']],
+                  f'the summary is {summary}')
+            click(driver, f'#service-summary tr[data-service="{mail}"] button.open')
+            wait_for(driver, 'the mail service', lambda d: text(d, 'service') == mail and
+                     listed_ids(d) == ['mail-1'])
+            check(driver.find_element(By.ID, 'service-switch').get_attribute('value') == mail,
+                  'the switcher does not show the service shown')
+            status, answer = every.request('GET', f'/api/state?service=nope',
+                                           headers={'X-Retryloop-Token': 'e' * 32})
+            check(status == 404 and mail in answer.get('error', ''),
+                  f'an unknown service got HTTP {status} {answer}')
+        finally:
+            every_status, every_output = every.stop()
+        check(every_status == 0, f'the console of every service exited {every_status}')
+        check(f'services {service} (queue {parking}), {mail}' in every_output,
+              f'the console of every service did not name both:\n{every_output}')
+        log('a console without a service serves every service of the file, with a summary by '
+            'service and reason and a switcher')
     finally:
         if driver is not None:
             driver.quit()
@@ -648,7 +775,7 @@ def run(args):
     check(status == 0, f'the console exited {status} on SIGTERM:\n{output}')
     check(':guest@' not in output, f'the console printed the broker password:\n{output}')
     check('left open' not in output, f'the console did not close everything:\n{output}')
-    check('console: replay' in output, f'the console logged no replay:\n{output}')
+    check(f'console: {service}: replay' in output, f'the console logged no replay:\n{output}')
 
 
 def main():

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
@@ -20,6 +21,8 @@
 #include <vector>
 
 #include "retryloop/consumer/consumer.hpp"
+#include "retryloop/parking/audit.hpp"
+#include "retryloop/parking/parked_message.hpp"
 #include "retryloop/parking/parking.hpp"
 #include "retryloop/topology/declarer.hpp"
 #include "retryloop/topology/plan.hpp"
@@ -810,4 +813,71 @@ TEST_CASE(
     CHECK_THAT(short_token.err(), Catch::Contains("at least 16"));
     std::filesystem::remove(token_file);
   }
+}
+
+TEST_CASE(
+    "With a file that declares the audit stream, parking replay and purge record who, what and "
+    "how many before and after, and the console's reader reads them back",
+    "[parking][audit][integration]") {
+  TestLoop loop;
+  ParkedService s(loop, "audit");
+  // The same file, with the vhost's audit stream.
+  std::string json;
+  {
+    std::ifstream in(s.file);
+    json.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  json = R"({"audit": {"max_age": "1d"}, )" + json.substr(1);
+  std::ofstream(s.file) << json;
+  const auto parsed = topology::parse_topology(json);
+  REQUIRE(parsed.ok());
+  topology::Topology audit_only;
+  audit_only.audit = parsed.topology->audit;
+  bool applied = false;
+  REQUIRE_FALSE(topology::apply(s.connection, topology::make_plan(audit_only),
+                                [&](const topology::Report& report) {
+                                  CHECK(report.ok());
+                                  applied = true;
+                                }));
+  REQUIRE(loop.run_until([&] { return applied; }));
+  const uint64_t since = consumer::unix_milliseconds();
+
+  s.park(6, [](size_t i) { return i < 4 ? "exhausted" : "poison"; });
+  auto replay = s.cli({"replay", "--reason", "exhausted"});
+  const int replayed = replay.wait();
+  INFO(replay.err());
+  REQUIRE(replayed == 0);
+  auto dry = s.cli({"purge"});  // only counts: not recorded
+  CHECK(dry.wait() == 1);
+  auto purge = s.cli({"purge", "--yes"});
+  const int purged = purge.wait();
+  INFO(purge.err());
+  REQUIRE(purged == 0);
+
+  std::vector<parking::AuditRecord> records;
+  auto reader = parking::AuditReader::start(
+      s.connection, since - 1000, std::nullopt,
+      [&](parking::AuditRecord&& record) {
+        if (record.service == s.service.name) records.push_back(std::move(record));
+      },
+      [](const client::Error& error) { FAIL(error.message()); });
+  REQUIRE(loop.run_until([&] { return records.size() >= 4; }, 20s));
+  loop.run_for(300ms);
+  reader->stop();
+  REQUIRE(records.size() == 4);
+  CHECK(records[0].action == "replay");
+  CHECK(records[0].state == "started");
+  CHECK(records[1].action == "replay");
+  CHECK(records[1].state == "done");
+  CHECK(records[1].id == records[0].id);
+  CHECK(records[1].done == std::optional<uint64_t>(4));
+  CHECK(records[1].filter == nlohmann::json{{"reasons", {"exhausted"}}});
+  CHECK(records[1].via == "cli");
+  CHECK(records[1].who == parking::command_line_user());
+  CHECK(records[2].action == "purge");
+  CHECK(records[2].state == "started");
+  CHECK(records[3].state == "done");
+  CHECK(records[3].done == std::optional<uint64_t>(2));
+  CHECK(records[3].at_ms >= records[2].at_ms);
+  CHECK(records[0].offset < records[3].offset);
 }

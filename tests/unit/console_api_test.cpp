@@ -258,6 +258,13 @@ TEST_CASE("Each call needs a role, and a token of a lesser role is refused namin
   CHECK(replay.status == 403);
   CHECK(replay.reason == "this needs the operator role; ana has the reader role");
   CHECK(as(ana, "POST", "/api/stop").status == 403);
+  CHECK(as(ana, "POST", "/api/edit").reason ==
+        "this needs the operator role; ana has the reader role");
+  CHECK(as(ana, "POST", "/api/note").status == 403);
+  CHECK(as(ana, "GET", "/api/audit").status == 0);
+  CHECK(as(ana, "GET", "/api/services").status == 0);
+  CHECK(as(bob, "POST", "/api/edit").status == 0);
+  CHECK(as(bob, "POST", "/api/note").status == 0);
   CHECK(as(bob, "POST", "/api/replay").status == 0);
   CHECK(as(bob, "POST", "/api/stop").status == 0);
   CHECK(as(bob, "POST", "/api/purge").reason ==

@@ -38,7 +38,12 @@ std::vector<Identity> read_identities(const std::string& path);
 struct Options {
   /// The broker; the connection is made again whenever it is lost.
   client::ConnectionOptions connection;
-  topology::Service service;
+  /// The services whose parking queues the console serves: one, or every service of a topology
+  /// file (the page switches between them). The first is shown first.
+  std::vector<topology::Service> services;
+  /// Keep the audit trail in the vhost's audit stream (the topology file declares `audit`);
+  /// false: in memory, for this process only.
+  bool audit_on_broker = false;
   /// Where to listen. A host that is not a loopback address makes the console reachable from
   /// other machines.
   std::string listen_host = "127.0.0.1";

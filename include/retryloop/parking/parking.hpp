@@ -205,4 +205,50 @@ client::Error purge(const std::shared_ptr<client::Connection>& connection,
                     const topology::Service& service, PurgeOptions options, PurgeCallback callback,
                     ProgressHandler on_progress = {});
 
+/// The header that links an edited copy to the parked message it was made from (its message id).
+inline constexpr std::string_view edited_from_header = "retryloop-edited-from";
+
+struct EditOptions {
+  /// The parked message to edit: the first one in the queue with this message id.
+  std::string message_id;
+  /// The copy's body.
+  std::string body;
+  /// The copy's application headers, instead of the original's (nullopt: the original's).
+  /// retryloop's history and original-* headers are kept either way; the broker's death
+  /// headers and the parking headers never go on, as in a replay.
+  std::optional<amqp::FieldTable> headers;
+  /// The queue the copy goes to (through the default exchange); empty: the service's input
+  /// queue.
+  std::string to_queue;
+  /// Leave the original parked (it is released, unchanged, when the walk ends); otherwise it is
+  /// acked once the copy is confirmed.
+  bool keep_original = false;
+  /// Who edits it, for the copy's `edited` history entry.
+  ActionNote note;
+};
+
+struct EditResult {
+  client::Error error;
+  /// Whether a parked message with the id was found.
+  bool found = false;
+  /// The copy was confirmed and not returned (it is in the target queue).
+  bool sent = false;
+  /// The original was acked (only after `sent`, and not with keep_original).
+  bool original_removed = false;
+  /// The copy's message id: new and random.
+  std::string new_message_id;
+};
+using EditCallback = std::function<void(const EditResult& result)>;
+
+/// The copy an edit sends: the replay copy of `original` (make_replay_copy, with an `edited`
+/// history entry), with `options`' headers instead of the application headers, a new random
+/// message id, and retryloop-edited-from naming the original's.
+amqp::BasicProperties make_edited_copy(const amqp::BasicProperties& original,
+                                       const EditOptions& options, const std::string& new_id);
+
+/// Finds the parked message, publishes the edited copy with a confirm and mandatory, and acks
+/// the original only after the broker confirmed the copy and did not return it (or keeps it).
+client::Error edit(const std::shared_ptr<client::Connection>& connection,
+                   const topology::Service& service, EditOptions options, EditCallback callback);
+
 }  // namespace retryloop::parking

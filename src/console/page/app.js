@@ -18,7 +18,12 @@
     detailRequest: 0,
     errorLine: null,     // the "error is" condition of the filter form
     busy: false,         // a dialog or an action is under way
+    service: null,       // the service shown; null: the console's first
+    services: [],        // the console's services, from /api/services
   };
+
+  // The API calls about one service carry its name.
+  const PER_SERVICE = /^\/api\/(state|messages|message|scan|replay|purge|count|edit|note|stop)\b/;
 
   // ---- helpers -------------------------------------------------------------------------------
 
@@ -101,6 +106,9 @@
   }
 
   async function api(method, path, body) {
+    if (ui.service !== null && PER_SERVICE.test(path)) {
+      path += `${path.includes('?') ? '&' : '?'}service=${encodeURIComponent(ui.service)}`;
+    }
     const options = {method, headers: {'X-Retryloop-Token': ui.token}, cache: 'no-store'};
     if (body !== undefined) {
       options.headers['Content-Type'] = 'application/json';
@@ -273,10 +281,14 @@
       if (group.distinct > 1) {
         text.append(el('div', {class: 'muted', text: `e.g. ${group.example}`}));
       }
+      text.append(el('div', {class: 'note'}));
+      const actions = groupActions(filter, description, group.count);
+      actions.append(el('button', {type: 'button', class: 'note-edit needs-operator', text: 'Note…',
+                                   onclick: () => editNote(group.cause)}));
       causes.append(el('tr', {'data-cause': group.cause}, text,
         el('td', {class: 'num distinct', text: String(group.distinct)}),
         el('td', {class: 'num count', text: String(group.count)}),
-        groupActions(filter, description, group.count)));
+        actions));
     }
     for (const group of s.scan.by_error) {
       const filter = Object.assign({}, base, {error_first_line: group.error});
@@ -295,6 +307,115 @@
     }
   }
 
+  // The newest note on each cause, from the audit trail; refreshed with every state.
+  function renderNotes(s) {
+    for (const row of document.querySelectorAll('#cause-groups tbody tr[data-cause]')) {
+      const note = (s.notes || {})[row.dataset.cause];
+      const box = row.querySelector('.note');
+      box.textContent = note && note.note ? `note: ${note.note} (${note.who}, ${timeText(Math.floor(note.at_ms / 1000))})` : '';
+    }
+  }
+
+  function renderServices() {
+    const many = ui.services.length > 1;
+    $('services').hidden = !many;
+    const select = $('service-switch');
+    select.hidden = !many;
+    if (!many) return;
+    const shown = ui.service || ui.services[0].service;
+    if (select.options.length !== ui.services.length) {
+      clear(select);
+      for (const s of ui.services) select.append(el('option', {value: s.service, text: s.service}));
+    }
+    select.value = shown;
+    const body = $('service-summary').tBodies[0];
+    clear(body);
+    for (const s of ui.services) {
+      const reasons = s.by_reason === null ? 'not counted yet'
+          : Object.entries(s.by_reason).map(([reason, n]) => `${reason} ${n}`).join(', ') || 'nothing parked';
+      body.append(el('tr', {'data-service': s.service, class: s.service === shown ? 'shown' : ''},
+        el('td', {class: 'key', text: s.service}),
+        el('td', {class: 'num depth', text: s.depth === null ? '–' : String(s.depth)}),
+        el('td', {class: 'reasons', text: reasons}),
+        el('td', {}, el('button', {type: 'button', class: 'open', text: 'Open',
+                                   onclick: () => switchService(s.service)}))));
+    }
+  }
+
+  function switchService(name) {
+    if (name === (ui.service || (ui.services[0] && ui.services[0].service))) return;
+    ui.service = name;
+    ui.scanId = null;
+    ui.messages = [];
+    ui.selected.clear();
+    groupsShown = undefined;
+    closeDetail();
+    renderMessages();
+    renderServices();
+    schedulePoll(0);
+  }
+
+  function auditWhat(r) {
+    if (r.action === 'note') return `note on “${r.group}”: ${r.note || '(cleared)'}`;
+    if (r.action === 'edit') {
+      return `message ${r.message_id}` + (r.new_message_id ? ` → ${r.new_message_id}` : '');
+    }
+    // An audit names the ids an action took, not only how many.
+    const filter = Object.assign({}, r.filter || {});
+    const ids = filter.message_ids;
+    delete filter.message_ids;
+    let text = filterText(filter);
+    if (ids) {
+      const more = ids.length > 10 ? ` and ${ids.length - 10} more` : '';
+      text = `ids ${ids.slice(0, 10).join(', ')}${more}` + (text ? `; ${text}` : '');
+    }
+    return text || 'every parked message';
+  }
+
+  async function loadAudit() {
+    const data = await api('GET', '/api/audit?limit=100');
+    $('audit-where').textContent = data.kept_on
+        ? `(kept in the broker's stream ${data.kept_on}${data.error ? `; ${data.error}` : ''})`
+        : '(kept in this console\'s memory only: declare "audit" in the topology file to keep it)';
+    const body = $('audit-table').tBodies[0];
+    clear(body);
+    for (const r of data.records) {
+      body.append(el('tr', {'data-action': r.action, 'data-state': r.state, 'data-id': r.id},
+        el('td', {class: 'time', text: timeText(Math.floor(r.at_ms / 1000))}),
+        el('td', {text: r.who}),
+        el('td', {text: r.service}),
+        el('td', {class: 'action', text: r.action}),
+        el('td', {class: 'what', text: auditWhat(r)}),
+        el('td', {class: 'num asked', text: r.asked === null ? '–' : String(r.asked)}),
+        el('td', {class: 'num done', text: r.done === null ? '–' : String(r.done)}),
+        el('td', {class: 'state', text: r.state + (r.error ? `: ${r.error}` : '')})));
+    }
+    if (data.records.length === 0) {
+      body.append(el('tr', {}, el('td', {colSpan: 8, class: 'muted', text: 'Nothing recorded yet.'})));
+    }
+  }
+
+  async function editNote(cause) {
+    if (ui.busy) return;
+    const current = ((ui.server && ui.server.notes) || {})[cause];
+    const input = $('confirm-input');
+    input.hidden = false;
+    input.value = current ? current.note : '';
+    try {
+      ui.busy = true;
+      if (!await confirmDialog(`Note on “${cause}”`, 'Everyone who opens the console sees it; the ' +
+                               'audit trail keeps who wrote it. An empty note clears it.', 'Save')) return;
+      await api('POST', '/api/note', {group: cause, text: input.value});
+      notice('');
+      schedulePoll(300);
+    } catch (e) {
+      notice(`The note was refused: ${e.message}`, 'error');
+    } finally {
+      input.hidden = true;
+      ui.busy = false;
+    }
+  }
+
   function jobText(job, s) {
     const p = job.progress;
     const what = filterText(job.filter || {}) || 'every parked message';
@@ -306,7 +427,11 @@
           (job.stop_requested ? ' (stopping…)' : '');
     }
     let text;
-    if (job.kind === 'replay') {
+    if (job.kind === 'edit') {
+      text = job.state === 'failed' ? `Edit of message ${job.message_id}`
+          : `Edited message ${job.message_id} sent to queue ${job.target} as ${job.new_message_id}` +
+            (job.kept_original ? '; the original stays parked' : '; the original left parking');
+    } else if (job.kind === 'replay') {
       text = `Replay of ${what}: moved ${plural(p.moved, 'message')} to queue ${job.target}; ` +
           `${p.skipped} stayed in parking; ${p.failed} failed`;
     } else if (job.kind === 'purge') {
@@ -408,6 +533,7 @@
     renderHeader(s);
     renderScanLine(s);
     renderGroups(s);
+    renderNotes(s);
     renderJob(s);
     renderBulk(s);
   }
@@ -501,6 +627,7 @@
       if (m.body_truncated) notes.push('cut to the first MiB');
       $('detail-body-note').textContent = `(${notes.join('; ')})`;
       $('detail-replay').disabled = !m.message_id;
+      $('detail-edit').disabled = !m.message_id;
       $('detail-purge').disabled = !m.message_id;
     } catch (e) {
       if (request !== ui.detailRequest) return;
@@ -514,12 +641,67 @@
     }
   }
 
+  // The application headers of a parked message: what an edit may change.
+  function applicationHeaders(headers) {
+    const out = {};
+    for (const [key, value] of Object.entries(headers)) {
+      if (key.startsWith('retryloop-') || key.startsWith('x-')) continue;
+      if (value === null || typeof value === 'object') continue;
+      out[key] = value;
+    }
+    return out;
+  }
+
+  function openEditor() {
+    const m = ui.detail;
+    if (!m) return;
+    $('edit-body').value = m.body_encoding === 'base64' ? '' : m.body;
+    $('edit-headers').value = JSON.stringify(applicationHeaders(m.headers), null, 1);
+    $('edit-keep').checked = false;
+    $('edit-form').hidden = false;
+    $('edit-body').focus();
+  }
+
+  async function sendEdit() {
+    const m = ui.detail;
+    if (!m || ui.busy) return;
+    let headers;
+    try {
+      headers = JSON.parse($('edit-headers').value || '{}');
+      if (headers === null || typeof headers !== 'object' || Array.isArray(headers)) throw new Error('not an object');
+    } catch (e) {
+      notice(`The headers are not a JSON object: ${e.message}`, 'error');
+      return;
+    }
+    const keep = $('edit-keep').checked;
+    ui.busy = true;
+    try {
+      const s = ui.server;
+      if (!await confirmDialog(`Send the edited message ${m.message_id} to queue ${s.input_queue}?`,
+          'It goes as a new message with a new id and a header naming this one. ' +
+          (keep ? 'The original stays parked.' : 'The original leaves parking once the broker has confirmed the copy.'),
+          'Send')) return;
+      const started = await api('POST', '/api/edit',
+                                {message_id: m.message_id, body: $('edit-body').value, headers,
+                                 keep_original: keep});
+      const job = await waitForJob(started.job);
+      if (job.state === 'failed') throw new Error(job.error);
+      $('edit-form').hidden = true;
+      notice(`Sent as ${job.new_message_id}.`);
+    } catch (e) {
+      notice(`The edit was not sent: ${e.message}`, 'error');
+    } finally {
+      ui.busy = false;
+    }
+  }
+
   function reopenDetail() {
     const found = findWanted();
     if (found) openDetail(found.index, true); else closeDetail();
   }
 
   function closeDetail() {
+    $('edit-form').hidden = true;
     ui.detail = null;
     ui.wanted = null;
     ++ui.detailRequest;
@@ -559,7 +741,7 @@
             `has confirmed its copy. ${counted}`
           : `They are deleted for good. ${counted}`;
       if (!await confirmDialog(`${verb} ${description}?`, detail, verb)) return;
-      await api('POST', `/api/${kind}`, {filter});
+      await api('POST', `/api/${kind}`, {filter, asked: count});
       notice('');
       schedulePoll(100);
     } catch (e) {
@@ -656,8 +838,12 @@
         document.body.dataset.role = ui.identity.role;
         $('identity').textContent = `${ui.identity.name} (${ui.identity.role})`;
       }
-      render(s);
-      if (s.scan && s.scan.id !== ui.scanId) await loadMessages();
+      const current = s.service === (ui.service || s.service);  // not switched meanwhile
+      if (current) render(s);
+      if (current && s.scan && s.scan.id !== ui.scanId) await loadMessages();
+      ui.services = (await api('GET', '/api/services')).services;
+      renderServices();
+      await loadAudit();
       fast = Boolean(s.scanning) || Boolean(s.job && (s.job.state === 'running' || s.job.state === 'queued'));
       if ($('notice').className === 'offline') notice('');
     } catch (e) {
@@ -728,6 +914,13 @@
       }
     });
     $('detail-close').addEventListener('click', closeDetail);
+    $('detail-edit').addEventListener('click', openEditor);
+    $('edit-cancel').addEventListener('click', () => { $('edit-form').hidden = true; });
+    $('edit-form').addEventListener('submit', (event) => {
+      event.preventDefault();
+      sendEdit();
+    });
+    $('service-switch').addEventListener('change', () => switchService($('service-switch').value));
     document.addEventListener('keydown', (event) => {
       if (event.key !== 'Escape') return;
       if (!$('confirm').hidden) $('confirm-cancel').click(); else if (!$('detail').hidden) closeDetail();

@@ -19,6 +19,7 @@ struct Job {
     replay,  ///< parking::replay
     purge,   ///< parking::purge
     count,   ///< parking::purge without executing: how many match
+    edit,    ///< parking::edit: one message, edited and sent on
   };
   /// A job stopped before it started ends `done` with `interrupted`, as a replay stopped halfway.
   enum class State { queued, running, done, failed };
@@ -32,6 +33,12 @@ struct Job {
   bool automatic = false;
   /// Who asked for it: the caller's name and address.
   std::string who;
+  /// How many messages the caller was shown and confirmed, when the request said.
+  std::optional<uint64_t> asked;
+  /// The id of its records in the audit trail.
+  std::string audit_id;
+  parking::EditOptions edit;
+  parking::EditResult edit_result;
   State state = State::queued;
   bool stop_requested = false;
   bool interrupted = false;

@@ -1,0 +1,153 @@
+#include "retryloop/console/detail/audit_trail.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+
+#include "retryloop/consumer/headers.hpp"
+#include "retryloop/topology/topology.hpp"
+
+namespace retryloop::console::detail {
+
+namespace {
+
+/// How far back a new reader starts.
+constexpr uint64_t kReadBackMs = 30ull * 24 * 3600 * 1000;
+
+std::string key_of(const parking::AuditRecord& record) {
+  return record.id + "." + record.state;
+}
+
+}  // namespace
+
+AuditTrail::AuditTrail(bool on_broker, std::shared_ptr<spdlog::logger> logger, size_t kept)
+    : on_broker_(on_broker), logger_(std::move(logger)), kept_(kept) {}
+
+void AuditTrail::attach(const std::shared_ptr<client::Connection>& connection) {
+  if (!on_broker_) return;
+  detach();
+  connection_ = connection;
+  std::weak_ptr<AuditTrail> weak = weak_from_this();
+  client::Error error = connection->open_channel(
+      [weak, connection](const client::Error& error, std::shared_ptr<client::Channel> channel) {
+        auto self = weak.lock();
+        if (!self || self->connection_ != connection) return;
+        if (error) return self->reader_failed(error);
+        self->channel_ = channel;
+        channel->set_close_handler([weak, channel](const client::Error& error) {
+          auto self = weak.lock();
+          if (!self || self->channel_ != channel) return;
+          self->channel_.reset();
+          self->channel_ready_ = false;
+          self->error_ = "the audit channel closed: " + error.message();
+        });
+        client::Error confirm =
+            channel->confirm_select([weak, channel](const client::Error& error) {
+              auto self = weak.lock();
+              if (!self || self->channel_ != channel) return;
+              if (error) return self->reader_failed(error);
+              self->channel_ready_ = true;
+              for (auto& [record, done] : std::exchange(self->waiting_, {}))
+                self->send(std::move(record), std::move(done));
+            });
+        if (confirm) self->reader_failed(confirm);
+      });
+  if (error) return reader_failed(error);
+  const uint64_t now = consumer::unix_milliseconds();
+  reader_ = parking::AuditReader::start(
+      connection, now > kReadBackMs ? now - kReadBackMs : 0, last_offset_,
+      [weak](parking::AuditRecord&& record) {
+        if (auto self = weak.lock()) {
+          if (record.offset) self->last_offset_ = record.offset;
+          self->keep(std::move(record));
+        }
+      },
+      [weak](const client::Error& error) {
+        if (auto self = weak.lock()) self->reader_failed(error);
+      });
+}
+
+void AuditTrail::detach() {
+  if (reader_) {
+    if (reader_->last_offset()) last_offset_ = reader_->last_offset();
+    reader_->stop();
+    reader_.reset();
+  }
+  if (channel_) (void)std::exchange(channel_, nullptr)->close();
+  channel_ready_ = false;
+  connection_.reset();
+  for (auto& [record, done] : std::exchange(waiting_, {}))
+    done("not connected to the broker");
+}
+
+void AuditTrail::reader_failed(const client::Error& error) {
+  error_ = error.message();
+  if (logger_) logger_->warn("console: audit trail: {}", error_);
+}
+
+void AuditTrail::append(parking::AuditRecord record, Done done) {
+  if (record.id.empty()) record.id = consumer::random_message_id();
+  if (record.at_ms == 0) record.at_ms = consumer::unix_milliseconds();
+  if (record.via.empty()) record.via = "console";
+  if (!on_broker_) {
+    keep(std::move(record));
+    return done("");
+  }
+  if (!connection_) return done("not connected to the broker");
+  if (!channel_ready_) {
+    waiting_.emplace_back(std::move(record), std::move(done));
+    return;
+  }
+  send(std::move(record), std::move(done));
+}
+
+void AuditTrail::send(parking::AuditRecord record, Done done) {
+  std::weak_ptr<AuditTrail> weak = weak_from_this();
+  client::Error error =
+      parking::append_audit(*channel_, record, [weak, record, done](const client::Error& error) {
+        auto self = weak.lock();
+        if (error) return done(error.message());
+        if (self) self->keep(record);
+        done("");
+      });
+  if (error) done(error.message());
+}
+
+void AuditTrail::keep(parking::AuditRecord record) {
+  const std::string key = key_of(record);
+  if (held_.count(key) != 0) return;
+  held_.insert(key);
+  // In order of time: a record read back from the stream may be older than one appended here.
+  auto at = std::upper_bound(
+      records_.begin(), records_.end(), record.at_ms,
+      [](uint64_t at_ms, const parking::AuditRecord& other) { return at_ms < other.at_ms; });
+  records_.insert(at, std::move(record));
+  while (records_.size() > kept_) {
+    held_.erase(key_of(records_.front()));
+    records_.pop_front();
+  }
+}
+
+nlohmann::json AuditTrail::json(size_t limit) const {
+  nlohmann::json out;
+  out["kept_on"] = on_broker_ ? nlohmann::json(topology::audit_stream_name()) : nullptr;
+  out["connected"] = !on_broker_ || channel_ready_;
+  out["error"] = error_.empty() ? nullptr : nlohmann::json(error_);
+  nlohmann::json records = nlohmann::json::array();
+  for (auto it = records_.rbegin(); it != records_.rend() && records.size() < limit; ++it)
+    records.push_back(parking::audit_json(*it));
+  out["records"] = std::move(records);
+  return out;
+}
+
+nlohmann::json AuditTrail::notes(const std::string& service) const {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& record : records_) {  // oldest first: the newest note wins
+    if (record.action == "note" && record.service == service) {
+      out[record.group] = parking::audit_json(record);
+    }
+  }
+  return out;
+}
+
+}  // namespace retryloop::console::detail
