@@ -158,7 +158,8 @@ void print_plan(const std::string& file, const topology::Topology& t, const topo
   size_t step = 0;
   for (const auto& a : plan.actions) {
     ++step;
-    const std::string& owner = a.services.front();
+    // The vhost's objects (the schedule's, the audit stream) belong to no service.
+    const std::string owner = a.services.empty() ? std::string() : a.services.front();
     if (owner != current) {
       current = owner;
       for (const auto& s : t.services) {
@@ -178,7 +179,11 @@ void print_plan(const std::string& file, const topology::Topology& t, const topo
         detail = a.exchange_type + ", not declared: must exist already (\"declare\": false)";
         break;
       case ActionKind::declare_queue:
-        detail = std::string(a.arguments.find("x-queue-type") ? "quorum" : "classic") + ", durable";
+        if (const amqp::FieldValue* type = a.arguments.find("x-queue-type")) {
+          detail = std::string(type->as_string().value_or("?")) + ", durable";
+        } else {
+          detail = "classic, durable";
+        }
         break;
       case ActionKind::check_queue:
         detail = "not declared: must exist already (it receives scheduled messages)";

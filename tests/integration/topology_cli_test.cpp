@@ -530,3 +530,23 @@ TEST_CASE("apply, verify, export and delete with delay levels through the comman
   CHECK(contains(deleted.out, "Delay levels are never deleted (retryloop.delay.3ms.*)"));
   CHECK_FALSE(contains(deleted.out, "retryloop.delay.3ms.00"));
 }
+
+TEST_CASE("topology plan prints the vhost's objects that belong to no service",
+          "[cli][integration]") {
+  const auto file = std::filesystem::temp_directory_path() /
+                    ("audit-only-" + std::to_string(::getpid()) + ".json");
+  std::ofstream(file) << R"({"audit": {"max_age": "90d"}})";
+  Run audit = run_cli({"topology", "plan", file.string()});
+  INFO(audit.err);
+  CHECK(audit.exit_code == 0);
+  CHECK(contains(audit.out, "retryloop.audit"));
+  CHECK(contains(audit.out, "stream, durable"));
+  CHECK(contains(audit.out, "x-max-age = 7776000s"));
+  Run scheduled =
+      run_cli({"topology", "plan",
+               (fs::path(RETRYLOOP_SOURCE_DIR) / "topology" / "scheduled.json").string()});
+  INFO(scheduled.err);
+  CHECK(scheduled.exit_code == 0);
+  CHECK(contains(scheduled.out, "retryloop.delay.1s.quorum.deliver"));
+  std::filesystem::remove(file);
+}
