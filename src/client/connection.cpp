@@ -329,7 +329,8 @@ void ConnectionImpl::handle_bytes(std::string_view bytes) {
               " bytes; frames up to " + std::to_string(parser_.max_frame_size()) +
               " bytes are accepted, frame_max " + std::to_string(tuning_.frame_max) + ")";
     }
-    fail_protocol(Error(ClientError::protocol_error, std::move(text)));
+    // A frame that cannot be read at all: frame-error (501) in the connection.close.
+    fail_protocol(Error(ClientError::protocol_error, std::move(text)), 501);
     return;
   }
   flush();
@@ -355,15 +356,38 @@ bool ConnectionImpl::handle_frame(const amqp::FrameView& frame) {
   }
   std::shared_ptr<ChannelImpl> channel =
       frame.channel < channels_.size() ? channels_[frame.channel] : nullptr;
-  if (!channel) {
-    if (auto* log = logger()) log->warn("dropping a frame for unknown channel {}", frame.channel);
-    return true;
-  }
+  if (!channel) return unknown_channel_frame(frame);
   if (Error error = channel->handle_frame(frame)) {
     fail_protocol(error);
     return false;
   }
   return state_ != State::closed;
+}
+
+bool ConnectionImpl::unknown_channel_frame(const amqp::FrameView& frame) {
+  // As the well-kept clients do: a channel.close is answered, a late channel.close-ok ignored,
+  // content dropped; any other method on a channel that is not open is a channel error.
+  if (frame.type != FrameType::method) {
+    if (auto* log = logger()) log->warn("dropping a frame for unknown channel {}", frame.channel);
+    return true;
+  }
+  amqp::MethodId id;
+  if (auto ec = amqp::peek_method_id(frame.payload, id)) {
+    fail_protocol(Error(ec));
+    return false;
+  }
+  if (id.key() == key_of<amqp::ChannelClose>()) {
+    amqp::append_method_frame(out_, frame.channel, amqp::ChannelCloseOk{});
+    flush();
+    return true;
+  }
+  if (id.key() == key_of<amqp::ChannelCloseOk>()) return true;
+  const char* name = amqp::method_name(id.class_id, id.method_id);
+  fail_protocol(
+      Error(ClientError::protocol_error, std::string(name ? name : "a method") + " on channel " +
+                                             std::to_string(frame.channel) + ", which is not open"),
+      504);
+  return false;
 }
 
 template <class Method>
@@ -376,14 +400,21 @@ Error ConnectionImpl::handle_connection_method(std::string_view payload) {
   amqp::MethodId id;
   if (auto ec = amqp::peek_method_id(payload, id)) return Error(ec);
   switch (id.key()) {
-    case key_of<amqp::ConnectionStart>():
-      if (state_ != State::handshaking) break;
-      return on_start(payload);
-    case key_of<amqp::ConnectionTune>():
-      if (state_ != State::handshaking) break;
-      return on_tune(payload);
+    // The handshake's methods come once each, in order: start, tune, open-ok.
+    case key_of<amqp::ConnectionStart>(): {
+      if (state_ != State::handshaking || handshake_step_ != HandshakeStep::start) break;
+      Error error = on_start(payload);
+      if (!error) handshake_step_ = HandshakeStep::tune;
+      return error;
+    }
+    case key_of<amqp::ConnectionTune>(): {
+      if (state_ != State::handshaking || handshake_step_ != HandshakeStep::tune) break;
+      Error error = on_tune(payload);
+      if (!error) handshake_step_ = HandshakeStep::open_ok;
+      return error;
+    }
     case key_of<amqp::ConnectionOpenOk>(): {
-      if (state_ != State::handshaking) break;
+      if (state_ != State::handshaking || handshake_step_ != HandshakeStep::open_ok) break;
       state_ = State::open;
       uv_timer_stop(&connect_timer_);
       if (tuning_.heartbeat_seconds > 0) {
@@ -569,12 +600,12 @@ void ConnectionImpl::release_channel(uint16_t id) {
   if (id < channels_.size()) channels_[id].reset();
 }
 
-void ConnectionImpl::fail_protocol(const Error& error) {
+void ConnectionImpl::fail_protocol(const Error& error, uint16_t reply_code) {
   if (state_ == State::closed) return;
   if (auto* log = logger()) log->error("protocol error: {}", error.message());
   if (state_ == State::open || state_ == State::handshaking) {
     amqp::ConnectionClose close;
-    close.reply_code = error.code == make_error_code(amqp::CodecError::bad_frame_end) ? 501 : 505;
+    close.reply_code = reply_code != 0 ? reply_code : 505;
     close.reply_text = error.message().substr(0, 255);
     amqp::append_method_frame(out_, 0, close);
   }

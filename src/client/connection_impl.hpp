@@ -57,8 +57,9 @@ class ConnectionImpl : public std::enable_shared_from_this<ConnectionImpl> {
   void flush();
   /// Called by a channel once it is closed and must leave the channel table.
   void release_channel(uint16_t id);
-  /// Tears the connection down because of a protocol violation on a channel.
-  void fail_protocol(const Error& error);
+  /// Tears the connection down because of a protocol violation on a channel, telling the broker
+  /// why in a connection.close with `reply_code` (0: 505, unexpected-frame).
+  void fail_protocol(const Error& error, uint16_t reply_code = 0);
   /// Largest body the connection accepts from the broker.
   uint64_t max_body_size() const { return options_.max_body_size; }
 
@@ -73,6 +74,8 @@ class ConnectionImpl : public std::enable_shared_from_this<ConnectionImpl> {
     closing,
     closed
   };
+  /// Where the AMQP handshake is (State::handshaking): the method the broker sends next.
+  enum class HandshakeStep { start, tune, open_ok };
 
   ConnectionImpl(uv_loop_t* loop, ConnectionOptions options);
 
@@ -87,6 +90,8 @@ class ConnectionImpl : public std::enable_shared_from_this<ConnectionImpl> {
   void handle_bytes(std::string_view bytes);
   void start_write();
   bool handle_frame(const amqp::FrameView& frame);
+  /// A frame for a channel number that is not open; false when it ended the connection.
+  bool unknown_channel_frame(const amqp::FrameView& frame);
   Error handle_connection_method(std::string_view payload);
   Error on_start(std::string_view payload);
   Error on_tune(std::string_view payload);
@@ -102,6 +107,7 @@ class ConnectionImpl : public std::enable_shared_from_this<ConnectionImpl> {
   uv_loop_t* loop_;
   ConnectionOptions options_;
   State state_ = State::idle;
+  HandshakeStep handshake_step_ = HandshakeStep::start;
   Tuning tuning_;
   amqp::FieldTable server_properties_;
   bool blocked_ = false;

@@ -326,7 +326,7 @@ def run(args):
     topology_file = os.path.join(work, 'topology.json')
     mail = f'{service}-mail'
     with open(topology_file, 'w', encoding='utf-8') as out:
-        json.dump({'audit': {'max_age': '7d'}, 'services': [{
+        json.dump({'audit': {}, 'services': [{
             'name': service, 'queue_type': 'quorum',
             'input': {'exchange': f'{service}.in', 'type': 'direct', 'bindings': ['order.created']},
             'retry': {'mode': 'reject', 'delays': ['1s'], 'max_attempts': 3}}, {

@@ -1,0 +1,302 @@
+// The retry consumer against a scripted peer: its session (declare, consume, settle), each
+// outcome on the wire, a copy that waits for its confirm before the original is acked, a
+// reconnect that declares again, and a result that comes back after its channel died, which
+// must never be settled on the new channel.
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <string>
+
+#include "retryloop/amqp/rabbit_extensions.hpp"
+#include "retryloop/consumer/consumer.hpp"
+#include "retryloop/consumer/history.hpp"
+#include "support/consumer_fixture.hpp"
+#include "support/harness.hpp"
+#include "support/scripted_peer.hpp"
+
+using namespace retryloop;
+using namespace std::chrono_literals;
+using consumer::Outcome;
+using test::Received;
+using test::ScriptedPeer;
+using test::TestLoop;
+
+namespace {
+
+/// As test::options_for, with the peer for a broker.
+consumer::ConsumerOptions peer_options(const ScriptedPeer& peer, const topology::Service& service) {
+  consumer::ConsumerOptions options;
+  options.service = service;
+  options.connection.uri = client::parse_uri(peer.url());
+  options.handler_on_loop = true;
+  options.recovery = consumer::Backoff{100ms, 1000ms, 2.0, 0.1};
+  return options;
+}
+
+/// The consumer's consume channel and tag, once it consumes.
+struct Consuming {
+  int connection = 0;
+  uint16_t channel = 0;
+  std::string tag;
+};
+
+Consuming consuming(const ScriptedPeer& peer) {
+  for (auto it = peer.received().rbegin(); it != peer.received().rend(); ++it) {
+    if (it->is<amqp::BasicConsume>()) {
+      const auto consume = it->as<amqp::BasicConsume>();
+      return {it->connection, it->channel,
+              consume.consumer_tag.empty() ? peer.last_consumer_tag() : consume.consumer_tag};
+    }
+  }
+  FAIL("the consumer never sent basic.consume");
+  return {};
+}
+
+/// Sends one delivery to the consumer.
+void deliver(ScriptedPeer& peer, const Consuming& at, uint64_t delivery_tag, const std::string& id,
+             amqp::BasicProperties properties = {}) {
+  amqp::BasicDeliver method;
+  method.consumer_tag = at.tag;
+  method.delivery_tag = delivery_tag;
+  method.exchange = "svc.in";
+  method.routing_key = "key";
+  properties.message_id = id;
+  peer.send_content(at.channel, method, properties, "{}", at.connection);
+}
+
+/// The settlement the consumer sent for `delivery_tag` on the consume channel `at`: "ack",
+/// "reject", "nack" or "".
+std::string settlement(const ScriptedPeer& peer, const Consuming& at, uint64_t delivery_tag) {
+  for (const auto& r : peer.received()) {
+    if (r.connection != at.connection || r.channel != at.channel) continue;
+    if (r.is<amqp::BasicAck>()) {
+      const auto ack = r.as<amqp::BasicAck>();
+      if (ack.delivery_tag == delivery_tag || (ack.multiple && ack.delivery_tag > delivery_tag))
+        return "ack";
+    }
+    if (r.is<amqp::BasicReject>() && r.as<amqp::BasicReject>().delivery_tag == delivery_tag)
+      return "reject";
+    if (r.is<amqp::BasicNack>() && r.as<amqp::BasicNack>().delivery_tag == delivery_tag)
+      return "nack";
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("The consumer declares its topology, sets its prefetch and consumes its queue",
+          "[conversation][consumer]") {
+  TestLoop loop;
+  ScriptedPeer peer(loop.get());
+  const auto service = test::make_service("svc", R"("delays": ["5s"], "max_attempts": 3)");
+  auto c = test::start(loop, peer_options(peer, service),
+                       [](const consumer::Message&) { return Outcome::ack(); });
+  CHECK(peer.count<amqp::ExchangeDeclare>() >= 3);  // input, wait, parking
+  CHECK(peer.count<amqp::QueueDeclare>() >= 3);     // input, wait, parking
+  CHECK(peer.count<amqp::BasicQos>() >= 1);
+  CHECK(peer.last<amqp::BasicConsume>().queue == "svc");
+  CHECK_FALSE(peer.last<amqp::BasicConsume>().no_ack);
+  test::stop(loop, c);
+  CHECK(peer.count<amqp::BasicCancel>() == 1);
+}
+
+TEST_CASE("Each outcome reaches the wire as its settlement", "[conversation][consumer]") {
+  TestLoop loop;
+  ScriptedPeer peer(loop.get());
+  const auto service = test::make_service("svc", R"("delays": ["5s"], "max_attempts": 3)");
+  auto c = test::start(loop, peer_options(peer, service), [](const consumer::Message& m) {
+    const std::string id(m.message_id());
+    if (id == "ack") return Outcome::ack();
+    if (id == "retry") return Outcome::retry("down");
+    return Outcome::drop("not ours");
+  });
+  const Consuming at = consuming(peer);
+  deliver(peer, at, 1, "ack");
+  deliver(peer, at, 2, "retry");
+  deliver(peer, at, 3, "drop");
+  REQUIRE(loop.run_until([&] {
+    return settlement(peer, at, 1) == "ack" && settlement(peer, at, 2) != "" &&
+           settlement(peer, at, 3) == "ack";
+  }));
+  CHECK(settlement(peer, at, 2) == "reject");  // reject mode: into the wait queue
+  for (const auto& r : peer.received()) {
+    if (r.is<amqp::BasicReject>()) CHECK_FALSE(r.as<amqp::BasicReject>().requeue);
+  }
+  const auto metrics = c->metrics();
+  CHECK(metrics.acked == 1);
+  CHECK(metrics.retried == 1);
+  CHECK(metrics.dropped == 1);
+  test::stop(loop, c);
+}
+
+TEST_CASE("A parking copy is confirmed before its original is acked, and carries its history",
+          "[conversation][consumer]") {
+  TestLoop loop;
+  ScriptedPeer::Options manual;
+  manual.auto_confirm = false;
+  ScriptedPeer peer(loop.get(), manual);
+  const auto service = test::make_service("svc", R"("delays": ["5s"], "max_attempts": 3)");
+  auto c = test::start(loop, peer_options(peer, service), [](const consumer::Message&) {
+    return Outcome::permanent("customer 7 does not exist");
+  });
+  const Consuming at = consuming(peer);
+  deliver(peer, at, 1, "m-1");
+  Received copy;
+  REQUIRE(loop.run_until([&] {
+    for (const auto& r : peer.received()) {
+      if (r.is<amqp::BasicPublish>() && r.as<amqp::BasicPublish>().exchange == "svc.parking") {
+        copy = r;
+        return true;
+      }
+    }
+    return false;
+  }));
+  CHECK(copy.as<amqp::BasicPublish>().mandatory);
+  CHECK(settlement(peer, at, 1).empty());  // nothing settles it before the confirm
+  const consumer::History history = consumer::read_history(&*copy.properties->headers);
+  REQUIRE(history.entries.size() == 1);
+  CHECK(history.entries[0].outcome == "parked");
+  CHECK(history.entries[0].reason == "permanent");
+  CHECK(history.entries[0].error == "customer 7 does not exist");
+  amqp::BasicAck ack;
+  ack.delivery_tag = peer.last_sequence(copy.channel, copy.connection);
+  peer.send(copy.channel, ack, copy.connection);
+  REQUIRE(loop.run_until([&] { return settlement(peer, at, 1) == "ack"; }));
+  CHECK(c->metrics().parked_permanent == 1);
+  test::stop(loop, c);
+}
+
+TEST_CASE("A returned parking copy leaves the original unsettled and is published again",
+          "[conversation][consumer]") {
+  TestLoop loop;
+  ScriptedPeer::Options manual;
+  manual.auto_confirm = false;
+  ScriptedPeer peer(loop.get(), manual);
+  const auto service = test::make_service("svc", R"("delays": ["5s"], "max_attempts": 3)");
+  auto options = peer_options(peer, service);
+  options.publish_retry = consumer::Backoff{10ms, 10ms, 1.0, 0.0};
+  auto c = test::start(loop, options,
+                       [](const consumer::Message&) { return Outcome::permanent("bad"); });
+  const Consuming at = consuming(peer);
+  deliver(peer, at, 1, "m-1");
+  auto parking_copies = [&] {
+    std::vector<Received> out;
+    for (const auto& r : peer.received()) {
+      if (r.is<amqp::BasicPublish>() && r.as<amqp::BasicPublish>().exchange == "svc.parking")
+        out.push_back(r);
+    }
+    return out;
+  };
+  REQUIRE(loop.run_until([&] { return parking_copies().size() == 1; }));
+  const Received first = parking_copies()[0];
+  amqp::BasicReturn back;
+  back.reply_code = 312;
+  back.reply_text = "NO_ROUTE";
+  back.exchange = "svc.parking";
+  back.routing_key = first.as<amqp::BasicPublish>().routing_key;
+  peer.send_content(first.channel, back, *first.properties, first.body, first.connection);
+  amqp::BasicAck ack;
+  ack.delivery_tag = peer.last_sequence(first.channel, first.connection);
+  peer.send(first.channel, ack, first.connection);
+  REQUIRE(loop.run_until([&] { return parking_copies().size() == 2; }));
+  CHECK(settlement(peer, at, 1).empty());
+  CHECK(c->metrics().publish_failures == 1);
+  ack.delivery_tag = peer.last_sequence(first.channel, first.connection);
+  peer.send(first.channel, ack, first.connection);
+  REQUIRE(loop.run_until([&] { return settlement(peer, at, 1) == "ack"; }));
+  test::stop(loop, c);
+}
+
+TEST_CASE("After a lost connection the consumer connects again, declares again and consumes",
+          "[conversation][consumer]") {
+  TestLoop loop;
+  ScriptedPeer peer(loop.get());
+  const auto service = test::make_service("svc", R"("delays": ["5s"], "max_attempts": 3)");
+  auto c = test::start(loop, peer_options(peer, service),
+                       [](const consumer::Message&) { return Outcome::ack(); });
+  const size_t declares = peer.count<amqp::QueueDeclare>();
+  peer.drop();
+  REQUIRE(loop.run_until([&] { return peer.count<amqp::BasicConsume>() == 2; }));
+  CHECK(peer.count<amqp::QueueDeclare>() >= 2 * declares);
+  CHECK(c->metrics().reconnects == 1);
+  const Consuming at = consuming(peer);
+  deliver(peer, at, 1, "after");
+  REQUIRE(loop.run_until([&] { return settlement(peer, at, 1) == "ack"; }));
+  test::stop(loop, c);
+}
+
+TEST_CASE("A result that comes back after its channel died is not settled on the new one",
+          "[conversation][consumer]") {
+  TestLoop loop;
+  ScriptedPeer peer(loop.get());
+  const auto service = test::make_service("svc", R"("delays": ["5s"], "max_attempts": 3)");
+  auto options = peer_options(peer, service);
+  options.handler_on_loop = false;  // on a worker thread, held by the gate
+  test::Gate gate;
+  std::atomic<int> calls{0};
+  auto c = test::start(loop, options, [&](const consumer::Message&) {
+    if (calls++ == 0) gate.pass();
+    return Outcome::ack();
+  });
+  const Consuming before = consuming(peer);
+  deliver(peer, before, 1, "held");
+  REQUIRE(loop.run_until([&] { return calls.load() == 1; }));
+  peer.drop();
+  REQUIRE(loop.run_until([&] { return peer.count<amqp::BasicConsume>() == 2; }));
+  gate.open();
+  REQUIRE(loop.run_until([&] { return c->metrics().abandoned == 1; }));
+  const Consuming after = consuming(peer);
+  // Delivery tag 1 on the new channel belongs to another message: the old result must not ack it.
+  CHECK(settlement(peer, after, 1).empty());
+  deliver(peer, after, 1, "fresh");
+  REQUIRE(loop.run_until([&] { return settlement(peer, after, 1) == "ack"; }));
+  CHECK(c->metrics().acked == 1);
+  test::stop(loop, c);
+}
+
+TEST_CASE("A broker's basic.cancel of the consumer makes it consume again",
+          "[conversation][consumer]") {
+  TestLoop loop;
+  ScriptedPeer peer(loop.get());
+  const auto service = test::make_service("svc", R"("delays": ["5s"], "max_attempts": 3)");
+  auto c = test::start(loop, peer_options(peer, service),
+                       [](const consumer::Message&) { return Outcome::ack(); });
+  const Consuming at = consuming(peer);
+  amqp::BasicCancel cancel;
+  cancel.consumer_tag = at.tag;
+  cancel.no_wait = true;
+  peer.send(at.channel, cancel, at.connection);
+  REQUIRE(loop.run_until([&] { return peer.count<amqp::BasicConsume>() == 2; }, 10s));
+  const Consuming again = consuming(peer);
+  deliver(peer, again, 1, "after-cancel");
+  REQUIRE(loop.run_until([&] { return settlement(peer, again, 1) == "ack"; }));
+  test::stop(loop, c);
+}
+
+TEST_CASE("While the broker blocks publishing, a parking copy waits and goes out on unblock",
+          "[conversation][consumer]") {
+  TestLoop loop;
+  ScriptedPeer peer(loop.get());
+  const auto service = test::make_service("svc", R"("delays": ["5s"], "max_attempts": 3)");
+  auto c = test::start(loop, peer_options(peer, service),
+                       [](const consumer::Message&) { return Outcome::permanent("bad"); });
+  const Consuming at = consuming(peer);
+  amqp::ConnectionBlocked blocked;
+  blocked.reason = "low on disk";
+  for (int connection = 1; connection <= peer.connections(); ++connection)
+    peer.send(0, blocked, connection);
+  REQUIRE(loop.run_until([&] { return c->is_blocked(); }));
+  deliver(peer, at, 1, "m-1");
+  // The handler runs on the loop as the delivery arrives: a copy would go out right then.
+  REQUIRE(loop.run_until([&] { return c->metrics().delivered == 1; }));
+  size_t copies = 0;
+  for (const auto& r : peer.received())
+    copies += r.is<amqp::BasicPublish>() ? 1 : 0;
+  CHECK(copies == 0);
+  for (int connection = 1; connection <= peer.connections(); ++connection)
+    peer.send(0, amqp::ConnectionUnblocked{}, connection);
+  REQUIRE(loop.run_until([&] { return settlement(peer, at, 1) == "ack"; }));
+  CHECK(c->metrics().parked_permanent == 1);
+  test::stop(loop, c);
+}
