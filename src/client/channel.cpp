@@ -526,6 +526,14 @@ Error ChannelImpl::handle_method(std::string_view payload) {
     case key_of<amqp::ChannelClose>(): {
       amqp::ChannelClose m;
       if (auto ec = amqp::decode_method_frame(payload, m)) return Error(ec);
+      if (state_ == State::closing) {
+        // The two closes crossed: each side answers the other's and waits for the close-ok of
+        // its own, as RabbitMQ does. The number stays taken until ours is answered, so that
+        // the late close-ok cannot reach a new channel with the same number.
+        amqp::append_method_frame(connection_->output(), id_, amqp::ChannelCloseOk{});
+        connection_->flush();
+        return {};
+      }
       reply_to_close(m);
       return {};
     }

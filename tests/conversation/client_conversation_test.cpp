@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -869,4 +870,82 @@ TEST_CASE("A second connection.start during the handshake breaks the protocol", 
   const client::Error error = refused(loop, peer);
   CHECK(error.code == make_error_code(ClientError::protocol_error));
   CHECK_THAT(error.message(), Catch::Contains("connection.start"));
+}
+
+// ---- channel open and close races -------------------------------------------------------------
+
+TEST_CASE("Channel closes that cross on the wire are each answered, and the number is reused after",
+          "[conversation]") {
+  TestLoop loop;
+  ScriptedPeer peer(loop.get());
+  std::vector<test::Received> closes;  // the client's channel.close, answered by the test
+  peer.on<amqp::ChannelClose>([&](const test::Received& r) { closes.push_back(r); });
+  auto connection = open(loop, peer);
+  auto channel = test::open_channel(loop, *connection);
+  REQUIRE(channel->id() == 1);
+  std::optional<client::Error> closed;
+  REQUIRE_FALSE(channel->close([&](const client::Error& error) { closed = error; }));
+  amqp::ChannelClose crossing;  // sent before the broker read the client's close
+  crossing.reply_code = 406;
+  crossing.reply_text = "PRECONDITION_FAILED - crossing";
+  peer.send(1, crossing);
+  REQUIRE(loop.run_until(
+      [&] { return closes.size() == 1 && peer.count<amqp::ChannelCloseOk>() == 1; }));
+  // The client answered the broker's close; its own still waits for its close-ok, so number 1 is
+  // not free yet: a new channel takes 2.
+  CHECK_FALSE(closed.has_value());
+  auto second = test::open_channel(loop, *connection);
+  CHECK(second->id() == 2);
+  peer.send(1, amqp::ChannelCloseOk{});
+  REQUIRE(loop.run_until([&] { return closed.has_value(); }));
+  CHECK_FALSE(*closed);
+  auto third = test::open_channel(loop, *connection);
+  CHECK(third->id() == 1);
+  CHECK(connection->is_open());
+  test::close(loop, connection);
+}
+
+TEST_CASE("Calls made on a channel whose open is refused fail with the refusal", "[conversation]") {
+  TestLoop loop;
+  ScriptedPeer peer(loop.get());
+  peer.on<amqp::ChannelOpen>([&](const test::Received& r) {
+    amqp::ChannelClose close;
+    close.reply_code = 530;
+    close.reply_text = "NOT_ALLOWED - number of channels opened has reached the limit";
+    close.failing_class_id = 20;
+    close.failing_method_id = 10;
+    peer.send(r.channel, close);
+  });
+  auto connection = open(loop, peer);
+  std::optional<client::Error> opened;
+  REQUIRE_FALSE(connection->open_channel(
+      [&](const client::Error& error, std::shared_ptr<client::Channel>) { opened = error; }));
+  REQUIRE(loop.run_until([&] { return opened.has_value(); }));
+  CHECK(opened->reply_code == 530);
+  REQUIRE(loop.run_until([&] { return peer.count<amqp::ChannelCloseOk>() == 1; }));
+  CHECK(connection->is_open());
+  test::close(loop, connection);
+}
+
+TEST_CASE("Many channels opened at once each get their own number and their own open-ok",
+          "[conversation]") {
+  TestLoop loop;
+  ScriptedPeer peer(loop.get());
+  auto connection = open(loop, peer);
+  std::vector<std::shared_ptr<client::Channel>> channels;
+  for (int i = 0; i < 20; ++i) {
+    REQUIRE_FALSE(connection->open_channel(
+        [&](const client::Error& error, std::shared_ptr<client::Channel> c) {
+          CHECK_FALSE(error);
+          channels.push_back(std::move(c));
+        }));
+  }
+  REQUIRE(loop.run_until([&] { return channels.size() == 20; }));
+  std::vector<uint16_t> ids;
+  for (const auto& c : channels)
+    ids.push_back(c->id());
+  std::sort(ids.begin(), ids.end());
+  for (uint16_t i = 0; i < 20; ++i)
+    CHECK(ids[i] == i + 1);
+  test::close(loop, connection);
 }
