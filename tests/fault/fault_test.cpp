@@ -378,8 +378,12 @@ TEST_CASE(
     const int replay_exit = replay.wait();
     INFO(replay.err());
     CHECK(replay_exit == 0);
-    CHECK(replay.err().find("moved " + std::to_string(parked_meanwhile[i]) + ",") !=
-          std::string::npos);
+    // It takes every retry parked as unrouted by now: at least those counted above. A loaded
+    // 3.10 broker parked a few more after the count had held still for 3 s; the ledgers below
+    // check that each message is handled once.
+    const size_t moved_at = replay.err().find("moved ");
+    REQUIRE(moved_at != std::string::npos);
+    CHECK(std::stoul(replay.err().substr(moved_at + 6)) >= parked_meanwhile[i]);
     second.push_back(
         std::make_unique<LaneConsumer>(loop, *lanes[i], test::broker_url(), *ledgers[i]));
     second.back()->start();
