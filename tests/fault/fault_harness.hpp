@@ -318,9 +318,11 @@ void note(const std::string& text);
 
 /// Prints one table row (and appends it to $RETRYLOOP_FAULT_REPORT when set), then checks the
 /// run: 0 lost, 0 unexpected, and at most `allowed_duplicates` duplicates (the at-least-once
-/// window of this fault).
+/// window of this fault). With `classic_may_lose`, a classic lane's losses are reported, not
+/// checked: its queues dead-letter at most once, and a broker that stops while a retry moves
+/// between them may drop it (docs/topology.md, "Safety rules").
 void report(const std::string& fault, const Lane& lane, const Tally& tally, double seconds,
-            size_t allowed_duplicates);
+            size_t allowed_duplicates, bool classic_may_lose = false);
 
 /// An outage: consumers whose handler fails every message that is not permanent or poison run
 /// until every lane's messages are all parked; then they stop.
@@ -358,6 +360,8 @@ struct InProcessRun {
                                               topology::QueueType::quorum};
     /// Also republish lanes with delay levels (Lane).
     bool delay_levels = false;
+    /// The fault stops the broker while retries move between classic queues (report).
+    bool classic_may_lose = false;
   };
   explicit InProcessRun(const std::string& fault, bool gated = false,
                         const std::function<void(Lane&)>& adjust = {});
@@ -383,6 +387,7 @@ struct InProcessRun {
   TestLoop loop;
   Probe probe{loop, test::broker_url()};
   std::vector<std::unique_ptr<Lane>> lanes;
+  bool classic_may_lose = false;
   std::vector<std::unique_ptr<Ledger>> ledgers;
   std::vector<std::unique_ptr<Gate>> gates;
   std::vector<std::unique_ptr<LaneConsumer>> consumers;

@@ -59,6 +59,9 @@ TEST_CASE(
   BrokerBackUp back_up;
   InProcessRun::Options options;
   options.delay_levels = true;
+  // Classic queues dead-letter at most once: RabbitMQ 4.0 once dropped 1 of 300 retries of a
+  // classic lane whose delay ended as the broker stopped. Quorum lanes are checked for none.
+  options.classic_may_lose = true;
   InProcessRun run("restart", options);
   std::string output;
   run.start(test::broker_url());
