@@ -1145,8 +1145,7 @@ void InProcessRun::finish(const std::string& fault, const std::vector<size_t>& e
   for (size_t i = 0; i < lanes.size(); ++i) {
     Tally tally = classify(probe, *lanes[i], ledgers[i]->acks());
     report(fault, *lanes[i], tally, seconds,
-           consumer_prefetch * reconnects[i] + (i < extra.size() ? extra[i] : 0),
-           classic_may_lose);
+           consumer_prefetch * reconnects[i] + (i < extra.size() ? extra[i] : 0), classic_may_lose);
   }
   tear_down(probe, lanes);
 }
