@@ -14,21 +14,25 @@ struct FakeServer::Client {
   char buffer[4096];
 };
 
-FakeServer::FakeServer(uv_loop_t* loop, std::string script, bool close_after)
-    : loop_(loop), script_(std::move(script)), close_after_(close_after) {
-  uv_tcp_init(loop_, &listener_);
-  listener_.data = this;
+uint16_t listen_on_loopback(uv_loop_t* loop, uv_tcp_t& listener, void* owner,
+                            uv_connection_cb on_connection) {
+  uv_tcp_init(loop, &listener);
+  listener.data = owner;
   sockaddr_in address{};
   uv_ip4_addr("127.0.0.1", 0, &address);
-  REQUIRE(uv_tcp_bind(&listener_, reinterpret_cast<const sockaddr*>(&address), 0) == 0);
-  REQUIRE(uv_listen(reinterpret_cast<uv_stream_t*>(&listener_), 8,
-                    [](uv_stream_t* listener, int status) {
-                      if (status == 0) static_cast<FakeServer*>(listener->data)->on_accept();
-                    }) == 0);
+  REQUIRE(uv_tcp_bind(&listener, reinterpret_cast<const sockaddr*>(&address), 0) == 0);
+  REQUIRE(uv_listen(reinterpret_cast<uv_stream_t*>(&listener), 8, on_connection) == 0);
   sockaddr_storage bound{};
   int length = sizeof(bound);
-  uv_tcp_getsockname(&listener_, reinterpret_cast<sockaddr*>(&bound), &length);
-  port_ = ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  uv_tcp_getsockname(&listener, reinterpret_cast<sockaddr*>(&bound), &length);
+  return ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+}
+
+FakeServer::FakeServer(uv_loop_t* loop, std::string script, bool close_after)
+    : loop_(loop), script_(std::move(script)), close_after_(close_after) {
+  port_ = listen_on_loopback(loop_, listener_, this, [](uv_stream_t* listener, int status) {
+    if (status == 0) static_cast<FakeServer*>(listener->data)->on_accept();
+  });
 }
 
 FakeServer::~FakeServer() {

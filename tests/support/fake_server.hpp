@@ -9,6 +9,11 @@
 
 namespace retryloop::test {
 
+/// Starts `listener` on 127.0.0.1 at a free port, with `owner` as its data, calling
+/// `on_connection` for each client; returns the port. The test fails if it cannot listen.
+uint16_t listen_on_loopback(uv_loop_t* loop, uv_tcp_t& listener, void* owner,
+                            uv_connection_cb on_connection);
+
 /// A fake AMQP server on 127.0.0.1 that the tests script, on the test's loop. For each client
 /// it waits for the 8-byte protocol header, then writes `script` as it is (garbage, truncated
 /// or malformed frames) and, with `close_after`, closes the socket; otherwise it keeps the

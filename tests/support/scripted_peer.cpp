@@ -2,6 +2,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "support/fake_server.hpp"
+
 namespace retryloop::test {
 
 struct ScriptedPeer::Client {
@@ -43,19 +45,9 @@ amqp::FieldTable server_properties() {
 }  // namespace
 
 ScriptedPeer::ScriptedPeer(uv_loop_t* loop, Options options) : loop_(loop), options_(options) {
-  uv_tcp_init(loop_, &listener_);
-  listener_.data = this;
-  sockaddr_in address{};
-  uv_ip4_addr("127.0.0.1", 0, &address);
-  REQUIRE(uv_tcp_bind(&listener_, reinterpret_cast<const sockaddr*>(&address), 0) == 0);
-  REQUIRE(uv_listen(reinterpret_cast<uv_stream_t*>(&listener_), 8,
-                    [](uv_stream_t* listener, int status) {
-                      if (status == 0) static_cast<ScriptedPeer*>(listener->data)->on_accept();
-                    }) == 0);
-  sockaddr_storage bound{};
-  int length = sizeof(bound);
-  uv_tcp_getsockname(&listener_, reinterpret_cast<sockaddr*>(&bound), &length);
-  port_ = ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  port_ = listen_on_loopback(loop_, listener_, this, [](uv_stream_t* listener, int status) {
+    if (status == 0) static_cast<ScriptedPeer*>(listener->data)->on_accept();
+  });
 }
 
 ScriptedPeer::~ScriptedPeer() {
