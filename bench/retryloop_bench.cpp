@@ -615,7 +615,7 @@ class ConsumerRun {
   std::shared_ptr<consumer::Consumer> consumer_;
 };
 
-void retry(uv_loop_t* loop, const Args& args) {
+void retry_benchmark(uv_loop_t* loop, const Args& args) {
   consumer::ConsumerOptions options;
   options.service = load_service(args);
   options.connection.uri = parse_uri(args.url);
@@ -1624,7 +1624,7 @@ int main(int argc, char** argv) {
   } else if (args.mode == "consume") {
     consume(loop, args);
   } else if (args.mode == "retry") {
-    retry(loop, args);
+    retry_benchmark(loop, args);
   } else if (args.mode == "handlers") {
     handlers(loop, args);
   } else if (args.mode == "handle") {

@@ -23,12 +23,12 @@
 #include <vector>
 
 #include "common.hpp"
-#include "retryloop/client/signals.hpp"
 #include "retryloop/console/console.hpp"
-#include "retryloop/consumer/headers.hpp"
 #include "retryloop/parking/audit.hpp"
 #include "retryloop/parking/parked_json.hpp"
 #include "retryloop/parking/parking.hpp"
+#include "retryloop/process/stop_signals.hpp"
+#include "retryloop/retry/headers.hpp"
 #include "retryloop/topology/delay_levels.hpp"
 #include "retryloop/topology/duration.hpp"
 
@@ -137,7 +137,7 @@ class MessagePrinter {
   }
 
   bool json_;
-  uint64_t now_ = consumer::unix_seconds();
+  uint64_t now_ = retry::unix_seconds();
   size_t count_ = 0;
   Table head_;
   std::vector<size_t> widths_;
@@ -170,7 +170,7 @@ class CliAudit : public std::enable_shared_from_this<CliAudit> {
   using Then = std::function<void(const std::string& error)>;
 
   CliAudit(std::string action, std::string service, nlohmann::json filter) {
-    record_.id = consumer::random_message_id();
+    record_.id = retry::random_message_id();
     record_.who = parking::command_line_user();
     record_.via = "cli";
     record_.action = std::move(action);
@@ -206,7 +206,7 @@ class CliAudit : public std::enable_shared_from_this<CliAudit> {
  private:
   void append(const char* state, Then then) {
     record_.state = state;
-    record_.at_ms = consumer::unix_milliseconds();
+    record_.at_ms = retry::unix_milliseconds();
     client::Error error = parking::append_audit(
         *channel_, record_,
         [then](const client::Error& error) { then(error ? error.message() : std::string()); });
@@ -270,10 +270,9 @@ parking::Filter make_filter(const ParkingArgs& args) {
   }
   for (const auto& reason : args.reasons) {
     const std::vector<std::string> known = {
-        consumer::to_string(consumer::ParkReason::exhausted),
-        consumer::to_string(consumer::ParkReason::permanent),
-        consumer::to_string(consumer::ParkReason::poison),
-        consumer::to_string(consumer::ParkReason::delivery_limit), parking::unrouted_reason};
+        retry::to_string(retry::ParkReason::exhausted),
+        retry::to_string(retry::ParkReason::permanent), retry::to_string(retry::ParkReason::poison),
+        retry::to_string(retry::ParkReason::delivery_limit), parking::unrouted_reason};
     if (std::find(known.begin(), known.end(), reason) == known.end()) {
       throw Failure(exit_usage, "--reason \"" + reason + "\" is not one of " + join(known));
     }
@@ -314,7 +313,7 @@ int run_stats(const ParkingArgs& args) {
         connection, service,
         [&args, &service, done](const client::Error& error, const parking::Stats& stats) {
           if (error) return done(error_exit(error, "parking stats " + service.name));
-          const uint64_t now = consumer::unix_seconds();
+          const uint64_t now = retry::unix_seconds();
           const std::string queue = topology::parking_queue_name(service.name);
           std::optional<uint64_t> age;
           if (stats.oldest_parked_at && *stats.oldest_parked_at <= now) {
@@ -494,7 +493,7 @@ int run_replay(const ParkingArgs& args) {
       auto handle = std::make_shared<std::shared_ptr<parking::Replay>>();
       auto reporter =
           args.dry_run ? nullptr : std::make_shared<ProgressReporter>(connection->loop(), "moved");
-      auto interrupts = std::make_shared<client::StopSignals>(
+      auto interrupts = std::make_shared<process::StopSignals>(
           connection->loop(),
           [handle](int) {
             std::cerr << "\nretryloop: interrupted: letting the copies in flight settle (Ctrl-C "

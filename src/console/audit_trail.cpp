@@ -4,7 +4,7 @@
 #include <chrono>
 #include <map>
 
-#include "retryloop/consumer/headers.hpp"
+#include "retryloop/retry/headers.hpp"
 #include "retryloop/topology/topology.hpp"
 
 namespace retryloop::console::detail {
@@ -53,7 +53,7 @@ void AuditTrail::attach(const std::shared_ptr<client::Connection>& connection) {
         if (confirm) self->reader_failed(confirm);
       });
   if (error) return reader_failed(error);
-  const uint64_t now = consumer::unix_milliseconds();
+  const uint64_t now = retry::unix_milliseconds();
   reader_ = parking::AuditReader::start(
       connection, now > kReadBackMs ? now - kReadBackMs : 0, last_offset_,
       [weak](parking::AuditRecord&& record) {
@@ -86,8 +86,8 @@ void AuditTrail::reader_failed(const client::Error& error) {
 }
 
 void AuditTrail::append(parking::AuditRecord record, Done done) {
-  if (record.id.empty()) record.id = consumer::random_message_id();
-  if (record.at_ms == 0) record.at_ms = consumer::unix_milliseconds();
+  if (record.id.empty()) record.id = retry::random_message_id();
+  if (record.at_ms == 0) record.at_ms = retry::unix_milliseconds();
   if (record.via.empty()) record.via = "console";
   if (!on_broker_) {
     keep(std::move(record));

@@ -17,9 +17,9 @@
 #include "core.hpp"
 #include "page.hpp"
 #include "retryloop/client/loop_bridge.hpp"
-#include "retryloop/client/signals.hpp"
 #include "retryloop/console/detail/api.hpp"
 #include "retryloop/console/detail/audit_trail.hpp"
+#include "retryloop/process/stop_signals.hpp"
 
 namespace retryloop::console {
 
@@ -410,7 +410,7 @@ ServeResult serve(const Options& given, const std::function<void(const ServeInfo
     add_routes(server, bridge, cores, audit, access);
     std::atomic<bool> listening_ended{false};
     std::thread http;
-    std::unique_ptr<client::StopSignals> signals;
+    std::unique_ptr<process::StopSignals> signals;
     bool shutting_down = false;
     size_t running = cores.list.size();
     auto shut_down = [&](bool at_once) {
@@ -424,7 +424,7 @@ ServeResult serve(const Options& given, const std::function<void(const ServeInfo
         });
       }
     };
-    signals = std::make_unique<client::StopSignals>(
+    signals = std::make_unique<process::StopSignals>(
         &loop,
         [&](int) {
           if (options.logger) {

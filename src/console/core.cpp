@@ -8,9 +8,9 @@
 #include <utility>
 
 #include "retryloop/console/detail/api.hpp"
-#include "retryloop/consumer/headers.hpp"
-#include "retryloop/consumer/metrics.hpp"
 #include "retryloop/parking/parked_json.hpp"
+#include "retryloop/retry/headers.hpp"
+#include "retryloop/retry/metrics.hpp"
 #include "retryloop/topology/declarer.hpp"
 #include "retryloop/topology/plan.hpp"
 
@@ -411,10 +411,10 @@ void Core::start_job(const std::shared_ptr<Job>& job) {
   running_ = job;
   job->state = Job::State::running;
   job->started_ms = now_ms();
-  job->started_at = consumer::unix_seconds();
+  job->started_at = retry::unix_seconds();
   if (job->kind == Job::Kind::scan) return run_job(job);
   // Recorded before it touches a message: an action that cannot be recorded is not done.
-  job->audit_id = consumer::random_message_id();
+  job->audit_id = retry::random_message_id();
   std::weak_ptr<Core> weak = weak_from_this();
   audit_->append(audit_record(*job, "started"), [weak, job](const std::string& error) {
     auto self = weak.lock();
@@ -507,7 +507,7 @@ void Core::finish_job(const std::shared_ptr<Job>& job, const Error& error) {
   job->state = error ? Job::State::failed : Job::State::done;
   job->error = error ? error.message() : std::string();
   job->finished_ms = now_ms();
-  job->finished_at = consumer::unix_seconds();
+  job->finished_at = retry::unix_seconds();
   job->replay.reset();
   if (running_ == job) running_.reset();
   if (job->kind == Job::Kind::scan) {
@@ -696,7 +696,7 @@ Reply Core::state() {
       {"input_depth", input_depth_ ? nlohmann::json(*input_depth_) : nlohmann::json(nullptr)},
       {"depth_error", depth_error_},
       {"scan_error", scan_error_},
-      {"now", consumer::unix_seconds()},
+      {"now", retry::unix_seconds()},
       {"list_limit", options_.list_limit},
       {"rescan_after_ms", options_.rescan_after.count()}};
   out["scan"] = shown_scan_ ? scan_json(*shown_scan_) : nlohmann::json(nullptr);
@@ -714,8 +714,7 @@ Reply Core::state() {
 Reply Core::metrics() {
   refresh_depths();
   maybe_rescan();
-  const std::string service =
-      "service=\"" + consumer::prometheus_escaped(service_.name, true) + "\"";
+  const std::string service = "service=\"" + retry::prometheus_escaped(service_.name, true) + "\"";
   std::string out;
   auto gauge = [&out](const char* name, const char* help) {
     out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n";
@@ -724,7 +723,7 @@ Reply Core::metrics() {
         "Messages in the service's parking queue, looked up at most every few seconds.");
   if (depth_) {
     out += "retryloop_parking_depth{" + service + ",queue=\"" +
-           consumer::prometheus_escaped(parking_queue_, true) + "\"} " + std::to_string(*depth_) +
+           retry::prometheus_escaped(parking_queue_, true) + "\"} " + std::to_string(*depth_) +
            "\n";
   }
   gauge("retryloop_queue_messages",
@@ -739,7 +738,7 @@ Reply Core::metrics() {
   }
   for (const auto& [queue, depth] : queues) {
     out += "retryloop_queue_messages{" + service + ",queue=\"" +
-           consumer::prometheus_escaped(queue, true) + "\"} " + std::to_string(depth) + "\n";
+           retry::prometheus_escaped(queue, true) + "\"} " + std::to_string(depth) + "\n";
   }
   // Counts by reason only from a count of every parked message: a filtered one would undercount.
   const bool whole = shown_scan_ && shown_scan_->filter.empty();
@@ -748,12 +747,12 @@ Reply Core::metrics() {
   if (whole) {
     for (const auto& [reason, count] : shown_scan_->stats.by_reason) {
       out += "retryloop_parking_messages{" + service + ",reason=\"" +
-             consumer::prometheus_escaped(reason, true) + "\"} " + std::to_string(count) + "\n";
+             retry::prometheus_escaped(reason, true) + "\"} " + std::to_string(count) + "\n";
     }
   }
   gauge("retryloop_parking_count_age_seconds", "Seconds since that count ended.");
   if (whole) {
-    const uint64_t now = consumer::unix_seconds();
+    const uint64_t now = retry::unix_seconds();
     const uint64_t at = shown_scan_->finished_at;
     out += "retryloop_parking_count_age_seconds{" + service + "} " +
            std::to_string(now > at ? now - at : 0) + "\n";
@@ -799,7 +798,7 @@ Reply Core::message(uint64_t scan_id, size_t index) {
   const std::string& body = kept[index].message.body;
   shown.message.body = cut(body, kBodyShownBytes);
   const bool truncated = shown.body_size > shown.message.body.size();
-  nlohmann::json out = parking::message_json(shown, consumer::unix_seconds());
+  nlohmann::json out = parking::message_json(shown, retry::unix_seconds());
   out["scan"] = scan_id;
   out["index"] = index;
   out["body_size"] = shown.body_size;
@@ -861,7 +860,7 @@ Reply Core::request_action(Job::Kind kind, nlohmann::json request, const std::st
   parking::Filter filter;
   try {
     parse_filter(filter_json);
-    filter_json = pin_older_than(std::move(filter_json), consumer::unix_seconds());
+    filter_json = pin_older_than(std::move(filter_json), retry::unix_seconds());
     filter = parse_filter(filter_json);
   } catch (const std::invalid_argument& e) {
     return error_reply(400, std::string("filter: ") + e.what());
@@ -888,7 +887,7 @@ Reply Core::request_action(Job::Kind kind, nlohmann::json request, const std::st
 Reply Core::stop_action() {
   if (auto stopped = jobs_.stop_waiting_action()) {
     stopped->started_ms = stopped->finished_ms = now_ms();
-    stopped->finished_at = consumer::unix_seconds();
+    stopped->finished_at = retry::unix_seconds();
     last_action_ = stopped;
     log_action(*stopped);
     return json_reply({{"stopped", true}});

@@ -53,7 +53,7 @@ std::string_view Message::message_id() const {
 }
 
 std::optional<TraceContext> Message::trace_context() const {
-  return consumer::trace_context(headers());
+  return retry::trace_context(headers());
 }
 
 const char* to_string(Settlement settlement) {
@@ -164,7 +164,7 @@ void ConsumerImpl::init_handles() {
   if (options_.stop_on_signals) {
     ++open_handles_;
     std::weak_ptr<ConsumerImpl> weak = weak_from_this();
-    signals_ = std::make_unique<client::StopSignals>(
+    signals_ = std::make_unique<process::StopSignals>(
         loop_,
         [weak](int signum) {
           auto self = weak.lock();
@@ -314,7 +314,7 @@ void ConsumerImpl::on_delivery(client::Delivery&& delivery) {
   start_handlers();
 }
 
-std::string ConsumerImpl::over_delivery_limit(const AttemptInfo& info) const {
+std::string ConsumerImpl::over_delivery_limit(const retry::AttemptInfo& info) const {
   const char* what =
       " (its consumer crashed, stalled or gave it back each time); its handler was "
       "not run again";
@@ -344,8 +344,8 @@ void ConsumerImpl::begin_handling(Pending& pending) {
   pending.handling = std::make_unique<Handling>();
   Message& message = pending.message;
   pending.handling->info =
-      read_attempt_info(message.properties, topology::input_queue_name(options_.service),
-                        message.exchange, message.routing_key);
+      retry::read_attempt_info(message.properties, topology::input_queue_name(options_.service),
+                               message.exchange, message.routing_key);
   if (options_.service.retry.mode == topology::RetryMode::in_queue) {
     // The queue counts the failed deliveries (RabbitMQ 4.3): each is an attempt.
     pending.handling->info.attempt += pending.handling->info.delivery_count;
@@ -360,13 +360,13 @@ void ConsumerImpl::park_undecodable(const std::shared_ptr<Pending>& pending,
   // parked at once, its property bytes kept whole in a header, persistent like it may have been.
   amqp::BasicProperties& properties = pending->message.properties;
   properties.delivery_mode = 2;
-  properties.headers.emplace().set(std::string(header::raw_properties),
+  properties.headers.emplace().set(std::string(retry::header::raw_properties),
                                    amqp::ByteArray{original.raw_properties});
-  Decision& decision = pending->handling->decision;
-  decision.action = Action::park;
+  retry::Decision& decision = pending->handling->decision;
+  decision.action = retry::Action::park;
   decision.reason = ParkReason::poison;
   decision.error = "its properties cannot be decoded (" + original.properties_error.message() +
-                   "); their bytes are in " + std::string(header::raw_properties);
+                   "); their bytes are in " + std::string(retry::header::raw_properties);
   settling_[pending->id] = pending;
   publish_copy(pending);
 }
@@ -395,8 +395,8 @@ void ConsumerImpl::start_handlers() {
 void ConsumerImpl::run_handler(const std::shared_ptr<Pending>& pending) {
   begin_handling(*pending);
   if (std::string why = over_delivery_limit(pending->handling->info); !why.empty()) {
-    Decision& decision = pending->handling->decision;
-    decision.action = Action::park;
+    retry::Decision& decision = pending->handling->decision;
+    decision.action = retry::Action::park;
     decision.reason = ParkReason::delivery_limit;
     decision.error = std::move(why);
     carry_out(pending);
@@ -476,7 +476,7 @@ void ConsumerImpl::handler_done(const std::shared_ptr<Pending>& pending, Outcome
     log_outcome(*pending, "abandoned",
                 "its channel closed while the handler ran; the broker redelivers it");
   } else {
-    pending->handling->decision = decide(options_.service, pending->handling->info, outcome);
+    pending->handling->decision = retry::decide(options_.service, pending->handling->info, outcome);
     carry_out(pending);
   }
   start_handlers();
@@ -489,15 +489,15 @@ bool ConsumerImpl::is_live(const Pending& pending) const {
 }
 
 void ConsumerImpl::carry_out(const std::shared_ptr<Pending>& pending) {
-  const Decision& decision = pending->handling->decision;
+  const retry::Decision& decision = pending->handling->decision;
   switch (decision.action) {
-    case Action::ack:
-    case Action::drop:
+    case retry::Action::ack:
+    case retry::Action::drop:
       if (pending->channel->ack(pending->delivery_tag)) {
         abandon(*pending);
         return;
       }
-      if (decision.action == Action::ack) {
+      if (decision.action == retry::Action::ack) {
         ++metrics_.acked;
         log_outcome(*pending, "acked", {});
         end_span(*pending, Settlement::acked);
@@ -507,10 +507,10 @@ void ConsumerImpl::carry_out(const std::shared_ptr<Pending>& pending) {
         end_span(*pending, Settlement::dropped);
       }
       return;
-    case Action::reject_to_wait:
-    case Action::requeue_delayed:
+    case retry::Action::reject_to_wait:
+    case retry::Action::requeue_delayed:
       if (pending->channel->reject(pending->delivery_tag,
-                                   decision.action == Action::requeue_delayed)) {
+                                   decision.action == retry::Action::requeue_delayed)) {
         abandon(*pending);
         return;
       }
@@ -518,8 +518,8 @@ void ConsumerImpl::carry_out(const std::shared_ptr<Pending>& pending) {
       log_outcome(*pending, "retry", decision.error);
       end_span(*pending, Settlement::retried);
       return;
-    case Action::publish_to_wait:
-    case Action::park:
+    case retry::Action::publish_to_wait:
+    case retry::Action::park:
       settling_[pending->id] = pending;
       publish_copy(pending);
       return;
@@ -530,7 +530,7 @@ void ConsumerImpl::log_outcome(const Pending& pending, const char* what,
                                const std::string& text) const {
   auto* log = options_.logger.get();
   if (log == nullptr) return;
-  const Decision& decision = pending.handling->decision;
+  const retry::Decision& decision = pending.handling->decision;
   const auto level = std::string_view(what) == "acked" ? spdlog::level::debug
                      : std::string_view(what) == "parked" || std::string_view(what) == "abandoned"
                          ? spdlog::level::warn
@@ -538,8 +538,8 @@ void ConsumerImpl::log_outcome(const Pending& pending, const char* what,
   if (!log->should_log(level)) return;
   std::string detail;
   if (std::string_view(what) == "retry") {
-    detail = decision.action == Action::reject_to_wait    ? " via=reject"
-             : decision.action == Action::requeue_delayed ? " via=in-queue"
+    detail = decision.action == retry::Action::reject_to_wait    ? " via=reject"
+             : decision.action == retry::Action::requeue_delayed ? " via=in-queue"
              : decision.hops > 0 || !decision.wait_exchange.empty()
                  ? " via=delay-levels hops=" + std::to_string(decision.hops)
                  : " via=republish";
@@ -547,8 +547,9 @@ void ConsumerImpl::log_outcome(const Pending& pending, const char* what,
     if (decision.requested_delay) {
       detail += " requested=" + topology::duration_label(*decision.requested_delay);
       if (decision.capped) {
-        detail += decision.action == Action::reject_to_wait ? " (reject mode waits its one delay)"
-                  : decision.action == Action::requeue_delayed
+        detail += decision.action == retry::Action::reject_to_wait
+                      ? " (reject mode waits its one delay)"
+                  : decision.action == retry::Action::requeue_delayed
                       ? " (in_queue mode waits what the queue's delayed retry gives)"
                       : " (capped: the longest wait the topology allows)";
       }
@@ -571,9 +572,9 @@ std::string ConsumerImpl::message_fields(const Pending& pending) const {
   return fields;
 }
 
-void ConsumerImpl::count_retry(const Decision& decision) {
+void ConsumerImpl::count_retry(const retry::Decision& decision) {
   ++metrics_.retried;
-  ++metrics_.retried_by_delay[retry_delay_label(options_.service, decision)];
+  ++metrics_.retried_by_delay[retry::retry_delay_label(options_.service, decision)];
 }
 
 void ConsumerImpl::abandon(const Pending& pending) {

@@ -11,9 +11,9 @@
 #include <unordered_map>
 
 #include "parking_depth.hpp"
-#include "retryloop/client/signals.hpp"
 #include "retryloop/consumer/consumer.hpp"
 #include "retryloop/consumer/detail/worker_pool.hpp"
+#include "retryloop/process/stop_signals.hpp"
 #include "session.hpp"
 
 namespace retryloop::consumer::detail {
@@ -54,12 +54,12 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   /// What a delivery gathers from the moment its handler starts. Kept apart so that the many
   /// deliveries waiting for a handler (up to the prefetch) hold only their message.
   struct Handling {
-    AttemptInfo info;
+    retry::AttemptInfo info;
     uint64_t started_ns = 0;
     /// When a handler on a worker thread returned (uv_hrtime); 0 for the other modes.
     uint64_t finished_ns = 0;
     bool threw = false;
-    Decision decision;
+    retry::Decision decision;
     /// The retry or parking copy's properties, built once. Apart, so that the record of a
     /// delivery that is acked stays small enough for malloc's fast path.
     std::unique_ptr<amqp::BasicProperties> copy;
@@ -106,7 +106,7 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
 
   void on_delivery(client::Delivery&& delivery);
   void begin_handling(Pending& pending);
-  std::string over_delivery_limit(const AttemptInfo& info) const;
+  std::string over_delivery_limit(const retry::AttemptInfo& info) const;
   void park_undecodable(const std::shared_ptr<Pending>& pending, const client::Message& original);
   /// How many handlers may be started or handed to the worker pool at once.
   size_t handler_window() const;
@@ -122,7 +122,7 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   void log_outcome(const Pending& pending, const char* what, const std::string& text) const;
   /// `service=... queue=... message_id=... attempt=...`, and `trace_id=...` when it has one.
   std::string message_fields(const Pending& pending) const;
-  void count_retry(const Decision& decision);
+  void count_retry(const retry::Decision& decision);
   /// Counts an abandoned delivery and ends its span.
   void abandon(const Pending& pending);
   void end_span(const Pending& pending, Settlement settlement);
@@ -134,7 +134,7 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   void copy_refused(const std::shared_ptr<Pending>& pending, const client::PublishOutcome& outcome);
   void copy_too_large(const std::shared_ptr<Pending>& pending, const client::Error& error);
   bool reject_uncopyable(const std::shared_ptr<Pending>& pending);
-  ParkingNote parking_note(const Decision& decision) const;
+  retry::ParkingNote parking_note(const retry::Decision& decision) const;
   /// Adds this attempt (and the ones before it that no copy recorded) to the copy's history.
   void record_attempt(Handling& handling) const;
   void count_parked(ParkReason reason);
@@ -169,7 +169,7 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
 
   uv_timer_t reconnect_timer_{};
   uv_timer_t tick_timer_{};
-  std::unique_ptr<client::StopSignals> signals_;
+  std::unique_ptr<process::StopSignals> signals_;
   int open_handles_ = 0;
   bool handles_open_ = false;
   uint64_t last_metrics_log_ms_ = 0;

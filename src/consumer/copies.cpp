@@ -1,8 +1,8 @@
 #include <spdlog/spdlog.h>
 
 #include "consumer_impl.hpp"
-#include "retryloop/client/move.hpp"
-#include "retryloop/consumer/history.hpp"
+#include "retryloop/retry/history.hpp"
+#include "retryloop/retry/move.hpp"
 
 // The consumer's retry and parking copies: each is published with a confirm, mandatory, and its
 // original acked only after the broker confirmed it and did not return it (client::
@@ -24,15 +24,15 @@ void ConsumerImpl::publish_copy(const std::shared_ptr<Pending>& pending) {
     return;
   }
   pending->handling->paused = false;
-  const Decision& decision = pending->handling->decision;
-  const bool to_wait = decision.action == Action::publish_to_wait;
+  const retry::Decision& decision = pending->handling->decision;
+  const bool to_wait = decision.action == retry::Action::publish_to_wait;
   if (!pending->handling->copy) {
     if (to_wait) {
-      pending->handling->copy = std::make_unique<amqp::BasicProperties>(
-          make_retry_copy(pending->message.properties, pending->handling->info, unix_seconds(),
-                          unix_milliseconds() + uint64_t(decision.delay.count())));
+      pending->handling->copy = std::make_unique<amqp::BasicProperties>(retry::make_retry_copy(
+          pending->message.properties, pending->handling->info, retry::unix_seconds(),
+          retry::unix_milliseconds() + uint64_t(decision.delay.count())));
     } else {
-      pending->handling->copy = std::make_unique<amqp::BasicProperties>(make_parking_copy(
+      pending->handling->copy = std::make_unique<amqp::BasicProperties>(retry::make_parking_copy(
           pending->message.properties, pending->handling->info, parking_note(decision)));
     }
     record_attempt(*pending->handling);
@@ -45,7 +45,7 @@ void ConsumerImpl::publish_copy(const std::shared_ptr<Pending>& pending) {
       to_wait ? decision.wait_routing_key : topology::input_queue_name(options_.service);
   pending->handling->published_at_ms = uv_now(loop_);
   std::weak_ptr<ConsumerImpl> weak = weak_from_this();
-  Error error = client::move_delivery(
+  Error error = retry::move_delivery(
       *session_->publish_channel(), pending->channel, pending->delivery_tag,
       {exchange, routing_key, *pending->handling->copy, pending->message.body},
       [weak, pending](const client::PublishOutcome& outcome, const Error& ack_error) {
@@ -64,26 +64,26 @@ void ConsumerImpl::copy_too_large(const std::shared_ptr<Pending>& pending, const
   // to what fits.
   Handling& handling = *pending->handling;
   amqp::BasicProperties& copy = *handling.copy;
-  if (shorten_history(copy)) {
+  if (retry::shorten_history(copy)) {
     publish_copy(pending);
     return;
   }
-  amqp::FieldValue* value = copy.headers ? copy.headers->find(header::error) : nullptr;
+  amqp::FieldValue* value = copy.headers ? copy.headers->find(retry::header::error) : nullptr;
   std::string* text = value ? value->get_if<std::string>() : nullptr;
   if (text != nullptr && !text->empty()) {
-    *text = truncate_utf8(*text, text->size() / 2);
+    *text = retry::truncate_utf8(*text, text->size() / 2);
     publish_copy(pending);
     return;
   }
   auto* log = options_.logger.get();
-  const bool to_wait = handling.decision.action == Action::publish_to_wait;
+  const bool to_wait = handling.decision.action == retry::Action::publish_to_wait;
   ++metrics_.copies_too_large;
   if (to_wait) {
     // A retry by reject instead: Q dead-letters it into its first wait queue inside the broker,
     // where no frame_max applies, and it comes back with every byte and one more attempt counted
     // by x-death, so the attempt cap still ends it (in parking, below).
     if (reject_uncopyable(pending)) {
-      handling.decision.action = Action::reject_to_wait;  // through the first delay's queue
+      handling.decision.action = retry::Action::reject_to_wait;  // through the first delay's queue
       handling.decision.wait_exchange.clear();
       handling.decision.delay = topology::delay_after_attempt(options_.service, 1);
       count_retry(handling.decision);
@@ -102,11 +102,11 @@ void ConsumerImpl::copy_too_large(const std::shared_ptr<Pending>& pending, const
     handling.stripped = true;
     amqp::BasicProperties bare = pending->message.properties;
     bare.headers.reset();
-    ParkingNote note = parking_note(handling.decision);
+    retry::ParkingNote note = parking_note(handling.decision);
     note.error = "its headers were removed, the copy needs a header frame over frame_max (" +
                  error.message() + "); " + handling.decision.error;
-    handling.copy =
-        std::make_unique<amqp::BasicProperties>(make_parking_copy(bare, handling.info, note));
+    handling.copy = std::make_unique<amqp::BasicProperties>(
+        retry::make_parking_copy(bare, handling.info, note));
     record_attempt(handling);
     if (log) {
       log->error("{} parking copy too large ({}); parking it without its headers",
@@ -127,30 +127,30 @@ void ConsumerImpl::copy_too_large(const std::shared_ptr<Pending>& pending, const
   maybe_finish_stop();
 }
 
-ParkingNote ConsumerImpl::parking_note(const Decision& decision) const {
-  ParkingNote note;
+retry::ParkingNote ConsumerImpl::parking_note(const retry::Decision& decision) const {
+  retry::ParkingNote note;
   note.reason = decision.reason;
   note.error = decision.error;
   note.queue = topology::input_queue_name(options_.service);
   note.consumer = options_.consumer_name;
-  note.now_seconds = unix_seconds();
+  note.now_seconds = retry::unix_seconds();
   return note;
 }
 
 void ConsumerImpl::record_attempt(Handling& handling) const {
-  const Decision& decision = handling.decision;
+  const retry::Decision& decision = handling.decision;
   const topology::RetryMode mode = options_.service.retry.mode;
-  HistoryEntry entry;
+  retry::HistoryEntry entry;
   entry.attempt = handling.info.attempt;
-  entry.at = unix_seconds();
+  entry.at = retry::unix_seconds();
   entry.error = decision.error;
   entry.consumer = options_.consumer_name;
-  if (decision.action == Action::publish_to_wait) {
-    entry.outcome = history_outcome::retry;
+  if (decision.action == retry::Action::publish_to_wait) {
+    entry.outcome = retry::history_outcome::retry;
     entry.delay_ms = decision.delay.count();
     entry.via = "republish";
   } else {
-    entry.outcome = history_outcome::parked;
+    entry.outcome = retry::history_outcome::parked;
     entry.reason = to_string(decision.reason);
     entry.via = topology::to_string(mode);
   }
@@ -160,8 +160,8 @@ void ConsumerImpl::record_attempt(Handling& handling) const {
   std::optional<int64_t> delay;
   if (mode == topology::RetryMode::reject)
     delay = topology::delay_after_attempt(options_.service, 1).count();
-  record_history(*handling.copy, std::move(entry), in_queue ? "in_queue" : "reject", delay,
-                 handling.info.first_failure);
+  retry::record_history(*handling.copy, std::move(entry), in_queue ? "in_queue" : "reject", delay,
+                        handling.info.first_failure);
 }
 
 bool ConsumerImpl::reject_uncopyable(const std::shared_ptr<Pending>& pending) {
@@ -205,8 +205,8 @@ void ConsumerImpl::copy_settled(const std::shared_ptr<Pending>& pending,
     maybe_finish_stop();
     return;
   }
-  const Decision& decision = pending->handling->decision;
-  if (decision.action == Action::publish_to_wait) {
+  const retry::Decision& decision = pending->handling->decision;
+  if (decision.action == retry::Action::publish_to_wait) {
     count_retry(decision);
     log_outcome(*pending, "retry", decision.error);
     end_span(*pending, Settlement::retried);
@@ -243,7 +243,7 @@ void ConsumerImpl::copy_refused(const std::shared_ptr<Pending>& pending,
   if (auto* log = options_.logger.get()) {
     log->warn("{} {} copy {}; the original stays unacked, publishing again in {} ms",
               message_fields(*pending),
-              pending->handling->decision.action == Action::park ? "parking" : "retry", why,
+              pending->handling->decision.action == retry::Action::park ? "parking" : "retry", why,
               delay.count());
   }
 }

@@ -24,7 +24,7 @@ class InboxImpl {
     release(std::move(database));
   }
 
-  consumer::Outcome handle(const consumer::Message& message, const TransactionalHandler& handler);
+  retry::Outcome handle(const consumer::Message& message, const TransactionalHandler& handler);
   uint64_t clean_up(store::Database& database);
   uint64_t clean_up() {
     auto database = acquire();
@@ -81,20 +81,20 @@ class InboxImpl {
       cancelled_{0};
 };
 
-consumer::Outcome InboxImpl::handle(const consumer::Message& message,
-                                    const TransactionalHandler& handler) {
+retry::Outcome InboxImpl::handle(const consumer::Message& message,
+                                 const TransactionalHandler& handler) {
   const std::string_view id = message.message_id();
   if (id.empty()) {
     ++missing_id_;
     if (options_.missing_message_id == MissingMessageId::park) {
-      return consumer::Outcome::poison(
+      return retry::Outcome::poison(
           "no message-id: the inbox of consumer '" + options_.consumer +
           "' cannot tell a redelivery of this message from a new one (publish with a "
           "message-id, or set missing_message_id to handle)");
     }
   }
   auto database = acquire();
-  consumer::Outcome outcome;
+  retry::Outcome outcome;
   try {
     store::Transaction transaction(*database);
     if (!id.empty()) {
@@ -105,8 +105,8 @@ consumer::Outcome InboxImpl::handle(const consumer::Message& message,
       if (recorded.affected == 0) {
         ++duplicates_;
         outcome =
-            consumer::Outcome::drop("duplicate: message id " + std::string(id) +
-                                    " was handled already by consumer '" + options_.consumer + "'");
+            retry::Outcome::drop("duplicate: message id " + std::string(id) +
+                                 " was handled already by consumer '" + options_.consumer + "'");
         transaction.commit();  // nothing written; ends the transaction
         release(std::move(database));
         return outcome;
@@ -118,12 +118,12 @@ consumer::Outcome InboxImpl::handle(const consumer::Message& message,
         ++cancelled_;
         transaction.commit();  // the id recorded, the cancellation used up
         release(std::move(database));
-        return consumer::Outcome::drop("cancelled: scheduled message " + std::string(id) +
-                                       " was cancelled before it was due");
+        return retry::Outcome::drop("cancelled: scheduled message " + std::string(id) +
+                                    " was cancelled before it was due");
       }
     }
     outcome = handler(message, *database);
-    if (outcome.kind == consumer::OutcomeKind::ack || outcome.kind == consumer::OutcomeKind::drop) {
+    if (outcome.kind == retry::OutcomeKind::ack || outcome.kind == retry::OutcomeKind::drop) {
       transaction.commit();
       ++handled_;
     } else {
@@ -235,7 +235,7 @@ CancelResult cancel_scheduled(store::Database& database, const std::string& mess
 
 std::string prometheus_text(const InboxStats& stats, const std::string& consumer_name) {
   const std::string labels =
-      "{consumer=\"" + consumer::prometheus_escaped(consumer_name, true) + "\"} ";
+      "{consumer=\"" + retry::prometheus_escaped(consumer_name, true) + "\"} ";
   std::string out;
   auto counter = [&](const char* family, const char* help, uint64_t value) {
     out += std::string("# HELP ") + family + " " + help + "\n# TYPE " + family + " counter\n" +

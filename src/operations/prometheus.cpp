@@ -11,7 +11,7 @@ namespace {
 
 using Labels = std::vector<std::pair<std::string_view, std::string>>;
 
-using consumer::prometheus_escaped;
+using retry::prometheus_escaped;
 
 /// Microseconds as seconds, exactly: 250 -> "0.00025", 60000000 -> "60".
 std::string seconds_text(uint64_t us) {
@@ -145,7 +145,7 @@ void write_latency(Exposition& out, const std::vector<ConsumerStatus>& consumers
   const char* name = "messaging_process_duration_seconds";
   out.family(name, "histogram",
              "How long the handler took, per delivery it ran for (the handler latency).");
-  using consumer::LatencyHistogram;
+  using retry::LatencyHistogram;
   for (const auto& status : consumers) {
     const LatencyHistogram& histogram = status.metrics.handler_latency;
     const Labels labels = messaging_labels(status, "process");
@@ -205,14 +205,14 @@ std::string prometheus_text(const std::vector<ConsumerStatus>& all) {
   out.family("retryloop_parked_messages_total", "counter",
              "Messages parked (their parking copy confirmed), by reason.");
   for (const auto& status : consumers) {
-    const std::pair<consumer::ParkReason, uint64_t> parked[] = {
-        {consumer::ParkReason::exhausted, status.metrics.parked_exhausted},
-        {consumer::ParkReason::permanent, status.metrics.parked_permanent},
-        {consumer::ParkReason::poison, status.metrics.parked_poison},
-        {consumer::ParkReason::delivery_limit, status.metrics.parked_delivery_limit}};
+    const std::pair<retry::ParkReason, uint64_t> parked[] = {
+        {retry::ParkReason::exhausted, status.metrics.parked_exhausted},
+        {retry::ParkReason::permanent, status.metrics.parked_permanent},
+        {retry::ParkReason::poison, status.metrics.parked_poison},
+        {retry::ParkReason::delivery_limit, status.metrics.parked_delivery_limit}};
     for (const auto& [reason, count] : parked) {
       Labels labels = own_labels(status);
-      labels.emplace_back("reason", consumer::to_string(reason));
+      labels.emplace_back("reason", retry::to_string(reason));
       out.sample("retryloop_parked_messages_total", labels, std::to_string(count));
     }
   }

@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "retryloop/client/channel.hpp"
-#include "retryloop/client/signals.hpp"
 #include "retryloop/outbox/outbox.hpp"
 #include "retryloop/outbox/schema.hpp"
+#include "retryloop/process/stop_signals.hpp"
 #include "retryloop/schedule/scheduler.hpp"
 #include "retryloop/store/database.hpp"
 #include "rows.hpp"
@@ -226,7 +226,7 @@ class RelayImpl : public std::enable_shared_from_this<RelayImpl> {
 
   uint64_t generation_ = 0;
   uint64_t last_cleanup_ms_ = 0;
-  std::unique_ptr<client::StopSignals> signals_;
+  std::unique_ptr<process::StopSignals> signals_;
 };
 
 std::string RelayImpl::start() {
@@ -261,7 +261,7 @@ std::string RelayImpl::start() {
   }
   if (options_.stop_on_signals) {
     std::weak_ptr<RelayImpl> weak = shared_from_this();
-    signals_ = std::make_unique<client::StopSignals>(
+    signals_ = std::make_unique<process::StopSignals>(
         loop_,
         [weak](int signum) {
           auto self = weak.lock();

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <ctime>
 
-#include "retryloop/consumer/history.hpp"
+#include "retryloop/retry/history.hpp"
 
 namespace retryloop::parking {
 
@@ -21,7 +21,7 @@ nlohmann::json table_json(const amqp::FieldTable& table) {
 }  // namespace
 
 nlohmann::json history_json(const amqp::FieldTable* headers) {
-  const consumer::History history = consumer::read_history(headers);
+  const retry::History history = retry::read_history(headers);
   nlohmann::json entries = nlohmann::json::array();
   for (const auto& entry : history.entries) {
     nlohmann::json out;

@@ -8,11 +8,11 @@
 #include <limits>
 #include <stdexcept>
 
-#include "retryloop/consumer/headers.hpp"
-#include "retryloop/consumer/history.hpp"
+#include "retryloop/retry/headers.hpp"
+#include "retryloop/retry/history.hpp"
 
 namespace retryloop::parking {
-namespace header = consumer::header;
+namespace header = retry::header;
 
 namespace {
 
@@ -298,19 +298,19 @@ amqp::BasicProperties make_replay_copy(const amqp::BasicProperties& properties,
   if (const amqp::FieldValue* previous = headers.find(header::replays)) {
     replays = previous->as_int64().value_or(0);
   }
-  consumer::HistoryEntry entry;
+  retry::HistoryEntry entry;
   if (const amqp::FieldValue* attempts = headers.find(header::attempts)) {
     entry.attempt = std::max<int64_t>(attempts->as_int64().value_or(0), 0);
   }
-  entry.at = note.now_seconds != 0 ? note.now_seconds : consumer::unix_seconds();
+  entry.at = note.now_seconds != 0 ? note.now_seconds : retry::unix_seconds();
   entry.outcome =
-      note.outcome.empty() ? std::string(consumer::history_outcome::replayed) : note.outcome;
+      note.outcome.empty() ? std::string(retry::history_outcome::replayed) : note.outcome;
   entry.via = note.via;
   entry.by = note.by;
-  consumer::record_history(copy, std::move(entry));
+  retry::record_history(copy, std::move(entry));
   headers.erase_if([](const std::string& name) {
-    return consumer::is_death_header(name) || is_parking_header(name) ||
-           name == consumer::header::delivery_count || name == consumer::header::acquired_count;
+    return retry::is_death_header(name) || is_parking_header(name) ||
+           name == retry::header::delivery_count || name == retry::header::acquired_count;
   });
   const int64_t next = replays < 0                                      ? 1
                        : replays == std::numeric_limits<int64_t>::max() ? replays

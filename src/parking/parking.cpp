@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <unordered_map>
 
-#include "retryloop/consumer/headers.hpp"
-#include "retryloop/consumer/history.hpp"
 #include "retryloop/parking/error.hpp"
+#include "retryloop/retry/headers.hpp"
+#include "retryloop/retry/history.hpp"
 #include "retryloop/topology/delay_levels.hpp"
 #include "walker.hpp"
 
@@ -141,7 +141,7 @@ Error stats(const std::shared_ptr<client::Connection>& connection, const topolog
       loop_queues.push_back(topology::delay_unrouted_name(service));
     }
   }
-  const uint64_t now = consumer::unix_seconds();
+  const uint64_t now = retry::unix_seconds();
   return Walker::start(
       connection, topology::parking_queue_name(service.name), options.window,
       [counts, filter = std::move(options.filter), keep = options.keep,
@@ -244,7 +244,7 @@ class ReplayRun : public Replay {
   ReplayOptions options_;
   std::string target_;
   topology::Service service_;
-  uint64_t now_ = consumer::unix_seconds();
+  uint64_t now_ = retry::unix_seconds();
   uint64_t taken_ = 0;
   uint64_t skipped_ = 0;
   uint64_t would_move_count_ = 0;
@@ -322,7 +322,7 @@ Error replay(const std::shared_ptr<client::Connection>& connection,
 amqp::BasicProperties make_edited_copy(const amqp::BasicProperties& original,
                                        const EditOptions& options, const std::string& new_id) {
   ActionNote note = options.note;
-  note.outcome = consumer::history_outcome::edited;
+  note.outcome = retry::history_outcome::edited;
   amqp::BasicProperties copy = make_replay_copy(original, note);
   amqp::FieldTable& headers = copy.headers ? *copy.headers : copy.headers.emplace();
   if (options.headers) {
@@ -330,7 +330,7 @@ amqp::BasicProperties make_edited_copy(const amqp::BasicProperties& original,
       return name.rfind("retryloop-", 0) != 0 || name == edited_from_header;
     });
     for (const auto& entry : *options.headers) {
-      if (entry.name.rfind("retryloop-", 0) == 0 || consumer::is_death_header(entry.name)) continue;
+      if (entry.name.rfind("retryloop-", 0) == 0 || retry::is_death_header(entry.name)) continue;
       headers.set(entry.name, entry.value);
     }
   }
@@ -353,7 +353,7 @@ Error edit(const std::shared_ptr<client::Connection>& connection, const topology
   auto state = std::make_shared<State>();
   state->target = options.to_queue.empty() ? topology::input_queue_name(service) : options.to_queue;
   state->options = std::move(options);
-  state->result.new_message_id = consumer::random_message_id();
+  state->result.new_message_id = retry::random_message_id();
   return Walker::start(
       connection, topology::parking_queue_name(service.name), 1,
       [state](ParkedMessage& parked) {
@@ -389,7 +389,7 @@ Error purge(const std::shared_ptr<client::Connection>& connection, const topolog
     uint64_t skipped = 0;
   };
   auto count = std::make_shared<Count>();
-  const uint64_t now = consumer::unix_seconds();
+  const uint64_t now = retry::unix_seconds();
   const bool execute = options.execute;
   return Walker::start(
       connection, topology::parking_queue_name(service.name), options.window,

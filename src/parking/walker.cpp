@@ -2,9 +2,9 @@
 
 #include <algorithm>
 
-#include "retryloop/client/move.hpp"
-#include "retryloop/consumer/history.hpp"
 #include "retryloop/parking/error.hpp"
+#include "retryloop/retry/history.hpp"
+#include "retryloop/retry/move.hpp"
 
 namespace retryloop::parking::detail {
 namespace {
@@ -269,7 +269,7 @@ void Walker::move(uint64_t delivery_tag, Decision&& decision, std::string&& body
   // A copy over frame_max gives up its oldest history entries first; one that still does not
   // fit stays parked, counted as failed.
   while (error.code == make_error_code(ClientError::properties_too_large) &&
-         consumer::shorten_history(decision.properties)) {
+         retry::shorten_history(decision.properties)) {
     error = publish_move(weak, delivery_tag, decision, body);
   }
   if (error.code == make_error_code(ClientError::properties_too_large)) {
@@ -286,7 +286,7 @@ void Walker::move(uint64_t delivery_tag, Decision&& decision, std::string&& body
 
 Error Walker::publish_move(const std::weak_ptr<Walker>& weak, uint64_t delivery_tag,
                            const Decision& decision, const std::string& body) {
-  return client::move_delivery(
+  return retry::move_delivery(
       *channel_, channel_, delivery_tag,
       {decision.exchange, decision.routing_key, decision.properties, body},
       [weak](const client::PublishOutcome& outcome, const Error& ack_error) {

@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <utility>
 
-#include "retryloop/consumer/headers.hpp"
+#include "retryloop/retry/headers.hpp"
 #include "retryloop/topology/duration.hpp"
 
 namespace retryloop::schedule {
@@ -63,10 +63,10 @@ ScheduledCopy make_scheduled_copy(const topology::Schedule& schedule, const std:
   if (!copy.properties.delivery_mode) copy.properties.delivery_mode = persistent;
   amqp::FieldTable& headers =
       copy.properties.headers ? *copy.properties.headers : copy.properties.headers.emplace();
-  headers.erase_if([](const std::string& name) { return consumer::is_death_header(name); });
+  headers.erase_if([](const std::string& name) { return retry::is_death_header(name); });
   if (copy.properties.expiration) {
-    if (headers.find(consumer::header::original_expiration) == nullptr) {
-      headers.set(std::string(consumer::header::original_expiration), *copy.properties.expiration);
+    if (headers.find(retry::header::original_expiration) == nullptr) {
+      headers.set(std::string(retry::header::original_expiration), *copy.properties.expiration);
     }
     copy.properties.expiration.reset();
   }

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "retryloop/client/channel.hpp"
-#include "retryloop/consumer/headers.hpp"
+#include "retryloop/retry/headers.hpp"
 #include "retryloop/schedule/scheduler.hpp"
 #include "retryloop/topology/delay_levels.hpp"
 
@@ -115,7 +115,7 @@ class StatsRun : public std::enable_shared_from_this<StatsRun> {
   void note_head(const amqp::BasicProperties& properties) {
     if (!properties.headers) return;
     const amqp::FieldValue* due = properties.headers->find(header::due_at);
-    if (due == nullptr) due = properties.headers->find(consumer::header::retry_due);
+    if (due == nullptr) due = properties.headers->find(retry::header::retry_due);
     if (due == nullptr) return;
     auto at = due->as_int64();
     if (!at) return;

@@ -10,7 +10,7 @@
 
 #include "retryloop/amqp/rabbit_extensions.hpp"
 #include "retryloop/consumer/consumer.hpp"
-#include "retryloop/consumer/history.hpp"
+#include "retryloop/retry/history.hpp"
 #include "support/consumer_fixture.hpp"
 #include "support/harness.hpp"
 #include "support/scripted_peer.hpp"
@@ -154,7 +154,7 @@ TEST_CASE("A parking copy is confirmed before its original is acked, and carries
   }));
   CHECK(copy.as<amqp::BasicPublish>().mandatory);
   CHECK(settlement(peer, at, 1).empty());  // nothing settles it before the confirm
-  const consumer::History history = consumer::read_history(&*copy.properties->headers);
+  const retry::History history = retry::read_history(&*copy.properties->headers);
   REQUIRE(history.entries.size() == 1);
   CHECK(history.entries[0].outcome == "parked");
   CHECK(history.entries[0].reason == "permanent");

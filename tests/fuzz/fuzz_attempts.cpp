@@ -11,9 +11,9 @@
 
 #include "retryloop/amqp/buffer.hpp"
 #include "retryloop/amqp/frame.hpp"
-#include "retryloop/consumer/headers.hpp"
-#include "retryloop/consumer/retry_policy.hpp"
 #include "retryloop/parking/parked_message.hpp"
+#include "retryloop/retry/headers.hpp"
+#include "retryloop/retry/retry_policy.hpp"
 
 using namespace retryloop;
 using namespace retryloop::consumer;

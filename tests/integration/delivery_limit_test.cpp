@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "retryloop/consumer/consumer.hpp"
-#include "retryloop/consumer/headers.hpp"
 #include "retryloop/parking/parking.hpp"
+#include "retryloop/retry/headers.hpp"
 #include "retryloop/topology/declarer.hpp"
 #include "retryloop/topology/plan.hpp"
 #include "retryloop/topology/topology_json.hpp"
@@ -241,8 +241,8 @@ TEST_CASE(
   }));
   REQUIRE(loop.run_until([&] { return got; }));
   REQUIRE(result);
-  const consumer::AttemptInfo info =
-      consumer::read_attempt_info(result->message.properties, s.queue(), "", "");
+  const retry::AttemptInfo info =
+      retry::read_attempt_info(result->message.properties, s.queue(), "", "");
   const bool counts_nacks = test::broker_version() != "4.3";
   CHECK(info.delivery_count == (counts_nacks ? 2 : 0));
   const amqp::FieldValue* acquired =

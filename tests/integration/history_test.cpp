@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "retryloop/consumer/consumer.hpp"
-#include "retryloop/consumer/history.hpp"
 #include "retryloop/parking/parked_json.hpp"
 #include "retryloop/parking/parking.hpp"
+#include "retryloop/retry/history.hpp"
 #include "support/consumer_fixture.hpp"
 #include "support/harness.hpp"
 
@@ -83,7 +83,7 @@ TEST_CASE(
     const auto parked = list_parked(loop, broker, service);
     REQUIRE(parked.size() == 1);
     const auto& headers = parked[0].message.properties.headers;
-    const consumer::History history = consumer::read_history(headers ? &*headers : nullptr);
+    const retry::History history = retry::read_history(headers ? &*headers : nullptr);
     CHECK(history.malformed.empty());
     CHECK(history.older == 0);
     REQUIRE(history.entries.size() == 5);
@@ -126,7 +126,7 @@ TEST_CASE(
     }
 
     // As `parking list --json` shows it.
-    const nlohmann::json json = parking::message_json(parked[0], consumer::unix_seconds());
+    const nlohmann::json json = parking::message_json(parked[0], retry::unix_seconds());
     REQUIRE(json["history"]["entries"].size() == 5);
     CHECK(json["history"]["entries"][3]["outcome"] == "replayed");
     CHECK(json["history"]["entries"][2]["at"].is_string());

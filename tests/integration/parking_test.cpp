@@ -840,7 +840,7 @@ TEST_CASE(
                                   applied = true;
                                 }));
   REQUIRE(loop.run_until([&] { return applied; }));
-  const uint64_t since = consumer::unix_milliseconds();
+  const uint64_t since = retry::unix_milliseconds();
 
   s.park(6, [](size_t i) { return i < 4 ? "exhausted" : "poison"; });
   auto replay = s.cli({"replay", "--reason", "exhausted"});

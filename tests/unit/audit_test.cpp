@@ -3,9 +3,9 @@
 #include <nlohmann/json.hpp>
 
 #include "retryloop/amqp/field_table.hpp"
-#include "retryloop/consumer/history.hpp"
 #include "retryloop/parking/audit.hpp"
 #include "retryloop/parking/parking.hpp"
+#include "retryloop/retry/history.hpp"
 #include "retryloop/topology/plan.hpp"
 #include "retryloop/topology/topology_json.hpp"
 
@@ -105,7 +105,7 @@ TEST_CASE("An edited copy gets the new headers, a new id, a link to the original
   CHECK(copy.headers->find("retryloop-reason") == nullptr);
   CHECK(*copy.headers->find("retryloop-replays")->as_int64() == 1);
   CHECK(*copy.headers->find("retryloop-original-routing-key")->as_string() == "order.created");
-  const consumer::History history = consumer::read_history(&*copy.headers);
+  const retry::History history = retry::read_history(&*copy.headers);
   REQUIRE(history.entries.size() == 1);
   CHECK(history.entries[0].outcome == "edited");
   CHECK(history.entries[0].by == "bob at 127.0.0.1");

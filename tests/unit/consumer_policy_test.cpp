@@ -6,15 +6,15 @@
 #include <set>
 
 #include "codec_support.hpp"
-#include "retryloop/consumer/backoff.hpp"
-#include "retryloop/consumer/headers.hpp"
-#include "retryloop/consumer/metrics.hpp"
-#include "retryloop/consumer/outcome.hpp"
-#include "retryloop/consumer/retry_policy.hpp"
+#include "retryloop/retry/backoff.hpp"
+#include "retryloop/retry/headers.hpp"
+#include "retryloop/retry/metrics.hpp"
+#include "retryloop/retry/outcome.hpp"
+#include "retryloop/retry/retry_policy.hpp"
 #include "retryloop/topology/topology.hpp"
 
 using namespace retryloop;
-using namespace retryloop::consumer;
+using namespace retryloop::retry;
 using namespace std::chrono_literals;
 using amqp::FieldArray;
 using amqp::FieldTable;

@@ -2,15 +2,15 @@
 
 #include "retryloop/amqp/buffer.hpp"
 #include "retryloop/amqp/properties.hpp"
-#include "retryloop/consumer/history.hpp"
 #include "retryloop/parking/parked_json.hpp"
 #include "retryloop/parking/parked_message.hpp"
+#include "retryloop/retry/history.hpp"
 
 #include <nlohmann/json.hpp>
 
 using namespace retryloop;
-using consumer::History;
-using consumer::HistoryEntry;
+using retry::History;
+using retry::HistoryEntry;
 
 namespace {
 
@@ -27,7 +27,7 @@ HistoryEntry retry_entry(int64_t attempt, std::string error = "timeout") {
 }
 
 History history_of(const amqp::BasicProperties& properties) {
-  return consumer::read_history(properties.headers ? &*properties.headers : nullptr);
+  return retry::read_history(properties.headers ? &*properties.headers : nullptr);
 }
 
 std::vector<int64_t> attempts_of(const History& history) {
@@ -42,7 +42,7 @@ std::vector<int64_t> attempts_of(const History& history) {
 TEST_CASE("A history entry survives the wire, field by field", "[history]") {
   amqp::BasicProperties properties;
   HistoryEntry entry = retry_entry(1, "customer 7 does not exist\nat line 3");
-  consumer::record_history(properties, entry);
+  retry::record_history(properties, entry);
   amqp::BasicProperties parked = properties;
   HistoryEntry park;
   park.attempt = 2;
@@ -52,7 +52,7 @@ TEST_CASE("A history entry survives the wire, field by field", "[history]") {
   park.via = "republish";
   park.reason = "exhausted";
   park.consumer = "host:2";
-  consumer::record_history(parked, park);
+  retry::record_history(parked, park);
 
   // Encode and decode the properties as the broker would pass them on.
   std::string encoded;
@@ -70,8 +70,8 @@ TEST_CASE("A history entry survives the wire, field by field", "[history]") {
   CHECK(history.entries[0] == entry);
   CHECK(history.entries[1] == park);
   CHECK(history.older == 0);
-  CHECK(decoded.headers->find(consumer::header::history)->type_letter() == 'A');
-  const auto& first = decoded.headers->find(consumer::header::history)
+  CHECK(decoded.headers->find(retry::header::history)->type_letter() == 'A');
+  const auto& first = decoded.headers->find(retry::header::history)
                           ->get_if<amqp::FieldArray>()
                           ->front()
                           .get_if<amqp::FieldTable>();
@@ -81,9 +81,9 @@ TEST_CASE("A history entry survives the wire, field by field", "[history]") {
 TEST_CASE("The history keeps the last 20 entries and counts the older ones", "[history]") {
   amqp::BasicProperties properties;
   for (int64_t attempt = 1; attempt <= 27; ++attempt)
-    consumer::record_history(properties, retry_entry(attempt));
+    retry::record_history(properties, retry_entry(attempt));
   const History history = history_of(properties);
-  REQUIRE(history.entries.size() == consumer::max_history_entries);
+  REQUIRE(history.entries.size() == retry::max_history_entries);
   CHECK(history.entries.front().attempt == 8);
   CHECK(history.entries.back().attempt == 27);
   CHECK(history.older == 7);
@@ -95,11 +95,11 @@ TEST_CASE("An error in the history is its first line, cut to 256 bytes at a char
   std::string error;
   for (int i = 0; i < 200; ++i)
     error += "\xc3\xa9";  // é, two bytes
-  consumer::record_history(properties, retry_entry(1, error + "\r\nsecond line"));
+  retry::record_history(properties, retry_entry(1, error + "\r\nsecond line"));
   const std::string kept = history_of(properties).entries.at(0).error;
   CHECK(kept.size() == 256);
   CHECK(kept == error.substr(0, 256));
-  consumer::record_history(properties, retry_entry(2, std::string(255, 'a') + "\xc3\xa9"));
+  retry::record_history(properties, retry_entry(2, std::string(255, 'a') + "\xc3\xa9"));
   CHECK(history_of(properties).entries.at(1).error == std::string(255, 'a'));
 }
 
@@ -109,7 +109,7 @@ TEST_CASE("Attempts that the broker moved are filled in when the next copy is ma
     HistoryEntry park;
     park.attempt = 3;
     park.outcome = "parked";
-    consumer::record_history(properties, park, "reject", 5000, 1'700'000'000);
+    retry::record_history(properties, park, "reject", 5000, 1'700'000'000);
     const History history = history_of(properties);
     REQUIRE(attempts_of(history) == std::vector<int64_t>{1, 2, 3});
     CHECK(history.entries[0].via == "reject");
@@ -121,19 +121,19 @@ TEST_CASE("Attempts that the broker moved are filled in when the next copy is ma
   }
   SECTION("recorded attempts are not added twice") {
     amqp::BasicProperties properties;
-    consumer::record_history(properties, retry_entry(1), "reject");
-    consumer::record_history(properties, retry_entry(2), "reject");
+    retry::record_history(properties, retry_entry(1), "reject");
+    retry::record_history(properties, retry_entry(2), "reject");
     CHECK(attempts_of(history_of(properties)) == std::vector<int64_t>{1, 2});
   }
   SECTION("a replay starts the count again") {
     amqp::BasicProperties properties;
-    consumer::record_history(properties, retry_entry(1), "reject");
-    consumer::record_history(properties, retry_entry(2), "reject");
+    retry::record_history(properties, retry_entry(1), "reject");
+    retry::record_history(properties, retry_entry(2), "reject");
     properties = parking::make_replay_copy(properties, {"", "cli", "ops@host", 1'700'000'500});
     HistoryEntry park;
     park.attempt = 2;
     park.outcome = "parked";
-    consumer::record_history(properties, park, "reject");
+    retry::record_history(properties, park, "reject");
     const History history = history_of(properties);
     REQUIRE(attempts_of(history) == std::vector<int64_t>{1, 2, 0, 1, 2});
     CHECK(history.entries[2].outcome == "replayed");
@@ -147,19 +147,19 @@ TEST_CASE("Attempts that the broker moved are filled in when the next copy is ma
     HistoryEntry park;
     park.attempt = 1'000'000'000;
     park.outcome = "parked";
-    consumer::record_history(properties, park, "reject");
+    retry::record_history(properties, park, "reject");
     const History history = history_of(properties);
-    CHECK(history.entries.size() == consumer::max_history_entries);
+    CHECK(history.entries.size() == retry::max_history_entries);
     CHECK(history.entries.back().attempt == 1'000'000'000);
-    CHECK(history.older == 1'000'000'000 - int64_t(consumer::max_history_entries));
+    CHECK(history.older == 1'000'000'000 - int64_t(retry::max_history_entries));
   }
 }
 
 TEST_CASE("A replay keeps the history and records the attempts it ends", "[history]") {
   amqp::BasicProperties parked;
-  consumer::record_history(parked, retry_entry(1));
-  parked.headers->set(std::string(consumer::header::attempts), int64_t(2));
-  parked.headers->set(std::string(consumer::header::reason), "exhausted");
+  retry::record_history(parked, retry_entry(1));
+  parked.headers->set(std::string(retry::header::attempts), int64_t(2));
+  parked.headers->set(std::string(retry::header::reason), "exhausted");
   const amqp::BasicProperties copy =
       parking::make_replay_copy(parked, {"", "console", "alice at 127.0.0.1", 0});
   const History history = history_of(copy);
@@ -168,35 +168,35 @@ TEST_CASE("A replay keeps the history and records the attempts it ends", "[histo
   CHECK(history.entries[1].attempt == 2);
   CHECK(history.entries[1].via == "console");
   CHECK(history.entries[1].at.has_value());
-  CHECK(copy.headers->find(consumer::header::reason) == nullptr);
+  CHECK(copy.headers->find(retry::header::reason) == nullptr);
 }
 
 TEST_CASE("A copy that must shrink gives up its oldest history entries first", "[history]") {
   amqp::BasicProperties properties;
   for (int64_t attempt = 1; attempt <= 9; ++attempt)
-    consumer::record_history(properties, retry_entry(attempt));
-  REQUIRE(consumer::shorten_history(properties));
+    retry::record_history(properties, retry_entry(attempt));
+  REQUIRE(retry::shorten_history(properties));
   History history = history_of(properties);
   CHECK(attempts_of(history) == std::vector<int64_t>{5, 6, 7, 8, 9});
   CHECK(history.older == 4);
-  while (consumer::shorten_history(properties)) {
+  while (retry::shorten_history(properties)) {
   }
   history = history_of(properties);
   CHECK(history.entries.empty());
   CHECK(history.older == 9);
-  CHECK_FALSE(consumer::shorten_history(properties));
+  CHECK_FALSE(retry::shorten_history(properties));
   amqp::BasicProperties none;
-  CHECK_FALSE(consumer::shorten_history(none));
+  CHECK_FALSE(retry::shorten_history(none));
 }
 
 TEST_CASE("A history header that is not retryloop's is reported, not trusted", "[history]") {
   amqp::FieldTable headers;
-  headers.set(std::string(consumer::header::history), "not an array");
-  CHECK_THAT(consumer::read_history(&headers).malformed, Catch::Contains("not an array"));
+  headers.set(std::string(retry::header::history), "not an array");
+  CHECK_THAT(retry::read_history(&headers).malformed, Catch::Contains("not an array"));
   amqp::FieldArray entries{amqp::FieldValue(int64_t(3)), amqp::FieldValue(amqp::FieldTable{})};
-  headers.set(std::string(consumer::header::history), entries);
-  headers.set(std::string(consumer::header::history_older), "x");
-  const History history = consumer::read_history(&headers);
+  headers.set(std::string(retry::header::history), entries);
+  headers.set(std::string(retry::header::history_older), "x");
+  const History history = retry::read_history(&headers);
   CHECK(history.entries.size() == 1);
   CHECK_THAT(history.malformed, Catch::Contains("[0] is not a table"));
   CHECK_THAT(history.malformed, Catch::Contains("retryloop-history-older"));
@@ -207,7 +207,7 @@ TEST_CASE("A history header that is not retryloop's is reported, not trusted", "
 
 TEST_CASE("parking list --json shows the history with ISO times", "[history]") {
   client::Message message;
-  consumer::record_history(message.properties, retry_entry(1));
+  retry::record_history(message.properties, retry_entry(1));
   const nlohmann::json json =
       parking::message_json(parking::read_parked(message, 0), 1'700'000'100);
   REQUIRE(json["history"]["entries"].size() == 1);

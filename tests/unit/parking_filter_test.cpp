@@ -4,13 +4,13 @@
 
 #include <limits>
 
-#include "retryloop/consumer/headers.hpp"
 #include "retryloop/parking/parked_message.hpp"
 #include "retryloop/parking/parking.hpp"
+#include "retryloop/retry/headers.hpp"
 
 using namespace retryloop;
 using namespace std::chrono_literals;
-namespace header = consumer::header;
+namespace header = retry::header;
 
 namespace {
 

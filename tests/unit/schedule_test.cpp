@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "retryloop/consumer/headers.hpp"
+#include "retryloop/retry/headers.hpp"
 #include "retryloop/schedule/scheduler.hpp"
 #include "retryloop/topology/delay_levels.hpp"
 #include "support/topology.hpp"
@@ -80,8 +80,8 @@ TEST_CASE("A scheduled message keeps its properties, gains two headers and loses
   CHECK(copy.properties.delivery_mode == 2);  // persistent unless the caller chose otherwise
   // A per-message TTL would cut the wait short: it is kept in a header instead.
   CHECK_FALSE(copy.properties.expiration);
-  REQUIRE(headers.find(consumer::header::original_expiration));
-  CHECK(*headers.find(consumer::header::original_expiration)->as_string() == "500");
+  REQUIRE(headers.find(retry::header::original_expiration));
+  CHECK(*headers.find(retry::header::original_expiration)->as_string() == "500");
   CHECK(*headers.find("tenant")->as_string() == "acme");
   CHECK(headers.find("x-death") == nullptr);
   CHECK(headers.find("x-first-death-queue") == nullptr);

@@ -2,11 +2,11 @@
 
 #include <catch2/catch.hpp>
 
-#include "retryloop/consumer/trace_context.hpp"
+#include "retryloop/retry/trace_context.hpp"
 
 using namespace retryloop;
-using consumer::parse_traceparent;
-using consumer::trace_context;
+using retry::parse_traceparent;
+using retry::trace_context;
 
 namespace {
 const char* const valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";

@@ -13,12 +13,12 @@
 #include "retryloop/client/connection.hpp"
 #include "retryloop/client/error.hpp"
 #include "retryloop/client/loop.hpp"
-#include "retryloop/consumer/backoff.hpp"
-#include "retryloop/consumer/headers.hpp"
-#include "retryloop/consumer/metrics.hpp"
-#include "retryloop/consumer/outcome.hpp"
-#include "retryloop/consumer/retry_policy.hpp"
-#include "retryloop/consumer/trace_context.hpp"
+#include "retryloop/retry/backoff.hpp"
+#include "retryloop/retry/headers.hpp"
+#include "retryloop/retry/metrics.hpp"
+#include "retryloop/retry/outcome.hpp"
+#include "retryloop/retry/retry_policy.hpp"
+#include "retryloop/retry/trace_context.hpp"
 #include "retryloop/topology/topology.hpp"
 
 namespace spdlog {
@@ -26,6 +26,19 @@ class logger;
 }
 
 namespace retryloop::consumer {
+
+/// The retry layer's names that a handler and the consumer's options speak in, also here, so
+/// that a service writes consumer::Outcome and needs only this header.
+using retry::Backoff;
+using retry::ExceptionPolicy;
+using retry::Metrics;
+using retry::Outcome;
+using retry::OutcomeKind;
+using retry::ParkReason;
+using retry::PermanentError;
+using retry::RetryAfterError;
+using retry::to_string;
+using retry::TraceContext;
 
 namespace detail {
 class ConsumerImpl;

@@ -57,7 +57,7 @@ struct InboxStats {
 /// its writes together with the message id; any other outcome, or an exception, rolls both
 /// back, and the message goes to its retry or to parking as usual.
 using TransactionalHandler =
-    std::function<consumer::Outcome(const consumer::Message& message, store::Database& database)>;
+    std::function<retry::Outcome(const consumer::Message& message, store::Database& database)>;
 
 /// The idempotent consumer: makes a retry consumer's handler run at most once per message id,
 /// even when the broker delivers a message twice (a redelivery after a crash between commit and

@@ -18,7 +18,7 @@ struct ConsumerStatus {
   /// The broker blocks its publishing connection (Consumer::is_blocked).
   bool blocked = false;
   size_t in_flight = 0;
-  consumer::Metrics metrics;
+  retry::Metrics metrics;
 };
 
 /// The status of `consumer` now. On its loop thread only, like every call of a Consumer.

@@ -9,8 +9,8 @@
 
 #include "retryloop/client/connection.hpp"
 #include "retryloop/client/loop.hpp"
-#include "retryloop/consumer/backoff.hpp"
 #include "retryloop/outbox/outbox.hpp"
+#include "retryloop/retry/backoff.hpp"
 #include "retryloop/topology/topology.hpp"
 
 namespace spdlog {
@@ -55,7 +55,7 @@ struct RelayOptions {
   /// applied). Without it such a row is marked failed, naming why.
   std::optional<topology::Schedule> schedule;
   /// Delay before reconnecting to the broker or the database after a loss.
-  consumer::Backoff recovery{};
+  retry::Backoff recovery{};
   /// Stop gracefully on the first SIGINT or SIGTERM, at once on the second.
   bool stop_on_signals = false;
   /// Where the relay logs; nullptr: nowhere.

@@ -9,7 +9,7 @@
 #include "retryloop/amqp/properties.hpp"
 #include "retryloop/client/channel.hpp"
 #include "retryloop/client/publish.hpp"
-#include "retryloop/consumer/headers.hpp"
+#include "retryloop/retry/headers.hpp"
 #include "retryloop/topology/delay_levels.hpp"
 #include "retryloop/topology/topology.hpp"
 
@@ -101,6 +101,6 @@ class Scheduler {
 /// Milliseconds since the Unix epoch.
 int64_t now_ms();
 
-using consumer::random_message_id;
+using retry::random_message_id;
 
 }  // namespace retryloop::schedule

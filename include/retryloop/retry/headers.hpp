@@ -8,7 +8,7 @@
 #include "retryloop/amqp/field_table.hpp"
 #include "retryloop/amqp/properties.hpp"
 
-namespace retryloop::consumer {
+namespace retryloop::retry {
 
 // The header contract (design, "Header contract"): retryloop's own headers carry no `x-` prefix
 // so that every RabbitMQ version leaves them alone.
@@ -133,4 +133,4 @@ std::string random_message_id();
 /// `text` cut to at most `max_bytes` without splitting a UTF-8 sequence.
 std::string truncate_utf8(std::string_view text, size_t max_bytes);
 
-}  // namespace retryloop::consumer
+}  // namespace retryloop::retry

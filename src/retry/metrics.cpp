@@ -1,10 +1,10 @@
-#include "retryloop/consumer/metrics.hpp"
+#include "retryloop/retry/metrics.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 
-namespace retryloop::consumer {
+namespace retryloop::retry {
 
 void LatencyHistogram::record(std::chrono::nanoseconds latency) {
   const uint64_t us = latency.count() <= 0 ? 0 : uint64_t(latency.count()) / 1000;
@@ -98,4 +98,4 @@ std::string prometheus_escaped(std::string_view text, bool label_value) {
   return out;
 }
 
-}  // namespace retryloop::consumer
+}  // namespace retryloop::retry

@@ -5,11 +5,11 @@
 #include <optional>
 #include <string>
 
-#include "retryloop/consumer/headers.hpp"
-#include "retryloop/consumer/outcome.hpp"
+#include "retryloop/retry/headers.hpp"
+#include "retryloop/retry/outcome.hpp"
 #include "retryloop/topology/topology.hpp"
 
-namespace retryloop::consumer {
+namespace retryloop::retry {
 
 /// What the consumer does with a delivery once its handler has answered.
 enum class Action {
@@ -76,4 +76,4 @@ Decision decide(const topology::Service& service, const AttemptInfo& info, const
 /// delays the handlers ask for, a service has at most one label per delay level.
 std::string retry_delay_label(const topology::Service& service, const Decision& decision);
 
-}  // namespace retryloop::consumer
+}  // namespace retryloop::retry

@@ -1,11 +1,11 @@
-#include "retryloop/consumer/headers.hpp"
+#include "retryloop/retry/headers.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <limits>
 #include <random>
 
-namespace retryloop::consumer {
+namespace retryloop::retry {
 namespace {
 
 bool starts_with(std::string_view text, std::string_view prefix) {
@@ -241,4 +241,4 @@ std::string truncate_utf8(std::string_view text, size_t max_bytes) {
   return std::string(text.substr(0, end));
 }
 
-}  // namespace retryloop::consumer
+}  // namespace retryloop::retry

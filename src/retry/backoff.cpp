@@ -1,10 +1,10 @@
-#include "retryloop/consumer/backoff.hpp"
+#include "retryloop/retry/backoff.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <random>
 
-namespace retryloop::consumer {
+namespace retryloop::retry {
 
 std::chrono::milliseconds Backoff::delay(uint32_t attempt, double random) const {
   const double cap = static_cast<double>(std::max(max, initial).count());
@@ -20,4 +20,4 @@ std::chrono::milliseconds Backoff::delay(uint32_t attempt) const {
   return delay(attempt, std::uniform_real_distribution<double>(0.0, 1.0)(engine));
 }
 
-}  // namespace retryloop::consumer
+}  // namespace retryloop::retry

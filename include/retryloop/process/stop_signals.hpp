@@ -5,7 +5,7 @@
 
 #include "retryloop/client/loop.hpp"
 
-namespace retryloop::client {
+namespace retryloop::process {
 
 /// SIGINT and SIGTERM as a two-step stop, the way a long-running command or service expects:
 /// the first signal calls `graceful` (with its number), every later one `immediate`. The
@@ -28,4 +28,4 @@ class StopSignals {
   std::unique_ptr<Handles> handles_;
 };
 
-}  // namespace retryloop::client
+}  // namespace retryloop::process

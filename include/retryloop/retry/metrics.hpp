@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-namespace retryloop::consumer {
+namespace retryloop::retry {
 
 /// Handler latencies in fixed buckets (upper bounds from 100 us to 60 s, then overflow).
 /// Recording is O(log buckets) with no allocation.
@@ -77,4 +77,4 @@ struct Metrics {
 /// a label value (not in HELP). Every `/metrics` of retryloop escapes with it.
 std::string prometheus_escaped(std::string_view text, bool label_value);
 
-}  // namespace retryloop::consumer
+}  // namespace retryloop::retry

@@ -1,9 +1,9 @@
-#include "retryloop/consumer/history.hpp"
+#include "retryloop/retry/history.hpp"
 
 #include <algorithm>
 #include <limits>
 
-namespace retryloop::consumer {
+namespace retryloop::retry {
 namespace {
 
 std::string text_field(const amqp::FieldTable& table, std::string_view name) {
@@ -171,4 +171,4 @@ bool shorten_history(amqp::BasicProperties& copy) {
   return true;
 }
 
-}  // namespace retryloop::consumer
+}  // namespace retryloop::retry

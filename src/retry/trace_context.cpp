@@ -1,6 +1,6 @@
-#include "retryloop/consumer/trace_context.hpp"
+#include "retryloop/retry/trace_context.hpp"
 
-namespace retryloop::consumer {
+namespace retryloop::retry {
 namespace {
 
 bool is_lower_hex(std::string_view text) {
@@ -71,4 +71,4 @@ std::optional<TraceContext> trace_context(const amqp::FieldTable& headers) {
                            text_of(headers.find(header::tracestate)).value_or(std::string_view()));
 }
 
-}  // namespace retryloop::consumer
+}  // namespace retryloop::retry

@@ -8,9 +8,9 @@
 
 #include "retryloop/amqp/field_table.hpp"
 #include "retryloop/amqp/properties.hpp"
-#include "retryloop/consumer/headers.hpp"
+#include "retryloop/retry/headers.hpp"
 
-namespace retryloop::consumer {
+namespace retryloop::retry {
 
 namespace header {
 /// What happened to a message, oldest first: an array of tables, one per failed attempt, park,
@@ -103,4 +103,4 @@ void record_history(amqp::BasicProperties& copy, HistoryEntry entry,
 /// frame_max gives up its history before anything else.
 bool shorten_history(amqp::BasicProperties& copy);
 
-}  // namespace retryloop::consumer
+}  // namespace retryloop::retry

@@ -7,7 +7,7 @@
 
 #include "retryloop/amqp/field_table.hpp"
 
-namespace retryloop::consumer {
+namespace retryloop::retry {
 
 namespace header {
 /// W3C Trace Context (https://www.w3.org/TR/trace-context/): the trace a message belongs to and
@@ -47,4 +47,4 @@ std::optional<TraceContext> parse_traceparent(std::string_view traceparent,
 /// byte arrays. nullopt when there is no valid `traceparent`; never made up.
 std::optional<TraceContext> trace_context(const amqp::FieldTable& headers);
 
-}  // namespace retryloop::consumer
+}  // namespace retryloop::retry

@@ -3,7 +3,7 @@
 #include <chrono>
 #include <cstdint>
 
-namespace retryloop::consumer {
+namespace retryloop::retry {
 
 /// Capped exponential backoff with jitter, as a value: it computes delays and never sleeps.
 /// Delay k (k = 0, 1, ...) is min(initial * multiplier^k, max), then moved by up to
@@ -22,4 +22,4 @@ struct Backoff {
   std::chrono::milliseconds delay(uint32_t attempt) const;
 };
 
-}  // namespace retryloop::consumer
+}  // namespace retryloop::retry

@@ -1,10 +1,10 @@
-#include "retryloop/client/signals.hpp"
+#include "retryloop/process/stop_signals.hpp"
 
 #include <uv.h>
 
 #include <csignal>
 
-namespace retryloop::client {
+namespace retryloop::process {
 
 struct StopSignals::Handles {
   uv_signal_t sigint{};
@@ -72,4 +72,4 @@ void StopSignals::close(std::function<void()> done) {
   }
 }
 
-}  // namespace retryloop::client
+}  // namespace retryloop::process

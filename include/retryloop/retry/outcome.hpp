@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-namespace retryloop::consumer {
+namespace retryloop::retry {
 
 /// What a handler says became of a message.
 enum class OutcomeKind {
@@ -107,4 +107,4 @@ class ExceptionPolicy {
   std::vector<std::function<std::optional<Outcome>(const std::exception_ptr&)>> rules_;
 };
 
-}  // namespace retryloop::consumer
+}  // namespace retryloop::retry

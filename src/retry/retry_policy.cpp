@@ -1,13 +1,13 @@
-#include "retryloop/consumer/retry_policy.hpp"
+#include "retryloop/retry/retry_policy.hpp"
 
 #include <algorithm>
 #include <random>
 
-#include "retryloop/consumer/backoff.hpp"
+#include "retryloop/retry/backoff.hpp"
 #include "retryloop/topology/delay_levels.hpp"
 #include "retryloop/topology/duration.hpp"
 
-namespace retryloop::consumer {
+namespace retryloop::retry {
 namespace {
 
 Decision park(ParkReason reason, std::string error) {
@@ -189,4 +189,4 @@ Outcome ExceptionPolicy::classify(const std::exception_ptr& error) const {
   }
 }
 
-}  // namespace retryloop::consumer
+}  // namespace retryloop::retry
