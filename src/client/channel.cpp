@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <functional>
 
-#include "connection_impl.hpp"
 #include "retryloop/amqp/buffer.hpp"
+#include "retryloop/client/detail/connection_protocol.hpp"
 
 namespace retryloop::client {
 namespace detail {
@@ -32,7 +32,7 @@ Error protocol_error(std::string text) {
 
 }  // namespace
 
-ChannelImpl::ChannelImpl(ConnectionImpl* connection, uint16_t id)
+ChannelImpl::ChannelImpl(ConnectionProtocol* connection, uint16_t id)
     : connection_(connection), id_(id) {}
 
 ChannelImpl::~ChannelImpl() = default;
@@ -540,7 +540,7 @@ Error ChannelImpl::handle_method(std::string_view payload) {
     case key_of<amqp::ChannelCloseOk>(): {
       if (state_ != State::closing) return protocol_error("channel.close-ok without channel.close");
       CompletionCallback callback = std::move(on_closed_by_client_);
-      ConnectionImpl* connection = connection_;
+      ConnectionProtocol* connection = connection_;
       terminate(Error(ClientError::closed_by_client));
       connection->release_channel(id_);
       if (callback) callback(Error{});
@@ -581,7 +581,7 @@ void ChannelImpl::reply_to_close(const amqp::ChannelClose& close) {
   if (auto* log = connection_->logger()) {
     log->debug("broker closed channel {}: {}", id_, reason.message());
   }
-  ConnectionImpl* connection = connection_;
+  ConnectionProtocol* connection = connection_;
   terminate(reason);
   connection->release_channel(id_);
 }

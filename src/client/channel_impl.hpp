@@ -17,13 +17,13 @@
 
 namespace retryloop::client::detail {
 
-class ConnectionImpl;
+class ConnectionProtocol;
 
 // What a Channel is: the protocol state of one channel, owned by its connection's table and by
 // every Channel handle given out for it. Its public calls are Channel's (documented there).
 class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
  public:
-  ChannelImpl(ConnectionImpl* connection, uint16_t id);
+  ChannelImpl(ConnectionProtocol* connection, uint16_t id);
   ChannelImpl(const ChannelImpl&) = delete;
   ChannelImpl& operator=(const ChannelImpl&) = delete;
   ~ChannelImpl();
@@ -118,7 +118,7 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   void reply_to_close(const amqp::ChannelClose& close);
   Error check_open() const;
 
-  ConnectionImpl* connection_;
+  ConnectionProtocol* connection_;
   uint16_t id_;
   State state_ = State::opening;
   Error close_reason_;
