@@ -9,12 +9,14 @@
 #     INTERNAL_HEADERS files under include/  (used by other layers, tests and fuzz targets, but
 #                                           not installed: the wire codec, pure bookkeeping)
 #     USES      other layers, by NAME      (linked PUBLIC: their headers are part of this API)
-#     LINK      other targets, PUBLIC ones first, then PRIVATE ...)
+#     LINK      other targets, PUBLIC ones first, then PRIVATE ...
+#     FOLDER    the folder of its files, src/FOLDER/ and include/retryloop/FOLDER/ (default:
+#               NAME; the check refuses a file elsewhere))
 #
 # Makes the target retryloop_NAME (alias retryloop::NAME).
 
 function(retryloop_layer name)
-  cmake_parse_arguments(LAYER "" "" "SOURCES;HEADERS;INTERNAL_HEADERS;USES;LINK" ${ARGN})
+  cmake_parse_arguments(LAYER "" "FOLDER" "SOURCES;HEADERS;INTERNAL_HEADERS;USES;LINK" ${ARGN})
   set(target retryloop_${name})
   add_library(${target} STATIC ${LAYER_SOURCES} ${LAYER_HEADERS} ${LAYER_INTERNAL_HEADERS})
   add_library(retryloop::${name} ALIAS ${target})
@@ -33,6 +35,9 @@ function(retryloop_layer name)
 
   set(files ${LAYER_SOURCES} ${LAYER_HEADERS} ${LAYER_INTERNAL_HEADERS})
   retryloop_register_layer(${name} "${files}" "${LAYER_USES}")
+  if(LAYER_FOLDER)
+    set_property(GLOBAL PROPERTY RETRYLOOP_LAYER_${name}_FOLDER ${LAYER_FOLDER})
+  endif()
   foreach(header IN LISTS LAYER_HEADERS)
     get_filename_component(path ${header} ABSOLUTE)
     set_property(GLOBAL APPEND PROPERTY RETRYLOOP_PUBLIC_HEADERS ${path})
@@ -84,9 +89,12 @@ function(retryloop_check_layers manifest)
     retryloop_layers_below(${name} below)
     string(APPEND text "set(LAYER_${name}_FILES \"${files}\")\n")
     string(APPEND text "set(LAYER_${name}_USES \"${below}\")\n")
+    get_property(folder GLOBAL PROPERTY RETRYLOOP_LAYER_${name}_FOLDER)
+    string(APPEND text "set(LAYER_${name}_FOLDER \"${folder}\")\n")
     list(APPEND all_files ${files})
   endforeach()
   string(APPEND text "set(INCLUDE_ROOT \"${PROJECT_SOURCE_DIR}/include\")\n")
+  string(APPEND text "set(SOURCE_ROOT \"${PROJECT_SOURCE_DIR}/src\")\n")
   get_property(public GLOBAL PROPERTY RETRYLOOP_PUBLIC_HEADERS)
   string(APPEND text "set(PUBLIC_HEADERS \"${public}\")\n")
   file(GENERATE OUTPUT ${manifest} CONTENT "${text}")

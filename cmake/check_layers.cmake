@@ -3,8 +3,12 @@
 # Fails, listing every offending line, when a file of a layer includes a retryloop header that
 # belongs to neither that layer nor a layer it uses, or a local ("name.hpp") header that is not
 # the layer's own; and when an installed (public) header includes a retryloop header that is not
-# installed, which would break every program built against the installed package. MANIFEST (written by retryloop_check_layers) sets LAYERS, INCLUDE_ROOT and,
-# per layer, LAYER_<name>_FILES and LAYER_<name>_USES, and PUBLIC_HEADERS.
+# installed, which would break every program built against the installed package; and when a
+# layer's file lies outside the layer's folder (src/FOLDER/, include/retryloop/FOLDER/; FOLDER is
+# the layer's name unless LAYER_<name>_FOLDER says otherwise; generated files are exempt).
+# MANIFEST (written by retryloop_check_layers) sets LAYERS, INCLUDE_ROOT, optionally SOURCE_ROOT,
+# per layer LAYER_<name>_FILES and LAYER_<name>_USES (and LAYER_<name>_FOLDER), and
+# PUBLIC_HEADERS.
 
 cmake_minimum_required(VERSION 3.21)
 
@@ -28,6 +32,25 @@ foreach(name IN LISTS LAYERS)
 endforeach()
 
 set(problems)
+foreach(name IN LISTS LAYERS)
+  set(folder ${name})
+  if(LAYER_${name}_FOLDER)
+    set(folder ${LAYER_${name}_FOLDER})
+  endif()
+  foreach(file IN LISTS LAYER_${name}_FILES)
+    string(FIND "${file}" "${INCLUDE_ROOT}/" in_include)
+    set(in_source -1)
+    if(SOURCE_ROOT)
+      string(FIND "${file}" "${SOURCE_ROOT}/" in_source)
+    endif()
+    if(in_include EQUAL 0 AND NOT file MATCHES "^${INCLUDE_ROOT}/retryloop/${folder}/")
+      list(APPEND problems "${file}: a header of layer ${name} outside its folder \
+include/retryloop/${folder}/")
+    elseif(in_source EQUAL 0 AND NOT file MATCHES "^${SOURCE_ROOT}/${folder}/")
+      list(APPEND problems "${file}: a source of layer ${name} outside its folder src/${folder}/")
+    endif()
+  endforeach()
+endforeach()
 foreach(name IN LISTS LAYERS)
   set(allowed ${name} ${LAYER_${name}_USES})
   foreach(file IN LISTS LAYER_${name}_FILES)
