@@ -16,7 +16,7 @@
 #include "retryloop/retry/retry_policy.hpp"
 
 using namespace retryloop;
-using namespace retryloop::consumer;
+using namespace retryloop::retry;
 
 namespace {
 
