@@ -1,16 +1,19 @@
 // The retry consumer against a scripted peer: its session (declare, consume, settle), each
 // outcome on the wire, a copy that waits for its confirm before the original is acked, a
-// reconnect that declares again, and a result that comes back after its channel died, which
-// must never be settled on the new channel.
+// reconnect that declares again, a result that comes back after its channel died, which must
+// never be settled on the new channel, what a stop waits for, and the parking-depth alert.
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <string>
+#include <vector>
 
 #include "retryloop/amqp/rabbit_extensions.hpp"
 #include "retryloop/consumer/consumer.hpp"
 #include "retryloop/retry/history.hpp"
+#include "retryloop/topology/topology.hpp"
 #include "support/consumer_fixture.hpp"
 #include "support/harness.hpp"
 #include "support/scripted_peer.hpp"
@@ -298,5 +301,175 @@ TEST_CASE("While the broker blocks publishing, a parking copy waits and goes out
     peer.send(0, amqp::ConnectionUnblocked{}, connection);
   REQUIRE(loop.run_until([&] { return settlement(peer, at, 1) == "ack"; }));
   CHECK(c->metrics().parked_permanent == 1);
+  test::stop(loop, c);
+}
+
+TEST_CASE("A message an asynchronous handler has not settled stays unsettled until it does",
+          "[conversation][consumer]") {
+  TestLoop loop;
+  ScriptedPeer peer(loop.get());
+  const auto service = test::make_service("svc", R"("delays": ["5s"], "max_attempts": 3)");
+  auto options = peer_options(peer, service);
+  options.concurrency = 10;
+  std::vector<consumer::Settle> held;
+  auto c =
+      test::start(loop, options,
+                  consumer::AsyncHandler([&](const consumer::Message& m, consumer::Settle settle) {
+                    if (m.message_id() == "marker") return settle(Outcome::ack());
+                    held.push_back(std::move(settle));
+                  }));
+  const Consuming at = consuming(peer);
+  deliver(peer, at, 1, "held-1");
+  deliver(peer, at, 2, "held-2");
+  deliver(peer, at, 3, "marker");
+  // The marker, handled after them, is settled at once: by then, anything that settled the
+  // others by itself would have.
+  REQUIRE(loop.run_until([&] { return settlement(peer, at, 3) == "ack"; }));
+  REQUIRE(held.size() == 2);
+  CHECK(settlement(peer, at, 1).empty());
+  CHECK(settlement(peer, at, 2).empty());
+  CHECK(c->in_flight() == 2);
+  held[1](Outcome::ack());
+  held[0](Outcome::ack());
+  REQUIRE(loop.run_until(
+      [&] { return settlement(peer, at, 1) == "ack" && settlement(peer, at, 2) == "ack"; }));
+  CHECK(c->in_flight() == 0);
+  test::stop(loop, c);
+}
+
+TEST_CASE("A graceful stop closes nothing until its running handler has returned and settled",
+          "[conversation][consumer]") {
+  TestLoop loop;
+  ScriptedPeer peer(loop.get());
+  const auto service = test::make_service("svc", R"("delays": ["5s"], "max_attempts": 3)");
+  auto options = peer_options(peer, service);
+  options.handler_on_loop = false;  // on a worker thread, held by the gate
+  test::Gate gate;
+  std::atomic<bool> running{false};
+  auto c = test::start(loop, options, [&](const consumer::Message&) {
+    running = true;
+    gate.pass();
+    return Outcome::ack();
+  });
+  const Consuming at = consuming(peer);
+  // After the cancel-ok, a channel.flow that the client answers as it reads it: once its
+  // flow-ok is here, the client has handled the cancel-ok, and any close that made came first.
+  peer.on<amqp::BasicCancel>([&](const Received& r) {
+    amqp::BasicCancelOk ok;
+    ok.consumer_tag = r.as<amqp::BasicCancel>().consumer_tag;
+    peer.send(r.channel, ok, r.connection);
+    amqp::ChannelFlow flow;
+    flow.active = true;
+    peer.send(r.channel, flow, r.connection);
+  });
+  deliver(peer, at, 1, "slow");
+  REQUIRE(loop.run_until([&] { return running.load(); }));
+  bool stopped = false;
+  c->set_stopped_handler([&](const client::Error&) { stopped = true; });
+  c->stop(30s);
+  REQUIRE(loop.run_until([&] {
+    return peer.count<amqp::ChannelFlowOk>() == 1 || peer.count<amqp::ConnectionClose>() != 0;
+  }));
+  const size_t before_gate = peer.received().size();
+  gate.open();
+  REQUIRE(loop.run_until([&] { return stopped; }));
+
+  const auto& frames = peer.received();
+  auto first = [&](size_t from, auto&& matches) {
+    for (size_t i = from; i < frames.size(); ++i) {
+      if (matches(frames[i])) return i;
+    }
+    return frames.size();
+  };
+  auto is_close = [](const Received& r) {
+    return r.is<amqp::ChannelClose>() || r.is<amqp::ConnectionClose>();
+  };
+  const size_t cancel = first(0, [](const Received& r) { return r.is<amqp::BasicCancel>(); });
+  const size_t close = first(cancel, is_close);
+  const size_t ack = first(cancel, [&](const Received& r) {
+    return r.connection == at.connection && r.channel == at.channel && r.is<amqp::BasicAck>();
+  });
+  REQUIRE(cancel < before_gate);
+  CHECK(close >= before_gate);  // nothing closed while the handler ran
+  CHECK(ack < close);           // its ack went out on the open channel
+  CHECK(settlement(peer, at, 1) == "ack");
+  CHECK(peer.count<amqp::ConnectionClose>() == 2);
+}
+
+TEST_CASE("After stop_now the connections close at once, and stopped waits for the handler",
+          "[conversation][consumer]") {
+  TestLoop loop;
+  ScriptedPeer peer(loop.get());
+  const auto service = test::make_service("svc", R"("delays": ["5s"], "max_attempts": 3)");
+  auto options = peer_options(peer, service);
+  options.handler_on_loop = false;  // on a worker thread, held by the gate
+  test::Gate gate;
+  std::atomic<bool> running{false};
+  auto c = test::start(loop, options, [&](const consumer::Message&) {
+    running = true;
+    gate.pass();
+    running = false;
+    return Outcome::ack();
+  });
+  const Consuming at = consuming(peer);
+  deliver(peer, at, 1, "slow");
+  REQUIRE(loop.run_until([&] { return running.load(); }));
+  bool stopped = false;
+  bool running_when_stopped = true;
+  c->set_stopped_handler([&](const client::Error&) {
+    running_when_stopped = running.load();
+    stopped = true;
+  });
+  c->stop_now();
+  // Both connections closed, sockets and all, while the handler still runs.
+  REQUIRE(loop.run_until([&] { return !peer.connected(); }));
+  CHECK(peer.count<amqp::ConnectionClose>() == 2);
+  CHECK_FALSE(stopped);
+  gate.open();
+  REQUIRE(loop.run_until([&] { return stopped; }));
+  CHECK_FALSE(running_when_stopped);
+  CHECK(settlement(peer, at, 1).empty());  // its result came after the close: dropped
+}
+
+TEST_CASE("The parking alert fires when the depth rises above the threshold, once per crossing",
+          "[conversation][consumer]") {
+  TestLoop loop;
+  ScriptedPeer peer(loop.get());
+  const auto service = test::make_service("svc", R"("delays": ["5s"], "max_attempts": 3)");
+  const std::string parking = topology::parking_queue_name(service.name);
+  // What the consumer's lookups of the parking queue find, in turn, once the test counts them.
+  const std::vector<uint32_t> depths = {2, 3, 3, 0, 3};
+  bool counting = false;
+  size_t lookups = 0;
+  peer.on<amqp::QueueDeclare>([&](const Received& r) {
+    const auto declare = r.as<amqp::QueueDeclare>();
+    amqp::QueueDeclareOk ok;
+    ok.queue = declare.queue;
+    if (counting && declare.passive && declare.queue == parking)
+      ok.message_count = depths[std::min(lookups++, depths.size() - 1)];
+    if (!declare.no_wait) peer.send(r.channel, ok, r.connection);
+  });
+  auto options = peer_options(peer, service);
+  options.parking_alert_threshold = 2;
+  options.parking_check_interval = 1ms;
+  std::vector<consumer::ParkingDepthEvent> alerts;
+  std::vector<size_t> alerted_at;  // the lookup whose answer each alert came of
+  options.on_parking_depth = [&](const consumer::ParkingDepthEvent& event) {
+    alerts.push_back(event);
+    alerted_at.push_back(lookups);
+  };
+  auto c = test::start(loop, options, [](const consumer::Message&) { return Outcome::ack(); });
+  counting = true;
+  // One lookup at a time: the sixth goes out only after the answer to the fifth was handled.
+  REQUIRE(loop.run_until([&] { return lookups == 6; }));
+  // Above at 3 (not at 2), not again while it stays above, again after it fell back to 0.
+  CHECK(alerted_at == std::vector<size_t>{2, 5});
+  REQUIRE(alerts.size() == 2);
+  for (const auto& alert : alerts) {
+    CHECK(alert.depth == 3);
+    CHECK(alert.threshold == 2);
+    CHECK(alert.queue == parking);
+    CHECK(alert.service == service.name);
+  }
   test::stop(loop, c);
 }

@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -37,6 +38,18 @@ namespace {
 
 std::chrono::milliseconds gap(const test::Call& a, const test::Call& b) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(b.at - a.at);
+}
+
+/// The queues a retry expired from on its way back (its x-death), in any order.
+std::set<std::string> expired_from(const test::Call& call) {
+  return {call.death_queues.begin(), call.death_queues.end()};
+}
+
+std::set<std::string> levels(const topology::Service& service, std::initializer_list<int> ks) {
+  std::set<std::string> names;
+  for (int k : ks)
+    names.insert(topology::delay_level_name(service, k));
+  return names;
 }
 
 const amqp::FieldValue* header(const client::GetResult& message, const std::string& name) {
@@ -71,17 +84,18 @@ TEST_CASE(
       loop.run_until([&] { return c1->metrics().acked == 1 && c2->metrics().acked == 1; }, 40s));
   stop(loop, c1);
   stop(loop, c2);
-  for (const char* id : {"classic-17", "quorum-17"}) {
+  for (const auto* service : {&classic, &quorum}) {
+    const std::string id = service == &classic ? "classic-17" : "quorum-17";
     auto calls = recorder.of(id);
     REQUIRE(calls.size() == 2);
     CHECK(calls[1].attempt == 2);
-    // 17 s is 170 units of 100 ms, 0b10101010: four levels, of 0.2, 0.8, 3.2 and 12.8 s. Each
-    // adds the broker's TTL lateness, a few milliseconds.
+    // 17 s is 170 units of 100 ms, 0b10101010: four levels, of 0.2, 0.8, 3.2 and 12.8 s, and
+    // it expired from exactly those, so it waited 17 s and no longer.
     CHECK(calls[1].death_queue.rfind("retryloop.delay.100ms", 0) == 0);
+    CHECK(expired_from(calls[1]) == levels(*service, {1, 3, 5, 7}));
     const auto waited = gap(calls[0], calls[1]);
     INFO(id << " came back after " << waited.count() << " ms");
     CHECK(waited >= 17s);
-    CHECK(waited <= 17s + 1s);
   }
 }
 
@@ -111,10 +125,10 @@ TEST_CASE(
     REQUIRE(calls.size() == 2);
     const auto waited = gap(calls[0], calls[1]);
     INFO(id << " asked " << delay.count() << " ms, came back after " << waited.count() << " ms");
-    // Rounded up to the base: 200 ms and 400 ms.
-    const auto rounded = id == "short" ? 200ms : 400ms;
-    CHECK(waited >= rounded);
-    CHECK(waited <= rounded + 1s);
+    // Rounded up to the base: 200 ms (level 0) and 400 ms (level 1), and no longer.
+    const bool is_short = id == "short";
+    CHECK(waited >= (is_short ? 200ms : 400ms));
+    CHECK(expired_from(calls[1]) == levels(service, {is_short ? 0 : 1}));
   }
 }
 
@@ -129,8 +143,10 @@ TEST_CASE("Services sharing delay levels each get back only their own retries, i
   // Its queue's name ends in the first one's, and it has more levels.
   const auto other = make_service("x." + name, R"("mode": "republish", "delays": ["1s"],
       "max_attempts": 3, "delay_levels": {"base": "25ms", "levels": 12})");
+  // In units of 25 ms: a 96 (levels 5, 6), b 12 (2, 3), c 48 (4, 5), d none; m, a marker sent
+  // after the others are back, 124, every level any of them took.
   std::map<std::string, std::chrono::milliseconds> asked = {
-      {"a", 2400ms}, {"b", 300ms}, {"c", 1200ms}, {"d", 0ms}};
+      {"a", 2400ms}, {"b", 300ms}, {"c", 1200ms}, {"d", 0ms}, {"m", 3100ms}};
   std::mutex mutex;
   std::map<std::string, std::vector<std::string>> seen;  // queue -> ids, in arrival order
   auto handler_for = [&](const std::string& queue) {
@@ -146,13 +162,18 @@ TEST_CASE("Services sharing delay levels each get back only their own retries, i
   };
   auto c1 = start(loop, options_for(orders), handler_for("orders"));
   auto c2 = start(loop, options_for(other), handler_for("other"));
-  for (const auto& [suffix, delay] : asked) {
+  for (const std::string suffix : {"a", "b", "c", "d"}) {
     broker.publish(orders.input.exchange, "key", "o-" + suffix);
     broker.publish(other.input.exchange, "key", "x-" + suffix);
   }
   REQUIRE(
       loop.run_until([&] { return c1->metrics().acked == 4 && c2->metrics().acked == 4; }, 20s));
-  loop.run_for(500ms);  // nothing more arrives
+  // The markers' retries take every level the others took, from the highest down, each queue in
+  // order: a copy routed to the wrong service on the way would be ahead of them.
+  broker.publish(orders.input.exchange, "key", "o-m");
+  broker.publish(other.input.exchange, "key", "x-m");
+  REQUIRE(
+      loop.run_until([&] { return c1->metrics().acked == 5 && c2->metrics().acked == 5; }, 20s));
   stop(loop, c1);
   stop(loop, c2);
   std::lock_guard<std::mutex> lock(mutex);
@@ -160,14 +181,14 @@ TEST_CASE("Services sharing delay levels each get back only their own retries, i
        std::map<std::string, std::string>{{"orders", "o-"}, {"other", "x-"}}) {
     const auto& ids = seen[queue];
     INFO(queue);
-    REQUIRE(ids.size() == 8);
+    REQUIRE(ids.size() == 10);
     std::vector<std::string> retries;
     for (const auto& id : ids) {
       CHECK(id.rfind(prefix, 0) == 0);
       if (id.substr(id.size() - 2) == "#2") retries.push_back(id.substr(0, id.size() - 2));
     }
-    CHECK(retries ==
-          std::vector<std::string>{prefix + "d", prefix + "b", prefix + "c", prefix + "a"});
+    CHECK(retries == std::vector<std::string>{prefix + "d", prefix + "b", prefix + "c",
+                                              prefix + "a", prefix + "m"});
   }
   CHECK(broker.depth(topology::delay_unrouted_name(orders)) == 0);
 }

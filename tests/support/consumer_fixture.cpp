@@ -24,23 +24,28 @@ topology::Service make_service(const std::string& name, const std::string& retry
 
 namespace {
 
-std::string newest_death_queue(const consumer::Message& message) {
+std::vector<std::string> death_queues(const consumer::Message& message) {
+  std::vector<std::string> queues;
   const amqp::FieldValue* x_death = message.headers().find("x-death");
   const amqp::FieldArray* deaths = x_death ? x_death->get_if<amqp::FieldArray>() : nullptr;
-  if (deaths == nullptr || deaths->empty()) return "";
-  const amqp::FieldTable* newest = (*deaths)[0].get_if<amqp::FieldTable>();
-  const amqp::FieldValue* queue = newest ? newest->find("queue") : nullptr;
-  return queue && queue->as_string() ? std::string(*queue->as_string()) : "";
+  if (deaths == nullptr) return queues;
+  for (const auto& death : *deaths) {
+    const amqp::FieldTable* entry = death.get_if<amqp::FieldTable>();
+    const amqp::FieldValue* queue = entry ? entry->find("queue") : nullptr;
+    queues.push_back(queue && queue->as_string() ? std::string(*queue->as_string()) : "");
+  }
+  return queues;
 }
 
 }  // namespace
 
 void Recorder::add(const consumer::Message& message) {
   const auto at = std::chrono::steady_clock::now();
-  std::string death_queue = newest_death_queue(message);
+  std::vector<std::string> queues = death_queues(message);
+  std::string newest = queues.empty() ? "" : queues.front();
   std::lock_guard<std::mutex> lock(mutex_);
   calls_.push_back(Call{std::string(message.message_id()), message.attempt, message.redelivered,
-                        message.properties.expiration, std::move(death_queue), at});
+                        message.properties.expiration, std::move(newest), std::move(queues), at});
 }
 
 std::vector<Call> Recorder::calls() const {

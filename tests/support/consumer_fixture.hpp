@@ -29,6 +29,8 @@ struct Call {
   std::optional<std::string> expiration;
   /// The queue of the newest x-death entry (the wait queue it came back from); empty if none.
   std::string death_queue;
+  /// The queues of every x-death entry, newest first: each queue it expired from on its way back.
+  std::vector<std::string> death_queues;
   std::chrono::steady_clock::time_point at;
 };
 
