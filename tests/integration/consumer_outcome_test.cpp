@@ -273,7 +273,7 @@ TEST_CASE("An asynchronous handler settles later on the loop, with each outcome"
   CHECK(broker.depth(topology::input_queue_name(service)) == 0);
 }
 
-TEST_CASE("An asynchronous settle called twice counts once; the second call is ignored",
+TEST_CASE("An asynchronous settle called twice counts once, and the second call is ignored",
           "[retry][integration]") {
   TestLoop loop;
   Broker broker(loop);

@@ -199,7 +199,7 @@ TEST_CASE("Ids older than the retention are deleted, and a copy after that runs 
 }
 
 TEST_CASE(
-    "A cancelled scheduled message is dropped by the inbox without its handler; other messages "
+    "A cancelled scheduled message is dropped by the inbox without its handler, and other messages "
     "with that id are not",
     "[inbox][schedule]") {
   const std::string label = GENERATE("sqlite", "postgresql");

@@ -374,7 +374,7 @@ TEST_CASE("Published rows kept for a while are cleaned up later, in batches", "[
   CHECK(count_rows(*db) == 0);
 }
 
-TEST_CASE("Three relays share a PostgreSQL table; each ordering key arrives in commit order",
+TEST_CASE("Three relays share a PostgreSQL table, and each ordering key arrives in commit order",
           "[outbox][relay]") {
   auto database = test::fresh_postgres("three_relays");
   auto db = database.open();
@@ -506,7 +506,7 @@ TEST_CASE(
   CHECK(received[1].message.body == "second");
 }
 
-TEST_CASE("On SQLite one relay publishes and the others stand by; one takes over when it stops",
+TEST_CASE("On SQLite one relay publishes and the others stand by, and one takes over when it stops",
           "[outbox][relay]") {
   auto database = test::fresh_sqlite("standby");
   auto db = database.open();
@@ -536,7 +536,7 @@ TEST_CASE("On SQLite one relay publishes and the others stand by; one takes over
 }
 
 TEST_CASE(
-    "A row written by hand that cannot become a message fails with the reason; the rest "
+    "A row written by hand that cannot become a message fails with the reason, and the rest "
     "flow on",
     "[outbox][relay]") {
   const std::string label = GENERATE("sqlite", "postgresql");

@@ -420,7 +420,8 @@ TEST_CASE("An outbox row due later reaches its queue through the delay levels, n
 }
 
 TEST_CASE(
-    "retryloop schedule cancel stops a scheduled message at a retry consumer with an inbox; the "
+    "retryloop schedule cancel stops a scheduled message at a retry consumer with an inbox, and "
+    "the "
     "others arrive",
     "[schedule][inbox][integration]") {
   auto database = test::database_for("sqlite", "cancel");

@@ -43,7 +43,7 @@ int status_of(const RequestFacts& request) {
 
 }  // namespace
 
-TEST_CASE("The console's own page gets in; a request without the token does not", "[console]") {
+TEST_CASE("The console's own page gets in, and a request without the token does not", "[console]") {
   CHECK(status_of(page_replay()) == 0);
 
   RequestFacts request = page_replay();
@@ -120,7 +120,7 @@ TEST_CASE("Requests from another origin or for another host are refused", "[cons
   }
 }
 
-TEST_CASE("A console on loopback answers to its address and localhost; elsewhere to any host",
+TEST_CASE("A console on loopback answers to its address and localhost, and elsewhere to any host",
           "[console]") {
   using console::detail::allowed_hosts;
   using console::detail::is_loopback;
@@ -158,7 +158,7 @@ TEST_CASE("A random token is 32 hex digits, and a new one each time", "[console]
   CHECK_FALSE(console::detail::same_token("", "a"));
 }
 
-TEST_CASE("A filter in a request becomes a parking filter; a bad one names its field",
+TEST_CASE("A filter in a request becomes a parking filter, and a bad one names its field",
           "[console]") {
   using console::detail::parse_filter;
   const parking::Filter filter = parse_filter(nlohmann::json::parse(R"json({
@@ -192,7 +192,7 @@ TEST_CASE("A filter in a request becomes a parking filter; a bad one names its f
   refuses(R"(["poison"])", "JSON object");
 }
 
-TEST_CASE("Request bodies are measured for depth before parsing; strings do not count",
+TEST_CASE("Request bodies are measured for depth before parsing, and strings do not count",
           "[console]") {
   using console::detail::nests_at_most;
   CHECK(nests_at_most(R"({"filter": {"reasons": ["poison"]}})", 3));
@@ -277,7 +277,7 @@ TEST_CASE("Each call needs a role, and a token of a lesser role is refused namin
   CHECK(console::detail::identify(access, "b") == nullptr);
 }
 
-TEST_CASE("A tokens file gives names, roles and tokens; its mistakes name their line",
+TEST_CASE("A tokens file gives names, roles and tokens, and its mistakes name their line",
           "[console]") {
   const auto path =
       std::filesystem::temp_directory_path() / ("retryloop-tokens-" + std::to_string(::getpid()));

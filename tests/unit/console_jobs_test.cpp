@@ -48,7 +48,7 @@ TEST_CASE("The scan that follows an action keeps a filter the user asked for mea
   CHECK(refresh->filter.reasons == std::vector<std::string>{"poison"});
 }
 
-TEST_CASE("One scan waits at most and takes the latest filter; actions go ahead of it",
+TEST_CASE("One scan waits at most and takes the latest filter, and actions go ahead of it",
           "[console]") {
   JobQueue jobs;
   jobs.request_scan({}, nlohmann::json::object(), true);

@@ -13,7 +13,7 @@
 using namespace std::chrono_literals;
 using retryloop::client::LoopBridge;
 
-TEST_CASE("A call that timed out waiting for the loop never runs; one that ran is waited for",
+TEST_CASE("A call that timed out waiting for the loop never runs, and one that ran is waited for",
           "[client]") {
   uv_loop_t loop;
   uv_loop_init(&loop);
@@ -51,7 +51,7 @@ TEST_CASE("A call that timed out waiting for the loop never runs; one that ran i
 }
 
 TEST_CASE(
-    "Refusing calls abandons queued ones at once and still takes posts; close runs its "
+    "Refusing calls abandons queued ones at once and still takes posts, and close runs its "
     "callback once the handle is closed",
     "[client]") {
   uv_loop_t loop;

@@ -134,7 +134,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "Republish mode gets one wait queue per distinct delay; the queue's dead-letter key is "
+    "Republish mode gets one wait queue per distinct delay, and the queue's dead-letter key is "
     "the first delay",
     "[topology]") {
   Plan plan = make_plan(parse_valid_topology(one(service_json(
@@ -613,7 +613,7 @@ void check_lanes(const Plan& plan, const PlanLanes& lanes) {
 
 }  // namespace
 
-TEST_CASE("Services that share nothing fall into lanes of their own; shared objects go first",
+TEST_CASE("Services that share nothing fall into lanes of their own, and shared objects go first",
           "[topology]") {
   auto own_input = [](const std::string& name) {
     return R"("exchange": ")" + name + R"(.in", "type": "direct", "bindings": ["k"])";

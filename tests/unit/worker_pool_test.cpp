@@ -132,7 +132,7 @@ TEST_CASE("A pool of several threads runs every job once, at most that many at o
   l.close(pool);
 }
 
-TEST_CASE("withdraw takes back the jobs no worker started, in order; the running one finishes",
+TEST_CASE("withdraw takes back the jobs no worker started, in order, and the running one finishes",
           "[worker-pool]") {
   Loop l;
   WorkerPool pool(&l.loop, 1);
