@@ -28,6 +28,12 @@ constexpr uint64_t kAckGraceMs = 1000;
 /// a classic queue on RabbitMQ 4.0 took 24 s to count 990,000 held messages back.
 constexpr uint64_t kReturnsWaitMs = 3000;
 constexpr uint64_t kReturnsPollMs = 50;
+/// How many answers of 0 the first count takes before the walk ends on an empty queue, one tick
+/// apart. RabbitMQ answers a passive queue.declare with 0 messages while a quorum queue has no
+/// leader it can reach: measured on RabbitMQ 4.3, a 3-node cluster whose leader's node was
+/// stopping answered 0 once, 0.4 s in, and 100 (right) before and after, every 0.1 s for 8 s.
+/// A replay that trusted that answer ended at once with every message still parked.
+constexpr int kEmptyAnswers = 5;
 /// Held messages after which the reading moves to a new channel (see Walker).
 constexpr size_t kHeldPerChannel = 4096;
 /// Channel numbers left free for the connection's other users (depth lookups open their own).
@@ -71,7 +77,15 @@ Error Walker::start(const std::shared_ptr<client::Connection>& connection, std::
 
 void Walker::on_channel(std::shared_ptr<client::Channel> channel) {
   adopt(std::move(channel));
+  count_queue();
+}
+
+void Walker::count_queue() {
   look_up([this](const client::QueueInfo& info) {
+    if (info.message_count == 0 && ++empty_answers_ < kEmptyAnswers) {
+      count_again_ = true;  // on the next tick
+      return;
+    }
     progress_.total = info.message_count;
     if (info.message_count == 0) {
       reading_done_ = true;
@@ -465,6 +479,10 @@ void Walker::finish_returns() {
 }
 
 void Walker::on_tick() {
+  if (!reported_ && count_again_) {
+    count_again_ = false;
+    return count_queue();
+  }
   if (reported_ || !consuming_ || reading_done_ || publishes_in_flight_ > 0 || checking_idle_) {
     return;
   }

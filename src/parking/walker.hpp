@@ -66,6 +66,9 @@ class Walker : public std::enable_shared_from_this<Walker> {
   Walker(std::shared_ptr<client::Connection> connection, std::string queue, uint16_t window);
 
   void on_channel(std::shared_ptr<client::Channel> channel);
+  /// Counts the queue to walk; a count of 0 is looked at again a few times first (see
+  /// kEmptyAnswers), then the walk starts or ends.
+  void count_queue();
   /// Reads on `channel`: its close ends the walk with the broker's reason.
   void adopt(std::shared_ptr<client::Channel> channel);
   /// Passive declare of the queue; `found` runs on a live walker, any error ends the walk.
@@ -142,6 +145,9 @@ class Walker : public std::enable_shared_from_this<Walker> {
   uint64_t last_activity_ms_ = 0;
   bool checking_idle_ = false;
   int idle_checks_ = 0;
+  /// Answers of 0 to the first count so far, and whether the next tick counts again.
+  int empty_answers_ = 0;
+  bool count_again_ = false;
   Progress progress_;
   uv_timer_t timer_{};
   std::shared_ptr<Walker> self_;
