@@ -74,6 +74,7 @@ std::vector<parking::ParkedMessage> list_parked(TestLoop& loop, const ScriptedPe
                                 listed = true;
                               }));
   REQUIRE(loop.run_until([&] { return listed; }, 30s));
+  test::close(loop, connection);
   INFO(error.message());
   REQUIRE_FALSE(error);
   return messages;

@@ -292,6 +292,10 @@ struct QuietCheck {
   Lane* lane;
   std::function<bool()> idle;
   std::function<std::multiset<std::string>()> acks;
+  /// The broker may drop some of this lane's messages (a classic lane under classic_may_lose):
+  /// once its queues are empty and nothing moves, it counts as settled, and report() names the
+  /// loss.
+  bool may_lose = false;
 };
 bool wait_quiet(TestLoop& loop, Probe& probe, const std::vector<QuietCheck>& checks,
                 std::chrono::milliseconds timeout = 120s, std::chrono::milliseconds stable = 8s);
