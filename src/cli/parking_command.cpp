@@ -165,12 +165,11 @@ nlohmann::json filter_json(const ParkingArgs& args) {
 
 /// A replay or purge of the command line in the audit trail: a `started` record before it
 /// touches a message (on a confirm channel of its own), and one with its counts at the end.
-class CliAudit : public std::enable_shared_from_this<CliAudit> {
+class CliAudit {
  public:
   using Then = std::function<void(const std::string& error)>;
 
   CliAudit(std::string action, std::string service, nlohmann::json filter) {
-    record_.id = retry::random_message_id();
     record_.who = parking::command_line_user();
     record_.via = "cli";
     record_.action = std::move(action);
@@ -180,18 +179,9 @@ class CliAudit : public std::enable_shared_from_this<CliAudit> {
 
   /// Records `started`; `then` gets "" once the broker confirmed it.
   void begin(const std::shared_ptr<client::Connection>& connection, Then then) {
-    auto self = shared_from_this();
-    client::Error error = connection->open_channel(
-        [self, then](const client::Error& error, std::shared_ptr<client::Channel> channel) {
-          if (error) return then(error.message());
-          self->channel_ = channel;
-          client::Error confirm = channel->confirm_select([self, then](const client::Error& error) {
-            if (error) return then(error.message());
-            self->append("started", then);
-          });
-          if (confirm) then(confirm.message());
-        });
-    if (error) then(error.message());
+    record_.id = retry::random_message_id();
+    writer_ = parking::AuditWriter::open(connection);
+    append("started", std::move(then));
   }
 
   /// Records how it ended; `then` gets "" once confirmed.
@@ -207,14 +197,13 @@ class CliAudit : public std::enable_shared_from_this<CliAudit> {
   void append(const char* state, Then then) {
     record_.state = state;
     record_.at_ms = retry::unix_milliseconds();
-    client::Error error = parking::append_audit(
-        *channel_, record_,
-        [then](const client::Error& error) { then(error ? error.message() : std::string()); });
-    if (error) then(error.message());
+    writer_->append(record_, [then = std::move(then)](const client::Error& error) {
+      then(error ? error.message() : std::string());
+    });
   }
 
   parking::AuditRecord record_;
-  std::shared_ptr<client::Channel> channel_;
+  std::shared_ptr<parking::AuditWriter> writer_;
 };
 
 /// Runs `action` after recording it in the audit trail when the file declares one (otherwise at

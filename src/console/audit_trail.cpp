@@ -26,33 +26,10 @@ AuditTrail::AuditTrail(bool on_broker, std::shared_ptr<spdlog::logger> logger, s
 void AuditTrail::attach(const std::shared_ptr<client::Connection>& connection) {
   if (!on_broker_) return;
   detach();
-  connection_ = connection;
   std::weak_ptr<AuditTrail> weak = weak_from_this();
-  client::Error error = connection->open_channel(
-      [weak, connection](const client::Error& error, std::shared_ptr<client::Channel> channel) {
-        auto self = weak.lock();
-        if (!self || self->connection_ != connection) return;
-        if (error) return self->reader_failed(error);
-        self->channel_ = channel;
-        channel->set_close_handler([weak, channel](const client::Error& error) {
-          auto self = weak.lock();
-          if (!self || self->channel_ != channel) return;
-          self->channel_.reset();
-          self->channel_ready_ = false;
-          self->error_ = "the audit channel closed: " + error.message();
-        });
-        client::Error confirm =
-            channel->confirm_select([weak, channel](const client::Error& error) {
-              auto self = weak.lock();
-              if (!self || self->channel_ != channel) return;
-              if (error) return self->reader_failed(error);
-              self->channel_ready_ = true;
-              for (auto& [record, done] : std::exchange(self->waiting_, {}))
-                self->send(std::move(record), std::move(done));
-            });
-        if (confirm) self->reader_failed(confirm);
-      });
-  if (error) return reader_failed(error);
+  writer_ = parking::AuditWriter::open(connection, [weak](const client::Error& error) {
+    if (auto self = weak.lock()) self->failed("the audit channel closed: " + error.message());
+  });
   const uint64_t now = retry::unix_milliseconds();
   reader_ = parking::AuditReader::start(
       connection, now > kReadBackMs ? now - kReadBackMs : 0, last_offset_,
@@ -63,7 +40,7 @@ void AuditTrail::attach(const std::shared_ptr<client::Connection>& connection) {
         }
       },
       [weak](const client::Error& error) {
-        if (auto self = weak.lock()) self->reader_failed(error);
+        if (auto self = weak.lock()) self->failed(error.message());
       });
 }
 
@@ -73,15 +50,11 @@ void AuditTrail::detach() {
     reader_->stop();
     reader_.reset();
   }
-  if (channel_) (void)std::exchange(channel_, nullptr)->close();
-  channel_ready_ = false;
-  connection_.reset();
-  for (auto& [record, done] : std::exchange(waiting_, {}))
-    done("not connected to the broker");
+  if (writer_) std::exchange(writer_, nullptr)->close();
 }
 
-void AuditTrail::reader_failed(const client::Error& error) {
-  error_ = error.message();
+void AuditTrail::failed(std::string why) {
+  error_ = std::move(why);
   if (logger_) logger_->warn("console: audit trail: {}", error_);
 }
 
@@ -93,24 +66,13 @@ void AuditTrail::append(parking::AuditRecord record, Done done) {
     keep(std::move(record));
     return done("");
   }
-  if (!connection_) return done("not connected to the broker");
-  if (!channel_ready_) {
-    waiting_.emplace_back(std::move(record), std::move(done));
-    return;
-  }
-  send(std::move(record), std::move(done));
-}
-
-void AuditTrail::send(parking::AuditRecord record, Done done) {
+  if (!writer_) return done("not connected to the broker");
   std::weak_ptr<AuditTrail> weak = weak_from_this();
-  client::Error error =
-      parking::append_audit(*channel_, record, [weak, record, done](const client::Error& error) {
-        auto self = weak.lock();
-        if (error) return done(error.message());
-        if (self) self->keep(record);
-        done("");
-      });
-  if (error) done(error.message());
+  writer_->append(record, [weak, record, done](const client::Error& error) {
+    if (error) return done(error.message());
+    if (auto self = weak.lock()) self->keep(record);
+    done("");
+  });
 }
 
 void AuditTrail::keep(parking::AuditRecord record) {
@@ -131,7 +93,7 @@ void AuditTrail::keep(parking::AuditRecord record) {
 nlohmann::json AuditTrail::json(size_t limit) const {
   nlohmann::json out;
   out["kept_on"] = on_broker_ ? nlohmann::json(topology::audit_stream_name()) : nullptr;
-  out["connected"] = !on_broker_ || channel_ready_;
+  out["connected"] = !on_broker_ || (writer_ && writer_->ready());
   out["error"] = error_.empty() ? nullptr : nlohmann::json(error_);
   nlohmann::json records = nlohmann::json::array();
   for (auto it = records_.rbegin(); it != records_.rend() && records.size() < limit; ++it)

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "retryloop/parking/parked_json.hpp"
+#include "retryloop/retry/headers.hpp"
 #include "retryloop/topology/topology.hpp"
 
 namespace retryloop::parking {
@@ -104,6 +105,70 @@ Error append_audit(client::Channel& channel, const AuditRecord& record, AuditCal
                            : Error(ClientError::connection_lost,
                                    "the broker refused the audit record (nack)"));
       });
+}
+
+std::shared_ptr<AuditWriter> AuditWriter::open(
+    const std::shared_ptr<client::Connection>& connection, AuditCallback on_error) {
+  std::shared_ptr<AuditWriter> writer(new AuditWriter());
+  writer->on_error_ = std::move(on_error);
+  std::weak_ptr<AuditWriter> weak = writer;
+  Error error = connection->open_channel(
+      [weak](const Error& error, std::shared_ptr<client::Channel> channel) {
+        auto self = weak.lock();
+        if (!self || self->error_) {
+          if (channel) (void)channel->close();
+          return;
+        }
+        if (error) return self->fail(error);
+        self->channel_ = channel;
+        channel->set_close_handler([weak](const Error& error) {
+          if (auto self = weak.lock()) self->fail(error);
+        });
+        Error confirm = channel->confirm_select([weak](const Error& error) {
+          auto self = weak.lock();
+          if (!self || self->error_) return;
+          if (error) return self->fail(error);
+          self->ready_ = true;
+          for (auto& [record, done] : std::exchange(self->waiting_, {}))
+            self->send(record, std::move(done));
+        });
+        if (confirm) self->fail(confirm);
+      });
+  if (error) writer->fail(error);
+  return writer;
+}
+
+void AuditWriter::append(AuditRecord record, AuditCallback done) {
+  if (record.id.empty()) record.id = retry::random_message_id();
+  if (record.at_ms == 0) record.at_ms = retry::unix_milliseconds();
+  if (error_) return done(error_);
+  if (!ready_) {
+    waiting_.emplace_back(std::move(record), std::move(done));
+    return;
+  }
+  send(record, std::move(done));
+}
+
+void AuditWriter::send(const AuditRecord& record, AuditCallback done) {
+  if (Error error = append_audit(*channel_, record, done)) done(error);
+}
+
+void AuditWriter::close() {
+  if (!error_) error_ = Error(ClientError::not_open, "the audit trail's writer is closed");
+  ready_ = false;
+  if (channel_) (void)std::exchange(channel_, nullptr)->close();
+  for (auto& [record, done] : std::exchange(waiting_, {}))
+    done(error_);
+}
+
+void AuditWriter::fail(const Error& error) {
+  if (error_) return;
+  error_ = error;
+  ready_ = false;
+  channel_.reset();
+  for (auto& [record, done] : std::exchange(waiting_, {}))
+    done(error_);
+  if (on_error_) on_error_(error_);
 }
 
 AuditReader::AuditReader(RecordHandler on_record, AuditCallback on_error)

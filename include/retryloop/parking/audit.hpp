@@ -7,6 +7,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "retryloop/client/channel.hpp"
 #include "retryloop/client/connection.hpp"
@@ -60,6 +62,33 @@ using AuditCallback = std::function<void(const client::Error& error)>;
 /// error only once the broker confirmed it and did not return it; a missing stream is reported as
 /// an error that names it and says how to declare it.
 client::Error append_audit(client::Channel& channel, const AuditRecord& record, AuditCallback done);
+
+/// Appends records to the audit stream (append_audit) on a confirm channel of its own. Appends
+/// made while the channel opens wait for it. Loop thread only.
+class AuditWriter : public std::enable_shared_from_this<AuditWriter> {
+ public:
+  /// Opens the channel on `connection`. `on_error` is told once if it cannot open or ends; every
+  /// append fails from then on.
+  static std::shared_ptr<AuditWriter> open(const std::shared_ptr<client::Connection>& connection,
+                                           AuditCallback on_error = {});
+  /// Appends `record`, its id and time set when empty. `done` gets no error once the broker
+  /// confirmed it, and is always called.
+  void append(AuditRecord record, AuditCallback done);
+  /// True once the channel is in confirm mode, until it ends.
+  bool ready() const { return ready_; }
+  /// Closes the channel; waiting and later appends fail.
+  void close();
+
+ private:
+  void send(const AuditRecord& record, AuditCallback done);
+  void fail(const client::Error& error);
+
+  std::shared_ptr<client::Channel> channel_;
+  bool ready_ = false;
+  client::Error error_;
+  std::vector<std::pair<AuditRecord, AuditCallback>> waiting_;
+  AuditCallback on_error_;
+};
 
 /// Reads the audit stream from a point on and keeps following it: each record, in stream order,
 /// goes to `on_record`; a record that is not JSON retryloop wrote is skipped (and counted).

@@ -26,8 +26,8 @@ class AuditTrail : public std::enable_shared_from_this<AuditTrail> {
 
   AuditTrail(bool on_broker, std::shared_ptr<spdlog::logger> logger, size_t kept = 1000);
 
-  /// Uses `connection` (after each connect): a confirm channel to append on, and a reader that
-  /// follows the stream from 30 days back, or from where the last reader stopped.
+  /// Uses `connection` (after each connect): a writer to append with, and a reader that follows
+  /// the stream from 30 days back, or from where the last reader stopped.
   void attach(const std::shared_ptr<client::Connection>& connection);
   /// The connection was lost: appends fail until the next attach.
   void detach();
@@ -43,17 +43,12 @@ class AuditTrail : public std::enable_shared_from_this<AuditTrail> {
 
  private:
   void keep(parking::AuditRecord record);
-  void send(parking::AuditRecord record, Done done);
-  void reader_failed(const client::Error& error);
+  void failed(std::string why);
 
   bool on_broker_;
   std::shared_ptr<spdlog::logger> logger_;
   size_t kept_;
-  std::shared_ptr<client::Connection> connection_;
-  std::shared_ptr<client::Channel> channel_;
-  bool channel_ready_ = false;
-  /// Appends made while the channel opens.
-  std::vector<std::pair<parking::AuditRecord, Done>> waiting_;
+  std::shared_ptr<parking::AuditWriter> writer_;
   std::shared_ptr<parking::AuditReader> reader_;
   std::optional<int64_t> last_offset_;
   std::string error_;
