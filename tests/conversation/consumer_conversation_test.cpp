@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,29 @@ std::string settlement(const ScriptedPeer& peer, const Consuming& at, uint64_t d
       return "nack";
   }
   return "";
+}
+
+/// A consumer of service "svc" whose handler runs on a worker thread and holds its message until
+/// `gate` opens; `running` is true while it is held.
+struct GatedConsumer {
+  test::Gate gate;
+  std::atomic<bool> running{false};
+  std::shared_ptr<consumer::Consumer> consumer;
+};
+
+std::unique_ptr<GatedConsumer> start_gated(TestLoop& loop, const ScriptedPeer& peer) {
+  auto gated = std::make_unique<GatedConsumer>();
+  const auto service = test::make_service("svc", R"("delays": ["5s"], "max_attempts": 3)");
+  auto options = peer_options(peer, service);
+  options.handler_on_loop = false;
+  GatedConsumer* held = gated.get();
+  gated->consumer = test::start(loop, options, [held](const consumer::Message&) {
+    held->running = true;
+    held->gate.pass();
+    held->running = false;
+    return Outcome::ack();
+  });
+  return gated;
 }
 
 }  // namespace
@@ -341,16 +365,8 @@ TEST_CASE("A graceful stop closes nothing until its running handler has returned
           "[conversation][consumer]") {
   TestLoop loop;
   ScriptedPeer peer(loop.get());
-  const auto service = test::make_service("svc", R"("delays": ["5s"], "max_attempts": 3)");
-  auto options = peer_options(peer, service);
-  options.handler_on_loop = false;  // on a worker thread, held by the gate
-  test::Gate gate;
-  std::atomic<bool> running{false};
-  auto c = test::start(loop, options, [&](const consumer::Message&) {
-    running = true;
-    gate.pass();
-    return Outcome::ack();
-  });
+  auto gated = start_gated(loop, peer);
+  auto& c = gated->consumer;
   const Consuming at = consuming(peer);
   // After the cancel-ok, a channel.flow that the client answers as it reads it: once its
   // flow-ok is here, the client has handled the cancel-ok, and any close that made came first.
@@ -363,7 +379,7 @@ TEST_CASE("A graceful stop closes nothing until its running handler has returned
     peer.send(r.channel, flow, r.connection);
   });
   deliver(peer, at, 1, "slow");
-  REQUIRE(loop.run_until([&] { return running.load(); }));
+  REQUIRE(loop.run_until([&] { return gated->running.load(); }));
   bool stopped = false;
   c->set_stopped_handler([&](const client::Error&) { stopped = true; });
   c->stop(30s);
@@ -371,7 +387,7 @@ TEST_CASE("A graceful stop closes nothing until its running handler has returned
     return peer.count<amqp::ChannelFlowOk>() == 1 || peer.count<amqp::ConnectionClose>() != 0;
   }));
   const size_t before_gate = peer.received().size();
-  gate.open();
+  gated->gate.open();
   REQUIRE(loop.run_until([&] { return stopped; }));
 
   const auto& frames = peer.received();
@@ -400,24 +416,15 @@ TEST_CASE("After stop_now the connections close at once, and stopped waits for t
           "[conversation][consumer]") {
   TestLoop loop;
   ScriptedPeer peer(loop.get());
-  const auto service = test::make_service("svc", R"("delays": ["5s"], "max_attempts": 3)");
-  auto options = peer_options(peer, service);
-  options.handler_on_loop = false;  // on a worker thread, held by the gate
-  test::Gate gate;
-  std::atomic<bool> running{false};
-  auto c = test::start(loop, options, [&](const consumer::Message&) {
-    running = true;
-    gate.pass();
-    running = false;
-    return Outcome::ack();
-  });
+  auto gated = start_gated(loop, peer);
+  auto& c = gated->consumer;
   const Consuming at = consuming(peer);
   deliver(peer, at, 1, "slow");
-  REQUIRE(loop.run_until([&] { return running.load(); }));
+  REQUIRE(loop.run_until([&] { return gated->running.load(); }));
   bool stopped = false;
   bool running_when_stopped = true;
   c->set_stopped_handler([&](const client::Error&) {
-    running_when_stopped = running.load();
+    running_when_stopped = gated->running.load();
     stopped = true;
   });
   c->stop_now();
@@ -425,7 +432,7 @@ TEST_CASE("After stop_now the connections close at once, and stopped waits for t
   REQUIRE(loop.run_until([&] { return !peer.connected(); }));
   CHECK(peer.count<amqp::ConnectionClose>() == 2);
   CHECK_FALSE(stopped);
-  gate.open();
+  gated->gate.open();
   REQUIRE(loop.run_until([&] { return stopped; }));
   CHECK_FALSE(running_when_stopped);
   CHECK(settlement(peer, at, 1).empty());  // its result came after the close: dropped
