@@ -64,19 +64,8 @@ class ScriptedParking {
 std::vector<parking::ParkedMessage> list_parked(TestLoop& loop, const ScriptedPeer& peer,
                                                 const topology::Service& service) {
   auto connection = test::connect(loop, peer.url());
-  bool listed = false;
-  client::Error error;
-  std::vector<parking::ParkedMessage> messages;
-  REQUIRE_FALSE(parking::list(connection, service, {},
-                              [&](const client::Error& e, std::vector<parking::ParkedMessage> m) {
-                                error = e;
-                                messages = std::move(m);
-                                listed = true;
-                              }));
-  REQUIRE(loop.run_until([&] { return listed; }, 30s));
+  auto messages = test::list_parked(loop, connection, service);
   test::close(loop, connection);
-  INFO(error.message());
-  REQUIRE_FALSE(error);
   return messages;
 }
 

@@ -77,17 +77,7 @@ struct QuorumService {
   }
 
   std::vector<parking::ParkedMessage> list() {
-    bool done = false;
-    std::vector<parking::ParkedMessage> out;
-    REQUIRE_FALSE(parking::list(broker.connection, service, {},
-                                [&](const Error& error, std::vector<parking::ParkedMessage> m) {
-                                  INFO(error.message());
-                                  CHECK_FALSE(error);
-                                  out = std::move(m);
-                                  done = true;
-                                }));
-    REQUIRE(loop.run_until([&] { return done; }, 30s));
-    return out;
+    return test::list_parked(loop, broker.connection, service);
   }
 };
 

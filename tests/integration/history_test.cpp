@@ -24,23 +24,7 @@ using consumer::Outcome;
 using test::Broker;
 using test::TestLoop;
 
-namespace {
-
-std::vector<parking::ParkedMessage> list_parked(TestLoop& loop, Broker& broker,
-                                                const topology::Service& service) {
-  bool listed = false;
-  std::vector<parking::ParkedMessage> parked;
-  REQUIRE_FALSE(
-      parking::list(broker.connection, service, {}, [&](const client::Error& error, auto messages) {
-        CHECK_FALSE(error);
-        parked = std::move(messages);
-        listed = true;
-      }));
-  REQUIRE(loop.run_until([&] { return listed; }));
-  return parked;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE(
     "A message that failed twice, was parked, replayed, failed again and parked again shows the "
@@ -80,7 +64,7 @@ TEST_CASE(
     REQUIRE(loop.run_until([&] { return replayed && c->metrics().parked_permanent == 1; }, 30s));
     test::stop(loop, c);
 
-    const auto parked = list_parked(loop, broker, service);
+    const auto parked = test::list_parked(loop, broker.connection, service);
     REQUIRE(parked.size() == 1);
     const auto& headers = parked[0].message.properties.headers;
     const retry::History history = retry::read_history(headers ? &*headers : nullptr);

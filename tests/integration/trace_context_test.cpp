@@ -111,15 +111,7 @@ TEST_CASE(
   REQUIRE(loop.run_until([&] { return c->metrics().parked_exhausted == 3; }, 20s));
 
   // Parked with both headers byte for byte; nothing added to the others.
-  bool listed = false;
-  std::vector<parking::ParkedMessage> parked;
-  REQUIRE_FALSE(
-      parking::list(broker.connection, service, {}, [&](const client::Error& error, auto messages) {
-        CHECK_FALSE(error);
-        parked = std::move(messages);
-        listed = true;
-      }));
-  REQUIRE(loop.run_until([&] { return listed; }));
+  const auto parked = test::list_parked(loop, broker.connection, service);
   REQUIRE(parked.size() == 3);
   for (const auto& p : parked) {
     INFO(p.message_id);

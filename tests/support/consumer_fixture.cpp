@@ -1,5 +1,6 @@
 #include "support/consumer_fixture.hpp"
 
+#include "retryloop/parking/parking.hpp"
 #include "retryloop/topology/declarer.hpp"
 #include "retryloop/topology/plan.hpp"
 #include "retryloop/topology/topology_json.hpp"
@@ -140,6 +141,24 @@ void stop(TestLoop& loop, const std::shared_ptr<consumer::Consumer>& c) {
   c->set_stopped_handler([&stopped](const client::Error&) { stopped = true; });
   c->stop(5s);
   REQUIRE(loop.run_until([&] { return stopped; }));
+}
+
+std::vector<parking::ParkedMessage> list_parked(
+    TestLoop& loop, const std::shared_ptr<client::Connection>& connection,
+    const topology::Service& service) {
+  bool listed = false;
+  client::Error error;
+  std::vector<parking::ParkedMessage> parked;
+  REQUIRE_FALSE(parking::list(connection, service, {},
+                              [&](const client::Error& e, std::vector<parking::ParkedMessage> m) {
+                                error = e;
+                                parked = std::move(m);
+                                listed = true;
+                              }));
+  REQUIRE(loop.run_until([&] { return listed; }, 30s));
+  INFO(error.message());
+  REQUIRE_FALSE(error);
+  return parked;
 }
 
 }  // namespace retryloop::test

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "retryloop/consumer/consumer.hpp"
+#include "retryloop/parking/parked_message.hpp"
 #include "retryloop/topology/topology.hpp"
 #include "support/harness.hpp"
 
@@ -101,5 +102,11 @@ std::shared_ptr<consumer::Consumer> start(TestLoop& loop, const consumer::Consum
 
 /// Stops a consumer gracefully and waits until it has stopped.
 void stop(TestLoop& loop, const std::shared_ptr<consumer::Consumer>& c);
+
+/// The messages parked for `service`, read with parking::list (they stay parked); the test fails
+/// if the listing does.
+std::vector<parking::ParkedMessage> list_parked(
+    TestLoop& loop, const std::shared_ptr<client::Connection>& connection,
+    const topology::Service& service);
 
 }  // namespace retryloop::test
