@@ -940,6 +940,13 @@ Reply Core::request_edit(const nlohmann::json& request, const std::string& who) 
     }
     edit.headers = std::move(table);
   }
+  if (auto parked_at = request.find("parked_at");
+      parked_at != request.end() && !parked_at->is_null()) {
+    if (!parked_at->is_number_unsigned()) {
+      return error_reply(400, "parked_at: give the parked time in seconds since the epoch");
+    }
+    edit.parked_at = parked_at->get<uint64_t>();
+  }
   if (auto keep = request.find("keep_original"); keep != request.end()) {
     if (!keep->is_boolean()) return error_reply(400, "keep_original: give true or false");
     edit.keep_original = keep->get<bool>();

@@ -358,7 +358,11 @@ Error edit(const std::shared_ptr<client::Connection>& connection, const topology
       connection, topology::parking_queue_name(service.name), 1,
       [state](ParkedMessage& parked) {
         Decision decision;
-        if (state->result.found || parked.message_id != state->options.message_id) return decision;
+        const auto& wanted = state->options;
+        if (state->result.found || parked.message_id != wanted.message_id ||
+            (wanted.parked_at && parked.parked_at != wanted.parked_at)) {
+          return decision;
+        }
         state->result.found = true;
         decision.kind = state->options.keep_original ? Decision::Kind::copy : Decision::Kind::move;
         decision.routing_key = state->target;

@@ -76,15 +76,16 @@ struct ParkedService {
     if (connection->is_open()) test::close(loop, connection);
   }
 
-  /// Parks `count` messages as the consumer would (`id-<i>`, reason by `reason_of`), with an
-  /// x-death saying they failed twice in the service queue; pipelined, all confirmed.
+  /// Parks `count` messages as the consumer would (`id-<i>` unless `id_of` names them, reason by
+  /// `reason_of`, parked at 1700000000 + i), with an x-death saying they failed twice in the
+  /// service queue; pipelined, all confirmed.
   void park(size_t count, const std::function<std::string(size_t)>& reason_of,
-            size_t body_size = 64) {
+            size_t body_size = 64, const std::function<std::string(size_t)>& id_of = {}) {
     size_t confirmed = 0;
     size_t failed = 0;
     for (size_t i = 0; i < count; ++i) {
       amqp::BasicProperties properties;
-      properties.message_id = "id-" + std::to_string(i);
+      properties.message_id = id_of ? id_of(i) : "id-" + std::to_string(i);
       properties.delivery_mode = 2;
       properties.content_type = "application/json";
       amqp::FieldTable death{{"count", amqp::FieldValue(int64_t(2))},
@@ -391,6 +392,48 @@ TEST_CASE(
   std::sort(kept.begin(), kept.end());
   CHECK(left == kept);
   CHECK(test::drain_queue(loop, *s.connection, s.queue).size() == 44);
+}
+
+TEST_CASE("An edit takes the parked message with the id and the parked time it is given",
+          "[parking][integration]") {
+  TestLoop loop;
+  ParkedService s(loop, "pedit");
+  s.park(
+      3, [](size_t) { return "exhausted"; }, 64, [](size_t) { return std::string("twin"); });
+  auto edit = [&](std::optional<uint64_t> parked_at) {
+    parking::EditOptions options;
+    options.message_id = "twin";
+    options.parked_at = parked_at;
+    options.body = "fixed";
+    bool done = false;
+    parking::EditResult out;
+    REQUIRE_FALSE(
+        parking::edit(s.connection, s.service, options, [&](const parking::EditResult& result) {
+          out = result;
+          done = true;
+        }));
+    REQUIRE(loop.run_until([&] { return done; }, 60s));
+    INFO(out.error.message());
+    CHECK_FALSE(out.error);
+    return out;
+  };
+
+  const auto missed = edit(uint64_t{1600000000});  // no twin was parked then
+  CHECK_FALSE(missed.found);
+  CHECK_FALSE(missed.sent);
+  CHECK(s.depth(s.parking) == 3);
+
+  const auto second = edit(uint64_t{1700000001});
+  CHECK(second.found);
+  CHECK(second.sent);
+  CHECK(second.original_removed);
+  std::vector<uint64_t> left;
+  for (const auto& m : s.list())
+    left.push_back(m.parked_at.value_or(0));
+  CHECK(left == std::vector<uint64_t>{1700000000, 1700000002});
+  auto copies = test::drain_queue(loop, *s.connection, s.queue);
+  REQUIRE(copies.size() == 1);
+  CHECK(copies[0].message.body == "fixed");
 }
 
 TEST_CASE("replay --dry-run and purge without --yes change nothing",

@@ -209,8 +209,11 @@ client::Error purge(const std::shared_ptr<client::Connection>& connection,
 inline constexpr std::string_view edited_from_header = "retryloop-edited-from";
 
 struct EditOptions {
-  /// The parked message to edit: the first one in the queue with this message id.
+  /// The parked message to edit: the first one in the queue with this message id...
   std::string message_id;
+  /// ...and, when set, this `retryloop-parked-at` (seconds since the epoch), so that of two
+  /// parked messages with one id, the one the operator was shown is edited.
+  std::optional<uint64_t> parked_at;
   /// The copy's body.
   std::string body;
   /// The copy's application headers, instead of the original's (nullopt: the original's).

@@ -682,8 +682,8 @@
           (keep ? 'The original stays parked.' : 'The original leaves parking once the broker has confirmed the copy.'),
           'Send')) return;
       const started = await api('POST', '/api/edit',
-                                {message_id: m.message_id, body: $('edit-body').value, headers,
-                                 keep_original: keep});
+                                {message_id: m.message_id, parked_at: m.parked_at_seconds,
+                                 body: $('edit-body').value, headers, keep_original: keep});
       const job = await waitForJob(started.job);
       if (job.state === 'failed') throw new Error(job.error);
       $('edit-form').hidden = true;
