@@ -26,10 +26,8 @@ AuditTrail::AuditTrail(bool on_broker, std::shared_ptr<spdlog::logger> logger, s
 void AuditTrail::attach(const std::shared_ptr<client::Connection>& connection) {
   if (!on_broker_) return;
   detach();
+  error_.clear();
   std::weak_ptr<AuditTrail> weak = weak_from_this();
-  writer_ = parking::AuditWriter::open(connection, [weak](const client::Error& error) {
-    if (auto self = weak.lock()) self->failed("the audit channel closed: " + error.message());
-  });
   const uint64_t now = retry::unix_milliseconds();
   reader_ = parking::AuditReader::start(
       connection, now > kReadBackMs ? now - kReadBackMs : 0, last_offset_,
@@ -50,7 +48,6 @@ void AuditTrail::detach() {
     reader_->stop();
     reader_.reset();
   }
-  if (writer_) std::exchange(writer_, nullptr)->close();
 }
 
 void AuditTrail::failed(std::string why) {
@@ -58,7 +55,7 @@ void AuditTrail::failed(std::string why) {
   if (logger_) logger_->warn("console: audit trail: {}", error_);
 }
 
-void AuditTrail::append(parking::AuditRecord record, Done done) {
+void AuditTrail::append(parking::AuditRecord record, parking::AuditWriter* writer, Done done) {
   if (record.id.empty()) record.id = retry::random_message_id();
   if (record.at_ms == 0) record.at_ms = retry::unix_milliseconds();
   if (record.via.empty()) record.via = "console";
@@ -66,9 +63,9 @@ void AuditTrail::append(parking::AuditRecord record, Done done) {
     keep(std::move(record));
     return done("");
   }
-  if (!writer_) return done("not connected to the broker");
+  if (writer == nullptr) return done("not connected to the broker");
   std::weak_ptr<AuditTrail> weak = weak_from_this();
-  writer_->append(record, [weak, record, done](const client::Error& error) {
+  writer->append(record, [weak, record, done](const client::Error& error) {
     if (error) return done(error.message());
     if (auto self = weak.lock()) self->keep(record);
     done("");
@@ -93,7 +90,7 @@ void AuditTrail::keep(parking::AuditRecord record) {
 nlohmann::json AuditTrail::json(size_t limit) const {
   nlohmann::json out;
   out["kept_on"] = on_broker_ ? nlohmann::json(topology::audit_stream_name()) : nullptr;
-  out["connected"] = !on_broker_ || (writer_ && writer_->ready());
+  out["connected"] = !on_broker_ || reader_ != nullptr;
   out["error"] = error_.empty() ? nullptr : nlohmann::json(error_);
   nlohmann::json records = nlohmann::json::array();
   for (auto it = records_.rbegin(); it != records_.rend() && records.size() < limit; ++it)

@@ -237,6 +237,15 @@ void Core::on_connected(const std::shared_ptr<client::Connection>& connection) {
     options_.logger->info("console: {}: connected to {}", service_.name,
                           connection->uri().redacted());
   }
+  if (options_.audit_on_broker) {
+    audit_writer_ = parking::AuditWriter::open(connection, [weak](const Error& error) {
+      auto self = weak.lock();
+      if (self && self->options_.logger) {
+        self->options_.logger->warn("console: {}: the audit trail's channel ended: {}",
+                                    self->service_.name, error.message());
+      }
+    });
+  }
   if (hosts_audit_) audit_->attach(connection);
   const bool first = static_cast<bool>(ready_);
   if (first && service_.queue_type == topology::QueueType::quorum &&
@@ -312,6 +321,7 @@ void Core::on_lost(const client::Connection* connection, const Error& error) {
   if (connection != connection_.get()) return;
   connected_ = false;
   connection_.reset();
+  if (audit_writer_) std::exchange(audit_writer_, nullptr)->close();
   if (hosts_audit_) audit_->detach();
   connection_error_ = error.message();
   if (options_.logger) {
@@ -416,21 +426,22 @@ void Core::start_job(const std::shared_ptr<Job>& job) {
   // Recorded before it touches a message: an action that cannot be recorded is not done.
   job->audit_id = retry::random_message_id();
   std::weak_ptr<Core> weak = weak_from_this();
-  audit_->append(audit_record(*job, "started"), [weak, job](const std::string& error) {
-    auto self = weak.lock();
-    if (!self) return;
-    if (!error.empty()) {
-      return self->finish_job(
-          job, Error(client::ClientError::not_open,
-                     "not recorded in the audit trail (" + error + "); nothing was done"));
-    }
-    if (self->stopping_ || !self->connected_) {
-      return self->finish_job(job, Error(client::ClientError::not_open,
-                                         "the console lost its broker connection; nothing was "
-                                         "done"));
-    }
-    self->run_job(job);
-  });
+  audit_->append(
+      audit_record(*job, "started"), audit_writer_.get(), [weak, job](const std::string& error) {
+        auto self = weak.lock();
+        if (!self) return;
+        if (!error.empty()) {
+          return self->finish_job(
+              job, Error(client::ClientError::not_open,
+                         "not recorded in the audit trail (" + error + "); nothing was done"));
+        }
+        if (self->stopping_ || !self->connected_) {
+          return self->finish_job(job, Error(client::ClientError::not_open,
+                                             "the console lost its broker connection; nothing was "
+                                             "done"));
+        }
+        self->run_job(job);
+      });
 }
 
 void Core::run_job(const std::shared_ptr<Job>& job) {
@@ -540,15 +551,16 @@ void Core::finish_job(const std::shared_ptr<Job>& job, const Error& error) {
                           : job->interrupted               ? "stopped"
                                                            : "done";
       std::weak_ptr<Core> weak = weak_from_this();
-      audit_->append(audit_record(*job, state), [weak](const std::string& error) {
-        auto self = weak.lock();
-        if (!error.empty() && self && self->options_.logger) {
-          self->options_.logger->error(
-              "console: the end of an action was not recorded in the "
-              "audit trail: {}",
-              error);
-        }
-      });
+      audit_->append(audit_record(*job, state), audit_writer_.get(),
+                     [weak](const std::string& error) {
+                       auto self = weak.lock();
+                       if (!error.empty() && self && self->options_.logger) {
+                         self->options_.logger->error(
+                             "console: the end of an action was not recorded in the "
+                             "audit trail: {}",
+                             error);
+                       }
+                     });
     }
     // The counts changed. A scan the user asked for meanwhile keeps its newer filter.
     if (job->kind != Job::Kind::count && !stopping_) {
@@ -599,6 +611,7 @@ void Core::close_all() {
   if (closed_) return;
   closed_ = true;
   connected_ = false;
+  if (audit_writer_) std::exchange(audit_writer_, nullptr)->close();
   if (hosts_audit_) audit_->detach();
   open_parts_ = 2;  // the timer and the connection
   uv_timer_stop(&reconnect_timer_);
@@ -986,7 +999,7 @@ Reply Core::request_note(const nlohmann::json& request, const std::string& who) 
   record.group = group->get<std::string>();
   record.note = text->get<std::string>();
   std::weak_ptr<Core> weak = weak_from_this();
-  audit_->append(std::move(record), [weak](const std::string& error) {
+  audit_->append(std::move(record), audit_writer_.get(), [weak](const std::string& error) {
     auto self = weak.lock();
     if (!error.empty() && self && self->options_.logger) {
       self->options_.logger->error("console: a note was not recorded: {}", error);

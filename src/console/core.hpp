@@ -98,6 +98,9 @@ class Core : public std::enable_shared_from_this<Core> {
   Options options_;
   topology::Service service_;
   std::shared_ptr<AuditTrail> audit_;
+  /// This service's appends go through its own connection, so that one service's outage does
+  /// not stop the others' actions.
+  std::shared_ptr<parking::AuditWriter> audit_writer_;
   bool hosts_audit_ = false;
   std::string parking_queue_;
   std::string input_queue_;

@@ -26,17 +26,19 @@ class AuditTrail : public std::enable_shared_from_this<AuditTrail> {
 
   AuditTrail(bool on_broker, std::shared_ptr<spdlog::logger> logger, size_t kept = 1000);
 
-  /// Uses `connection` (after each connect): a writer to append with, and a reader that follows
-  /// the stream from 30 days back, or from where the last reader stopped.
+  /// Reads the stream on `connection` (after each connect of the console's first service), from
+  /// 30 days back, or from where the last reader stopped.
   void attach(const std::shared_ptr<client::Connection>& connection);
-  /// The connection was lost: appends fail until the next attach.
+  /// That connection was lost: reading stops until the next attach.
   void detach();
 
-  /// Appends `record` (its id, time and via are set when empty). `done` gets "" once it is kept:
-  /// confirmed by the broker, or in memory; otherwise why not.
-  void append(parking::AuditRecord record, Done done);
+  /// Appends `record` (its id, time and via are set when empty) through `writer`, the calling
+  /// service's own (null while it is not connected). `done` gets "" once it is kept: confirmed by
+  /// the broker, or in memory; otherwise why not.
+  void append(parking::AuditRecord record, parking::AuditWriter* writer, Done done);
 
-  /// {"kept_on": stream or null, "connected", "error", "records": [newest first]}.
+  /// {"kept_on": stream or null, "connected" (the stream is being read), "error", "records":
+  /// [newest first]}.
   nlohmann::json json(size_t limit) const;
   /// The newest note of each group of `service`: {group: record}.
   nlohmann::json notes(const std::string& service) const;
@@ -48,7 +50,6 @@ class AuditTrail : public std::enable_shared_from_this<AuditTrail> {
   bool on_broker_;
   std::shared_ptr<spdlog::logger> logger_;
   size_t kept_;
-  std::shared_ptr<parking::AuditWriter> writer_;
   std::shared_ptr<parking::AuditReader> reader_;
   std::optional<int64_t> last_offset_;
   std::string error_;
