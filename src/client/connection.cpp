@@ -69,15 +69,11 @@ Error ConnectionImpl::connect(ConnectCallback callback) {
   uv_timer_init(loop_, &connect_timer_);
   connect_timer_.data = this;
   ++open_handles_;
-  uv_timer_init(loop_, &heartbeat_timer_);
-  heartbeat_timer_.data = this;
-  ++open_handles_;
-  uv_timer_init(loop_, &ack_timer_);
-  ack_timer_.data = this;
-  ++open_handles_;
-  uv_timer_init(loop_, &close_timer_);
-  close_timer_.data = this;
-  ++open_handles_;
+  for (uv_timer_t& timer : protocol_timers_) {
+    uv_timer_init(loop_, &timer);
+    timer.data = this;
+    ++open_handles_;
+  }
 
   uint64_t timeout_ms = static_cast<uint64_t>(
       (options().uri.connect_timeout ? *options().uri.connect_timeout : options().connect_timeout)
@@ -269,30 +265,16 @@ void ConnectionImpl::handle_tls_bytes(std::string_view ciphertext) {
   start_write();  // anything TLS itself has to answer
 }
 
-uv_timer_t* ConnectionImpl::timer_of(ProtocolTimer timer) {
-  switch (timer) {
-    case ProtocolTimer::heartbeat:
-      return &heartbeat_timer_;
-    case ProtocolTimer::ack_delay:
-      return &ack_timer_;
-    case ProtocolTimer::close:
-      break;
-  }
-  return &close_timer_;
-}
-
-template <ProtocolTimer kTimer>
-void ConnectionImpl::on_protocol_timer(uv_timer_t* handle) {
-  auto* self = static_cast<ConnectionImpl*>(handle->data);
-  self->protocol_.timer_fired(kTimer, uv_now(self->loop_));
-}
-
 void ConnectionImpl::start_timer(ProtocolTimer timer, uint64_t delay_ms, uint64_t repeat_ms) {
   if (state_ == State::closed) return;
-  uv_timer_cb callback = on_protocol_timer<ProtocolTimer::close>;
-  if (timer == ProtocolTimer::heartbeat) callback = on_protocol_timer<ProtocolTimer::heartbeat>;
-  if (timer == ProtocolTimer::ack_delay) callback = on_protocol_timer<ProtocolTimer::ack_delay>;
-  uv_timer_start(timer_of(timer), callback, delay_ms, repeat_ms);
+  uv_timer_start(
+      &protocol_timers_[static_cast<size_t>(timer)],
+      [](uv_timer_t* fired) {
+        auto* self = static_cast<ConnectionImpl*>(fired->data);
+        const auto which = static_cast<ProtocolTimer>(fired - self->protocol_timers_.data());
+        self->protocol_.timer_fired(which, uv_now(self->loop_));
+      },
+      delay_ms, repeat_ms);
 }
 
 void ConnectionImpl::protocol_opened() {
@@ -458,9 +440,8 @@ void ConnectionImpl::close_handles() {
     uv_cancel(reinterpret_cast<uv_req_t*>(&resolve_req_));
   }
   close_handle(reinterpret_cast<uv_handle_t*>(&connect_timer_));
-  close_handle(reinterpret_cast<uv_handle_t*>(&heartbeat_timer_));
-  close_handle(reinterpret_cast<uv_handle_t*>(&ack_timer_));
-  close_handle(reinterpret_cast<uv_handle_t*>(&close_timer_));
+  for (uv_timer_t& timer : protocol_timers_)
+    close_handle(reinterpret_cast<uv_handle_t*>(&timer));
   if (tcp_initialized_) {
     tcp_initialized_ = false;
     close_handle(reinterpret_cast<uv_handle_t*>(&tcp_));

@@ -2,6 +2,7 @@
 
 #include <uv.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -64,9 +65,6 @@ class ConnectionImpl : public std::enable_shared_from_this<ConnectionImpl>,
   void protocol_blocked(bool blocked, const std::string& reason) override;
 
   const ConnectionOptions& options() const { return protocol_.options(); }
-  uv_timer_t* timer_of(ProtocolTimer timer);
-  template <ProtocolTimer kTimer>
-  static void on_protocol_timer(uv_timer_t* handle);
   void start_resolve();
   void try_next_address();
   void on_connected(int status);
@@ -92,9 +90,8 @@ class ConnectionImpl : public std::enable_shared_from_this<ConnectionImpl>,
   bool tcp_initialized_ = false;
   uv_connect_t connect_req_{};
   uv_timer_t connect_timer_{};
-  uv_timer_t heartbeat_timer_{};
-  uv_timer_t ack_timer_{};
-  uv_timer_t close_timer_{};
+  /// The protocol's timers, indexed by ProtocolTimer.
+  std::array<uv_timer_t, kProtocolTimers> protocol_timers_{};
   uv_write_t write_req_{};
   int open_handles_ = 0;
   std::shared_ptr<ConnectionImpl> self_;

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -23,6 +24,8 @@ enum class ProtocolTimer {
   /// Once, when the client's connection.close has waited too long for its close-ok.
   close
 };
+/// How many ProtocolTimer values there are (a transport may keep its timers in an array).
+inline constexpr size_t kProtocolTimers = 3;
 
 /// What the protocol asks of the transport that carries its bytes: writes, timers, and the ends
 /// of the connection. Every call happens inside a call into the protocol.

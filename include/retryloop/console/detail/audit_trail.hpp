@@ -8,8 +8,6 @@
 #include <memory>
 #include <set>
 #include <string>
-#include <utility>
-#include <vector>
 
 #include "retryloop/client/connection.hpp"
 #include "retryloop/parking/audit.hpp"
