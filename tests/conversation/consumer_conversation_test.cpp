@@ -446,16 +446,6 @@ TEST_CASE("The parking alert fires when the depth rises above the threshold, onc
   const std::string parking = topology::parking_queue_name(service.name);
   // What the consumer's lookups of the parking queue find, in turn, once the test counts them.
   const std::vector<uint32_t> depths = {2, 3, 3, 0, 3};
-  bool counting = false;
-  size_t lookups = 0;
-  peer.on<amqp::QueueDeclare>([&](const Received& r) {
-    const auto declare = r.as<amqp::QueueDeclare>();
-    amqp::QueueDeclareOk ok;
-    ok.queue = declare.queue;
-    if (counting && declare.passive && declare.queue == parking)
-      ok.message_count = depths[std::min(lookups++, depths.size() - 1)];
-    if (!declare.no_wait) peer.send(r.channel, ok, r.connection);
-  });
   auto options = peer_options(peer, service);
   options.parking_alert_threshold = 2;
   options.parking_check_interval = 1ms;
@@ -463,12 +453,12 @@ TEST_CASE("The parking alert fires when the depth rises above the threshold, onc
   std::vector<size_t> alerted_at;  // the lookup whose answer each alert came of
   options.on_parking_depth = [&](const consumer::ParkingDepthEvent& event) {
     alerts.push_back(event);
-    alerted_at.push_back(lookups);
+    alerted_at.push_back(peer.message_count_lookups(parking));
   };
   auto c = test::start(loop, options, [](const consumer::Message&) { return Outcome::ack(); });
-  counting = true;
+  peer.script_message_counts(parking, depths);
   // One lookup at a time: the sixth goes out only after the answer to the fifth was handled.
-  REQUIRE(loop.run_until([&] { return lookups == 6; }));
+  REQUIRE(loop.run_until([&] { return peer.message_count_lookups(parking) == 6; }));
   // Above at 3 (not at 2), not again while it stays above, again after it fell back to 0.
   CHECK(alerted_at == std::vector<size_t>{2, 5});
   REQUIRE(alerts.size() == 2);

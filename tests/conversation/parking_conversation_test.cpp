@@ -26,16 +26,8 @@ class ScriptedParking {
  public:
   ScriptedParking(ScriptedPeer& peer, const std::string& queue, std::vector<uint32_t> counts,
                   size_t parked)
-      : counts_(std::move(counts)) {
-    peer.on<amqp::QueueDeclare>([this, &peer, queue](const Received& r) {
-      const auto declare = r.as<amqp::QueueDeclare>();
-      amqp::QueueDeclareOk ok;
-      ok.queue = declare.queue;
-      if (declare.passive && declare.queue == queue) {
-        ok.message_count = counts_[std::min(lookups_++, counts_.size() - 1)];
-      }
-      if (!declare.no_wait) peer.send(r.channel, ok, r.connection);
-    });
+      : peer_(peer), queue_(queue) {
+    peer.script_message_counts(queue, std::move(counts));
     peer.on<amqp::BasicConsume>([this, &peer, parked](const Received& r) {
       ++consumes_;
       amqp::BasicConsumeOk ok;
@@ -52,12 +44,12 @@ class ScriptedParking {
     });
   }
 
-  size_t lookups() const { return lookups_; }
+  size_t lookups() const { return peer_.message_count_lookups(queue_); }
   size_t consumes() const { return consumes_; }
 
  private:
-  std::vector<uint32_t> counts_;
-  size_t lookups_ = 0;
+  ScriptedPeer& peer_;
+  std::string queue_;
   size_t consumes_ = 0;
 };
 

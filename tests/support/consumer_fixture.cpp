@@ -54,6 +54,10 @@ std::vector<Call> Recorder::calls() const {
   return calls_;
 }
 
+bool came_back_after(const Call& earlier, const Call& later, std::chrono::milliseconds delay) {
+  return later.at - earlier.at + std::chrono::milliseconds(1) > delay;
+}
+
 std::vector<Call> Recorder::of(const std::string& id) const {
   std::vector<Call> out;
   for (const auto& call : calls())

@@ -35,6 +35,12 @@ struct Call {
   std::chrono::steady_clock::time_point at;
 };
 
+/// Whether `later` reached the handler `delay` or more after `earlier`, as the broker counts it.
+/// The broker keeps time in whole milliseconds: a message it holds for 500 ms can come back 499.x
+/// ms after the previous call as this process's clock sees it (seen on RabbitMQ 4.3), so up to
+/// 1 ms short passes.
+bool came_back_after(const Call& earlier, const Call& later, std::chrono::milliseconds delay);
+
 /// Records handler calls; safe from worker threads.
 class Recorder {
  public:

@@ -2,6 +2,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include "support/fake_server.hpp"
 
 namespace retryloop::test {
@@ -168,6 +170,16 @@ void ScriptedPeer::record(Client& c, Received received) {
   answer(c, received);
 }
 
+void ScriptedPeer::script_message_counts(const std::string& queue, std::vector<uint32_t> counts) {
+  if (counts.empty()) throw std::invalid_argument("script_message_counts: no counts");
+  message_counts_[queue] = MessageCounts{std::move(counts), 0};
+}
+
+size_t ScriptedPeer::message_count_lookups(const std::string& queue) const {
+  auto scripted = message_counts_.find(queue);
+  return scripted == message_counts_.end() ? 0 : scripted->second.answered;
+}
+
 void ScriptedPeer::answer(Client& c, const Received& r) {
   const uint16_t channel = r.channel;
   auto send = [this, &c](uint16_t on, const auto& method) { this->send(on, method, c.id); };
@@ -198,6 +210,11 @@ void ScriptedPeer::answer(Client& c, const Received& r) {
     const auto declare = r.as<amqp::QueueDeclare>();
     amqp::QueueDeclareOk ok;
     ok.queue = declare.queue;
+    auto scripted = message_counts_.find(declare.queue);
+    if (declare.passive && scripted != message_counts_.end()) {
+      auto& [counts, answered] = scripted->second;
+      ok.message_count = counts[std::min(answered++, counts.size() - 1)];
+    }
     if (!declare.no_wait) send(channel, ok);
   } else if (r.is<amqp::ExchangeDeclare>()) {
     send(channel, amqp::ExchangeDeclareOk{});

@@ -99,6 +99,11 @@ class ScriptedPeer {
   void send_raw(std::string bytes, int connection = -1);
   /// Closes every socket without a connection.close, as a lost network does.
   void drop();
+  /// Answers the passive declares of `queue` from now on with `counts` as its message count, in
+  /// turn, the last one again once they run out (by default a passive declare finds 0).
+  void script_message_counts(const std::string& queue, std::vector<uint32_t> counts);
+  /// Passive declares of `queue` answered from its script so far.
+  size_t message_count_lookups(const std::string& queue) const;
 
   /// Whether a client connection is open.
   bool connected() const { return !clients_.empty(); }
@@ -145,6 +150,11 @@ class ScriptedPeer {
   int open_clients_ = 0;
   int connections_ = 0;
   std::map<uint32_t, Handler> handlers_;
+  struct MessageCounts {
+    std::vector<uint32_t> counts;
+    size_t answered = 0;
+  };
+  std::map<std::string, MessageCounts> message_counts_;
   std::string last_consumer_tag_;
   std::vector<Received> received_;
   int consumer_tags_ = 0;
