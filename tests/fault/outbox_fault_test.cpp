@@ -122,11 +122,9 @@ void broker_lane(const std::string& fault, const std::string& database,
   proxy.thaw();
   up(run);
   run.wait_committed(run.writer.committed(), 300);
-  // The relay lives on: a confirm already on its way as the proxy began to hold replies settles
-  // its row once, even after the cut, so only some of the batch must be published again.
   run.finish(std::to_string(in_flight.size()) + " rows in the relay's batch in flight; " +
                  relay_losses(run),
-             in_flight, true);
+             in_flight);
 }
 
 /// Each relay goes through the proxy, which holds the broker's replies back once a kill is due:

@@ -396,28 +396,47 @@ bool OutboxRun::collect() {
 }
 
 std::set<std::string> OutboxRun::hold_batch_in_flight(TcpProxy& proxy) {
-  proxy.hold_replies();
-  const size_t from = received.size();
-  std::set<std::string> previous;
   std::set<std::string> batch;
-  const bool found = poll_until(
-      loop, 30s,
-      [&] {
-        collect();
-        const auto pending =
-            db.pending_among(std::vector<std::string>(received.begin() + from, received.end()));
-        for (const auto& id : pending) {
-          if (previous.count(id) != 0) batch.insert(id);
-        }
-        previous = pending;
-        return !batch.empty();
-      },
-      300ms);
+  for (int attempt = 0; attempt < 30 && batch.empty(); ++attempt) {
+    if (attempt > 0) {
+      // The relay waited for confirms that the freeze held: let them through, and freeze again a
+      // moment later (a different one each time).
+      proxy.thaw();
+      loop.run_for(std::chrono::milliseconds(20 + attempt * 37 % 130));
+    }
+    proxy.freeze();
+    // Until the relay publishes into the frozen network (a row's publish is about 150 bytes, a
+    // heartbeat 8).
+    if (!poll_until(
+            loop, 500ms, [&] { return proxy.held_from_clients() > 100; }, 10ms)) {
+      continue;
+    }
+    // Every row whose confirm passed before the freeze reached the audit queue before it (a
+    // queue takes a message before the broker confirms it): this takes them. What arrives later
+    // was published into the freeze, and its confirm is held.
+    collect();
+    const size_t from = received.size();
+    proxy.hold_replies();
+    std::set<std::string> previous;
+    poll_until(
+        loop, 5s,
+        [&] {
+          collect();
+          const auto pending =
+              db.pending_among(std::vector<std::string>(received.begin() + from, received.end()));
+          for (const auto& id : pending) {
+            if (previous.count(id) != 0) batch.insert(id);
+          }
+          previous = pending;
+          return !batch.empty();
+        },
+        300ms);
+  }
   std::string logs;
   for (const auto& relay : relays)
     logs += relay->err();
   INFO(logs);
-  REQUIRE(found);
+  REQUIRE_FALSE(batch.empty());
   return batch;
 }
 
@@ -428,8 +447,8 @@ std::set<std::string> OutboxRun::kill_relay_mid_batch(ChildProcess& relay, TcpPr
   CHECK(relay.wait() == 128 + SIGKILL);
   proxy.cut();
   proxy.thaw();
-  // A confirm already on its way as the proxy began to hold replies may have settled a row before
-  // the kill; the dead relay settles nothing more, so the rows still pending are its in-flight.
+  // Where relays share the table, a row of another relay's batch, slow to settle, can pass for
+  // one of this one's; the dead relay settles nothing more, so the rows still pending are its.
   return db.pending_among({batch.begin(), batch.end()});
 }
 
@@ -447,8 +466,7 @@ void OutboxRun::kill_relay_behind_frozen_network(ChildProcess& relay, TcpProxy& 
   proxy.thaw();
 }
 
-OutboxTally OutboxRun::finish(const std::string& notes, const std::set<std::string>& in_flight,
-                              bool some_settled) {
+OutboxTally OutboxRun::finish(const std::string& notes, const std::set<std::string>& in_flight) {
   writer.stop();
   // Quiet: the outbox is empty, every committed row has taken effect, and the service's queues
   // are empty; or nothing has changed for 10 s, or for 40 s while rows are pending: a relay whose
@@ -585,11 +603,8 @@ OutboxTally OutboxRun::finish(const std::string& notes, const std::set<std::stri
     auto it = copies.find(id);
     if (it != copies.end() && it->second >= 2) ++in_flight_twice;
   }
-  if (some_settled) {
-    INFO("the fault met no batch in flight: no row of the held batch was published again");
-    CHECK((in_flight.empty() || in_flight_twice >= 1));
-  } else {
-    INFO("rows in flight when their relay was killed must be published again");
+  {
+    INFO("rows in flight when their relay died or lost its broker must be published again");
     CHECK(in_flight_twice == in_flight.size());
   }
   std::string all_notes = notes;

@@ -177,9 +177,11 @@ class OutboxRun {
   /// Takes what the audit queue holds now into `received`; false when the broker failed.
   bool collect();
   /// Holds back the broker's replies to the relay behind `proxy` (its publishes still reach the
-  /// broker, its confirms do not come back) until a batch of its is in flight: rows that reached
-  /// the audit queue and are still pending in the table, the same ones 300 ms later. Returns
-  /// their ids; the replies stay held until the proxy thaws or is cut.
+  /// broker, its confirms do not come back) until a batch of its is in flight: rows it published
+  /// after the proxy froze, that reached the audit queue and are still pending in the table, the
+  /// same ones 300 ms later. Their confirms never reached the relay. When it publishes nothing
+  /// (it waits for confirms the freeze holds), thaws and tries again. Returns their ids; the
+  /// replies stay held until the proxy thaws or is cut.
   std::set<std::string> hold_batch_in_flight(TcpProxy& proxy);
   /// hold_batch_in_flight, then kills the relay with SIGKILL and cuts the proxy.
   std::set<std::string> kill_relay_mid_batch(ChildProcess& relay, TcpProxy& proxy);
@@ -190,11 +192,9 @@ class OutboxRun {
   /// Stops the application, waits until the outbox is empty and every committed row has taken
   /// effect (or nothing changes for 10 s), drains the audit and parking queues, stops the relays
   /// and consumers (SIGTERM: exit 0), classifies and reports. `in_flight`: ids that reached the
-  /// broker in a batch whose relay died or lost its connection; each must arrive at least twice,
-  /// or with `some_settled`, at least one of them (a relay that lives on may have had a confirm
-  /// on its way as the fault came, and settles that row once).
-  OutboxTally finish(const std::string& notes = "", const std::set<std::string>& in_flight = {},
-                     bool some_settled = false);
+  /// broker in a batch whose relay died or lost its connection before their confirms reached it;
+  /// each must arrive at least twice.
+  OutboxTally finish(const std::string& notes = "", const std::set<std::string>& in_flight = {});
 
   TestLoop loop;
   Probe probe{loop, test::broker_url()};

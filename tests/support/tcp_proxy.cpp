@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace retryloop::test {
@@ -151,6 +152,10 @@ size_t TcpProxy::held_from_clients() const {
 
 void TcpProxy::hold_replies() {
   replies_held_ = true;
+  if (!std::exchange(frozen_, false)) return;
+  for (auto& pipe : pipes_) {
+    if (!pipe->closing && pipe->upstream_connected) write_to(&pipe->upstream, pipe->to_upstream);
+  }
 }
 
 void TcpProxy::thaw() {

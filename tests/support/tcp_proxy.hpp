@@ -26,7 +26,8 @@ class TcpProxy {
 
   /// Stops relaying; bytes already read are held back.
   void freeze();
-  /// Stops relaying from the upstream to the clients only; those bytes are held back.
+  /// Stops relaying from the upstream to the clients only; those bytes are held back. After
+  /// freeze(): relays what the clients send again, held bytes first, and keeps the replies held.
   void hold_replies();
   /// Relays again, held bytes first (after freeze() or hold_replies()).
   void thaw();
