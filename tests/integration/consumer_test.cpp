@@ -181,8 +181,8 @@ TEST_CASE("Republish mode walks the backoff tiers and the attempt count survives
     CHECK(calls[i].death_queue == topology::wait_queue_name(service.name, delays[i - 1]));
     auto gap = std::chrono::duration_cast<std::chrono::milliseconds>(calls[i].at - calls[i - 1].at);
     INFO("gap before attempt " << i + 1 << ": " << gap.count() << " ms");
-    CHECK(test::came_back_after(calls[i - 1], calls[i],
-                                delays[i - 1]));  // never back before its tier's delay
+    // Never back before its tier's delay.
+    CHECK(test::came_back_after(calls[i - 1], calls[i], delays[i - 1]));
   }
   auto parked = broker.drain(topology::parking_queue_name(service.name));
   REQUIRE(parked.size() == 1);

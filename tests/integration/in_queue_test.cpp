@@ -81,8 +81,8 @@ TEST_CASE(
     const auto gap =
         std::chrono::duration_cast<std::chrono::milliseconds>(calls[i].at - calls[i - 1].at);
     INFO("gap before attempt " << i + 1 << ": " << gap.count() << " ms");
-    CHECK(test::came_back_after(calls[i - 1], calls[i],
-                                waits[i - 1]));  // never back before its delay
+    // Never back before its delay.
+    CHECK(test::came_back_after(calls[i - 1], calls[i], waits[i - 1]));
   }
   // Not late either: each retry asked the broker for its delay, as counted here, and the broker
   // holds the message for it (the gaps are not measured against the machine's clock).

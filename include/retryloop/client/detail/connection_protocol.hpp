@@ -25,7 +25,7 @@ enum class ProtocolTimer {
   close
 };
 /// How many ProtocolTimer values there are (a transport may keep its timers in an array).
-inline constexpr size_t kProtocolTimers = 3;
+inline constexpr size_t kProtocolTimers = static_cast<size_t>(ProtocolTimer::close) + 1;
 
 /// What the protocol asks of the transport that carries its bytes: writes, timers, and the ends
 /// of the connection. Every call happens inside a call into the protocol.
