@@ -150,6 +150,14 @@ std::string service_summary(const topology::Service& s) {
   return text;
 }
 
+/// {"orders": {"consecutive_unavailable": 5, ...}}: each service's breaker.
+nlohmann::json outage_by_service(const topology::Topology& t) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& s : t.services)
+    out[s.name] = topology::outage_json(s.outage);
+  return out;
+}
+
 void print_plan(const std::string& file, const topology::Topology& t, const topology::Plan& plan) {
   std::cout << file << ": " << service_names(t) << ", " << plural(plan.actions.size(), "step")
             << ". Nothing is sent to a broker.\n";
@@ -166,6 +174,7 @@ void print_plan(const std::string& file, const topology::Topology& t, const topo
         if (s.name == owner) {
           table.add_line("");
           table.add_line(service_summary(s));
+          table.add_line("  " + topology::describe_outage(s.outage));
         }
       }
     }
@@ -216,6 +225,7 @@ int run_plan(const TopologyArgs& args) {
     for (const auto& s : t.services)
       names.push_back(s.name);
     out["services"] = names;
+    out["outage"] = outage_by_service(t);
     std::cout << out.dump(2) << "\n";
   } else {
     print_plan(args.file, t, plan);
@@ -560,7 +570,13 @@ int run_report(const TopologyArgs& args, const std::string& command) {
   if (!args.json) {
     std::cout << (command == "apply" ? "Applying " : "Verifying ") << args.file
               << (command == "apply" ? " to " : " against ") << uri.redacted() << ": "
-              << service_names(t) << "\n\n";
+              << service_names(t) << "\n";
+    // The breaker lives in the consumers, not on the broker: verify shows what they will use.
+    if (command == "verify") {
+      for (const auto& s : t.services)
+        std::cout << "  " << s.name << " " << topology::describe_outage(s.outage) << "\n";
+    }
+    std::cout << "\n";
   }
   Report result;
   int code = with_connection(uri, [&](const auto& connection, auto done) {
@@ -576,6 +592,7 @@ int run_report(const TopologyArgs& args, const std::string& command) {
   if (code != exit_ok) return code;
   if (args.json) {
     nlohmann::json out = report_json(command, args.file, uri, result);
+    if (command == "verify") out["outage"] = outage_by_service(t);
     if (members) {
       out["members"] = nlohmann::json::array();
       if (!check_quorum_members(api, uri, plan, &out["members"])) out["ok"] = false;

@@ -32,6 +32,8 @@ const char* to_string(OutcomeKind kind) {
       return "poison";
     case OutcomeKind::drop:
       return "drop";
+    case OutcomeKind::unavailable:
+      return "unavailable";
   }
   return "unknown";
 }
@@ -70,6 +72,7 @@ Decision decide(const topology::Service& service, const AttemptInfo& info, const
     case OutcomeKind::poison:
       return park(ParkReason::poison, outcome.text);
     case OutcomeKind::retry:
+    case OutcomeKind::unavailable:
       break;
   }
   if (!info.malformed.empty()) {
@@ -146,11 +149,29 @@ Decision decide(const topology::Service& service, const AttemptInfo& info, const
 Decision decide(const topology::Service& service, const AttemptInfo& info, const Outcome& outcome) {
   DecisionContext context;
   // Only a retry reads the clock and the jitter: acks, the common case, pay for neither.
-  if (outcome.kind != OutcomeKind::retry) return decide(service, info, outcome, context);
+  if (outcome.kind != OutcomeKind::retry && outcome.kind != OutcomeKind::unavailable) {
+    return decide(service, info, outcome, context);
+  }
   thread_local std::mt19937_64 engine{std::random_device{}()};
   context.now_seconds = unix_seconds();
   context.random = std::uniform_real_distribution<double>(0.0, 1.0)(engine);
   return decide(service, info, outcome, context);
+}
+
+outage::Verdict breaker_verdict(OutcomeKind kind) {
+  switch (kind) {
+    case OutcomeKind::ack:
+    case OutcomeKind::drop:
+      return outage::Verdict::success;
+    case OutcomeKind::unavailable:
+      return outage::Verdict::unavailable;
+    case OutcomeKind::retry:
+      return outage::Verdict::failure;
+    case OutcomeKind::permanent:
+    case OutcomeKind::poison:
+      return outage::Verdict::not_counted;
+  }
+  return outage::Verdict::not_counted;
 }
 
 std::string retry_delay_label(const topology::Service& service, const Decision& decision) {
@@ -180,6 +201,8 @@ Outcome ExceptionPolicy::classify(const std::exception_ptr& error) const {
     std::rethrow_exception(error);
   } catch (const PermanentError& e) {
     return Outcome::permanent(e.what());
+  } catch (const UnavailableError& e) {
+    return Outcome::unavailable(e.what());
   } catch (const RetryAfterError& e) {
     return Outcome::retry_after(e.delay(), e.what());
   } catch (const std::exception& e) {

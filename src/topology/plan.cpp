@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <optional>
 
@@ -611,6 +612,34 @@ nlohmann::json to_json(const Plan& plan) {
     actions.push_back(std::move(j));
   }
   return nlohmann::json{{"actions", std::move(actions)}};
+}
+
+std::string describe_outage(const outage::Settings& settings) {
+  std::string text = "breaker: opens after " + std::to_string(settings.consecutive_unavailable) +
+                     " unavailable in a row";
+  if (settings.failure_rate) {
+    const outage::FailureRate& rate = *settings.failure_rate;
+    char percent[32];
+    std::snprintf(percent, sizeof percent, "%g%%", rate.threshold * 100.0);
+    text += " or at " + std::string(percent) + " failed of at least " +
+            std::to_string(rate.minimum_calls) + " calls in " + duration_label(rate.window);
+  }
+  text += "; probes every " + duration_label(settings.probe_interval) +
+          "; ramps from 2, doubling every " + duration_label(settings.ramp.interval);
+  return text;
+}
+
+nlohmann::json outage_json(const outage::Settings& settings) {
+  nlohmann::json out = {{"consecutive_unavailable", settings.consecutive_unavailable},
+                        {"failure_rate", nullptr},
+                        {"probe_interval", duration_label(settings.probe_interval)},
+                        {"ramp", {{"interval", duration_label(settings.ramp.interval)}}}};
+  if (settings.failure_rate) {
+    out["failure_rate"] = {{"threshold", settings.failure_rate->threshold},
+                           {"window", duration_label(settings.failure_rate->window)},
+                           {"minimum_calls", settings.failure_rate->minimum_calls}};
+  }
+  return out;
 }
 
 }  // namespace retryloop::topology

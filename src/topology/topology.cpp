@@ -190,6 +190,9 @@ class Validator {
     check_parking(p + ".parking", service);
     check_delivery_limit(p + ".delivery_limit", service);
     check_replicas(p + ".replicas", service);
+    for (const auto& problem : outage::check(service.outage)) {
+      add(service.name, p + ".outage." + problem.key, problem.message);
+    }
     return name_ok;
   }
 

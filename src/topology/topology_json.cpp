@@ -429,7 +429,7 @@ class Reader {
     Service service;
     if (!expect_object(value, p,
                        {"name", "queue", "queue_type", "delivery_limit", "replicas", "input",
-                        "retry", "parking"},
+                        "retry", "parking", "outage"},
                        "{\"name\": \"orders\", \"input\": {...}, \"retry\": {...}}")) {
       return service;
     }
@@ -462,6 +462,9 @@ class Reader {
     }
     if (const json* parking = field(value, "parking", p, false)) {
       service.parking = read_parking(*parking, child(p, "parking"));
+    }
+    if (const json* outage = field(value, "outage", p, false)) {
+      service.outage = read_outage(*outage, child(p, "outage"));
     }
     return service;
   }
@@ -709,6 +712,52 @@ class Reader {
       parking.ttl = read_duration(*ttl, child(p, "ttl"));
     }
     return parking;
+  }
+
+  /// A whole number that must fit an int; `fallback` when absent or wrong (after reporting it).
+  int read_count(const json& object, const char* key, const std::string& path, int fallback) {
+    if (!object.contains(key)) return fallback;
+    auto count = read_integer(object, key, path, false, INT_MAX);
+    if (!count) return fallback;
+    return static_cast<int>(std::max<int64_t>(*count, INT_MIN));
+  }
+
+  outage::Settings read_outage(const json& value, const std::string& p) {
+    outage::Settings settings;
+    if (!expect_object(value, p,
+                       {"consecutive_unavailable", "failure_rate", "probe_interval", "ramp"},
+                       "{\"consecutive_unavailable\": 5, \"probe_interval\": \"5s\"}")) {
+      return settings;
+    }
+    settings.consecutive_unavailable =
+        read_count(value, "consecutive_unavailable", p, settings.consecutive_unavailable);
+    if (const json* interval = field(value, "probe_interval", p, false)) {
+      settings.probe_interval = read_duration(*interval, child(p, "probe_interval"));
+    }
+    if (const json* rate = field(value, "failure_rate", p, false)) {
+      const std::string r = child(p, "failure_rate");
+      settings.failure_rate = outage::FailureRate{};
+      if (expect_object(*rate, r, {"threshold", "window", "minimum_calls"},
+                        "{\"threshold\": 0.5, \"window\": \"10s\", \"minimum_calls\": 20}")) {
+        if (auto threshold = read_number(*rate, "threshold", r)) {
+          settings.failure_rate->threshold = *threshold;
+        }
+        if (const json* window = field(*rate, "window", r, false)) {
+          settings.failure_rate->window = read_duration(*window, child(r, "window"));
+        }
+        settings.failure_rate->minimum_calls =
+            read_count(*rate, "minimum_calls", r, settings.failure_rate->minimum_calls);
+      }
+    }
+    if (const json* ramp = field(value, "ramp", p, false)) {
+      const std::string r = child(p, "ramp");
+      if (expect_object(*ramp, r, {"interval"}, "{\"interval\": \"2s\"}")) {
+        if (const json* interval = field(*ramp, "interval", r, false)) {
+          settings.ramp.interval = read_duration(*interval, child(r, "interval"));
+        }
+      }
+    }
+    return settings;
   }
 
   std::set<std::string> bad_;

@@ -60,9 +60,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   service.retry.max_attempts = 1 + (mode >> 1);
 
   for (auto kind : {OutcomeKind::ack, OutcomeKind::retry, OutcomeKind::permanent,
-                    OutcomeKind::poison, OutcomeKind::drop}) {
+                    OutcomeKind::poison, OutcomeKind::drop, OutcomeKind::unavailable}) {
     const Decision decision = decide(service, info, Outcome{kind, "error", {}});
-    if (kind == OutcomeKind::retry && !info.malformed.empty()) {
+    if ((kind == OutcomeKind::retry || kind == OutcomeKind::unavailable) &&
+        !info.malformed.empty()) {
       check(decision.action == Action::park && decision.reason == ParkReason::poison);
     }
     if (decision.action == Action::publish_to_wait) {

@@ -211,6 +211,8 @@ TEST_CASE("retryloop exits 4 when the broker is unreachable and never shows the 
   Run env = run_cli({"topology", "verify", file}, "amqp://alice:s3cret@127.0.0.1:1/");
   CHECK(env.exit_code == 4);
   CHECK_FALSE(contains(env.out + env.err, "s3cret"));
+  // verify shows the breaker each service's consumers will use before it connects.
+  CHECK(contains(env.out, "  orders breaker: opens after 5 unavailable in a row"));
 
   // --url wins over RETRYLOOP_URL, both ways round.
   Run url_wins = run_cli({"topology", "verify", file, "--url", "amqp://alice:s3cret@127.0.0.1:1/"},
@@ -279,6 +281,12 @@ TEST_CASE("plan and export need no broker and print what apply would declare",
   CHECK(contains(plan.out, "x-message-ttl = 250 (250ms)"));
   CHECK(contains(plan.out, "alternate-exchange = orders.parking"));
   CHECK(contains(plan.out, "Nothing is sent to a broker"));
+  // Each service's breaker, under its summary: the defaults, or what the file sets.
+  CHECK(contains(plan.out, "  breaker: opens after 5 unavailable in a row; probes every 5s"));
+  CHECK(contains(plan.out,
+                 "  breaker: opens after 3 unavailable in a row or at 25% failed of at "
+                 "least 50 calls in 30s; probes every 1s; ramps from 2, doubling every "
+                 "500ms"));
 
   Run json = run_cli({"topology", "plan", file, "--json", "--service", "payments"});
   CHECK(json.exit_code == 0);
@@ -286,6 +294,8 @@ TEST_CASE("plan and export need no broker and print what apply would declare",
   CHECK(parsed["services"] == nlohmann::json::array({"payments"}));
   CHECK(parsed["actions"][0]["action"] == "declare_exchange");
   CHECK(parsed["actions"][0]["exchange"] == "payments.parking");
+  CHECK(parsed["outage"]["payments"]["consecutive_unavailable"] == 3);
+  CHECK(parsed["outage"]["payments"]["failure_rate"]["minimum_calls"] == 50);
 
   Run exported = run_cli({"topology", "export", file, "--vhost", "staging"});
   CHECK(exported.exit_code == 0);

@@ -627,6 +627,32 @@ TEST_CASE("The exception policy maps the application's exceptions to outcomes", 
 }
 
 TEST_CASE(
+    "An unavailable outcome, or an UnavailableError, is handled as a retry until the "
+    "consumer consults the breaker",
+    "[retry][outage]") {
+  ExceptionPolicy policy;
+  Outcome thrown = policy.classify(std::make_exception_ptr(UnavailableError("payments down")));
+  CHECK(thrown.kind == OutcomeKind::unavailable);
+  CHECK(thrown.text == "payments down");
+  CHECK(std::string(to_string(OutcomeKind::unavailable)) == "unavailable");
+
+  const auto reject = service(topology::RetryMode::reject, {30s}, 3);
+  const auto republish = service(topology::RetryMode::republish, {100ms, 300ms, 1s}, 6);
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    AttemptInfo info;
+    info.attempt = attempt;
+    for (const auto* s : {&reject, &republish}) {
+      const Decision unavailable = decide(*s, info, Outcome::unavailable("payments down"));
+      const Decision retried = decide(*s, info, Outcome::retry("payments down"));
+      CHECK(unavailable.action == retried.action);
+      CHECK(unavailable.delay == retried.delay);
+      CHECK(unavailable.wait_routing_key == retried.wait_routing_key);
+      CHECK(unavailable.error == "payments down");
+    }
+  }
+}
+
+TEST_CASE(
     "In in_queue mode a retry is a requeueing reject that the queue holds for the step times the "
     "failures, capped",
     "[retry]") {

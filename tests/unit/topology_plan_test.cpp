@@ -652,3 +652,44 @@ TEST_CASE("Services that share nothing fall into lanes of their own, and shared 
     }
   }
 }
+
+TEST_CASE(
+    "The plan shows each service's breaker in one line, with the failure-rate trip when "
+    "the file asks for it",
+    "[topology][outage]") {
+  auto defaults = parse_topology(one(service_json("orders", "")));
+  REQUIRE(defaults.ok());
+  CHECK(describe_outage(defaults.topology->services[0].outage) ==
+        "breaker: opens after 5 unavailable in a row; probes every 5s; ramps from 2, doubling "
+        "every 2s");
+  nlohmann::json json = outage_json(defaults.topology->services[0].outage);
+  CHECK(json["consecutive_unavailable"] == 5);
+  CHECK(json["failure_rate"].is_null());
+  CHECK(json["probe_interval"] == "5s");
+
+  auto rate = parse_topology(one(service_json(
+      "orders", R"("outage": {"consecutive_unavailable": 3, "failure_rate": {"threshold": 0.25},
+                   "probe_interval": "1s", "ramp": {"interval": "500ms"}})")));
+  REQUIRE(rate.ok());
+  CHECK(describe_outage(rate.topology->services[0].outage) ==
+        "breaker: opens after 3 unavailable in a row or at 25% failed of at least 20 calls in "
+        "10s; probes every 1s; ramps from 2, doubling every 500ms");
+  json = outage_json(rate.topology->services[0].outage);
+  CHECK(json["failure_rate"]["threshold"] == 0.25);
+  CHECK(json["failure_rate"]["window"] == "10s");
+  CHECK(json["failure_rate"]["minimum_calls"] == 20);
+  CHECK(json["ramp"]["interval"] == "500ms");
+}
+
+TEST_CASE("The breaker settings change neither the plan nor the exported definitions",
+          "[topology][outage]") {
+  auto plain = parse_topology(one(service_json("orders", "")));
+  auto tuned = parse_topology(
+      one(service_json("orders", R"("outage": {"failure_rate": {}, "probe_interval": "1s"})")));
+  REQUIRE(plain.ok());
+  REQUIRE(tuned.ok());
+  const Plan plain_plan = make_plan(*plain.topology);
+  const Plan tuned_plan = make_plan(*tuned.topology);
+  CHECK(to_json(plain_plan) == to_json(tuned_plan));
+  CHECK(export_definitions(plain_plan, "/") == export_definitions(tuned_plan, "/"));
+}

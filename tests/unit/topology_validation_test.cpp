@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -173,6 +174,27 @@ const std::vector<Expected> invalid_files = {
      R"~("forever" is not a duration)~"},
     {"parking_ttl_zero.json", "services[0].parking.ttl", R"~(must be longer than zero)~"},
     {"parking_ttl_too_long.json", "services[0].parking.ttl", R"~(longer than the largest TTL)~"},
+    {"outage_not_object.json", "services[0].outage", R"~(must be an object)~"},
+    {"outage_unknown_key.json", "services[0].outage.probe_intervall",
+     R"~(did you mean "probe_interval")~"},
+    {"outage_consecutive_zero.json", "services[0].outage.consecutive_unavailable",
+     R"~(must be from 1 to 1000000, not 0)~"},
+    {"outage_consecutive_string.json", "services[0].outage.consecutive_unavailable",
+     R"~(must be a whole number)~"},
+    {"outage_probe_interval_short.json", "services[0].outage.probe_interval",
+     R"~(must be from 100ms to 1h)~"},
+    {"outage_probe_interval_number.json", "services[0].outage.probe_interval",
+     R"~(a bare number has no unit)~"},
+    {"outage_threshold_above_one.json", "services[0].outage.failure_rate.threshold",
+     R"~(must be above 0 and at most 1)~"},
+    {"outage_window_too_long.json", "services[0].outage.failure_rate.window",
+     R"~(must be from 100ms to 1h)~"},
+    {"outage_minimum_calls_zero.json", "services[0].outage.failure_rate.minimum_calls",
+     R"~(must be from 1 to 1000000, not 0)~"},
+    {"outage_failure_rate_not_object.json", "services[0].outage.failure_rate",
+     R"~(must be an object)~"},
+    {"outage_ramp_interval_zero.json", "services[0].outage.ramp.interval",
+     R"~(must be from 100ms to 1h)~"},
     {"several_errors.json", "services[0].retry.delays[0]", R"~("3x" is not a duration)~"},
 };
 
@@ -475,4 +497,37 @@ TEST_CASE("No input makes the parser throw or crash", "[topology]") {
     CHECK_FALSE(result.ok());
     CHECK_FALSE(result.errors.empty());
   }
+}
+
+TEST_CASE(
+    "A service without an outage object gets the breaker's defaults, which trip within 2 s "
+    "at 100 messages a second",
+    "[topology][outage]") {
+  ParseResult result = parse_topology(minimal);
+  REQUIRE(result.ok());
+  const retryloop::outage::Settings& outage = result.topology->services[0].outage;
+  CHECK(outage.consecutive_unavailable == 5);
+  CHECK_FALSE(outage.failure_rate);
+  CHECK(outage.probe_interval == std::chrono::seconds(5));
+  CHECK(outage.ramp.interval == std::chrono::seconds(2));
+  // At 100 messages a second, the run of unavailable outcomes that trips takes 50 ms.
+  CHECK(outage.consecutive_unavailable * 10 <= 2000);
+}
+
+TEST_CASE("An outage object sets each value it names and keeps the defaults of the rest",
+          "[topology][outage]") {
+  ParseResult result = parse_topology(R"({"services": [{"name": "orders",
+    "outage": {"failure_rate": {"window": "30s"}, "ramp": {"interval": "1s"}},
+    "input": {"exchange": "orders.in", "type": "direct", "bindings": ["orders"]},
+    "retry": {"delays": ["30s"], "max_attempts": 5}}]})");
+  INFO(all_messages(result));
+  REQUIRE(result.ok());
+  const retryloop::outage::Settings& outage = result.topology->services[0].outage;
+  CHECK(outage.consecutive_unavailable == 5);
+  REQUIRE(outage.failure_rate);
+  CHECK(outage.failure_rate->threshold == 0.5);
+  CHECK(outage.failure_rate->window == std::chrono::seconds(30));
+  CHECK(outage.failure_rate->minimum_calls == 20);
+  CHECK(outage.probe_interval == std::chrono::seconds(5));
+  CHECK(outage.ramp.interval == std::chrono::seconds(1));
 }

@@ -39,6 +39,7 @@ using retry::PermanentError;
 using retry::RetryAfterError;
 using retry::to_string;
 using retry::TraceContext;
+using retry::UnavailableError;
 
 namespace detail {
 class ConsumerImpl;

@@ -18,6 +18,10 @@ enum class OutcomeKind {
   permanent,  ///< failed, will never succeed: parking at once (reason `permanent`)
   poison,     ///< cannot even be understood (bad format, a bug): parking at once (reason `poison`)
   drop,       ///< not wanted: acked and logged; the message is gone on purpose
+  /// a dependency the handler needs is down: not the message's fault. Its service's breaker
+  /// counts it (docs/outage.md). Until the consumer consults the breaker, it is handled as retry:
+  /// the next attempt after the delay, or parking (exhausted).
+  unavailable,
 };
 
 /// A handler's verdict on one delivery. Build it with the named constructors:
@@ -45,15 +49,28 @@ struct Outcome {
     return {OutcomeKind::permanent, std::move(error), {}};
   }
   static Outcome poison(std::string error) { return {OutcomeKind::poison, std::move(error), {}}; }
+  /// The dependency failed, not the message: "payments API refused the connection". It feeds the
+  /// service's breaker; the message itself is treated as Outcome::retry for now (see
+  /// OutcomeKind::unavailable).
+  static Outcome unavailable(std::string error) {
+    return {OutcomeKind::unavailable, std::move(error), {}};
+  }
   static Outcome drop(std::string reason) { return {OutcomeKind::drop, std::move(reason), {}}; }
 };
 
-/// "ack", "retry", "permanent", "poison", "drop".
+/// "ack", "retry", "permanent", "poison", "drop", "unavailable".
 const char* to_string(OutcomeKind kind);
 
 /// Throw this from a handler for a failure that retrying cannot fix: the message is parked with
 /// reason `permanent`. Any other exception escaping a handler counts as `retry`.
 class PermanentError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Throw this from a handler when a dependency is down (Outcome::unavailable), or derive the
+/// client library's connection errors from it through ExceptionPolicy::on.
+class UnavailableError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
@@ -80,8 +97,8 @@ class RetryAfterError : public std::runtime_error {
 ///
 /// Rules are tried in the order they were added and the first whose type matches (the type or
 /// one derived from it) decides. Without a matching rule: PermanentError is permanent,
-/// RetryAfterError a retry after its delay, any other exception a retry with its what() (or
-/// "unknown exception escaped the handler").
+/// UnavailableError unavailable, RetryAfterError a retry after its delay, any other exception a
+/// retry with its what() (or "unknown exception escaped the handler").
 class ExceptionPolicy {
  public:
   /// Exceptions of type E become map(e), a callable that takes `const E&` and returns an Outcome.

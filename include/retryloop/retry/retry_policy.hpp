@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "retryloop/outage/breaker.hpp"
 #include "retryloop/retry/headers.hpp"
 #include "retryloop/retry/outcome.hpp"
 #include "retryloop/topology/topology.hpp"
@@ -56,6 +57,8 @@ struct DecisionContext {
 ///
 /// - ack and drop settle the message.
 /// - permanent and poison park it at once.
+/// - unavailable is decided as retry is (the breaker, not this policy, keeps an outage from
+///   charging the message: docs/outage.md).
 /// - retry parks it as `exhausted` when `info.attempt` >= max_attempts, or when its first
 ///   failure is max_retry_duration or longer ago (retryloop-error then gets a second line that
 ///   says so). Otherwise reject mode rejects it into the wait queue, and republish mode publishes
@@ -69,6 +72,11 @@ Decision decide(const topology::Service& service, const AttemptInfo& info, const
                 const DecisionContext& context);
 /// decide() now, with a random number from this thread's engine (read only for a retry).
 Decision decide(const topology::Service& service, const AttemptInfo& info, const Outcome& outcome);
+
+/// What a service's breaker makes of an outcome: ack and drop are successes, unavailable is the
+/// dependency's failure, retry a failure the handler did not classify (counted only by a
+/// failure-rate trip), and permanent and poison are the message's own (never counted).
+outage::Verdict breaker_verdict(OutcomeKind kind);
 
 /// The `delay` a retry is counted under (Metrics::retried_by_delay, the `delay` label of the
 /// retries metric): the label of its wait queue's delay (`30s`); through delay levels, its delay

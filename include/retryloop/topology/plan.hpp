@@ -116,6 +116,15 @@ std::string describe(const Action& action);
 /// An argument value as text: numbers and strings as they are, "" for the empty string.
 std::string format_value(const amqp::FieldValue& value);
 
+/// A service's breaker in one line, for `topology plan` and `verify`: "breaker: opens after 5
+/// unavailable in a row; probes every 5s; ramps from 2, doubling every 2s" (and the failure-rate
+/// trip when the settings have one). The breaker is the consumer's, not the broker's: it is in no
+/// plan action and no export.
+std::string describe_outage(const outage::Settings& settings);
+/// The same as JSON: {"consecutive_unavailable": 5, "failure_rate": null, "probe_interval":
+/// "5s", "ramp": {"interval": "2s"}}, durations as the file writes them.
+nlohmann::json outage_json(const outage::Settings& settings);
+
 /// The plan as JSON (`topology plan --json`): {"actions": [{"action": "declare_queue", ...}]}.
 /// Arguments become JSON numbers, strings and booleans.
 nlohmann::json to_json(const Plan& plan);

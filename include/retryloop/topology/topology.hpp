@@ -9,6 +9,8 @@
 #include <variant>
 #include <vector>
 
+#include "retryloop/outage/settings.hpp"
+
 namespace retryloop::topology {
 
 // The model of a topology file: plain values, no JSON and no AMQP types. A file is read into it
@@ -139,6 +141,9 @@ struct Service {
   Input input;
   Retry retry;
   Parking parking;
+  /// The service's breaker (the file's `outage` object, docs/outage.md). A file without one gets
+  /// the defaults: the breaker trips on unavailable outcomes only.
+  outage::Settings outage;
 };
 
 /// Vhost-wide delay levels for scheduled delivery: the top-level `delay_levels` of a topology

@@ -1,0 +1,156 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+
+#include "retryloop/outage/settings.hpp"
+#include "retryloop/outage/sliding_window.hpp"
+
+namespace retryloop::outage {
+
+/// Where a service's breaker stands (docs/outage.md, "The state machine").
+enum class State {
+  /// Deliveries run at the consumer's full concurrency; outcomes are counted toward a trip.
+  closed,
+  /// The dependency is down: no delivery starts until the next probe is due.
+  open,
+  /// One call may run (a delivery or the service's probe); its outcome decides.
+  probing,
+  /// The probe succeeded: the concurrency limit doubles every ramp interval without a failure.
+  ramping,
+  /// An operator paused the service: nothing starts, whatever the outcomes, until resume().
+  paused,
+};
+
+/// What a finished call says about the dependency: the breaker's reading of an outcome
+/// (retry::breaker_verdict maps the handler's outcomes onto it).
+enum class Verdict {
+  /// The dependency answered: ack, drop.
+  success,
+  /// The handler said the dependency is down: Outcome::unavailable, UnavailableError.
+  unavailable,
+  /// A failure the handler did not classify (retry): counted only by the failure-rate trip,
+  /// when the settings have one.
+  failure,
+  /// The message's own fault (permanent, poison): says nothing of the dependency.
+  not_counted,
+};
+
+/// Why the breaker moved.
+enum class Reason {
+  consecutive_unavailable,  ///< closed or ramping -> open: K unavailable in a row
+  failure_rate,             ///< closed or ramping -> open: the window's failure rate
+  probe_due,                ///< open -> probing: the probe interval has passed
+  probe_failed,             ///< probing -> open
+  probe_succeeded,          ///< probing -> ramping (or closed, when the ramp has nothing to do)
+  ramp_up,                  ///< ramping -> ramping with a doubled limit, or -> closed at the top
+  step_back,                ///< ramping -> ramping with a halved limit, or -> open from the start
+  paused,                   ///< any state -> paused (pause())
+  resumed,                  ///< paused -> probing (resume())
+};
+
+/// One change: a move between states, or a new concurrency limit within the ramp (from == to ==
+/// ramping). The listener gets one per change, in order, and nothing else.
+struct Event {
+  State from = State::closed;
+  State to = State::closed;
+  Reason reason = Reason::probe_due;
+  /// The concurrency limit after the change (0 while open or paused, 1 while probing).
+  int limit = 0;
+  std::chrono::milliseconds at{0};
+};
+
+using EventHandler = std::function<void(const Event& event)>;
+
+/// A call the breaker let start; hand it back to finished(). Outcomes of calls started before
+/// the breaker last opened, or before the ramp last stepped back, are not taken as news about the
+/// dependency a second time.
+struct Call {
+  uint64_t generation = 0;
+  bool probe = false;
+};
+
+/// Counters for the metrics: trips, probes, and time spent open (open and probing).
+struct Stats {
+  uint64_t trips = 0;
+  uint64_t probes = 0;
+  std::chrono::milliseconds time_open{0};
+};
+
+/// One service's circuit breaker: a state machine with no clock, no timer, no I/O and no
+/// threads. Every call takes `now`, a monotonic clock's milliseconds (such as uv_now), and time
+/// passes only through those calls: tests move it by hand.
+///
+/// How a consumer wires it: before it starts a delivery, try_start(now); a delivery it may not
+/// start waits (open, paused: the consumer stops consuming; ramping: the limit is its prefetch).
+/// When the handler has answered, finished(call, verdict, now). One timer: arm it for
+/// wake_at() after every call, and when it fires call tick(now). The listener hears each change
+/// as it happens, from inside the call that caused it, to log a line and to adjust the consumer
+/// (cancel, consume again, a new prefetch).
+///
+/// Threads: none of its own, and no locking. Call it from one thread, the consumer's loop
+/// thread; the listener runs there too and must not call back into the breaker.
+class Breaker {
+ public:
+  /// `concurrency`: the consumer's configured concurrency, what the ramp climbs to (at least 1).
+  /// `settings` must pass check().
+  Breaker(Settings settings, int concurrency, EventHandler on_event = {});
+
+  State state() const { return state_; }
+  /// How many calls may run at once now: the concurrency when closed, the ramp's current limit
+  /// when ramping, 1 when probing, 0 when open or paused.
+  int limit() const;
+  /// Whether a call may start now, given how many are running; when it may, the call is counted
+  /// as started and returned. Open: a due probe turns the breaker to probing first (an event), so
+  /// the call returned is the probe. At most one probe runs at a time.
+  std::optional<Call> try_start(int running, std::chrono::milliseconds now);
+  /// A started call ended with `verdict`.
+  void finished(const Call& call, Verdict verdict, std::chrono::milliseconds now);
+  /// The time the consumer's timer should fire next: the next probe when open, the next ramp step
+  /// when ramping; nullopt when nothing is due by time alone.
+  std::optional<std::chrono::milliseconds> wake_at() const;
+  /// Time has passed: an open breaker whose probe is due turns to probing; a ramp whose interval
+  /// has passed without a step back doubles its limit. Harmless when nothing is due.
+  void tick(std::chrono::milliseconds now);
+
+  /// An operator's stop: nothing starts until resume(), and outcomes of calls still running are
+  /// ignored. Pausing a paused breaker does nothing.
+  void pause(std::chrono::milliseconds now);
+  /// Ends a pause with a probe (probing): one call first, then the ramp, so that a service paused
+  /// during an outage does not flatten its dependency. Does nothing when not paused.
+  void resume(std::chrono::milliseconds now);
+
+  Stats stats(std::chrono::milliseconds now) const;
+  const Settings& settings() const { return settings_; }
+
+ private:
+  void move(State to, Reason reason, std::chrono::milliseconds now);
+  void trip(Reason reason, std::chrono::milliseconds now);
+  void count(Verdict verdict, std::chrono::milliseconds now);
+  void step_back(std::chrono::milliseconds now);
+  bool counts_as_failure(Verdict verdict) const;
+
+  Settings settings_;
+  int concurrency_;
+  EventHandler on_event_;
+  State state_ = State::closed;
+  /// Bumped when the breaker opens, pauses and steps back: a call of an older generation is stale.
+  uint64_t generation_ = 0;
+  /// The generation at which the current closed or ramping phase began.
+  uint64_t phase_generation_ = 0;
+  int ramp_limit_ = 0;
+  bool probe_running_ = false;
+  std::chrono::milliseconds due_{0};
+  int unavailable_in_a_row_ = 0;
+  SlidingWindow window_;
+  Stats stats_;
+  std::optional<std::chrono::milliseconds> open_since_;
+};
+
+const char* to_string(State state);
+const char* to_string(Verdict verdict);
+const char* to_string(Reason reason);
+
+}  // namespace retryloop::outage

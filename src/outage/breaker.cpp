@@ -1,0 +1,242 @@
+#include "retryloop/outage/breaker.hpp"
+
+#include <algorithm>
+#include <utility>
+
+namespace retryloop::outage {
+namespace {
+
+/// The ramp's first limit: double the probe's one call.
+constexpr int ramp_start = 2;
+
+bool counts_as_open(State state) {
+  return state == State::open || state == State::probing;
+}
+
+}  // namespace
+
+Breaker::Breaker(Settings settings, int concurrency, EventHandler on_event)
+    : settings_(std::move(settings)),
+      concurrency_(std::max(concurrency, 1)),
+      on_event_(std::move(on_event)),
+      window_(settings_.failure_rate ? settings_.failure_rate->window : std::chrono::seconds(1)) {}
+
+int Breaker::limit() const {
+  switch (state_) {
+    case State::closed:
+      return concurrency_;
+    case State::ramping:
+      return ramp_limit_;
+    case State::probing:
+      return 1;
+    case State::open:
+    case State::paused:
+      return 0;
+  }
+  return 0;
+}
+
+std::optional<Call> Breaker::try_start(int running, std::chrono::milliseconds now) {
+  tick(now);
+  switch (state_) {
+    case State::closed:
+    case State::ramping:
+      if (running >= limit()) return std::nullopt;
+      return Call{generation_, false};
+    case State::probing:
+      if (probe_running_) return std::nullopt;
+      probe_running_ = true;
+      ++stats_.probes;
+      return Call{generation_, true};
+    case State::open:
+    case State::paused:
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+void Breaker::finished(const Call& call, Verdict verdict, std::chrono::milliseconds now) {
+  tick(now);
+  if (call.generation < phase_generation_) return;
+  if (state_ == State::probing) {
+    if (!call.probe || call.generation != generation_) return;
+    probe_running_ = false;
+    if (verdict == Verdict::success) {
+      phase_generation_ = generation_;
+      unavailable_in_a_row_ = 0;
+      window_.clear();
+      ramp_limit_ = std::min(ramp_start, concurrency_);
+      due_ = now + settings_.ramp.interval;
+      move(ramp_limit_ >= concurrency_ ? State::closed : State::ramping, Reason::probe_succeeded,
+           now);
+    } else if (counts_as_failure(verdict)) {
+      ++generation_;
+      due_ = now + settings_.probe_interval;
+      move(State::open, Reason::probe_failed, now);
+    }
+    // Anything else said nothing of the dependency: the next call is the probe.
+    return;
+  }
+  if (state_ != State::closed && state_ != State::ramping) return;
+  const State before = state_;
+  count(verdict, now);
+  if (state_ == State::ramping && before == State::ramping && counts_as_failure(verdict) &&
+      call.generation == generation_) {
+    step_back(now);
+  }
+}
+
+std::optional<std::chrono::milliseconds> Breaker::wake_at() const {
+  if (state_ == State::open || state_ == State::ramping) return due_;
+  return std::nullopt;
+}
+
+void Breaker::tick(std::chrono::milliseconds now) {
+  if (now < due_) return;
+  if (state_ == State::open) {
+    probe_running_ = false;
+    move(State::probing, Reason::probe_due, now);
+  } else if (state_ == State::ramping) {
+    ramp_limit_ = std::min(ramp_limit_ * 2, concurrency_);
+    due_ = now + settings_.ramp.interval;
+    move(ramp_limit_ >= concurrency_ ? State::closed : State::ramping, Reason::ramp_up, now);
+  }
+}
+
+void Breaker::pause(std::chrono::milliseconds now) {
+  if (state_ == State::paused) return;
+  ++generation_;
+  probe_running_ = false;
+  move(State::paused, Reason::paused, now);
+}
+
+void Breaker::resume(std::chrono::milliseconds now) {
+  if (state_ != State::paused) return;
+  probe_running_ = false;
+  move(State::probing, Reason::resumed, now);
+}
+
+Stats Breaker::stats(std::chrono::milliseconds now) const {
+  Stats stats = stats_;
+  if (open_since_ && now > *open_since_) stats.time_open += now - *open_since_;
+  return stats;
+}
+
+bool Breaker::counts_as_failure(Verdict verdict) const {
+  return verdict == Verdict::unavailable ||
+         (verdict == Verdict::failure && settings_.failure_rate.has_value());
+}
+
+void Breaker::count(Verdict verdict, std::chrono::milliseconds now) {
+  if (verdict == Verdict::not_counted) return;
+  if (verdict == Verdict::failure && !settings_.failure_rate) return;
+  if (verdict == Verdict::success) {
+    unavailable_in_a_row_ = 0;
+  } else if (verdict == Verdict::unavailable) {
+    ++unavailable_in_a_row_;
+  }
+  if (settings_.failure_rate) window_.record(now, verdict != Verdict::success);
+  if (verdict == Verdict::unavailable &&
+      unavailable_in_a_row_ >= settings_.consecutive_unavailable) {
+    trip(Reason::consecutive_unavailable, now);
+    return;
+  }
+  if (verdict != Verdict::success && settings_.failure_rate) {
+    const FailureRate& rate = *settings_.failure_rate;
+    const SlidingWindow::Totals totals = window_.totals(now);
+    if (totals.results >= static_cast<uint64_t>(rate.minimum_calls) &&
+        static_cast<double>(totals.failures) >=
+            rate.threshold * static_cast<double>(totals.results)) {
+      trip(Reason::failure_rate, now);
+    }
+  }
+}
+
+void Breaker::trip(Reason reason, std::chrono::milliseconds now) {
+  ++stats_.trips;
+  ++generation_;
+  probe_running_ = false;
+  unavailable_in_a_row_ = 0;
+  window_.clear();
+  due_ = now + settings_.probe_interval;
+  move(State::open, reason, now);
+}
+
+void Breaker::step_back(std::chrono::milliseconds now) {
+  if (ramp_limit_ <= std::min(ramp_start, concurrency_)) {
+    trip(Reason::step_back, now);
+    return;
+  }
+  ramp_limit_ = std::max(ramp_limit_ / 2, ramp_start);
+  ++generation_;
+  due_ = now + settings_.ramp.interval;
+  move(State::ramping, Reason::step_back, now);
+}
+
+void Breaker::move(State to, Reason reason, std::chrono::milliseconds now) {
+  const State from = state_;
+  if (counts_as_open(from) && !counts_as_open(to) && open_since_) {
+    if (now > *open_since_) stats_.time_open += now - *open_since_;
+    open_since_.reset();
+  } else if (!counts_as_open(from) && counts_as_open(to)) {
+    open_since_ = now;
+  }
+  state_ = to;
+  if (on_event_) on_event_(Event{from, to, reason, limit(), now});
+}
+
+const char* to_string(State state) {
+  switch (state) {
+    case State::closed:
+      return "closed";
+    case State::open:
+      return "open";
+    case State::probing:
+      return "probing";
+    case State::ramping:
+      return "ramping";
+    case State::paused:
+      return "paused";
+  }
+  return "unknown";
+}
+
+const char* to_string(Verdict verdict) {
+  switch (verdict) {
+    case Verdict::success:
+      return "success";
+    case Verdict::unavailable:
+      return "unavailable";
+    case Verdict::failure:
+      return "failure";
+    case Verdict::not_counted:
+      return "not_counted";
+  }
+  return "unknown";
+}
+
+const char* to_string(Reason reason) {
+  switch (reason) {
+    case Reason::consecutive_unavailable:
+      return "consecutive_unavailable";
+    case Reason::failure_rate:
+      return "failure_rate";
+    case Reason::probe_due:
+      return "probe_due";
+    case Reason::probe_failed:
+      return "probe_failed";
+    case Reason::probe_succeeded:
+      return "probe_succeeded";
+    case Reason::ramp_up:
+      return "ramp_up";
+    case Reason::step_back:
+      return "step_back";
+    case Reason::paused:
+      return "paused";
+    case Reason::resumed:
+      return "resumed";
+  }
+  return "unknown";
+}
+
+}  // namespace retryloop::outage
