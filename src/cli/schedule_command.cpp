@@ -21,6 +21,7 @@
 #include "common.hpp"
 #include "retryloop/client/channel.hpp"
 #include "retryloop/inbox/inbox.hpp"
+#include "retryloop/outbox/schema.hpp"
 #include "retryloop/parking/parked_message.hpp"
 #include "retryloop/parking/parking.hpp"
 #include "retryloop/schedule/scheduler.hpp"
@@ -77,11 +78,11 @@ struct RedeliverArgs {
 struct CancelArgs {
   std::string topology_file;
   std::string database;
+  std::string queue;
   std::vector<std::string> ids;
 };
 
-topology::Schedule load_schedule(const std::string& file) {
-  const topology::Topology topology = load_topology_or_fail(file, {});
+const topology::Schedule& schedule_of(const topology::Topology& topology, const std::string& file) {
   if (!topology.schedule) {
     throw Failure(exit_invalid_file,
                   file +
@@ -89,6 +90,10 @@ topology::Schedule load_schedule(const std::string& file) {
                       "that receive scheduled messages; docs/scheduling.md)");
   }
   return *topology.schedule;
+}
+
+topology::Schedule load_schedule(const std::string& file) {
+  return schedule_of(load_topology_or_fail(file, {}), file);
 }
 
 std::string read_all(std::istream& in) {
@@ -458,15 +463,44 @@ int run_redeliver(const RedeliverArgs& args) {
   });
 }
 
+/// The queue whose messages a cancel names: --queue (a scheduled queue, or a service of the file
+/// whose input queue is one), or the schedule's only queue.
+std::string cancel_queue(const CancelArgs& args, const topology::Topology& topology) {
+  const topology::Schedule& schedule = schedule_of(topology, args.topology_file);
+  const auto scheduled = [&](const std::string& queue) {
+    return std::find(schedule.queues.begin(), schedule.queues.end(), queue) !=
+           schedule.queues.end();
+  };
+  if (args.queue.empty()) {
+    if (schedule.queues.size() == 1) return schedule.queues.front();
+    throw Failure(exit_usage,
+                  "name the queue the messages were scheduled for with --queue: the "
+                  "schedule of " +
+                      args.topology_file + " sends to " + join(schedule.queues) +
+                      ", and one id may be scheduled for several of them");
+  }
+  if (scheduled(args.queue)) return args.queue;
+  for (const auto& service : topology.services) {
+    if (service.name == args.queue && scheduled(topology::input_queue_name(service))) {
+      return topology::input_queue_name(service);
+    }
+  }
+  throw Failure(exit_usage, "--queue " + args.queue + ": the schedule of " + args.topology_file +
+                                " sends to " + join(schedule.queues) +
+                                ", and no service of the file by that name has its queue there");
+}
+
 int run_cancel(const CancelArgs& args) {
-  const topology::Schedule schedule = load_schedule(args.topology_file);
-  const auto longest = schedule::longest_schedule_delay(schedule);
+  const topology::Topology topology = load_topology_or_fail(args.topology_file, {});
+  const std::string queue = cancel_queue(args, topology);
+  const auto longest = schedule::longest_schedule_delay(schedule_of(topology, args.topology_file));
   try {
     auto database = store::Database::open(args.database, false);
+    outbox::require_schema(*database);
     const int64_t keep_until = schedule::now_ms() + longest.count();
     int code = exit_ok;
     for (const auto& id : args.ids) {
-      inbox::CancelResult result = inbox::cancel_scheduled(*database, id, keep_until);
+      inbox::CancelResult result = inbox::cancel_scheduled(*database, queue, id, keep_until);
       std::cout << id << ": " << (result.recorded ? "cancelled" : "cancelled already");
       if (!result.handled_by.empty()) {
         std::cout << "; but consumer " << join(result.handled_by)
@@ -625,14 +659,16 @@ void add_schedule_commands(CLI::App& app, int& exit_code) {
 
   auto cancel_args = std::make_shared<CancelArgs>();
   CLI::App* cancel = group->add_subcommand(
-      "cancel", "Cancel scheduled messages by message id, until they are due");
+      "cancel", "Cancel scheduled messages of a queue by message id, until they are due");
   cancel->footer(
-      wrap("Records the ids in the database's retryloop_cancelled table. A consumer that runs "
-           "its handler through an inbox on this database (inbox::Inbox) drops a scheduled "
-           "message whose id it finds there, without running the handler. The broker keeps "
-           "the message until it is due (nothing searches the levels), and a consumer without "
-           "that inbox handles it as usual. Says when an inbox consumer received the id "
-           "already (exit 3).") +
+      wrap("Records the queue and the ids in the database's retryloop_cancelled table. A "
+           "consumer of that queue that runs its handler through an inbox on this database "
+           "(inbox::Inbox) drops a scheduled message whose id it finds there, without running "
+           "the handler; a message with the same id scheduled for another queue is not "
+           "cancelled. --queue may be left out when the schedule has one queue. The broker "
+           "keeps the message until it is due (nothing searches the levels), and a consumer "
+           "without that inbox handles it as usual. Says when an inbox consumer received the "
+           "message already (exit 3), also when it arrives while the cancel runs.") +
       "\n\n" + schedule_exit_codes_help);
   add_topology_option(*cancel, cancel_args->topology_file);
   cancel
@@ -641,6 +677,11 @@ void add_schedule_commands(CLI::App& app, int& exit_code) {
       ->envname("RETRYLOOP_DB")
       ->required()
       ->type_name("URL");
+  cancel
+      ->add_option("--queue", cancel_args->queue,
+                   "The queue the messages were scheduled for, or its service (default: the "
+                   "schedule's only queue)")
+      ->type_name("QUEUE");
   cancel->add_option("id", cancel_args->ids, "Message ids")->required()->type_name("ID");
   cancel->callback([args = cancel_args, &exit_code] { exit_code = run_cancel(*args); });
 }

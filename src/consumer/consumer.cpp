@@ -304,6 +304,7 @@ void ConsumerImpl::on_delivery(client::Delivery&& delivery) {
   message.properties = std::move(delivery.message.properties);
   message.exchange = std::move(delivery.exchange);
   message.routing_key = std::move(delivery.routing_key);
+  message.queue = topology::input_queue_name(options_.service);
   message.redelivered = delivery.redelivered;
   if (delivery.message.properties_error) {
     begin_handling(*pending);

@@ -9,6 +9,22 @@
 #include "retryloop/schedule/scheduler.hpp"
 
 namespace retryloop::inbox {
+namespace {
+
+/// Makes the inbox handling a scheduled message and a cancel of it take turns on PostgreSQL, so
+/// that each sees what the other committed: whichever comes second waits for the first's
+/// transaction to end. On SQLite every writing transaction takes the database's write lock at
+/// its start already.
+void lock_scheduled_message(store::Database& database, const std::string& queue,
+                            const std::string& message_id) {
+  if (database.dialect() != store::Dialect::postgresql) return;
+  database.execute(
+      "SELECT pg_advisory_xact_lock(727272002, hashtext($1::text || E'\\n' || $2::text))",
+      {queue, message_id});
+}
+
+}  // namespace
+
 namespace detail {
 
 class InboxImpl {
@@ -63,6 +79,20 @@ class InboxImpl {
     idle_.push_back(std::move(database));
   }
 
+  /// Deletes the cancellation of this scheduled message, if there is one, once a cancel of it
+  /// that runs at the same moment has committed or waits; true when there was one. A
+  /// cancellation of the queue '' (made before cancellations named their queue) counts for every
+  /// queue.
+  static bool cancellation_used_up(store::Database& database, const std::string& queue,
+                                   const std::string& message_id) {
+    lock_scheduled_message(database, queue, message_id);
+    return database
+               .execute(
+                   "DELETE FROM retryloop_cancelled WHERE message_id = $1 AND queue IN ($2, '')",
+                   {message_id, queue})
+               .affected > 0;
+  }
+
   bool cleanup_due() {
     auto now = std::chrono::steady_clock::now().time_since_epoch().count();
     auto interval =
@@ -99,9 +129,9 @@ retry::Outcome InboxImpl::handle(const consumer::Message& message,
     store::Transaction transaction(*database);
     if (!id.empty()) {
       auto recorded = database->execute(
-          "INSERT INTO retryloop_inbox (consumer, message_id, received_at) VALUES ($1, $2, $3) "
-          "ON CONFLICT DO NOTHING",
-          {options_.consumer, std::string(id), outbox::now_ms()});
+          "INSERT INTO retryloop_inbox (consumer, message_id, received_at, queue) VALUES ($1, $2, "
+          "$3, $4) ON CONFLICT DO NOTHING",
+          {options_.consumer, std::string(id), outbox::now_ms(), message.queue});
       if (recorded.affected == 0) {
         ++duplicates_;
         outcome =
@@ -112,9 +142,7 @@ retry::Outcome InboxImpl::handle(const consumer::Message& message,
         return outcome;
       }
       if (message.headers().find(schedule::header::due_at) != nullptr &&
-          database->execute("DELETE FROM retryloop_cancelled WHERE message_id = $1",
-                            {std::string(id)})
-                  .affected > 0) {
+          cancellation_used_up(*database, message.queue, std::string(id))) {
         ++cancelled_;
         transaction.commit();  // the id recorded, the cancellation used up
         release(std::move(database));
@@ -164,8 +192,8 @@ uint64_t InboxImpl::clean_up(store::Database& database) {
   }
   const std::string cancelled_sql =
       std::string(
-          "DELETE FROM retryloop_cancelled WHERE message_id IN (SELECT message_id FROM "
-          "retryloop_cancelled WHERE keep_until < $1 LIMIT $2") +
+          "DELETE FROM retryloop_cancelled WHERE (queue, message_id) IN (SELECT queue, message_id "
+          "FROM retryloop_cancelled WHERE keep_until < $1 LIMIT $2") +
       (postgres ? " FOR UPDATE SKIP LOCKED" : "") + ")";
   for (;;) {
     auto deleted =
@@ -203,29 +231,37 @@ InboxStats Inbox::stats() const {
   return impl_->stats();
 }
 
-CancelResult cancel_scheduled(store::Database& database, const std::string& message_id,
-                              int64_t keep_until_ms) {
+CancelResult cancel_scheduled(store::Database& database, const std::string& queue,
+                              const std::string& message_id, int64_t keep_until_ms) {
+  if (queue.empty()) {
+    throw store::StoreError(store::ErrorKind::usage,
+                            "cancel: the queue is empty (a cancellation names the queue its "
+                            "message was scheduled for)");
+  }
   if (message_id.empty()) {
     throw store::StoreError(store::ErrorKind::usage, "cancel: the message id is empty");
   }
   CancelResult result;
   store::Transaction transaction(database);
-  result.recorded =
-      database
-          .execute(
-              "INSERT INTO retryloop_cancelled (message_id, cancelled_at, keep_until) VALUES ($1, "
-              "$2, $3) ON CONFLICT (message_id) DO NOTHING",
-              {message_id, outbox::now_ms(), keep_until_ms})
-          .affected > 0;
+  lock_scheduled_message(database, queue, message_id);
+  result.recorded = database
+                        .execute(
+                            "INSERT INTO retryloop_cancelled (queue, message_id, cancelled_at, "
+                            "keep_until) VALUES ($1, $2, $3, $4) ON CONFLICT (queue, message_id) "
+                            "DO NOTHING",
+                            {queue, message_id, outbox::now_ms(), keep_until_ms})
+                        .affected > 0;
   if (!result.recorded) {
     database.execute(
-        "UPDATE retryloop_cancelled SET keep_until = $2 WHERE message_id = $1 AND keep_until < $2",
-        {message_id, keep_until_ms});
+        "UPDATE retryloop_cancelled SET keep_until = $3 WHERE queue = $1 AND message_id = $2 AND "
+        "keep_until < $3",
+        {queue, message_id, keep_until_ms});
   }
   for (const auto& row :
        database
-           .execute("SELECT consumer FROM retryloop_inbox WHERE message_id = $1 ORDER BY consumer",
-                    {message_id})
+           .execute("SELECT consumer FROM retryloop_inbox WHERE message_id = $1 AND "
+                    "queue IN ($2, '') ORDER BY consumer",
+                    {message_id, queue})
            .rows) {
     result.handled_by.push_back(row.text(0).value_or(""));
   }

@@ -116,6 +116,32 @@ CREATE TABLE retryloop_cancelled (
 );
 CREATE INDEX retryloop_cancelled_keep ON retryloop_cancelled (keep_until);
 )sql"},
+    // Version 3: a cancellation names the queue of its message, since one id may be scheduled
+    // for several queues, and the inbox records the queue each id arrived in, so that a cancel
+    // tells a message of its own queue from another's. The queue '' stands for any queue: the
+    // cancellations and ids recorded before version 3 keep applying to the id in every queue.
+    {3,
+     R"sql(
+CREATE TABLE retryloop_cancelled_v3 (
+  queue TEXT NOT NULL,
+  message_id TEXT NOT NULL,
+  cancelled_at INTEGER NOT NULL,
+  keep_until INTEGER NOT NULL,
+  PRIMARY KEY (queue, message_id)
+) WITHOUT ROWID;
+INSERT INTO retryloop_cancelled_v3 (queue, message_id, cancelled_at, keep_until)
+  SELECT '', message_id, cancelled_at, keep_until FROM retryloop_cancelled;
+DROP TABLE retryloop_cancelled;
+ALTER TABLE retryloop_cancelled_v3 RENAME TO retryloop_cancelled;
+CREATE INDEX retryloop_cancelled_keep ON retryloop_cancelled (keep_until);
+ALTER TABLE retryloop_inbox ADD COLUMN queue TEXT NOT NULL DEFAULT '';
+)sql",
+     R"sql(
+ALTER TABLE retryloop_cancelled ADD COLUMN queue text NOT NULL DEFAULT '';
+ALTER TABLE retryloop_cancelled DROP CONSTRAINT retryloop_cancelled_pkey;
+ALTER TABLE retryloop_cancelled ADD PRIMARY KEY (queue, message_id);
+ALTER TABLE retryloop_inbox ADD COLUMN queue text NOT NULL DEFAULT '';
+)sql"},
 };
 
 constexpr const char* create_schema_table =

@@ -2,11 +2,16 @@
 // consumer: duplicates absorbed, writes and ids committed together, failures rolled back,
 // messages without an id, retention.
 
+#include <sqlite3.h>
 #include <catch2/catch.hpp>
+
+#include <atomic>
+#include <future>
 #include <thread>
 
 #include "retryloop/inbox/inbox.hpp"
 #include "retryloop/outbox/outbox.hpp"
+#include "retryloop/outbox/schema.hpp"
 #include "retryloop/schedule/scheduler.hpp"
 #include "support/consumer_fixture.hpp"
 #include "support/databases.hpp"
@@ -44,6 +49,64 @@ int64_t effects(const TestDatabase& database, const std::string& id = "") {
   if (id.empty()) return db->execute("SELECT count(*) FROM effects").rows[0].integer(0);
   return db->execute("SELECT count(*) FROM effects WHERE message_id = $1", {id}).rows[0].integer(0);
 }
+
+/// A message scheduled for `queue`, as the retry consumer of that queue hands it to a handler.
+consumer::Message scheduled(const std::string& queue, const std::string& id) {
+  consumer::Message message;
+  message.body = id;
+  message.queue = queue;
+  message.properties.message_id = id;
+  message.properties.headers.emplace();
+  message.properties.headers->set(std::string(schedule::header::due_at), int64_t{1});
+  return message;
+}
+
+/// A connection of its own for a cancel, which tells whether a statement on it waits for a lock
+/// another transaction holds: on PostgreSQL by the server's lock table, on SQLite by its busy
+/// handler.
+class WatchedConnection {
+ public:
+  explicit WatchedConnection(const TestDatabase& database) {
+    if (database.label == "sqlite") {
+      const std::string path = database.url.substr(std::string("sqlite:").size());
+      REQUIRE(sqlite3_open_v2(path.c_str(), &sqlite_, SQLITE_OPEN_READWRITE, nullptr) == SQLITE_OK);
+      sqlite3_busy_handler(
+          sqlite_,
+          [](void* waited, int) {
+            static_cast<std::atomic<bool>*>(waited)->store(true);
+            sqlite3_sleep(1);
+            return 1;
+          },
+          &sqlite_waited_);
+      db = store::Database::adopt(sqlite_);
+    } else {
+      db = database.open();
+      pid_ = db->execute("SELECT pg_backend_pid()").rows[0].integer(0);
+      probe_ = database.open();
+    }
+  }
+  ~WatchedConnection() {
+    db.reset();
+    if (sqlite_) sqlite3_close(sqlite_);
+  }
+
+  /// True once a statement on `db` has waited for a lock (SQLite), or while one waits
+  /// (PostgreSQL).
+  bool waiting() {
+    if (!probe_) return sqlite_waited_.load();
+    return probe_->execute("SELECT count(*) FROM pg_locks WHERE pid = $1 AND NOT granted", {pid_})
+               .rows[0]
+               .integer(0) > 0;
+  }
+
+  std::unique_ptr<store::Database> db;
+
+ private:
+  sqlite3* sqlite_ = nullptr;
+  std::atomic<bool> sqlite_waited_{false};
+  int64_t pid_ = 0;
+  std::unique_ptr<store::Database> probe_;
+};
 
 uint64_t settled(const consumer::Consumer& c) {
   auto m = c.metrics();
@@ -212,21 +275,13 @@ TEST_CASE(
   auto inbox = inbox::Inbox::create(options);
   auto handler = inbox->wrap(write_effect);
   auto db = database.open();
-  auto scheduled = [](const std::string& id) {
-    consumer::Message message;
-    message.body = id;
-    message.properties.message_id = id;
-    message.properties.headers.emplace();
-    message.properties.headers->set(std::string(schedule::header::due_at), int64_t{1});
-    return message;
-  };
   const int64_t keep_until = outbox::now_ms() + 3600000;
-  auto first = inbox::cancel_scheduled(*db, "reminder-1", keep_until);
+  auto first = inbox::cancel_scheduled(*db, "mail", "reminder-1", keep_until);
   CHECK(first.recorded);
   CHECK(first.handled_by.empty());
-  CHECK_FALSE(inbox::cancel_scheduled(*db, "reminder-1", keep_until).recorded);  // stands
+  CHECK_FALSE(inbox::cancel_scheduled(*db, "mail", "reminder-1", keep_until).recorded);  // stands
 
-  auto outcome = handler(scheduled("reminder-1"));
+  auto outcome = handler(scheduled("mail", "reminder-1"));
   CHECK(outcome.kind == consumer::OutcomeKind::drop);
   CHECK_THAT(outcome.text, Catch::Contains("cancelled"));
   CHECK(effects(database) == 0);
@@ -236,24 +291,167 @@ TEST_CASE(
                  Catch::Contains("# TYPE retryloop_inbox_duplicates_total counter"));
   // The cancellation is used up with the id recorded: a second copy is a duplicate.
   CHECK(db->execute("SELECT count(*) FROM retryloop_cancelled").rows[0].integer(0) == 0);
-  CHECK_THAT(handler(scheduled("reminder-1")).text, Catch::Contains("duplicate"));
+  CHECK_THAT(handler(scheduled("mail", "reminder-1")).text, Catch::Contains("duplicate"));
 
   // Not cancelled: handled. A message without the schedule header is never looked up.
-  CHECK(handler(scheduled("reminder-2")).kind == consumer::OutcomeKind::ack);
-  CHECK(inbox::cancel_scheduled(*db, "plain", keep_until).recorded);
+  CHECK(handler(scheduled("mail", "reminder-2")).kind == consumer::OutcomeKind::ack);
+  CHECK(inbox::cancel_scheduled(*db, "mail", "plain", keep_until).recorded);
   consumer::Message plain;
   plain.body = "plain";
   plain.properties.message_id = "plain";
+  plain.queue = "mail";
   CHECK(handler(plain).kind == consumer::OutcomeKind::ack);
   CHECK(effects(database) == 2);
   // Too late: the inbox has the id already.
-  auto late = inbox::cancel_scheduled(*db, "reminder-2", keep_until);
+  auto late = inbox::cancel_scheduled(*db, "mail", "reminder-2", keep_until);
   CHECK(late.handled_by == std::vector<std::string>{"mailer"});
   // Kept until the message is due at the latest (plus the retention), then cleaned up.
-  inbox::cancel_scheduled(*db, "expired", outbox::now_ms() - 2 * 3600000);
+  inbox::cancel_scheduled(*db, "mail", "expired", outbox::now_ms() - 2 * 3600000);
   inbox->clean_up();
   auto left = db->execute("SELECT message_id FROM retryloop_cancelled ORDER BY message_id");
   REQUIRE(left.rows.size() == 2);
   CHECK(left.rows[0].text(0) == "plain");
   CHECK(left.rows[1].text(0) == "reminder-2");
+}
+
+TEST_CASE(
+    "A cancel that runs while the inbox handles its message waits for the handler's transaction, "
+    "and its answer holds whether that commits or rolls back",
+    "[inbox][schedule]") {
+  const std::string label = GENERATE("sqlite", "postgresql");
+  const bool commits = GENERATE(true, false);
+  INFO(label << (commits ? ", the handler commits" : ", the handler rolls back"));
+  auto database = business_database(label, "cancel_race");
+  auto inbox = make_inbox(database, "mailer");
+  std::promise<void> entered, release;
+  auto handler = inbox->wrap([&](const consumer::Message& message, store::Database& db) {
+    entered.set_value();
+    release.get_future().wait();  // between the inbox's insert and its commit
+    write_effect(message, db);
+    return commits ? Outcome::ack() : Outcome::retry("mail server busy");
+  });
+  Outcome handled;
+  std::thread handling([&] { handled = handler(scheduled("mail", "reminder-1")); });
+  entered.get_future().wait();
+
+  WatchedConnection cancel(database);
+  std::atomic<bool> answered{false};
+  inbox::CancelResult result;
+  std::exception_ptr failure;
+  std::thread cancelling([&] {
+    try {
+      result = inbox::cancel_scheduled(*cancel.db, "mail", "reminder-1", outbox::now_ms());
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    answered = true;
+  });
+  while (!answered && !cancel.waiting())
+    std::this_thread::sleep_for(5ms);
+  const bool answered_while_handling = answered.load();
+  release.set_value();
+  handling.join();
+  cancelling.join();
+  REQUIRE_FALSE(failure);
+  CHECK_FALSE(answered_while_handling);  // it waited for the handler's transaction
+  CHECK(result.recorded);
+  if (commits) {
+    CHECK(handled.kind == consumer::OutcomeKind::ack);
+    CHECK(effects(database, "reminder-1") == 1);
+    // Never "cancelled" alone while the handler commits: the cancel says it came too late.
+    CHECK(result.handled_by == std::vector<std::string>{"mailer"});
+  } else {
+    CHECK(handled.kind == consumer::OutcomeKind::retry);
+    CHECK(result.handled_by.empty());
+    // The retry of the message finds the cancellation.
+    CHECK_THAT(handler(scheduled("mail", "reminder-1")).text, Catch::Contains("cancelled"));
+    CHECK(effects(database, "reminder-1") == 0);
+  }
+}
+
+TEST_CASE(
+    "A cancellation names its queue: the same id scheduled for another queue is handled there, "
+    "and a cancel is too late only where its own queue's message came",
+    "[inbox][schedule]") {
+  const std::string label = GENERATE("sqlite", "postgresql");
+  INFO(label);
+  auto database = business_database(label, "cancel_queues");
+  auto mail = make_inbox(database, "mailer")->wrap(write_effect);
+  auto sms = make_inbox(database, "texter")->wrap(write_effect);
+  auto db = database.open();
+  const int64_t keep_until = outbox::now_ms() + 3600000;
+  CHECK(inbox::cancel_scheduled(*db, "mail", "reminder-1", keep_until).recorded);
+  CHECK(sms(scheduled("sms", "reminder-1")).kind == consumer::OutcomeKind::ack);
+  CHECK_THAT(mail(scheduled("mail", "reminder-1")).text, Catch::Contains("cancelled"));
+  CHECK(effects(database, "reminder-1") == 1);
+
+  CHECK(sms(scheduled("sms", "reminder-2")).kind == consumer::OutcomeKind::ack);
+  auto mail_cancel = inbox::cancel_scheduled(*db, "mail", "reminder-2", keep_until);
+  CHECK(mail_cancel.handled_by.empty());  // only the other queue's message came
+  auto sms_cancel = inbox::cancel_scheduled(*db, "sms", "reminder-2", keep_until);
+  CHECK(sms_cancel.handled_by == std::vector<std::string>{"texter"});
+  CHECK_THAT(mail(scheduled("mail", "reminder-2")).text, Catch::Contains("cancelled"));
+
+  CHECK_THROWS_WITH(inbox::cancel_scheduled(*db, "", "reminder-3", keep_until),
+                    Catch::Contains("the queue is empty"));
+}
+
+TEST_CASE(
+    "A cancellation outlives the longest delay until its message is seen, and goes once the "
+    "inbox's retention has passed after that",
+    "[inbox][schedule]") {
+  const std::string label = GENERATE("sqlite", "postgresql");
+  INFO(label);
+  auto database = business_database(label, "cancel_keep");
+  inbox::InboxOptions options;
+  options.database = database.url;
+  options.consumer = "mailer";
+  options.retention = 1h;
+  options.cleanup_interval = std::chrono::hours(1);
+  auto inbox = inbox::Inbox::create(options);
+  auto db = database.open();
+  // Due at the latest a minute ago: the message waits longer (in the unrouted queue, or behind a
+  // backlog).
+  inbox::cancel_scheduled(*db, "mail", "late", outbox::now_ms() - 60000);
+  inbox::cancel_scheduled(*db, "mail", "gone", outbox::now_ms() - 2 * 3600000);
+  CHECK(inbox->clean_up() == 1);  // only the one past its due time plus the retention
+  CHECK_THAT(inbox->wrap(write_effect)(scheduled("mail", "late")).text,
+             Catch::Contains("cancelled"));
+  CHECK(db->execute("SELECT count(*) FROM retryloop_cancelled").rows[0].integer(0) == 0);
+}
+
+TEST_CASE(
+    "Migrating schema version 2 keeps its cancellations, which apply to the id in every queue",
+    "[inbox][schedule][store]") {
+  const std::string label = GENERATE("sqlite", "postgresql");
+  INFO(label);
+  auto database = business_database(label, "cancel_v2");
+  auto db = database.open();
+  // Version 2's tables, as an earlier release left them, with a cancellation and an id.
+  db->execute_script(R"sql(
+DROP TABLE retryloop_cancelled;
+CREATE TABLE retryloop_cancelled (
+  message_id text PRIMARY KEY,
+  cancelled_at bigint NOT NULL,
+  keep_until bigint NOT NULL
+);
+CREATE INDEX retryloop_cancelled_keep ON retryloop_cancelled (keep_until);
+ALTER TABLE retryloop_inbox DROP COLUMN queue;
+UPDATE retryloop_schema SET version = 2;
+)sql");
+  const int64_t now = outbox::now_ms();
+  db->execute(
+      "INSERT INTO retryloop_cancelled (message_id, cancelled_at, keep_until) VALUES ($1, $2, $3)",
+      {std::string("old-cancel"), now, now + 3600000});
+  db->execute("INSERT INTO retryloop_inbox (consumer, message_id, received_at) VALUES ($1, $2, $3)",
+              {std::string("mailer"), std::string("old-id"), now});
+  CHECK_THROWS_WITH(make_inbox(database), Catch::Contains("retryloop outbox init"));
+
+  auto migration = outbox::migrate(*db);
+  CHECK(migration.from == 2);
+  CHECK(migration.to == outbox::schema_version);
+  auto handler = make_inbox(database)->wrap(write_effect);
+  CHECK_THAT(handler(scheduled("sms", "old-cancel")).text, Catch::Contains("cancelled"));
+  auto late = inbox::cancel_scheduled(*db, "mail", "old-id", now + 3600000);
+  CHECK(late.handled_by == std::vector<std::string>{"mailer"});  // its queue is not known
 }

@@ -320,6 +320,76 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "retryloop schedule cancel names the queue: the same id scheduled for two queues is cancelled "
+    "in one and arrives in the other",
+    "[schedule][inbox][integration]") {
+  const std::string label = GENERATE("sqlite", "postgresql");
+  INFO(label);
+  auto database = test::database_for(label, "cancel_two");
+  test::TestLoop loop;
+  test::Broker broker(loop);
+  const std::string retry = R"("delays": ["1s"], "max_attempts": 3)";
+  const auto mail = test::make_service(test::unique_name("sched.mail"), retry);
+  const auto sms = test::make_service(test::unique_name("sched.sms"), retry);
+  broker.apply(mail);
+  broker.apply(sms);
+  ScheduleFile file("500ms", "1h", "classic", {mail.name, sms.name});
+  apply(loop, broker.connection, file.topology);
+  std::vector<std::shared_ptr<inbox::Inbox>> inboxes;
+  std::vector<std::shared_ptr<consumer::Consumer>> consumers;
+  test::Recorder mailed, texted;
+  for (auto [service, recorder] : {std::pair{&mail, &mailed}, std::pair{&sms, &texted}}) {
+    inbox::InboxOptions options;
+    options.database = database.url;
+    options.consumer = service->name;
+    inboxes.push_back(inbox::Inbox::create(options));
+    consumers.push_back(
+        test::start(loop, test::options_for(*service),
+                    inboxes.back()->wrap(
+                        [recorder = recorder](const consumer::Message& message, store::Database&) {
+                          recorder->add(message);
+                          return consumer::Outcome::ack();
+                        })));
+  }
+  for (const auto* service : {&mail, &sms}) {
+    auto sent = retryloop_command({"send", "-t", file.path, "--queue", service->name, "--delay",
+                                   "2s", "--message-id", "reminder", service->name});
+    REQUIRE(sent.exit_code == 0);
+  }
+  // Two queues: a cancel that names none is refused, naming them.
+  auto unnamed =
+      retryloop_command({"schedule", "cancel", "-t", file.path, "--db", database.url, "reminder"});
+  CHECK(unnamed.exit_code == 1);
+  CHECK_THAT(unnamed.err,
+             Catch::Contains("--queue") && Catch::Contains(mail.name + ", " + sms.name));
+  auto unknown = retryloop_command({"schedule", "cancel", "-t", file.path, "--db", database.url,
+                                    "--queue", "elsewhere", "reminder"});
+  CHECK(unknown.exit_code == 1);
+  CHECK_THAT(unknown.err, Catch::Contains("--queue elsewhere"));
+  auto cancelled = retryloop_command({"schedule", "cancel", "-t", file.path, "--db", database.url,
+                                      "--queue", mail.name, "reminder"});
+  INFO(cancelled.err);
+  CHECK(cancelled.exit_code == 0);
+  CHECK(cancelled.out == "reminder: cancelled\n");
+  REQUIRE(loop.run_until(
+      [&] { return consumers[0]->metrics().dropped == 1 && consumers[1]->metrics().acked == 1; },
+      20s));
+  CHECK(mailed.of("reminder").empty());
+  CHECK(texted.of("reminder").size() == 1);
+  CHECK(inboxes[0]->stats().cancelled == 1);
+  CHECK(inboxes[1]->stats().cancelled == 0);
+  // Too late in the other queue, where the message came.
+  auto late = retryloop_command({"schedule", "cancel", "-t", file.path, "--db", database.url,
+                                 "--queue", sms.name, "reminder"});
+  CHECK(late.exit_code == 3);
+  CHECK_THAT(late.out, Catch::Contains("consumer " + sms.name + " received it already"));
+  for (auto& consumer : consumers)
+    test::stop(loop, consumer);
+  broker.remove(mail);
+  broker.remove(sms);
+}
+
 TEST_CASE("retryloop schedule stats counts each level and reads the due time at each head",
           "[schedule][integration]") {
   test::TestLoop loop;

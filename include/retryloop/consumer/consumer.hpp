@@ -54,6 +54,8 @@ struct Message {
   amqp::BasicProperties properties;
   std::string exchange;
   std::string routing_key;
+  /// The queue it was delivered from: the service's input queue.
+  std::string queue;
   bool redelivered = false;
   /// The attempt rule: 1 + x-death's rejected count for this queue + `retryloop-retries`. A
   /// redelivery after a crash is the same attempt again.

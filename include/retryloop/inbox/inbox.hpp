@@ -67,10 +67,11 @@ using TransactionalHandler =
 /// (outcome `drop`, "duplicate"). On PostgreSQL, two copies handled at the same moment meet on
 /// the table's primary key: the second waits for the first to commit, then sees the duplicate.
 ///
-/// A scheduled message (one with `retryloop-due-at`, schedule/scheduler.hpp) whose id was
-/// cancelled (cancel_scheduled) is dropped instead, in the same transaction that deletes the
+/// A scheduled message (one with `retryloop-due-at`, schedule/scheduler.hpp) whose queue and id
+/// were cancelled (cancel_scheduled) is dropped instead, in the same transaction that deletes the
 /// cancellation and records the id: outcome `drop`, "cancelled", counted in `cancelled`. Only
-/// scheduled messages cost the extra statement.
+/// scheduled messages cost the extra statements. The id is recorded with the queue it arrived in
+/// (consumer::Message::queue), so that a cancel can tell whether its message came already.
 ///
 /// Threading: the handler it makes is safe to call from the consumer's worker threads; each
 /// call uses a database connection of its own from a pool.
@@ -102,20 +103,24 @@ std::string prometheus_text(const InboxStats& stats, const std::string& consumer
 
 /// What cancel_scheduled found.
 struct CancelResult {
-  /// False when the id was cancelled already (the cancellation stands).
+  /// False when the message was cancelled already (the cancellation stands).
   bool recorded = false;
-  /// Inbox consumers that recorded the id already: the message reached them before the cancel,
-  /// which comes too late for them.
+  /// Inbox consumers that recorded the id in this queue already: the message reached them before
+  /// the cancel, which comes too late for them. Empty means that no inbox consumer on this
+  /// database has it or will handle it: the answer is true also when the message arrives while
+  /// the cancel runs (the two take turns on a lock of the queue and id).
   std::vector<std::string> handled_by;
 };
 
-/// Cancels the scheduled message with this message id until it is due: an inbox consumer
-/// (Inbox::wrap) that receives it drops it. The broker still holds the message until then (it
-/// is never searched for in the delay levels); a consumer without an inbox on this database
-/// handles it as usual. The cancellation is kept until `keep_until_ms` (when the message is
-/// due at the latest: now plus the levels' longest delay) plus the inbox retention, then the
-/// inbox cleanup deletes it. Throws StoreError.
-CancelResult cancel_scheduled(store::Database& database, const std::string& message_id,
-                              int64_t keep_until_ms);
+/// Cancels the scheduled message with this message id for this queue: an inbox consumer
+/// (Inbox::wrap) that receives it there drops it. A message with the same id scheduled for
+/// another queue is not cancelled. The broker still holds the message until it is due (it is
+/// never searched for in the delay levels); a consumer without an inbox on this database handles
+/// it as usual. The cancellation is kept until the inbox sees the message, or else until the
+/// inbox retention has passed after `keep_until_ms` (when the message is due at the latest: now
+/// plus the levels' longest delay), when the inbox cleanup deletes it. Throws StoreError (usage
+/// for an empty queue or id).
+CancelResult cancel_scheduled(store::Database& database, const std::string& queue,
+                              const std::string& message_id, int64_t keep_until_ms);
 
 }  // namespace retryloop::inbox

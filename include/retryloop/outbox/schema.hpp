@@ -7,7 +7,7 @@ namespace retryloop::outbox {
 /// The version of the tables this release reads and writes (`retryloop_outbox`,
 /// `retryloop_inbox`, `retryloop_cancelled`), recorded in `retryloop_schema`. docs/outbox.md
 /// describes each version.
-constexpr int schema_version = 2;
+constexpr int schema_version = 3;
 
 /// What migrate() did.
 struct Migration {
