@@ -368,23 +368,9 @@ bool header_editable(std::string_view name) {
 
 bool header_editable_as_text(std::string_view name, const amqp::FieldValue& value) {
   if (!header_editable(name)) return false;
-  switch (value.type_letter()) {
-    case 't':
-    case 'b':
-    case 'B':
-    case 's':
-    case 'u':
-    case 'I':
-    case 'i':
-    case 'l':
-    case 'f':
-    case 'd':
-      return true;
-    case 'S':
-      return is_utf8(*value.as_string());
-    default:
-      return false;
-  }
+  const char letter = value.type_letter();
+  if (letter == 'S') return is_utf8(*value.as_string());
+  return std::string_view("tbBsuIilfd").find(letter) != std::string_view::npos;  // scalars
 }
 
 namespace {

@@ -1008,7 +1008,10 @@ TEST_CASE(
   INFO(job.dump());
   CHECK(job.at("state") == "done");
   CHECK(job.at("outcome") == "sent");
-  CHECK(job.at("kept_not_editable") == nlohmann::json{"tenant", "signature", "sent-at", "price"});
+  // RabbitMQ 4 sorts a message's headers by name: only the names are checked, not their order.
+  auto kept = job.at("kept_not_editable").get<std::vector<std::string>>();
+  std::sort(kept.begin(), kept.end());
+  CHECK(kept == std::vector<std::string>{"price", "sent-at", "signature", "tenant"});
   console.signal(SIGTERM);
   CHECK(console.wait() == 0);
   std::filesystem::remove(token_file);
