@@ -14,7 +14,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "core.hpp"
+#include "retryloop/console/detail/core.hpp"
 #include "page.hpp"
 #include "retryloop/client/loop_bridge.hpp"
 #include "retryloop/console/detail/api.hpp"

@@ -1,4 +1,4 @@
-#include "core.hpp"
+#include "retryloop/console/detail/core.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -104,11 +104,9 @@ parking::ParkedMessage without_body(const parking::ParkedMessage& parked) {
 }
 
 nlohmann::json progress_json(const parking::Progress& progress) {
-  return {{"total", progress.total},
-          {"scanned", progress.scanned},
-          {"moved", progress.moved},
-          {"skipped", progress.skipped},
-          {"failed", progress.failed}};
+  return {{"total", progress.total},   {"scanned", progress.scanned},
+          {"moved", progress.moved},   {"skipped", progress.skipped},
+          {"failed", progress.failed}, {"uncertain", progress.uncertain}};
 }
 
 nlohmann::json optional_json(const std::optional<uint64_t>& value) {
@@ -496,17 +494,21 @@ void Core::run_job(const std::shared_ptr<Job>& job) {
       job->edit.note.via = "console";
       job->edit.note.by = job->who;
       error = parking::edit(
-          connection_, service_, job->edit, [weak, job](const parking::EditResult& result) {
+          connection_, service_, job->edit,
+          [weak, job](const parking::EditResult& result) {
             job->edit_result = result;
+            job->interrupted = result.interrupted;
             job->progress.moved = result.sent ? 1 : 0;
-            job->progress.failed = result.found && !result.sent ? 1 : 0;
+            job->progress.failed = result.found && !result.sent && !result.may_have_been_sent;
+            job->progress.uncertain = result.may_have_been_sent ? 1 : 0;
             Error error = result.error;
-            if (!error && !result.found) {
+            if (!error && !result.found && !result.interrupted) {
               error = Error(client::ClientError::invalid_argument,
                             "no parked message has the id " + job->edit.message_id + " (any more)");
             }
             if (auto self = weak.lock()) self->finish_job(job, error);
-          });
+          },
+          &job->edit_run);
       break;
     }
   }
@@ -520,6 +522,7 @@ void Core::finish_job(const std::shared_ptr<Job>& job, const Error& error) {
   job->finished_ms = now_ms();
   job->finished_at = retry::unix_seconds();
   job->replay.reset();
+  job->edit_run.reset();
   if (running_ == job) running_.reset();
   if (job->kind == Job::Kind::scan) {
     if (error) {
@@ -598,10 +601,15 @@ void Core::stop(bool at_once, std::function<void()> done) {
     if (open_parts_ == 0 && stopped_) std::exchange(stopped_, nullptr)();
     return;
   }
-  if (!at_once && running_ && running_->kind == Job::Kind::replay && running_->replay &&
-      connected_) {
+  // finish_job closes once a running replay's or edit's copies settle: closed before, a copy's
+  // confirm would be lost with the channel, and whether it was sent unknown.
+  if (!at_once && running_ && connected_ && (running_->replay || running_->edit_run)) {
     running_->stop_requested = true;
-    running_->replay->stop();  // finish_job closes once its copies settle
+    if (running_->replay) {
+      running_->replay->stop();
+    } else {
+      running_->edit_run->stop();
+    }
     return;
   }
   close_all();
@@ -651,9 +659,15 @@ nlohmann::json Core::job_json(const Job& job) const {
   if (job.kind == Job::Kind::replay || job.kind == Job::Kind::edit) out["target"] = input_queue_;
   if (job.asked) out["asked"] = *job.asked;
   if (job.kind == Job::Kind::edit) {
+    const parking::EditResult& result = job.edit_result;
     out["message_id"] = job.edit.message_id;
-    out["new_message_id"] = job.edit_result.new_message_id;
+    out["new_message_id"] = result.new_message_id;
     out["kept_original"] = job.edit.keep_original;
+    out["outcome"] = job.state == Job::State::queued || job.state == Job::State::running ? "pending"
+                     : result.sent                                                       ? "sent"
+                     : result.may_have_been_sent                                         ? "unknown"
+                                                 : "not_sent";
+    out["kept_not_editable"] = result.kept_not_editable;
   }
   if (job.started_at != 0) out["started_at"] = job.started_at;
   if (job.finished_at != 0) {
@@ -826,6 +840,23 @@ Reply Core::message(uint64_t scan_id, size_t index) {
     }
   }
   out["header_times"] = std::move(times);
+  nlohmann::json types = nlohmann::json::object();
+  nlohmann::json editable = nlohmann::json::array();
+  nlohmann::json kept_headers = nlohmann::json::array();
+  if (shown.message.properties.headers) {
+    for (const auto& entry : *shown.message.properties.headers) {
+      types[entry.name] = parking::field_type_name(entry.value);
+      if (parking::header_editable_as_text(entry.name, entry.value)) {
+        editable.push_back(entry.name);
+      } else if (parking::header_editable(entry.name)) {
+        kept_headers.push_back(entry.name);
+      }
+    }
+  }
+  // What an edit may change as text, and the application headers it keeps as they are.
+  out["header_types"] = std::move(types);
+  out["editable_headers"] = std::move(editable);
+  out["kept_headers"] = std::move(kept_headers);
   if (!truncated && nests_at_most(body, kPrettyDepth) && parking::is_utf8(body)) {
     nlohmann::json parsed = nlohmann::json::parse(body, nullptr, false);
     if (!parsed.is_discarded() && (parsed.is_object() || parsed.is_array())) {
@@ -927,31 +958,56 @@ Reply Core::request_edit(const nlohmann::json& request, const std::string& who) 
   };
   auto id = text("message_id");
   if (!id || id->empty()) return error_reply(400, "message_id: give the parked message's id");
-  auto body = text("body");
-  if (!body) return error_reply(400, "body: give the edited body as a string");
   edit.message_id = *id;
-  edit.body = std::move(*body);
-  if (auto headers = request.find("headers"); headers != request.end() && !headers->is_null()) {
-    if (!headers->is_object()) {
-      return error_reply(400, "headers: give an object of header names and values");
+  if (auto body = request.find("body"); body != request.end() && !body->is_null()) {
+    if (!body->is_string()) {
+      return error_reply(400,
+                         "body: give the edited body as a string, or leave it out to keep the "
+                         "original's");
     }
-    amqp::FieldTable table;
-    for (const auto& [name, value] : headers->items()) {
+    edit.body = body->get<std::string>();
+  }
+  if (request.contains("headers")) {
+    return error_reply(400,
+                       "headers: send only what changed, as set_headers (an object) and "
+                       "remove_headers (an array of names); every other header is kept as "
+                       "it is");
+  }
+  if (auto set = request.find("set_headers"); set != request.end() && !set->is_null()) {
+    if (!set->is_object()) {
+      return error_reply(400, "set_headers: give an object of header names and values");
+    }
+    for (const auto& [name, value] : set->items()) {
       if (value.is_string()) {
-        table.append(name, value.get<std::string>());
+        edit.set_headers.append(name, value.get<std::string>());
       } else if (value.is_boolean()) {
-        table.append(name, value.get<bool>());
-      } else if (value.is_number_integer()) {
-        table.append(name, value.get<int64_t>());
+        edit.set_headers.append(name, value.get<bool>());
+      } else if (value.is_number_integer() &&
+                 !(value.is_number_unsigned() && value.get<uint64_t>() > uint64_t(INT64_MAX))) {
+        edit.set_headers.append(name, value.get<int64_t>());
       } else if (value.is_number_float()) {
-        table.append(name, value.get<double>());
+        edit.set_headers.append(name, value.get<double>());
       } else {
-        return error_reply(400, "headers: " + name +
-                                    " must be a string, a number or true/false (tables and "
-                                    "arrays cannot be edited here)");
+        return error_reply(400, "set_headers: " + name +
+                                    " must be a string, a number (a 64-bit integer or a double) "
+                                    "or true/false; tables, arrays, byte arrays, timestamps and "
+                                    "decimals are kept as they are and cannot be set here");
       }
     }
-    edit.headers = std::move(table);
+  }
+  if (auto removed = request.find("remove_headers");
+      removed != request.end() && !removed->is_null()) {
+    if (!removed->is_array()) {
+      return error_reply(400, "remove_headers: give an array of header names");
+    }
+    for (const auto& name : *removed) {
+      if (!name.is_string())
+        return error_reply(400, "remove_headers: give header names as strings");
+      edit.remove_headers.push_back(name.get<std::string>());
+    }
+  }
+  if (client::Error refused = parking::check_edit(edit)) {
+    return error_reply(400, refused.reply_text);
   }
   if (auto parked_at = request.find("parked_at");
       parked_at != request.end() && !parked_at->is_null()) {

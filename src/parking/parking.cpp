@@ -1,9 +1,11 @@
 #include "retryloop/parking/parking.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <unordered_map>
 
 #include "retryloop/parking/error.hpp"
+#include "retryloop/parking/parked_json.hpp"
 #include "retryloop/retry/headers.hpp"
 #include "retryloop/retry/history.hpp"
 #include "retryloop/topology/delay_levels.hpp"
@@ -319,71 +321,248 @@ Error replay(const std::shared_ptr<client::Connection>& connection,
   return {};
 }
 
+const char* field_type_name(const amqp::FieldValue& value) {
+  switch (value.type_letter()) {
+    case 't':
+      return "boolean";
+    case 'b':
+      return "int8";
+    case 'B':
+      return "uint8";
+    case 's':
+      return "int16";
+    case 'u':
+      return "uint16";
+    case 'I':
+      return "int32";
+    case 'i':
+      return "uint32";
+    case 'l':
+      return "int64";
+    case 'f':
+      return "float";
+    case 'd':
+      return "double";
+    case 'D':
+      return "decimal";
+    case 'S':
+      return "long string";
+    case 'x':
+      return "byte array";
+    case 'A':
+      return "array";
+    case 'T':
+      return "timestamp";
+    case 'F':
+      return "table";
+    case 'V':
+      return "void";
+  }
+  return "unknown";
+}
+
+bool header_editable(std::string_view name) {
+  return name.rfind("retryloop-", 0) != 0 && !retry::is_death_header(name) &&
+         name != retry::header::delivery_count && name != retry::header::acquired_count;
+}
+
+bool header_editable_as_text(std::string_view name, const amqp::FieldValue& value) {
+  if (!header_editable(name)) return false;
+  const char letter = value.type_letter();
+  if (letter == 'S') return is_utf8(*value.as_string());
+  return std::string_view("tbBsuIilfd").find(letter) != std::string_view::npos;  // scalars
+}
+
+namespace {
+
+/// The AMQP field name limit: a field name is a short string.
+constexpr size_t kMaxHeaderName = 255;
+
+Error check_header_name(const std::string& name) {
+  if (name.empty()) return Error(ClientError::invalid_argument, "a header needs a name");
+  if (name.size() > kMaxHeaderName) {
+    return Error(ClientError::invalid_argument,
+                 "header " + name.substr(0, 40) + "... has a name of " +
+                     std::to_string(name.size()) + " bytes; AMQP allows at most 255");
+  }
+  if (name.rfind("retryloop-", 0) == 0) {
+    return Error(ClientError::invalid_argument,
+                 "header " + name + " is retryloop's own: an edit keeps it as a replay does");
+  }
+  if (!header_editable(name)) {
+    return Error(ClientError::invalid_argument,
+                 "header " + name + " is the broker's: no copy carries it");
+  }
+  return {};
+}
+
+/// `given`, in `original`'s AMQP type when both are of one kind and the value fits in it.
+amqp::FieldValue typed_like(const amqp::FieldValue& original, const amqp::FieldValue& given) {
+  const auto number = given.as_int64();
+  const bool given_integer = number.has_value();
+  auto fits = [&](auto sample) -> std::optional<amqp::FieldValue> {
+    using T = decltype(sample);
+    if (!given_integer) return std::nullopt;
+    const int64_t n = *number;
+    if (n < int64_t(std::numeric_limits<T>::min())) return std::nullopt;
+    if (n > 0 && uint64_t(n) > uint64_t(std::numeric_limits<T>::max())) return std::nullopt;
+    return amqp::FieldValue(T(n));
+  };
+  std::optional<amqp::FieldValue> out;
+  switch (original.type_letter()) {
+    case 'b':
+      out = fits(int8_t{});
+      break;
+    case 'B':
+      out = fits(uint8_t{});
+      break;
+    case 's':
+      out = fits(int16_t{});
+      break;
+    case 'u':
+      out = fits(uint16_t{});
+      break;
+    case 'I':
+      out = fits(int32_t{});
+      break;
+    case 'i':
+      out = fits(uint32_t{});
+      break;
+    case 'f':
+      if (const auto* real = given.get_if<double>()) out = amqp::FieldValue(float(*real));
+      if (given_integer) out = amqp::FieldValue(float(*number));
+      break;
+    case 'd':
+      if (given_integer) out = amqp::FieldValue(double(*number));
+      break;
+    case 'T':
+      if (given_integer && *number >= 0) out = amqp::FieldValue(amqp::Timestamp{uint64_t(*number)});
+      break;
+    case 'x':
+      if (const auto* text = given.get_if<std::string>())
+        out = amqp::FieldValue(amqp::ByteArray{*text});
+      break;
+    default:
+      break;
+  }
+  return out ? *out : given;
+}
+
+}  // namespace
+
+Error check_edit(const EditOptions& options) {
+  for (const auto& entry : options.set_headers) {
+    if (Error error = check_header_name(entry.name)) return error;
+  }
+  for (const auto& name : options.remove_headers) {
+    if (Error error = check_header_name(name)) return error;
+    if (options.set_headers.find(name) != nullptr) {
+      return Error(ClientError::invalid_argument,
+                   "header " + name + " is both set and removed: say one");
+    }
+  }
+  return {};
+}
+
 amqp::BasicProperties make_edited_copy(const amqp::BasicProperties& original,
                                        const EditOptions& options, const std::string& new_id) {
   ActionNote note = options.note;
   note.outcome = retry::history_outcome::edited;
   amqp::BasicProperties copy = make_replay_copy(original, note);
   amqp::FieldTable& headers = copy.headers ? *copy.headers : copy.headers.emplace();
-  if (options.headers) {
-    headers.erase_if([](const std::string& name) {
-      return name.rfind("retryloop-", 0) != 0 || name == edited_from_header;
-    });
-    for (const auto& entry : *options.headers) {
-      if (entry.name.rfind("retryloop-", 0) == 0 || retry::is_death_header(entry.name)) continue;
-      headers.set(entry.name, entry.value);
-    }
+  for (const auto& name : options.remove_headers) {
+    if (header_editable(name)) headers.erase(name);
+  }
+  for (const auto& entry : options.set_headers) {
+    if (!header_editable(entry.name)) continue;
+    const amqp::FieldValue* before = headers.find(entry.name);
+    headers.set(entry.name, before ? typed_like(*before, entry.value) : entry.value);
   }
   headers.set(std::string(edited_from_header), original.message_id.value_or(""));
   copy.message_id = new_id;
   return copy;
 }
 
+namespace {
+
+class EditRun : public Edit {
+ public:
+  void stop() override {
+    if (auto walker = walker_.lock()) walker->stop();
+  }
+
+  EditOptions options_;
+  EditResult result_;
+  std::string target_;
+  std::weak_ptr<Walker> walker_;
+};
+
+}  // namespace
+
 Error edit(const std::shared_ptr<client::Connection>& connection, const topology::Service& service,
-           EditOptions options, EditCallback callback) {
+           EditOptions options, EditCallback callback, std::shared_ptr<Edit>* handle) {
   if (!connection || !connection->is_open()) return Error(ClientError::not_open);
   if (options.message_id.empty()) {
     return Error(ClientError::invalid_argument, "give the message id of the parked message");
   }
-  struct State {
-    EditOptions options;
-    EditResult result;
-    std::string target;
-  };
-  auto state = std::make_shared<State>();
-  state->target = options.to_queue.empty() ? topology::input_queue_name(service) : options.to_queue;
-  state->options = std::move(options);
-  state->result.new_message_id = retry::random_message_id();
-  return Walker::start(
+  if (Error error = check_edit(options)) return error;
+  auto run = std::make_shared<EditRun>();
+  run->target_ = options.to_queue.empty() ? topology::input_queue_name(service) : options.to_queue;
+  run->options_ = std::move(options);
+  run->result_.new_message_id = retry::random_message_id();
+  std::shared_ptr<Walker> walker;
+  Error error = Walker::start(
       connection, topology::parking_queue_name(service.name), 1,
-      [state](ParkedMessage& parked) {
+      [run](ParkedMessage& parked) {
         Decision decision;
-        const auto& wanted = state->options;
-        if (state->result.found || parked.message_id != wanted.message_id ||
+        const auto& wanted = run->options_;
+        if (run->result_.found || parked.message_id != wanted.message_id ||
             (wanted.parked_at && parked.parked_at != wanted.parked_at)) {
           return decision;
         }
-        state->result.found = true;
-        decision.kind = state->options.keep_original ? Decision::Kind::copy : Decision::Kind::move;
-        decision.routing_key = state->target;
-        decision.properties = make_edited_copy(parked.message.properties, state->options,
-                                               state->result.new_message_id);
-        decision.body = state->options.body;
+        run->result_.found = true;
+        decision.kind = wanted.keep_original ? Decision::Kind::copy : Decision::Kind::move;
+        decision.routing_key = run->target_;
+        decision.properties =
+            make_edited_copy(parked.message.properties, wanted, run->result_.new_message_id);
+        for (const auto& entry : *decision.properties.headers) {
+          if (header_editable(entry.name) && entry.name != edited_from_header &&
+              !header_editable_as_text(entry.name, entry.value)) {
+            run->result_.kept_not_editable.push_back(entry.name);
+          }
+        }
+        decision.body = wanted.body;
         decision.stop_after = true;
         return decision;
       },
-      [state, callback = std::move(callback)](const Error& error, const Progress& progress, bool) {
-        state->result.error = error;
-        state->result.sent = progress.moved > 0;
-        state->result.original_removed = state->result.sent && !state->options.keep_original;
+      [run, callback = std::move(callback)](const Error& error, const Progress& progress,
+                                            bool interrupted) {
+        EditResult& result = run->result_;
+        result.error = error;
+        result.sent = progress.moved > 0;
+        result.may_have_been_sent = progress.uncertain > 0;
+        result.original_removed = result.sent && !run->options_.keep_original;
+        result.interrupted = interrupted && !result.found;
         if (progress.failed > 0 && !error) {
-          state->result.error =
-              Error(ClientError::unroutable,
-                    "the broker returned or refused the edited copy (does queue " + state->target +
-                        " exist?); the original stays parked");
+          result.error = Error(ClientError::unroutable,
+                               "the broker returned or refused the edited copy (does queue " +
+                                   run->target_ + " exist?); the original stays parked");
         }
-        if (callback) callback(state->result);
-      });
+        if (result.may_have_been_sent) {
+          result.error = Error(error ? error.code : make_error_code(ClientError::channel_closed),
+                               "the edited copy may have been sent: the channel ended before the "
+                               "broker confirmed it (" +
+                                   error.message() + "). Look for message " +
+                                   result.new_message_id + " in queue " + run->target_ +
+                                   " before editing again; the original stays parked");
+        }
+        if (callback) callback(result);
+      },
+      {}, &walker);
+  if (error) return error;
+  run->walker_ = walker;
+  if (handle != nullptr) *handle = run;
+  return {};
 }
 
 Error purge(const std::shared_ptr<client::Connection>& connection, const topology::Service& service,

@@ -308,6 +308,7 @@ Error Walker::publish_move(const std::weak_ptr<Walker>& weak, uint64_t delivery_
         if (!self) return;
         if (outcome.ok() && ack_error) {
           --self->publishes_in_flight_;
+          ++self->progress_.uncertain;  // confirmed, but its original stays parked
           return self->fail(ack_error);
         }
         if (outcome.ok()) self->last_ack_ms_ = uv_now(self->connection_->loop());
@@ -320,7 +321,9 @@ void Walker::copy_settled(const client::PublishOutcome& outcome, bool original_h
   if (outcome.ok()) {
     ++progress_.moved;
   } else if (outcome.status == client::PublishStatus::failed) {
-    // The channel ended first: the run ends with its error, not as finished.
+    // The channel ended first: the run ends with its error, not as finished, and the copy may
+    // have reached the target all the same.
+    ++progress_.uncertain;
     return fail(outcome.error ? outcome.error
                               : Error(ClientError::channel_closed,
                                       "the channel ended before a copy was confirmed"));

@@ -47,6 +47,8 @@ HOSTILE_BODY = ('<script>window.__xss = "script";</script>'
                 '<img src=x onerror="window.__xss = \'img\'">')
 HOSTILE_ERROR = '<img src=x onerror="window.__xss = \'error\'"> broke it'
 HOSTILE_HEADER = '<b onmouseover="window.__xss = \'header\'">bold</b>'
+SIGNATURE = b'\x00\xffsig'
+SENT_AT = datetime.datetime(2024, 3, 1, 12, 0, 0)
 TIMEOUT_ERROR = 'Timeout talking to payments after 5000 ms'
 PERMANENT_ERROR = 'customer 42 does not exist'
 
@@ -355,7 +357,9 @@ def run(args):
         broker.park(parking, f'order-{i}', json.dumps({'order': f'order-{i}'}), 'permanent',
                     PERMANENT_ERROR, 'order.updated', now - datetime.timedelta(minutes=5))
     broker.park(parking, 'order-6', 'this is not JSON', 'poison', 'not JSON: Expecting value',
-                'order.created', now - datetime.timedelta(minutes=2), content_type='text/plain')
+                'order.created', now - datetime.timedelta(minutes=2),
+                {'x-tenant-id': 'acme-eu', 'signature': SIGNATURE, 'sent-at': SENT_AT},
+                content_type='text/plain')
     broker.park(parking, 'hostile-1', HOSTILE_BODY, 'poison', HOSTILE_ERROR, 'order.created',
                 now - datetime.timedelta(days=10), {'note': HOSTILE_HEADER},
                 content_type='text/html')
@@ -607,17 +611,27 @@ def run(args):
         check(driver.find_element(By.ID, 'edit-body').get_attribute('value') == 'this is not JSON',
               'the editor does not start from the body')
         headers_shown = json.loads(driver.find_element(By.ID, 'edit-headers').get_attribute('value'))
-        check(headers_shown == {'tenant': 'acme'}, f'the editor offers the headers {headers_shown}')
+        check(headers_shown == {'tenant': 'acme', 'x-tenant-id': 'acme-eu'},
+              f'the editor offers the headers {headers_shown}')
+        kept_shown = {row.get_attribute('data-key'): row.text
+                      for row in driver.find_elements(By.CSS_SELECTOR, '#edit-kept tr')}
+        check(sorted(kept_shown) == ['sent-at', 'signature'] and
+              'binary, kept as is' in kept_shown['signature'] and
+              'timestamp, kept as is' in kept_shown['sent-at'],
+              f'the editor shows as kept {kept_shown}')
         body_box = driver.find_element(By.ID, 'edit-body')
         body_box.clear()
         body_box.send_keys('{"order": "order-6", "fixed": true}')
         headers_box = driver.find_element(By.ID, 'edit-headers')
         headers_box.clear()
-        headers_box.send_keys('{"tenant": "beta", "ticket": 17}')
+        headers_box.send_keys('{"tenant": "beta", "x-tenant-id": "acme-eu", "ticket": 17}')
         click(driver, '#edit-send')
         confirm(driver, 'Send the edited message order-6')
         wait_for(driver, 'the edit to be sent', lambda d: 'Sent as' in text(d, 'notice'))
-        new_id = text(driver, 'notice').split('Sent as ')[1].rstrip('.')
+        kept_named = text(driver, 'notice').split('not editable here: ')[-1].rstrip('.').split(', ')
+        check(sorted(kept_named) == ['sent-at', 'signature'],
+              f'the notice after the edit says {text(driver, "notice")}')
+        new_id = text(driver, 'notice').split('Sent as ')[1].split('.')[0]
         edited = broker.take_all(service)
         check(len(edited) == 1, f'queue {service} holds {len(edited)} messages after the edit')
         properties, body = edited[0]
@@ -626,6 +640,9 @@ def run(args):
         check(json.loads(body) == {'order': 'order-6', 'fixed': True}, f'the edited body is {body}')
         check(properties.headers.get('retryloop-edited-from') == 'order-6' and
               properties.headers.get('tenant') == 'beta' and properties.headers.get('ticket') == 17
+              and properties.headers.get('x-tenant-id') == 'acme-eu'
+              and properties.headers.get('signature') == SIGNATURE
+              and properties.headers.get('sent-at') == SENT_AT
               and 'retryloop-reason' not in properties.headers,
               f'the edited copy has the headers {properties.headers}')
         last = (properties.headers.get('retryloop-history') or [{}])[-1]
@@ -636,8 +653,9 @@ def run(args):
                  lambda d: sorted(listed_ids(d)) == ['edge-1', 'order-7'])
         row = wait_audit(driver, service, 'edit', 1, 1)
         check('order-6' in row['what'] and new_id in row['what'], f'the edit row says {row}')
-        log('edit and retry sent a fixed copy with a new id and a link to the original, then '
-            'took the original out of parking; the audit trail shows both ids')
+        log('edit and retry sent a fixed copy with a new id and a link to the original, its '
+            'byte-array and timestamp headers kept as they were, then took the original out of '
+            'parking; the audit trail shows both ids')
 
         # -- a note on a cause, kept in the audit trail and shown beside the group
         cause = 'customer <n> does not exist'

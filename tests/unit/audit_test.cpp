@@ -89,11 +89,10 @@ TEST_CASE("An edited copy gets the new headers, a new id, a link to the original
   original.headers->set("retryloop-original-routing-key", "order.created");
   parking::EditOptions options;
   options.message_id = "order-6";
-  amqp::FieldTable headers;
-  headers.set("tenant", "beta");
-  headers.set("x-death", "forged");              // never taken from the editor
-  headers.set("retryloop-replays", int64_t(9));  // nor retryloop's own
-  options.headers = headers;
+  options.set_headers.set("tenant", "beta");
+  options.set_headers.set("x-death", "forged");              // never taken from the editor
+  options.set_headers.set("retryloop-replays", int64_t(9));  // nor retryloop's own
+  options.remove_headers = {"old", "retryloop-original-routing-key"};
   options.note.via = "console";
   options.note.by = "bob at 127.0.0.1";
   const amqp::BasicProperties copy = parking::make_edited_copy(original, options, "new-id");
@@ -111,7 +110,8 @@ TEST_CASE("An edited copy gets the new headers, a new id, a link to the original
   CHECK(history.entries[0].by == "bob at 127.0.0.1");
   CHECK(history.entries[0].attempt == 1);
 
-  options.headers.reset();  // the original's application headers stay
+  options.set_headers.clear();  // no changes: the original's application headers stay
+  options.remove_headers.clear();
   const amqp::BasicProperties kept = parking::make_edited_copy(original, options, "id-2");
   CHECK(*kept.headers->find("old")->as_string() == "gone");
 }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -60,6 +61,9 @@ struct Progress {
   uint64_t skipped = 0;
   /// Copies returned or nacked by the broker: their originals stay in parking.
   uint64_t failed = 0;
+  /// Copies published whose originals stay parked because the channel or connection ended before
+  /// the broker's confirm, or before the original's ack: each may be in the target as well.
+  uint64_t uncertain = 0;
 };
 using ProgressHandler = std::function<void(const Progress& progress)>;
 
@@ -214,12 +218,14 @@ struct EditOptions {
   /// ...and, when set, this `retryloop-parked-at` (seconds since the epoch), so that of two
   /// parked messages with one id, the one the operator was shown is edited.
   std::optional<uint64_t> parked_at;
-  /// The copy's body.
-  std::string body;
-  /// The copy's application headers, instead of the original's (nullopt: the original's).
-  /// retryloop's history and original-* headers are kept either way; the broker's death
-  /// headers and the parking headers never go on, as in a replay.
-  std::optional<amqp::FieldTable> headers;
+  /// The copy's body; nullopt: the original's, byte for byte.
+  std::optional<std::string> body;
+  /// Headers the copy gets instead of the original's, or in addition. A value of the same kind
+  /// as the original's (an integer for an integer, a number for a float, a string for a string)
+  /// keeps the original's AMQP type when it fits in it.
+  amqp::FieldTable set_headers;
+  /// Headers of the original the copy goes without.
+  std::vector<std::string> remove_headers;
   /// The queue the copy goes to (through the default exchange); empty: the service's input
   /// queue.
   std::string to_queue;
@@ -236,22 +242,59 @@ struct EditResult {
   bool found = false;
   /// The copy was confirmed and not returned (it is in the target queue).
   bool sent = false;
+  /// The copy was published, but the channel or connection ended before the broker confirmed it
+  /// (or before the original's ack went out): it may be in the target queue. The original stays
+  /// parked; an edit made again would send a second copy.
+  bool may_have_been_sent = false;
   /// The original was acked (only after `sent`, and not with keep_original).
   bool original_removed = false;
+  /// Edit::stop() ended the walk before the message was found.
+  bool interrupted = false;
   /// The copy's message id: new and random.
   std::string new_message_id;
+  /// The application headers the copy carries unchanged that header_editable_as_text() says no
+  /// page could show as text (tables, arrays, byte arrays, timestamps, decimals, ...).
+  std::vector<std::string> kept_not_editable;
 };
 using EditCallback = std::function<void(const EditResult& result)>;
 
+/// A running edit.
+class Edit {
+ public:
+  virtual ~Edit() = default;
+  /// Reads no further; a copy already published settles (confirm or channel end) first, then the
+  /// callback fires. Before the message was found, the result says `interrupted`.
+  virtual void stop() = 0;
+};
+
+/// The name of `value`'s AMQP type as the console shows it ("long string", "int32", "timestamp",
+/// "byte array", "table", ...).
+const char* field_type_name(const amqp::FieldValue& value);
+
+/// Whether an edit may change or remove header `name`: not retryloop's own (`retryloop-*`), nor
+/// the broker's that no copy carries (death headers, x-delivery-count, x-acquired-count).
+bool header_editable(std::string_view name);
+
+/// Whether header `name` may be edited, and its value shown and typed back as text without
+/// loss: a boolean, an integer, a float or double, or a long string that is UTF-8.
+bool header_editable_as_text(std::string_view name, const amqp::FieldValue& value);
+
+/// Why `options` cannot be carried out, naming the header at fault: a name that is empty or
+/// longer than 255 bytes, one that header_editable() refuses, or one both set and removed.
+client::Error check_edit(const EditOptions& options);
+
 /// The copy an edit sends: the replay copy of `original` (make_replay_copy, with an `edited`
-/// history entry), with `options`' headers instead of the application headers, a new random
-/// message id, and retryloop-edited-from naming the original's.
+/// history entry, so the retryloop-* headers follow a replay's rules), with `options`' header
+/// changes applied and every other header kept as it was, type and bytes, a new random message
+/// id, and retryloop-edited-from naming the original's.
 amqp::BasicProperties make_edited_copy(const amqp::BasicProperties& original,
                                        const EditOptions& options, const std::string& new_id);
 
 /// Finds the parked message, publishes the edited copy with a confirm and mandatory, and acks
 /// the original only after the broker confirmed the copy and did not return it (or keeps it).
+/// Refuses options that check_edit() refuses. `handle`, when given, gets the running edit.
 client::Error edit(const std::shared_ptr<client::Connection>& connection,
-                   const topology::Service& service, EditOptions options, EditCallback callback);
+                   const topology::Service& service, EditOptions options, EditCallback callback,
+                   std::shared_ptr<Edit>* handle = nullptr);
 
 }  // namespace retryloop::parking

@@ -428,7 +428,9 @@
     }
     let text;
     if (job.kind === 'edit') {
-      text = job.state === 'failed' ? `Edit of message ${job.message_id}`
+      text = job.outcome === 'unknown'
+          ? `Edit of message ${job.message_id}: the copy may have been sent as ${job.new_message_id}`
+          : job.state === 'failed' ? `Edit of message ${job.message_id}`
           : `Edited message ${job.message_id} sent to queue ${job.target} as ${job.new_message_id}` +
             (job.kept_original ? '; the original stays parked' : '; the original left parking');
     } else if (job.kind === 'replay') {
@@ -641,40 +643,75 @@
     }
   }
 
-  // The application headers of a parked message: what an edit may change.
-  function applicationHeaders(headers) {
+  // The headers of a parked message that an edit may change as text; the others go on as they
+  // are, with their AMQP types.
+  function editableHeaders(m) {
     const out = {};
-    for (const [key, value] of Object.entries(headers)) {
-      if (key.startsWith('retryloop-') || key.startsWith('x-')) continue;
-      if (value === null || typeof value === 'object') continue;
-      out[key] = value;
-    }
+    for (const key of m.editable_headers) out[key] = m.headers[key];
     return out;
+  }
+
+  function keptNote(type) {
+    return type === 'byte array' ? 'binary, kept as is' : `${type}, kept as is`;
+  }
+
+  function bodyEditable(m) {
+    return m.body_encoding !== 'base64' && !m.body_truncated;
   }
 
   function openEditor() {
     const m = ui.detail;
     if (!m) return;
-    $('edit-body').value = m.body_encoding === 'base64' ? '' : m.body;
-    $('edit-headers').value = JSON.stringify(applicationHeaders(m.headers), null, 1);
+    const editable = bodyEditable(m);
+    $('edit-body').value = editable ? m.body : '';
+    $('edit-body').disabled = !editable;
+    $('edit-body-note').textContent = editable ? ''
+        : `(${m.body_truncated ? 'cut to the first MiB' : 'not UTF-8'}: kept as is)`;
+    $('edit-headers').value = JSON.stringify(editableHeaders(m), null, 1);
+    const kept = $('edit-kept').tBodies[0];
+    clear(kept);
+    for (const key of m.kept_headers) {
+      const value = m.header_times[key] ? `${m.headers[key]} (${m.header_times[key]})` : m.headers[key];
+      kept.append(el('tr', {'data-key': key}, el('th', {text: key}),
+        el('td', {}, el('pre', {text: valueText(value)})),
+        el('td', {class: 'muted', text: keptNote(m.header_types[key])})));
+    }
+    $('edit-kept-section').hidden = m.kept_headers.length === 0;
     $('edit-keep').checked = false;
     $('edit-form').hidden = false;
-    $('edit-body').focus();
+    (editable ? $('edit-body') : $('edit-headers')).focus();
+  }
+
+  // What the operator changed: the request carries only that, and the console keeps the rest.
+  function editChanges(m, edited) {
+    const before = editableHeaders(m);
+    const changes = {set_headers: {}, remove_headers: []};
+    for (const [key, value] of Object.entries(edited)) {
+      if (!(key in before) || JSON.stringify(before[key]) !== JSON.stringify(value)) {
+        changes.set_headers[key] = value;
+      }
+    }
+    for (const key of Object.keys(before)) {
+      if (!(key in edited)) changes.remove_headers.push(key);
+    }
+    if (bodyEditable(m) && $('edit-body').value !== m.body) changes.body = $('edit-body').value;
+    return changes;
   }
 
   async function sendEdit() {
     const m = ui.detail;
     if (!m || ui.busy) return;
-    let headers;
+    let edited;
     try {
-      headers = JSON.parse($('edit-headers').value || '{}');
-      if (headers === null || typeof headers !== 'object' || Array.isArray(headers)) throw new Error('not an object');
+      edited = JSON.parse($('edit-headers').value || '{}');
+      if (edited === null || typeof edited !== 'object' || Array.isArray(edited)) throw new Error('not an object');
     } catch (e) {
       notice(`The headers are not a JSON object: ${e.message}`, 'error');
       return;
     }
     const keep = $('edit-keep').checked;
     ui.busy = true;
+    let accepted = false;
     try {
       const s = ui.server;
       if (!await confirmDialog(`Send the edited message ${m.message_id} to queue ${s.input_queue}?`,
@@ -682,14 +719,28 @@
           (keep ? 'The original stays parked.' : 'The original leaves parking once the broker has confirmed the copy.'),
           'Send')) return;
       const started = await api('POST', '/api/edit',
-                                {message_id: m.message_id, parked_at: m.parked_at_seconds,
-                                 body: $('edit-body').value, headers, keep_original: keep});
+                                Object.assign({message_id: m.message_id, parked_at: m.parked_at_seconds,
+                                               keep_original: keep}, editChanges(m, edited)));
+      accepted = true;
       const job = await waitForJob(started.job);
-      if (job.state === 'failed') throw new Error(job.error);
+      if (job.state === 'failed') {
+        if (job.outcome === 'unknown') {
+          notice(`The edit's outcome is not known: ${job.error}`, 'error');
+          return;
+        }
+        throw new Error(job.error);
+      }
       $('edit-form').hidden = true;
-      notice(`Sent as ${job.new_message_id}.`);
+      const kept = job.kept_not_editable || [];
+      notice(`Sent as ${job.new_message_id}.` +
+             (kept.length ? ` Kept as they were, not editable here: ${kept.join(', ')}.` : ''));
     } catch (e) {
-      notice(`The edit was not sent: ${e.message}`, 'error');
+      if (accepted) {
+        notice(`The edit was accepted, but its outcome is not known (${e.message}): the copy may ` +
+               'have been sent. Look at the audit trail and the input queue before editing again.', 'error');
+      } else {
+        notice(`The edit was not sent: ${e.message}`, 'error');
+      }
     } finally {
       ui.busy = false;
     }

@@ -50,6 +50,7 @@ struct Job {
   uint64_t started_at = 0;
   uint64_t finished_at = 0;
   std::shared_ptr<parking::Replay> replay;
+  std::shared_ptr<parking::Edit> edit_run;
   /// A scan's counts and kept messages. Of its error groups only the most frequent ones the page
   /// shows are kept; `error_groups_dropped` counts the others.
   parking::Stats stats;

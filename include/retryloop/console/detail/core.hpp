@@ -37,8 +37,8 @@ class Core : public std::enable_shared_from_this<Core> {
   /// outcome of this first attempt (Status::stopped meaning success). Later losses are made good
   /// by reconnecting.
   void start(ReadyCallback ready);
-  /// Drops the queued jobs, lets a running replay's copies settle (unless `at_once`), then
-  /// closes the connection and the timers; `done` fires once all is closed.
+  /// Drops the queued jobs, lets a running replay's or edit's copies settle (unless `at_once`),
+  /// then closes the connection and the timers; `done` fires once all is closed.
   void stop(bool at_once, std::function<void()> done);
 
   /// The connection, the depths, the last scan's counts, the job running or last finished.
@@ -57,8 +57,10 @@ class Core : public std::enable_shared_from_this<Core> {
   /// `older_than` in it is fixed as the `parked_until` it means now (pin_older_than), and the
   /// job shows the filter so.
   Reply request_action(Job::Kind kind, nlohmann::json request, const std::string& who);
-  /// Starts an edit-and-retry of one parked message: `message_id`, the new `body`, optionally
-  /// `headers` (an object of strings, numbers and booleans) and `keep_original`.
+  /// Starts an edit-and-retry of one parked message (`message_id`, optionally `parked_at`) from
+  /// what changed: `body` (absent: the original's), `set_headers` (an object of strings, numbers
+  /// and booleans), `remove_headers` (names) and `keep_original`. Every other header goes on as
+  /// it was, with its AMQP type.
   Reply request_edit(const nlohmann::json& request, const std::string& who);
   /// Records a note (`text`) on a group of messages (`group`, an error cause) in the audit trail.
   Reply request_note(const nlohmann::json& request, const std::string& who);
