@@ -4,6 +4,7 @@
 #include <unordered_map>
 
 #include "retryloop/parking/error.hpp"
+#include "retryloop/random/os_random.hpp"
 #include "retryloop/retry/headers.hpp"
 #include "retryloop/retry/history.hpp"
 #include "retryloop/topology/delay_levels.hpp"
@@ -353,7 +354,11 @@ Error edit(const std::shared_ptr<client::Connection>& connection, const topology
   auto state = std::make_shared<State>();
   state->target = options.to_queue.empty() ? topology::input_queue_name(service) : options.to_queue;
   state->options = std::move(options);
-  state->result.new_message_id = retry::random_message_id();
+  std::error_code no_id;
+  state->result.new_message_id = random::random_id(no_id);
+  if (no_id) {
+    return Error(no_id, "cannot draw the copy's message id from the operating system (getrandom)");
+  }
   return Walker::start(
       connection, topology::parking_queue_name(service.name), 1,
       [state](ParkedMessage& parked) {
