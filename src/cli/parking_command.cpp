@@ -28,6 +28,7 @@
 #include "retryloop/parking/parked_json.hpp"
 #include "retryloop/parking/parking.hpp"
 #include "retryloop/process/stop_signals.hpp"
+#include "retryloop/random/os_random.hpp"
 #include "retryloop/retry/headers.hpp"
 #include "retryloop/topology/delay_levels.hpp"
 #include "retryloop/topology/duration.hpp"
@@ -179,7 +180,7 @@ class CliAudit {
 
   /// Records `started`; `then` gets "" once the broker confirmed it.
   void begin(const std::shared_ptr<client::Connection>& connection, Then then) {
-    record_.id = retry::random_message_id();
+    record_.id = random::random_id();
     writer_ = parking::AuditWriter::open(connection);
     append("started", std::move(then));
   }

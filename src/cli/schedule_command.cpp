@@ -346,6 +346,7 @@ int run_stats(const StatsArgs& args) {
             out["base_ms"] = schedule.levels.base.count();
             out["waiting"] = s.waiting;
             out["unrouted"] = s.unrouted;
+            out["heads_read"] = s.heads_read;
             out["earliest_head_due_at"] =
                 s.earliest_head_due_at_ms ? nlohmann::json(iso_time_ms(*s.earliest_head_due_at_ms))
                                           : nullptr;
@@ -388,6 +389,10 @@ int run_stats(const StatsArgs& args) {
                         level.head_due_at_ms ? iso_time_ms(*level.head_due_at_ms) : ""});
           }
           levels.print(std::cout);
+          if (!s.heads_read && !args.no_peek) {
+            std::cout << "head due: not read, as the levels are quorum queues, which may count "
+                         "each read toward their delivery limit (docs/scheduling.md)\n";
+          }
           std::cout << "unrouted (their queue was gone when due): " << s.unrouted << "\n";
           for (const auto& [queue, count] : s.queues) {
             std::cout << "queue " << queue << ": " << plural(count, "message") << " ready\n";
@@ -629,10 +634,11 @@ void add_schedule_commands(CLI::App& app, int& exit_code) {
   CLI::App* stats = group->add_subcommand(
       "stats", "Messages waiting in each delay level, and when the next ones are due");
   stats->footer(wrap("Counts the messages in each level queue of the topology file's delay "
-                     "levels, in its unrouted queue and in each scheduled queue, and reads the "
-                     "message at the head of each level for its due time (basic.get, then handed "
-                     "back with a nack: it keeps its place and its expiry). --no-peek only "
-                     "counts.") +
+                     "levels, in its unrouted queue and in each scheduled queue. On classic levels "
+                     "it reads the message at the head of each level for its due time (basic.get, "
+                     "then handed back with a nack: it keeps its place and its expiry); quorum "
+                     "levels are only counted, as a quorum queue may count each read toward its "
+                     "delivery limit. --no-peek only counts.") +
                 "\n\n" + schedule_exit_codes_help);
   add_topology_option(*stats, stats_args->topology_file);
   stats->add_flag("--json", stats_args->json, "Print one JSON object");

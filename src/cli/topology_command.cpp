@@ -379,12 +379,18 @@ void print_older_form_hint(const Report& report) {
 
 /// What an object declared without retryloop's default arguments means, and how to move it on.
 void print_defaults_hint(const Report& report) {
-  bool version = false, parking_limit = false, limit = false;
+  bool version = false, parking_limit = false, level_limit = false, limit = false;
   for (const auto& r : report.results) {
     for (const auto& missing : r.defaults_missing) {
       if (missing.argument == "x-queue-version") version = true;
-      if (missing.argument == "x-delivery-limit") {
-        (r.action.role == topology::Role::parking_queue ? parking_limit : limit) = true;
+      if (missing.argument != "x-delivery-limit") continue;
+      if (r.action.role == topology::Role::parking_queue) {
+        parking_limit = true;
+      } else if (r.action.role == topology::Role::delay_queue &&
+                 r.action.arguments.find("x-message-ttl") != nullptr) {
+        level_limit = true;
+      } else {
+        limit = true;
       }
     }
   }
@@ -397,6 +403,12 @@ void print_defaults_hint(const Report& report) {
     std::cout << "A quorum parking queue declared without x-delivery-limit has RabbitMQ 4.x's "
                  "default limit of 20, and every read of a parked message counts toward it: set "
                  "a policy with \"delivery-limit\" (docs/topology.md, \"Older queues\").\n";
+  }
+  if (level_limit) {
+    std::cout << "A quorum delay level declared without x-delivery-limit has RabbitMQ 4.x's "
+                 "default limit of 20: a message handed back to it 20 times (by a reader other "
+                 "than retryloop) would leave its level early. Set a policy with "
+                 "\"delivery-limit\" (docs/topology.md, \"Older queues\").\n";
   }
   if (limit) {
     std::cout << "A quorum queue declared without x-delivery-limit has RabbitMQ 4.x's default "

@@ -5,9 +5,9 @@
 
 #include <algorithm>
 #include <cctype>
-#include <random>
 #include <vector>
 
+#include "retryloop/random/os_random.hpp"
 #include "tls_session.hpp"
 
 namespace retryloop::client {
@@ -554,8 +554,14 @@ Error Connection::connect(ConnectCallback callback) {
     return Error(ClientError::invalid_argument, "connect called twice");
   }
   if (attempts.options.uri.host_order == HostOrder::shuffled) {
-    std::shuffle(attempts.order.begin(), attempts.order.end(),
-                 std::mt19937(std::random_device{}()));
+    std::vector<uint64_t> draws(attempts.order.size());
+    if (std::error_code failed =
+            random::fill_random(draws.data(), draws.size() * sizeof(uint64_t))) {
+      return Error(failed, "cannot shuffle the hosts: getrandom failed");
+    }
+    // Fisher-Yates; the bias of a 64-bit draw modulo a host count is nil for any real list.
+    for (size_t i = attempts.order.size(); i > 1; --i)
+      std::swap(attempts.order[i - 1], attempts.order[draws[i - 1] % i]);
   }
   attempts.connecting = true;
   Error error =

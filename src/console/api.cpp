@@ -1,14 +1,12 @@
 #include "retryloop/console/detail/api.hpp"
 
-#include <sys/random.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <stdexcept>
-#include <system_error>
 
+#include "retryloop/random/os_random.hpp"
 #include "retryloop/topology/duration.hpp"
 
 namespace retryloop::console::detail {
@@ -152,23 +150,7 @@ bool same_token(std::string_view a, std::string_view b) {
 }
 
 std::string random_token() {
-  unsigned char bytes[16];
-  size_t filled = 0;
-  while (filled < sizeof bytes) {
-    const ssize_t n = getrandom(bytes + filled, sizeof bytes - filled, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw std::system_error(errno, std::generic_category(), "getrandom");
-    }
-    filled += size_t(n);
-  }
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string token;
-  for (unsigned char byte : bytes) {
-    token += digits[byte >> 4];
-    token += digits[byte & 0xF];
-  }
-  return token;
+  return random::random_id();
 }
 
 parking::Filter parse_filter(const nlohmann::json& json) {

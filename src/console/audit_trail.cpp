@@ -4,6 +4,7 @@
 #include <chrono>
 #include <map>
 
+#include "retryloop/random/os_random.hpp"
 #include "retryloop/retry/headers.hpp"
 #include "retryloop/topology/topology.hpp"
 
@@ -56,7 +57,11 @@ void AuditTrail::failed(std::string why) {
 }
 
 void AuditTrail::append(parking::AuditRecord record, parking::AuditWriter* writer, Done done) {
-  if (record.id.empty()) record.id = retry::random_message_id();
+  if (record.id.empty()) {
+    std::error_code no_id;
+    record.id = random::random_id(no_id);
+    if (no_id) return done("cannot draw the audit record's id (getrandom): " + no_id.message());
+  }
   if (record.at_ms == 0) record.at_ms = retry::unix_milliseconds();
   if (record.via.empty()) record.via = "console";
   if (!on_broker_) {

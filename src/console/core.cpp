@@ -9,6 +9,7 @@
 
 #include "retryloop/console/detail/api.hpp"
 #include "retryloop/parking/parked_json.hpp"
+#include "retryloop/random/os_random.hpp"
 #include "retryloop/retry/headers.hpp"
 #include "retryloop/retry/metrics.hpp"
 #include "retryloop/topology/declarer.hpp"
@@ -422,7 +423,13 @@ void Core::start_job(const std::shared_ptr<Job>& job) {
   job->started_at = retry::unix_seconds();
   if (job->kind == Job::Kind::scan) return run_job(job);
   // Recorded before it touches a message: an action that cannot be recorded is not done.
-  job->audit_id = retry::random_message_id();
+  std::error_code no_id;
+  job->audit_id = random::random_id(no_id);
+  if (no_id) {
+    return finish_job(job, Error(no_id,
+                                 "cannot draw the audit record's id (getrandom); nothing "
+                                 "was done"));
+  }
   std::weak_ptr<Core> weak = weak_from_this();
   audit_->append(
       audit_record(*job, "started"), audit_writer_.get(), [weak, job](const std::string& error) {

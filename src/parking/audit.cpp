@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "retryloop/parking/parked_json.hpp"
+#include "retryloop/random/os_random.hpp"
 #include "retryloop/retry/headers.hpp"
 #include "retryloop/topology/topology.hpp"
 
@@ -139,9 +140,17 @@ std::shared_ptr<AuditWriter> AuditWriter::open(
 }
 
 void AuditWriter::append(AuditRecord record, AuditCallback done) {
-  if (record.id.empty()) record.id = retry::random_message_id();
-  if (record.at_ms == 0) record.at_ms = retry::unix_milliseconds();
   if (error_) return done(error_);
+  if (record.id.empty()) {
+    std::error_code no_id;
+    record.id = random::random_id(no_id);
+    if (no_id) {
+      return done(Error(no_id,
+                        "cannot draw the audit record's id from the operating system "
+                        "(getrandom)"));
+    }
+  }
+  if (record.at_ms == 0) record.at_ms = retry::unix_milliseconds();
   if (!ready_) {
     waiting_.emplace_back(std::move(record), std::move(done));
     return;

@@ -6,6 +6,7 @@
 
 #include "retryloop/parking/error.hpp"
 #include "retryloop/parking/parked_json.hpp"
+#include "retryloop/random/os_random.hpp"
 #include "retryloop/retry/headers.hpp"
 #include "retryloop/retry/history.hpp"
 #include "retryloop/topology/delay_levels.hpp"
@@ -509,7 +510,11 @@ Error edit(const std::shared_ptr<client::Connection>& connection, const topology
   auto run = std::make_shared<EditRun>();
   run->target_ = options.to_queue.empty() ? topology::input_queue_name(service) : options.to_queue;
   run->options_ = std::move(options);
-  run->result_.new_message_id = retry::random_message_id();
+  std::error_code no_id;
+  run->result_.new_message_id = random::random_id(no_id);
+  if (no_id) {
+    return Error(no_id, "cannot draw the copy's message id from the operating system (getrandom)");
+  }
   std::shared_ptr<Walker> walker;
   Error error = Walker::start(
       connection, topology::parking_queue_name(service.name), 1,

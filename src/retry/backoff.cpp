@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
+#include <system_error>
+
+#include "retryloop/random/os_random.hpp"
 
 namespace retryloop::retry {
 
@@ -16,8 +18,10 @@ std::chrono::milliseconds Backoff::delay(uint32_t attempt, double random) const 
 }
 
 std::chrono::milliseconds Backoff::delay(uint32_t attempt) const {
-  thread_local std::mt19937_64 engine{std::random_device{}()};
-  return delay(attempt, std::uniform_real_distribution<double>(0.0, 1.0)(engine));
+  std::error_code error;
+  const double random = random::random_fraction(error);
+  if (error) throw std::system_error(error, "getrandom");
+  return delay(attempt, random);
 }
 
 }  // namespace retryloop::retry

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
-#include <random>
 
 namespace retryloop::retry {
 namespace {
@@ -217,19 +216,6 @@ amqp::BasicProperties make_parking_copy(const amqp::BasicProperties& properties,
   headers.erase(header::acquired_count);
   keep_expiration(copy, headers, info);
   return copy;
-}
-
-std::string random_message_id() {
-  thread_local std::mt19937_64 random{std::random_device{}()};
-  static const char digits[] = "0123456789abcdef";
-  std::string id(32, '0');
-  uint64_t bits = 0;
-  for (size_t i = 0; i < id.size(); ++i) {
-    if (i % 16 == 0) bits = random();
-    id[i] = digits[bits & 0xF];
-    bits >>= 4;
-  }
-  return id;
 }
 
 std::string truncate_utf8(std::string_view text, size_t max_bytes) {

@@ -1,8 +1,8 @@
 #include "retryloop/retry/retry_policy.hpp"
 
 #include <algorithm>
-#include <random>
 
+#include "retryloop/random/os_random.hpp"
 #include "retryloop/retry/backoff.hpp"
 #include "retryloop/topology/delay_levels.hpp"
 #include "retryloop/topology/duration.hpp"
@@ -152,9 +152,11 @@ Decision decide(const topology::Service& service, const AttemptInfo& info, const
   if (outcome.kind != OutcomeKind::retry && outcome.kind != OutcomeKind::unavailable) {
     return decide(service, info, outcome, context);
   }
-  thread_local std::mt19937_64 engine{std::random_device{}()};
   context.now_seconds = unix_seconds();
-  context.random = std::uniform_real_distribution<double>(0.0, 1.0)(engine);
+  std::error_code no_jitter;
+  const double random = random::random_fraction(no_jitter);
+  // Without the operating system's source the retry waits its delay without jitter.
+  if (!no_jitter) context.random = random;
   return decide(service, info, outcome, context);
 }
 

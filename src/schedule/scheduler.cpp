@@ -1,4 +1,5 @@
 #include "retryloop/schedule/scheduler.hpp"
+#include "retryloop/random/os_random.hpp"
 
 #include <algorithm>
 #include <memory>
@@ -86,7 +87,11 @@ client::Error Scheduler::schedule_in(const std::string& queue, amqp::BasicProper
                                      std::string_view body, std::chrono::milliseconds delay,
                                      ScheduleCallback done) {
   if (!properties.message_id || properties.message_id->empty()) {
-    properties.message_id = random_message_id();
+    std::error_code no_id;
+    properties.message_id = random::random_id(no_id);
+    if (no_id) {
+      return client::Error(no_id, "cannot draw a message id from the operating system (getrandom)");
+    }
   }
   ScheduledCopy copy;
   try {

@@ -22,8 +22,11 @@ class StatsRun : public std::enable_shared_from_this<StatsRun> {
            bool peek_heads, StatsCallback done)
       : connection_(std::move(connection)),
         schedule_(schedule),
-        peek_heads_(peek_heads),
+        // A read hands the message back, and a quorum queue may count that toward its delivery
+        // limit, past which it dead-letters the message to the level below: early.
+        peek_heads_(peek_heads && schedule.queue_type == topology::QueueType::classic),
         done_(std::move(done)) {
+    stats_.heads_read = peek_heads_;
     const topology::Service levels = topology::schedule_target(schedule, std::string());
     stats_.set = topology::delay_set_name(levels);
     unrouted_ = topology::delay_unrouted_name(levels);
@@ -102,7 +105,7 @@ class StatsRun : public std::enable_shared_from_this<StatsRun> {
           if (error) return self->finish(error);
           if (result) {
             self->note_head(result->message.properties);
-            // Handed back at once: a nack is no failed delivery, so no count goes with it.
+            // Handed back at once; a classic queue has no delivery limit to count it toward.
             if (client::Error nack = self->channel_->nack(result->delivery_tag, false, true)) {
               return self->finish(nack);
             }

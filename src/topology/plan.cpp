@@ -140,6 +140,9 @@ void add_delay_levels(const Service& s, int levels, const std::vector<std::strin
     plan.actions.push_back(std::move(exchange));
     Action queue = queue_action(s, Role::delay_queue, level);
     add_shared_queue_type(s.queue_type, queue);
+    // Nothing of retryloop's hands a level's message back, but a message past a delivery limit
+    // would be dead-lettered to the level below, early: the limit is one the broker never reaches.
+    add_delivery_limit(s, queue);
     queue.arguments.append("x-message-ttl", integer(base << k));
     // No dead-letter routing key: the message keeps its own, which spells the lower bits.
     queue.arguments.append("x-dead-letter-exchange", below);

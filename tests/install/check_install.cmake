@@ -28,8 +28,10 @@ foreach(program uses_retryloop uses_retryloop_shared)
   endif()
 endforeach()
 
-# Internal headers (the wire codec, the channel's bookkeeping) are not installed.
-foreach(internal amqp/frame.hpp amqp/methods.hpp amqp/buffer.hpp client/detail/ack_ledger.hpp)
+# Internal headers (the wire codec, the channel's bookkeeping, the random source's test seam) are
+# not installed.
+foreach(internal amqp/frame.hpp amqp/methods.hpp amqp/buffer.hpp client/detail/ack_ledger.hpp
+                 random/detail/source.hpp)
   if(EXISTS ${WORK_DIR}/prefix/include/retryloop/${internal})
     message(FATAL_ERROR "an internal header was installed: ${internal}")
   endif()

@@ -390,12 +390,14 @@ TEST_CASE(
   broker.remove(sms);
 }
 
-TEST_CASE("retryloop schedule stats counts each level and reads the due time at each head",
-          "[schedule][integration]") {
+TEST_CASE(
+    "retryloop schedule stats counts each level and reads the due time at each head of classic "
+    "levels",
+    "[schedule][integration]") {
   test::TestLoop loop;
   test::QueueUnderTest target(loop, "sched.stats");
   // A base of its own, so that no other test's messages are counted.
-  ScheduleFile file("1130ms", "1h", "quorum", {target.queue});
+  ScheduleFile file("1130ms", "1h", "classic", {target.queue});
   apply(loop, target.connection, file.topology);
   auto sent = retryloop_command({"send", "-t", file.path, "--queue", target.queue, "--delay", "30m",
                                  "--message-id", "far", "--json", "far"});
@@ -405,7 +407,8 @@ TEST_CASE("retryloop schedule stats counts each level and reads the due time at 
   INFO(stats.err);
   REQUIRE(stats.exit_code == 0);
   auto j = nlohmann::json::parse(stats.out);
-  CHECK(j["set"] == "retryloop.delay.1130ms.quorum");
+  CHECK(j["set"] == "retryloop.delay.1130ms");
+  CHECK(j["heads_read"] == true);
   CHECK(j["waiting"] == 1);
   CHECK(j["unrouted"] == 0);
   CHECK(j["queues"][target.queue] == 0);
@@ -421,9 +424,60 @@ TEST_CASE("retryloop schedule stats counts each level and reads the due time at 
   auto again = retryloop_command({"schedule", "stats", "-t", file.path});
   CHECK(again.exit_code == 0);
   CHECK_THAT(again.out, Catch::Contains("1 message waiting"));
+  CHECK_THAT(again.out, !Catch::Contains("not read"));
   // Clean up the 30-minute message.
   const std::string level = j["levels"][10]["queue"].get<std::string>();
   CHECK(test::drain_queue(loop, *target.connection, level).size() == 1);
+}
+
+TEST_CASE(
+    "retryloop schedule stats run 25 times leaves a message on quorum levels in its level, with "
+    "no delivery count and no delivery_limit death",
+    "[schedule][integration]") {
+  test::TestLoop loop;
+  test::QueueUnderTest target(loop, "sched.stats.quorum");
+  ScheduleFile file("1130ms", "1h", "quorum", {target.queue});
+  apply(loop, target.connection, file.topology);
+  auto sent = retryloop_command({"send", "-t", file.path, "--queue", target.queue, "--delay", "30m",
+                                 "--message-id", "far", "--json", "far"});
+  REQUIRE(sent.exit_code == 0);
+  // A monitor that runs it every minute does this in under half an hour; RabbitMQ 4.x's default
+  // delivery limit of a quorum queue is 20.
+  for (int run = 1; run <= 25; ++run) {
+    auto stats = retryloop_command({"schedule", "stats", "-t", file.path, "--json"});
+    INFO("run " << run << ": " << stats.err);
+    REQUIRE(stats.exit_code == 0);
+    if (run == 25) {
+      auto j = nlohmann::json::parse(stats.out);
+      CHECK(j["set"] == "retryloop.delay.1130ms.quorum");
+      CHECK(j["heads_read"] == false);
+      CHECK(j["earliest_head_due_at"].is_null());
+      CHECK(j["waiting"] == 1);
+      // 30 min is 1593 units of 1130 ms: it waits in level 10 for 19 min before level 9.
+      for (const auto& level : j["levels"]) {
+        INFO(level.dump());
+        CHECK(level["messages"] == (level["level"] == 10 ? 1 : 0));
+        CHECK(level["head_due_at"].is_null());
+      }
+    }
+  }
+  auto text = retryloop_command({"schedule", "stats", "-t", file.path});
+  CHECK_THAT(text.out, Catch::Contains("head due: not read, as the levels are quorum queues"));
+  const std::string level =
+      topology::delay_level_name(topology::schedule_target(file.schedule(), target.queue), 10);
+  auto held = test::drain_queue(loop, *target.connection, level);
+  REQUIRE(held.size() == 1);
+  const amqp::FieldTable* headers =
+      held[0].message.properties.headers ? &*held[0].message.properties.headers : nullptr;
+  REQUIRE(headers != nullptr);
+  CHECK(headers->find("x-death") == nullptr);
+  // Never handed back: no count (3.10 sends a count of 0 with every delivery).
+  for (const char* count : {"x-delivery-count", "x-acquired-count"}) {
+    INFO(count);
+    const amqp::FieldValue* value = headers->find(count);
+    CHECK((value == nullptr || value->as_int64() == int64_t(0)));
+  }
+  CHECK(held[0].message.body == "far");
 }
 
 TEST_CASE("An outbox row due later reaches its queue through the delay levels, not before",

@@ -412,12 +412,13 @@ static Plan as_older_release(Plan plan) {
   return plan;
 }
 
-static void check_older_queues(const std::string& queue_type) {
+static void check_older_queues(
+    const std::string& queue_type,
+    const std::string& retry = R"("delays": ["30s"], "max_attempts": 5)") {
   TestLoop loop;
   auto connection = test::connect(loop, test::broker_url());
   std::string name = test::unique_name("older");
-  Topology t = parse(service_json(name, R"("delays": ["30s"], "max_attempts": 5)",
-                                  R"("queue_type": ")" + queue_type + R"(")"));
+  Topology t = parse(service_json(name, retry, R"("queue_type": ")" + queue_type + R"(")"));
   Plan plan = make_plan(t);
   REQUIRE(run_apply(loop, connection, as_older_release(plan)).ok());
 
@@ -465,6 +466,26 @@ TEST_CASE(
     "so",
     "[topology][integration]") {
   check_older_queues("quorum");
+}
+
+TEST_CASE(
+    "Quorum delay levels an older release declared without x-delivery-limit are used as they "
+    "are, and apply and verify say so",
+    "[topology][integration]") {
+  // A base of its own: no other test shares these levels.
+  const std::string retry = R"("mode": "republish", "delays": ["5s"], "max_attempts": 5,
+                               "delay_levels": {"base": "1170ms", "levels": 3})";
+  check_older_queues("quorum", retry);
+  // The levels were among the queues checked: they lack the limit, and stay as they are.
+  TestLoop loop;
+  auto connection = test::connect(loop, test::broker_url());
+  Topology t = parse(service_json(test::unique_name("older"), retry, R"("queue_type": "quorum")"));
+  Report verified = run_verify(loop, connection, make_plan(t));
+  const ActionResult& level =
+      result_for(verified, ActionKind::declare_queue, "retryloop.delay.1170ms.quorum.02");
+  REQUIRE(level.defaults_missing.size() == 1);
+  CHECK(level.defaults_missing[0].argument == "x-delivery-limit");
+  test::close(loop, connection);
 }
 
 TEST_CASE(

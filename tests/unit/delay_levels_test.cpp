@@ -249,9 +249,13 @@ TEST_CASE("Services with the same base and queue type share one set of delay lev
       CHECK(a.arguments.find("x-message-ttl")->as_int64() == 800);
       CHECK(*a.arguments.find("x-dead-letter-exchange")->as_string() == "retryloop.delay.100ms.02");
       CHECK(a.arguments.find("x-dead-letter-routing-key") == nullptr);
+      CHECK(a.arguments.find("x-delivery-limit") == nullptr);
     }
     if (a.name == "retryloop.delay.100ms.quorum.00" && a.kind == ActionKind::declare_queue) {
       CHECK(*a.arguments.find("x-queue-type")->as_string() == "quorum");
+      // A message past RabbitMQ 4.x's default limit of 20 would drop to the level below, early.
+      CHECK(a.arguments.find("x-delivery-limit")->as_int64() == broker_delivery_limit);
+      CHECK(a.defaults == std::vector<std::string>{"x-delivery-limit"});
       CHECK(*a.arguments.find("x-dead-letter-strategy")->as_string() == "at-least-once");
       CHECK(*a.arguments.find("x-dead-letter-exchange")->as_string() ==
             "retryloop.delay.100ms.quorum.deliver");

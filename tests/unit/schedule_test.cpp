@@ -108,11 +108,3 @@ TEST_CASE("Scheduling refuses a queue the file does not name and a delay the lev
                     "a delay of 3601s is longer than the delay levels' 1h, so the message would "
                     "arrive early; raise delay_levels.max in the topology file");
 }
-
-TEST_CASE("Random message ids are 32 hex digits and differ", "[schedule]") {
-  const std::string a = schedule::random_message_id();
-  const std::string b = schedule::random_message_id();
-  CHECK(a.size() == 32);
-  CHECK(a.find_first_not_of("0123456789abcdef") == std::string::npos);
-  CHECK(a != b);
-}

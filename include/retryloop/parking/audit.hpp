@@ -19,7 +19,7 @@ namespace retryloop::parking {
 /// or a note on a group of them. An action writes a `started` record before it touches a message
 /// and a record with how it ended after, both with the same `id`.
 struct AuditRecord {
-  /// Shared by the records of one action (retry::random_message_id()).
+  /// Shared by the records of one action (random::random_id()).
   std::string id;
   /// Milliseconds since the epoch.
   uint64_t at_ms = 0;

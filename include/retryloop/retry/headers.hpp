@@ -126,10 +126,6 @@ struct ParkingNote {
 amqp::BasicProperties make_parking_copy(const amqp::BasicProperties& properties,
                                         const AttemptInfo& info, const ParkingNote& note);
 
-/// 32 random hex digits: a message id for a message retryloop makes (a scheduled message without
-/// one, an edited copy), or the id of an audit record.
-std::string random_message_id();
-
 /// `text` cut to at most `max_bytes` without splitting a UTF-8 sequence.
 std::string truncate_utf8(std::string_view text, size_t max_bytes);
 

@@ -70,7 +70,8 @@ struct DecisionContext {
 ///   dead-lettering must not be handed a forged `x-death`. (Its other outcomes apply as usual.)
 Decision decide(const topology::Service& service, const AttemptInfo& info, const Outcome& outcome,
                 const DecisionContext& context);
-/// decide() now, with a random number from this thread's engine (read only for a retry).
+/// decide() now, with a random number drawn from the operating system (read only for a retry;
+/// should that source fail, the retry's delay gets no jitter).
 Decision decide(const topology::Service& service, const AttemptInfo& info, const Outcome& outcome);
 
 /// What a service's breaker makes of an outcome: ack and drop are successes, unavailable is the

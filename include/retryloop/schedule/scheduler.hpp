@@ -101,6 +101,4 @@ class Scheduler {
 /// Milliseconds since the Unix epoch.
 int64_t now_ms();
 
-using retry::random_message_id;
-
 }  // namespace retryloop::schedule

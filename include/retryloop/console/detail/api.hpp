@@ -86,7 +86,8 @@ std::vector<std::string> allowed_hosts(const std::string& listen_host, uint16_t 
 /// `a == b` in a time that does not depend on where they differ.
 bool same_token(std::string_view a, std::string_view b);
 
-/// 32 hex digits from the kernel's random source.
+/// 32 hex digits from the kernel's random source (random::random_id); throws std::system_error
+/// when the source fails.
 std::string random_token();
 
 /// Whether the arrays and objects of JSON `text` nest at most `limit` deep; brackets in strings do
