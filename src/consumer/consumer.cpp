@@ -348,7 +348,7 @@ void ConsumerImpl::begin_handling(Pending& pending) {
                                message.exchange, message.routing_key);
   if (options_.service.retry.mode == topology::RetryMode::in_queue) {
     // The queue counts the failed deliveries (RabbitMQ 4.3): each is an attempt.
-    pending.handling->info.attempt += pending.handling->info.delivery_count;
+    pending.handling->info.attempt = retry::in_queue_attempt(pending.handling->info);
   }
   message.attempt = pending.handling->info.attempt;
   pending.handling->trace = message.trace_context();

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -232,6 +233,38 @@ TEST_CASE("A returned parking copy leaves the original unsettled and is publishe
   ack.delivery_tag = peer.last_sequence(first.channel, first.connection);
   peer.send(first.channel, ack, first.connection);
   REQUIRE(loop.run_until([&] { return settlement(peer, at, 1) == "ack"; }));
+  test::stop(loop, c);
+}
+
+TEST_CASE(
+    "In in_queue mode a forged retryloop-retries near the largest count is parked, not retried "
+    "forever",
+    "[conversation][consumer]") {
+  TestLoop loop;
+  ScriptedPeer::Options options_43;
+  options_43.version = "4.3.6";
+  ScriptedPeer peer(loop.get(), options_43);
+  const auto service = test::make_service("svc",
+                                          R"("mode": "in_queue", "delays": ["1s"], )"
+                                          R"("max_attempts": 3)",
+                                          R"("queue_type": "quorum")");
+  int handled = 0;
+  auto c = test::start(loop, peer_options(peer, service), [&handled](const consumer::Message&) {
+    ++handled;
+    return Outcome::retry("down");
+  });
+  const Consuming at = consuming(peer);
+  amqp::BasicProperties forged;
+  forged.headers.emplace();
+  forged.headers->append("retryloop-retries", std::numeric_limits<int64_t>::max() - 1);
+  forged.headers->append("x-delivery-count", int64_t(1));
+  deliver(peer, at, 1, "forged", forged);
+  REQUIRE(loop.run_until([&] { return !settlement(peer, at, 1).empty(); }));
+  CHECK(settlement(peer, at, 1) == "ack");
+  CHECK(handled == 0);
+  const auto copy = peer.last<amqp::BasicPublish>();
+  CHECK(copy.exchange == "svc.parking");
+  CHECK(c->metrics().parked_delivery_limit == 1);
   test::stop(loop, c);
 }
 

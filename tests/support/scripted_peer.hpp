@@ -59,6 +59,8 @@ class ScriptedPeer {
     /// Confirm each basic.publish on a channel in confirm mode at once (basic.ack); false leaves
     /// confirms to the test.
     bool auto_confirm = true;
+    /// The broker version connection.start announces (server property `version`).
+    std::string version = "0.0.0";
   };
   using Handler = std::function<void(const Received&)>;
 
