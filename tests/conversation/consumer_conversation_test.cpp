@@ -394,6 +394,59 @@ TEST_CASE("A message an asynchronous handler has not settled stays unsettled unt
   test::stop(loop, c);
 }
 
+TEST_CASE(
+    "A delivery waiting for its handler is decoded only when the handler would start: one whose "
+    "properties cannot be decoded is parked then, or goes back with the others at a stop",
+    "[conversation][consumer]") {
+  TestLoop loop;
+  ScriptedPeer peer(loop.get());
+  const auto service = test::make_service("svc", R"("delays": ["5s"], "max_attempts": 3)");
+  std::vector<std::string> handled;
+  std::vector<consumer::Settle> held;
+  auto c = test::start(loop, peer_options(peer, service),
+                       consumer::AsyncHandler([&](const consumer::Message& m, consumer::Settle s) {
+                         handled.emplace_back(m.message_id());
+                         held.push_back(std::move(s));
+                       }));
+  const Consuming at = consuming(peer);
+  deliver(peer, at, 1, "first");
+  // flags 0x2000 (headers), then a table of 3 bytes: "k" with the unknown type letter 'Z'.
+  const std::string undecodable("\x20\x00\x00\x00\x00\x03\x01kZ", 9);
+  amqp::BasicDeliver second;
+  second.consumer_tag = at.tag;
+  second.delivery_tag = 2;
+  peer.send_raw_content(at.channel, second, undecodable, "{}", at.connection);
+  deliver(peer, at, 3, "third");
+  // Concurrency 1: the first one's handler holds the others back.
+  REQUIRE(loop.run_until([&] { return c->metrics().delivered == 3; }));
+  REQUIRE(held.size() == 1);
+
+  SECTION("its turn comes") {
+    held[0](Outcome::ack());
+    REQUIRE(loop.run_until([&] {
+      return c->metrics().parked_poison == 1 && settlement(peer, at, 2) == "ack" &&
+             held.size() == 2;
+    }));
+    held[1](Outcome::ack());
+    REQUIRE(loop.run_until([&] { return settlement(peer, at, 3) == "ack"; }));
+    CHECK(handled == std::vector<std::string>{"first", "third"});
+    test::stop(loop, c);
+  }
+  SECTION("a stop comes first") {
+    bool stopped = false;
+    c->set_stopped_handler([&](const client::Error&) { stopped = true; });
+    c->stop(30s);
+    held[0](Outcome::ack());
+    REQUIRE(loop.run_until([&] { return stopped; }));
+    CHECK(settlement(peer, at, 1) == "ack");
+    CHECK(settlement(peer, at, 2) == "nack");
+    CHECK(settlement(peer, at, 3) == "nack");
+    CHECK(c->metrics().parked_poison == 0);
+    CHECK(peer.count<amqp::BasicPublish>() == 0);
+    CHECK(handled == std::vector<std::string>{"first"});
+  }
+}
+
 TEST_CASE("A graceful stop closes nothing until its running handler has returned and settled",
           "[conversation][consumer]") {
   TestLoop loop;
