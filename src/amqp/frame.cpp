@@ -84,7 +84,12 @@ std::error_code decode_header_frame(std::string_view payload, ContentHeader& out
   if (out.class_id != kBasicClassId || weight != 0) {
     return make_error_code(CodecError::bad_content_header);
   }
-  out.properties.decode(r);
+  return decode_properties(payload.substr(kContentHeaderFixedSize), out.properties);
+}
+
+std::error_code decode_properties(std::string_view flags_and_list, BasicProperties& out) {
+  Reader r(flags_and_list);
+  out.decode(r);
   if (!r.ok()) return r.error();
   if (!r.at_end()) return make_error_code(CodecError::trailing_bytes);
   return {};

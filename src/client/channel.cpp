@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <utility>
 
 #include "retryloop/amqp/buffer.hpp"
 #include "retryloop/client/detail/connection_protocol.hpp"
@@ -22,9 +23,6 @@ constexpr uint32_t key_of() {
 constexpr size_t kMaxBodyReserve = 64 * 1024 * 1024;
 /// Acks held at most, on a channel with no prefetch limit.
 constexpr uint32_t kHeldAcksWithoutPrefetch = 256;
-
-/// Bytes of a content header payload before the property flags: class, weight, body size.
-constexpr size_t kHeaderFixedSize = 12;
 
 Error protocol_error(std::string text) {
   return Error(ClientError::protocol_error, std::move(text));
@@ -250,6 +248,7 @@ Error ChannelImpl::consume(std::string_view queue, ConsumeOptions options,
   m.arguments = std::move(options.arguments);
   return call(m, key_of<amqp::BasicConsumeOk>(),
               [this, on_delivery = std::move(on_delivery), on_cancel = std::move(options.on_cancel),
+               raw_properties = options.raw_properties,
                callback = std::move(callback)](const Error& error, std::string_view payload) {
                 if (error) {
                   if (callback) callback(error, std::string());
@@ -260,7 +259,7 @@ Error ChannelImpl::consume(std::string_view queue, ConsumeOptions options,
                   if (callback) callback(Error(ec), std::string());
                   return;
                 }
-                consumers_[ok.consumer_tag] = {on_delivery, on_cancel};
+                consumers_[ok.consumer_tag] = {on_delivery, on_cancel, raw_properties};
                 if (callback) callback(Error{}, ok.consumer_tag);
               });
 }
@@ -379,7 +378,8 @@ Error ChannelImpl::publish(std::string_view exchange, std::string_view routing_k
   if (confirm_mode_) {
     std::string identity;
     if (m.mandatory) {
-      const size_t properties_start = header_start + amqp::kFrameHeaderSize + kHeaderFixedSize;
+      const size_t properties_start =
+          header_start + amqp::kFrameHeaderSize + amqp::kContentHeaderFixedSize;
       identity = detail::publish_identity(
           exchange, routing_key,
           std::string_view(out).substr(properties_start,
@@ -452,6 +452,10 @@ Error ChannelImpl::handle_method(std::string_view payload) {
       delivery_.redelivered = m.redelivered;
       delivery_.exchange = std::move(m.exchange);
       delivery_.routing_key = std::move(m.routing_key);
+      // Content frames follow their method with no other method between them, so the entry
+      // cannot go away before dispatch_content().
+      auto consumer = consumers_.find(delivery_.consumer_tag);
+      delivering_ = consumer != consumers_.end() ? &consumer->second : nullptr;
       content_kind_ = ContentKind::deliver;
       awaiting_header_ = true;
       return {};
@@ -515,7 +519,7 @@ Error ChannelImpl::handle_method(std::string_view payload) {
       }
       auto it = consumers_.find(m.consumer_tag);
       if (it == consumers_.end()) return {};
-      CancelHandler on_cancel = std::move(it->second.second);
+      CancelHandler on_cancel = std::move(it->second.on_cancel);
       consumers_.erase(it);
       if (auto* log = connection_->logger()) {
         log->warn("broker cancelled consumer {} on channel {}", m.consumer_tag, id_);
@@ -587,41 +591,44 @@ void ChannelImpl::reply_to_close(const amqp::ChannelClose& close) {
 }
 
 Error ChannelImpl::handle_content_header(std::string_view payload) {
-  std::error_code properties_error = amqp::decode_header_frame(payload, header_);
-  if (properties_error) {
-    // The frame is sound but its property list is not: when the fixed part (class, weight,
-    // body size) reads, the message is handed on with its properties as raw bytes, so that
-    // one undecodable message cannot stall its queue by closing the connection again and again.
-    amqp::Reader fixed(payload);
-    const uint16_t class_id = fixed.u16();
-    const uint16_t weight = fixed.u16();
-    header_.body_size = fixed.u64();
-    header_.properties = amqp::BasicProperties{};
-    if (!fixed.ok() || class_id != amqp::BasicPublish::class_id || weight != 0) {
-      return Error(properties_error);
-    }
-    if (auto* log = connection_->logger()) {
-      log->warn("channel {}: a message's properties cannot be decoded ({}); passed on as bytes",
-                id_, properties_error.message());
-    }
+  amqp::Reader fixed(payload);
+  const uint16_t class_id = fixed.u16();
+  const uint16_t weight = fixed.u16();
+  const uint64_t body_size = fixed.u64();
+  if (!fixed.ok()) return Error(fixed.error());
+  if (class_id != amqp::BasicPublish::class_id || weight != 0) {
+    return Error(make_error_code(amqp::CodecError::bad_content_header));
   }
-  if (header_.body_size > connection_->max_body_size()) {
+  if (body_size > connection_->max_body_size()) {
     return Error(ClientError::message_too_large,
-                 "broker sent a body of " + std::to_string(header_.body_size) + " bytes");
+                 "broker sent a body of " + std::to_string(body_size) + " bytes");
   }
   Message* target = content_kind_ == ContentKind::deliver ? &delivery_.message
                     : content_kind_ == ContentKind::get   ? &get_result_.message
                                                           : &returned_.message;
-  target->properties = std::move(header_.properties);
-  target->properties_error = properties_error;
+  const std::string_view property_bytes = payload.substr(amqp::kContentHeaderFixedSize);
+  target->properties_error = {};
   target->raw_properties.clear();
-  if (properties_error) target->raw_properties.assign(payload.substr(kHeaderFixedSize));
-  if (content_kind_ == ContentKind::returned) {
-    returned_properties_.assign(payload.substr(kHeaderFixedSize));
+  // Without even the property flags there is nothing to keep: that fails to decode now.
+  if (content_kind_ == ContentKind::deliver && delivering_ != nullptr &&
+      delivering_->raw_properties && !property_bytes.empty()) {
+    target->raw_properties.assign(property_bytes);
+  } else if (auto error = amqp::decode_properties(property_bytes, target->properties)) {
+    // The frame is sound but its property list is not: the message is handed on with its
+    // properties as raw bytes, so that one undecodable message cannot stall its queue by closing
+    // the connection again and again.
+    if (auto* log = connection_->logger()) {
+      log->warn("channel {}: a message's properties cannot be decoded ({}); passed on as bytes",
+                id_, error.message());
+    }
+    target->properties = amqp::BasicProperties{};
+    target->properties_error = error;
+    target->raw_properties.assign(property_bytes);
   }
+  if (content_kind_ == ContentKind::returned) returned_properties_.assign(property_bytes);
   target->body.clear();
-  target->body.reserve(std::min<uint64_t>(header_.body_size, kMaxBodyReserve));
-  body_remaining_ = header_.body_size;
+  target->body.reserve(std::min<uint64_t>(body_size, kMaxBodyReserve));
+  body_remaining_ = body_size;
   awaiting_header_ = false;
   if (body_remaining_ == 0) dispatch_content();
   return {};
@@ -645,8 +652,8 @@ void ChannelImpl::dispatch_content() {
   content_kind_ = ContentKind::none;
   switch (kind) {
     case ContentKind::deliver: {
-      auto it = consumers_.find(delivery_.consumer_tag);
-      if (it == consumers_.end() || !it->second.first) {
+      ConsumerEntry* consumer = std::exchange(delivering_, nullptr);
+      if (consumer == nullptr || !consumer->on_delivery) {
         // A delivery for a consumer we do not know: hand it back rather than hold it forever.
         if (auto* log = connection_->logger()) {
           log->warn("delivery for unknown consumer {} on channel {} requeued",
@@ -658,7 +665,7 @@ void ChannelImpl::dispatch_content() {
       }
       Delivery delivery = std::move(delivery_);
       delivery_ = Delivery{};
-      it->second.first(std::move(delivery));
+      consumer->on_delivery(std::move(delivery));
       return;
     }
     case ContentKind::get: {
@@ -713,6 +720,7 @@ void ChannelImpl::terminate(const Error& reason) {
   close_reason_ = reason;
   connection_ = nullptr;
   content_kind_ = ContentKind::none;
+  delivering_ = nullptr;
   consumers_.clear();
   acks_.drop_held();  // the broker requeues what they would have acked
 

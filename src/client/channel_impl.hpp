@@ -125,7 +125,15 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   std::deque<Rpc> rpcs_;
   bool rpc_in_flight_ = false;
 
-  std::unordered_map<std::string, std::pair<DeliveryHandler, CancelHandler>> consumers_;
+  struct ConsumerEntry {
+    DeliveryHandler on_delivery;
+    CancelHandler on_cancel;
+    /// ConsumeOptions::raw_properties
+    bool raw_properties = false;
+  };
+  std::unordered_map<std::string, ConsumerEntry> consumers_;
+  /// The consumer of the delivery being received; nullptr when its tag is unknown.
+  ConsumerEntry* delivering_ = nullptr;
 
   ContentKind content_kind_ = ContentKind::none;
   bool awaiting_header_ = false;
@@ -135,7 +143,6 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   ReturnedMessage returned_;
   /// The encoded property list of the message being returned, as the broker sent it.
   std::string returned_properties_;
-  amqp::ContentHeader header_;
 
   bool confirm_mode_ = false;
   detail::ConfirmTracker confirms_;

@@ -299,18 +299,15 @@ void ConsumerImpl::on_delivery(client::Delivery&& delivery) {
     (void)pending->channel->nack(pending->delivery_tag, false, true);
     return;
   }
-  Message& message = pending->message;
-  message.body = std::move(delivery.message.body);
-  message.properties = std::move(delivery.message.properties);
-  message.exchange = std::move(delivery.exchange);
-  message.routing_key = std::move(delivery.routing_key);
-  message.queue = topology::input_queue_name(options_.service);
-  message.redelivered = delivery.redelivered;
-  if (delivery.message.properties_error) {
-    begin_handling(*pending);
-    park_undecodable(pending, delivery.message);
-    return;
-  }
+  // The session consumes with raw_properties: what arrived is kept as it came, and decoded when
+  // its handler starts (begin_handling). Properties the channel could not even keep are empty
+  // here, and fail to decode then like any other.
+  Arrived& arrived = pending->arrived;
+  arrived.body = std::move(delivery.message.body);
+  arrived.properties = std::move(delivery.message.raw_properties);
+  arrived.exchange = std::move(delivery.exchange);
+  arrived.routing_key = std::move(delivery.routing_key);
+  arrived.redelivered = delivery.redelivered;
   waiting_.push_back(std::move(pending));
   start_handlers();
 }
@@ -341,32 +338,46 @@ std::string ConsumerImpl::over_delivery_limit(const retry::AttemptInfo& info) co
          std::to_string(limit) + what;
 }
 
-void ConsumerImpl::begin_handling(Pending& pending) {
-  pending.handling = std::make_unique<Handling>();
-  Message& message = pending.message;
-  pending.handling->info =
+bool ConsumerImpl::begin_handling(const std::shared_ptr<Pending>& pending) {
+  Arrived& arrived = pending->arrived;
+  pending->handling = std::make_unique<Handling>();
+  pending->message = std::make_unique<Message>();
+  Message& message = *pending->message;
+  message.body = std::move(arrived.body);
+  message.exchange = std::move(arrived.exchange);
+  message.routing_key = std::move(arrived.routing_key);
+  message.redelivered = arrived.redelivered;
+  message.queue = topology::input_queue_name(options_.service);
+  const std::error_code undecodable =
+      client::decode_properties(arrived.properties, message.properties);
+  if (undecodable) message.properties = amqp::BasicProperties{};
+  Handling& handling = *pending->handling;
+  handling.info =
       retry::read_attempt_info(message.properties, topology::input_queue_name(options_.service),
                                message.exchange, message.routing_key);
   if (options_.service.retry.mode == topology::RetryMode::in_queue) {
     // The queue counts the failed deliveries (RabbitMQ 4.3): each is an attempt.
-    pending.handling->info.attempt += pending.handling->info.delivery_count;
+    handling.info.attempt = retry::in_queue_attempt(handling.info);
   }
-  message.attempt = pending.handling->info.attempt;
-  pending.handling->trace = message.trace_context();
+  message.attempt = handling.info.attempt;
+  handling.trace = message.trace_context();
+  if (undecodable) park_undecodable(pending, arrived.properties, undecodable);
+  std::string().swap(arrived.properties);
+  return !undecodable;
 }
 
 void ConsumerImpl::park_undecodable(const std::shared_ptr<Pending>& pending,
-                                    const client::Message& original) {
+                                    std::string_view raw_properties, std::error_code error) {
   // No handler can be given what cannot be read, and no retry can count its attempts: it is
   // parked at once, its property bytes kept whole in a header, persistent like it may have been.
-  amqp::BasicProperties& properties = pending->message.properties;
+  amqp::BasicProperties& properties = pending->message->properties;
   properties.delivery_mode = 2;
   properties.headers.emplace().set(std::string(retry::header::raw_properties),
-                                   amqp::ByteArray{original.raw_properties});
+                                   amqp::ByteArray{std::string(raw_properties)});
   retry::Decision& decision = pending->handling->decision;
   decision.action = retry::Action::park;
   decision.reason = ParkReason::poison;
-  decision.error = "its properties cannot be decoded (" + original.properties_error.message() +
+  decision.error = "its properties cannot be decoded (" + error.message() +
                    "); their bytes are in " + std::string(retry::header::raw_properties);
   settling_[pending->id] = pending;
   publish_copy(pending);
@@ -394,7 +405,7 @@ void ConsumerImpl::start_handlers() {
 }
 
 void ConsumerImpl::run_handler(const std::shared_ptr<Pending>& pending) {
-  begin_handling(*pending);
+  if (!begin_handling(pending)) return;
   if (std::string why = over_delivery_limit(pending->handling->info); !why.empty()) {
     retry::Decision& decision = pending->handling->decision;
     decision.action = retry::Action::park;
@@ -407,7 +418,7 @@ void ConsumerImpl::run_handler(const std::shared_ptr<Pending>& pending) {
   if (async_handler_ || options_.handler_on_loop) {
     pending->handling->started_ns = uv_hrtime();
     pending->handling->span_end =
-        begin_span(*start_span_, pending->message, pending->handling->trace);
+        begin_span(*start_span_, *pending->message, pending->handling->trace);
   }
   if (async_handler_) {
     std::weak_ptr<ConsumerImpl> weak = weak_from_this();
@@ -418,7 +429,7 @@ void ConsumerImpl::run_handler(const std::shared_ptr<Pending>& pending) {
       if (auto self = weak.lock()) self->handler_done(pending, std::move(outcome));
     };
     try {
-      async_handler_(pending->message, settle);
+      async_handler_(*pending->message, settle);
     } catch (...) {
       ++metrics_.handler_errors;
       settle(options_.exceptions.classify(std::current_exception()));
@@ -427,7 +438,7 @@ void ConsumerImpl::run_handler(const std::shared_ptr<Pending>& pending) {
   }
   if (options_.handler_on_loop) {
     Outcome outcome =
-        invoke(*handler_, options_.exceptions, pending->message, pending->handling->threw);
+        invoke(*handler_, options_.exceptions, *pending->message, pending->handling->threw);
     handler_done(pending, std::move(outcome));
     return;
   }
@@ -436,9 +447,9 @@ void ConsumerImpl::run_handler(const std::shared_ptr<Pending>& pending) {
       [pending, handler = handler_, exceptions = exceptions_, start_span = start_span_] {
         pending->handling->started_ns = uv_hrtime();
         pending->handling->span_end =
-            begin_span(*start_span, pending->message, pending->handling->trace);
+            begin_span(*start_span, *pending->message, pending->handling->trace);
         pending->handling->work_outcome =
-            invoke(*handler, *exceptions, pending->message, pending->handling->threw);
+            invoke(*handler, *exceptions, *pending->message, pending->handling->threw);
         pending->handling->finished_ns = uv_hrtime();
       },
       [weak, pending](bool started) {
@@ -564,8 +575,8 @@ void ConsumerImpl::log_outcome(const Pending& pending, const char* what,
 
 std::string ConsumerImpl::message_fields(const Pending& pending) const {
   std::string fields = "service=" + options_.service.name +
-                       " queue=" + topology::input_queue_name(options_.service) +
-                       " message_id=" + std::string(pending.message.message_id());
+                       " queue=" + topology::input_queue_name(options_.service) + " message_id=" +
+                       (pending.message ? std::string(pending.message->message_id()) : "");
   if (pending.handling) {
     fields += " attempt=" + std::to_string(pending.handling->info.attempt);
     if (pending.handling->trace) fields += " trace_id=" + pending.handling->trace->trace_id;

@@ -8,6 +8,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <unordered_map>
 
 #include "parking_depth.hpp"
@@ -52,7 +54,7 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
 
  private:
   /// What a delivery gathers from the moment its handler starts. Kept apart so that the many
-  /// deliveries waiting for a handler (up to the prefetch) hold only their message.
+  /// deliveries waiting for a handler (up to the prefetch) hold only what arrived.
   struct Handling {
     retry::AttemptInfo info;
     uint64_t started_ns = 0;
@@ -82,15 +84,28 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
     SpanEnd span_end;
   };
 
-  /// One delivery from receipt to settlement.
+  /// A delivery as it arrived, its properties in wire form (client::ConsumeOptions::
+  /// raw_properties): a few hundred bytes, where decoded headers take several times that.
+  struct Arrived {
+    std::string body;
+    std::string properties;
+    std::string exchange;
+    std::string routing_key;
+    bool redelivered = false;
+  };
+
+  /// One delivery from receipt to settlement. While it waits for a handler it holds only what
+  /// arrived; its message is decoded from that when its handler starts.
   struct Pending {
     uint64_t id = 0;
     uint64_t generation = 0;
     /// The consume channel it came from: its tag is acked there or nowhere.
     std::shared_ptr<client::Channel> channel;
     uint64_t delivery_tag = 0;
-    Message message;
-    /// Set when its handler starts (or when it is parked undecoded).
+    /// Moved into `message` when its handler starts.
+    Arrived arrived;
+    /// Both set when its handler starts (begin_handling).
+    std::unique_ptr<Message> message;
     std::unique_ptr<Handling> handling;
   };
 
@@ -105,9 +120,12 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   void schedule_reconnect(bool at_once = false);
 
   void on_delivery(client::Delivery&& delivery);
-  void begin_handling(Pending& pending);
+  /// Makes the delivery's message and handling record. Returns false when its properties cannot
+  /// be decoded: then it is parked as poison.
+  bool begin_handling(const std::shared_ptr<Pending>& pending);
   std::string over_delivery_limit(const retry::AttemptInfo& info) const;
-  void park_undecodable(const std::shared_ptr<Pending>& pending, const client::Message& original);
+  void park_undecodable(const std::shared_ptr<Pending>& pending, std::string_view raw_properties,
+                        std::error_code error);
   /// How many handlers may be started or handed to the worker pool at once.
   size_t handler_window() const;
   void start_handlers();

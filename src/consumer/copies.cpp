@@ -29,11 +29,11 @@ void ConsumerImpl::publish_copy(const std::shared_ptr<Pending>& pending) {
   if (!pending->handling->copy) {
     if (to_wait) {
       pending->handling->copy = std::make_unique<amqp::BasicProperties>(retry::make_retry_copy(
-          pending->message.properties, pending->handling->info, retry::unix_seconds(),
+          pending->message->properties, pending->handling->info, retry::unix_seconds(),
           retry::unix_milliseconds() + uint64_t(decision.delay.count())));
     } else {
       pending->handling->copy = std::make_unique<amqp::BasicProperties>(retry::make_parking_copy(
-          pending->message.properties, pending->handling->info, parking_note(decision)));
+          pending->message->properties, pending->handling->info, parking_note(decision)));
     }
     record_attempt(*pending->handling);
   }
@@ -47,7 +47,7 @@ void ConsumerImpl::publish_copy(const std::shared_ptr<Pending>& pending) {
   std::weak_ptr<ConsumerImpl> weak = weak_from_this();
   Error error = retry::move_delivery(
       *session_->publish_channel(), pending->channel, pending->delivery_tag,
-      {exchange, routing_key, *pending->handling->copy, pending->message.body},
+      {exchange, routing_key, *pending->handling->copy, pending->message->body},
       [weak, pending](const client::PublishOutcome& outcome, const Error& ack_error) {
         if (auto self = weak.lock()) self->copy_settled(pending, outcome, ack_error);
       });
@@ -100,7 +100,7 @@ void ConsumerImpl::copy_too_large(const std::shared_ptr<Pending>& pending, const
   // original's headers (or raw property bytes) that do not fit, and retryloop-error says so.
   if (copy.headers && copy.headers->size() > 0 && !handling.stripped) {
     handling.stripped = true;
-    amqp::BasicProperties bare = pending->message.properties;
+    amqp::BasicProperties bare = pending->message->properties;
     bare.headers.reset();
     retry::ParkingNote note = parking_note(handling.decision);
     note.error = "its headers were removed, the copy needs a header frame over frame_max (" +
@@ -218,7 +218,7 @@ void ConsumerImpl::copy_settled(const std::shared_ptr<Pending>& pending,
     if (options_.on_parked) {
       ParkedEvent event;
       event.service = options_.service.name;
-      event.message_id = std::string(pending->message.message_id());
+      event.message_id = std::string(pending->message->message_id());
       event.reason = decision.reason;
       event.error = decision.error;
       event.attempts = pending->handling->info.attempt;

@@ -239,6 +239,8 @@ void Session::set_prefetch(std::shared_ptr<client::Channel> channel) {
 void Session::consume() {
   const std::string& queue = topology::input_queue_name(options_.service);
   client::ConsumeOptions consume_options;
+  // Up to the prefetch wait for a handler: their properties stay in wire form until it starts.
+  consume_options.raw_properties = true;
   consume_options.on_cancel = guarded([queue](Session& self, const std::string&) {
     self.fail(Error(ClientError::consumer_cancelled, "was queue " + queue + " deleted?"));
   });

@@ -159,6 +159,10 @@ AttemptInfo read_attempt_info(const amqp::BasicProperties& properties, std::stri
   return info;
 }
 
+int64_t in_queue_attempt(const AttemptInfo& info) {
+  return saturating_add(info.attempt, info.delivery_count);
+}
+
 uint64_t unix_seconds() {
   return uint64_t(std::chrono::duration_cast<std::chrono::seconds>(
                       std::chrono::system_clock::now().time_since_epoch())

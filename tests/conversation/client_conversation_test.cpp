@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "retryloop/amqp/buffer.hpp"
 #include "retryloop/amqp/error.hpp"
 #include "retryloop/amqp/rabbit_extensions.hpp"
 #include "retryloop/client/connection.hpp"
@@ -819,6 +820,61 @@ TEST_CASE("A delivery with an empty body needs no body frame", "[conversation]")
   REQUIRE(loop.run_until([&] { return got.size() == 2; }));
   CHECK(got[0].message.body.empty());
   CHECK(got[1].message.body == "x");
+  test::close(loop, connection);
+}
+
+TEST_CASE(
+    "A consumer with raw_properties gets the property bytes as they came; decoding them later "
+    "gives what came, or names what is wrong and keeps the bytes",
+    "[conversation]") {
+  TestLoop loop;
+  ScriptedPeer peer(loop.get());
+  auto connection = open(loop, peer);
+  auto channel = test::open_channel(loop, *connection);
+  std::optional<std::string> tag;
+  std::vector<client::Delivery> got;
+  client::ConsumeOptions options;
+  options.raw_properties = true;
+  REQUIRE_FALSE(channel->consume(
+      "q", std::move(options), [&](client::Delivery&& d) { got.push_back(std::move(d)); },
+      [&](const client::Error&, const std::string& consumer_tag) { tag = consumer_tag; }));
+  REQUIRE(loop.run_until([&] { return tag.has_value(); }));
+  amqp::BasicProperties sent;
+  sent.message_id = "m-1";
+  sent.delivery_mode = 2;
+  sent.headers.emplace();
+  sent.headers->append("x-death", amqp::FieldArray{amqp::FieldValue(amqp::FieldTable{})});
+  sent.headers->append("retryloop-retries", int64_t(2));
+  peer.send_content(channel->id(), deliver(*tag, 1), sent, "body");
+  // flags 0x2000 (headers), then a table of 3 bytes: "k" with the unknown type letter 'Z'.
+  const std::string bad_properties("\x20\x00\x00\x00\x00\x03\x01kZ", 9);
+  peer.send_raw_content(channel->id(), deliver(*tag, 2), bad_properties, "x");
+  REQUIRE(loop.run_until([&] { return got.size() == 2; }));
+
+  client::Message& good = got[0].message;
+  std::string encoded;
+  amqp::Writer writer(encoded);
+  sent.encode(writer);
+  CHECK(good.raw_properties == encoded);
+  CHECK(good.properties == amqp::BasicProperties{});
+  CHECK_FALSE(good.properties_error);
+  CHECK(good.body == "body");
+  CHECK_FALSE(client::decode_properties(good));
+  CHECK(good.properties == sent);
+  CHECK(good.raw_properties.empty());
+  CHECK_FALSE(client::decode_properties(good));  // once decoded, nothing more to do
+  CHECK(good.properties == sent);
+
+  client::Message& bad = got[1].message;
+  CHECK(bad.raw_properties == bad_properties);
+  CHECK_FALSE(bad.properties_error);  // nothing is checked before it is decoded
+  const std::error_code error = client::decode_properties(bad);
+  CHECK(error);
+  CHECK(bad.properties_error == error);
+  CHECK(bad.raw_properties == bad_properties);
+  CHECK(bad.properties == amqp::BasicProperties{});
+  CHECK(bad.body == "x");
+  CHECK(channel->is_open());
   test::close(loop, connection);
 }
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -235,6 +236,38 @@ TEST_CASE("A returned parking copy leaves the original unsettled and is publishe
   test::stop(loop, c);
 }
 
+TEST_CASE(
+    "In in_queue mode a forged retryloop-retries near the largest count is parked, not retried "
+    "forever",
+    "[conversation][consumer]") {
+  TestLoop loop;
+  ScriptedPeer::Options options_43;
+  options_43.version = "4.3.6";
+  ScriptedPeer peer(loop.get(), options_43);
+  const auto service = test::make_service("svc",
+                                          R"("mode": "in_queue", "delays": ["1s"], )"
+                                          R"("max_attempts": 3)",
+                                          R"("queue_type": "quorum")");
+  int handled = 0;
+  auto c = test::start(loop, peer_options(peer, service), [&handled](const consumer::Message&) {
+    ++handled;
+    return Outcome::retry("down");
+  });
+  const Consuming at = consuming(peer);
+  amqp::BasicProperties forged;
+  forged.headers.emplace();
+  forged.headers->append("retryloop-retries", std::numeric_limits<int64_t>::max() - 1);
+  forged.headers->append("x-delivery-count", int64_t(1));
+  deliver(peer, at, 1, "forged", forged);
+  REQUIRE(loop.run_until([&] { return !settlement(peer, at, 1).empty(); }));
+  CHECK(settlement(peer, at, 1) == "ack");
+  CHECK(handled == 0);
+  const auto copy = peer.last<amqp::BasicPublish>();
+  CHECK(copy.exchange == "svc.parking");
+  CHECK(c->metrics().parked_delivery_limit == 1);
+  test::stop(loop, c);
+}
+
 TEST_CASE("After a lost connection the consumer connects again, declares again and consumes",
           "[conversation][consumer]") {
   TestLoop loop;
@@ -359,6 +392,59 @@ TEST_CASE("A message an asynchronous handler has not settled stays unsettled unt
       [&] { return settlement(peer, at, 1) == "ack" && settlement(peer, at, 2) == "ack"; }));
   CHECK(c->in_flight() == 0);
   test::stop(loop, c);
+}
+
+TEST_CASE(
+    "A delivery waiting for its handler is decoded only when the handler would start: one whose "
+    "properties cannot be decoded is parked then, or goes back with the others at a stop",
+    "[conversation][consumer]") {
+  TestLoop loop;
+  ScriptedPeer peer(loop.get());
+  const auto service = test::make_service("svc", R"("delays": ["5s"], "max_attempts": 3)");
+  std::vector<std::string> handled;
+  std::vector<consumer::Settle> held;
+  auto c = test::start(loop, peer_options(peer, service),
+                       consumer::AsyncHandler([&](const consumer::Message& m, consumer::Settle s) {
+                         handled.emplace_back(m.message_id());
+                         held.push_back(std::move(s));
+                       }));
+  const Consuming at = consuming(peer);
+  deliver(peer, at, 1, "first");
+  // flags 0x2000 (headers), then a table of 3 bytes: "k" with the unknown type letter 'Z'.
+  const std::string undecodable("\x20\x00\x00\x00\x00\x03\x01kZ", 9);
+  amqp::BasicDeliver second;
+  second.consumer_tag = at.tag;
+  second.delivery_tag = 2;
+  peer.send_raw_content(at.channel, second, undecodable, "{}", at.connection);
+  deliver(peer, at, 3, "third");
+  // Concurrency 1: the first one's handler holds the others back.
+  REQUIRE(loop.run_until([&] { return c->metrics().delivered == 3; }));
+  REQUIRE(held.size() == 1);
+
+  SECTION("its turn comes") {
+    held[0](Outcome::ack());
+    REQUIRE(loop.run_until([&] {
+      return c->metrics().parked_poison == 1 && settlement(peer, at, 2) == "ack" &&
+             held.size() == 2;
+    }));
+    held[1](Outcome::ack());
+    REQUIRE(loop.run_until([&] { return settlement(peer, at, 3) == "ack"; }));
+    CHECK(handled == std::vector<std::string>{"first", "third"});
+    test::stop(loop, c);
+  }
+  SECTION("a stop comes first") {
+    bool stopped = false;
+    c->set_stopped_handler([&](const client::Error&) { stopped = true; });
+    c->stop(30s);
+    held[0](Outcome::ack());
+    REQUIRE(loop.run_until([&] { return stopped; }));
+    CHECK(settlement(peer, at, 1) == "ack");
+    CHECK(settlement(peer, at, 2) == "nack");
+    CHECK(settlement(peer, at, 3) == "nack");
+    CHECK(c->metrics().parked_poison == 0);
+    CHECK(peer.count<amqp::BasicPublish>() == 0);
+    CHECK(handled == std::vector<std::string>{"first"});
+  }
 }
 
 TEST_CASE("A graceful stop closes nothing until its running handler has returned and settled",

@@ -30,7 +30,7 @@ struct Write {
   std::string bytes;
 };
 
-amqp::FieldTable server_properties() {
+amqp::FieldTable server_properties(const std::string& version) {
   amqp::FieldTable capabilities;
   for (const char* name :
        {"publisher_confirms", "exchange_exchange_bindings", "basic.nack", "consumer_cancel_notify",
@@ -40,7 +40,7 @@ amqp::FieldTable server_properties() {
   amqp::FieldTable properties;
   properties.append("capabilities", capabilities);
   properties.append("product", "ScriptedPeer");
-  properties.append("version", "0.0.0");
+  properties.append("version", version);
   return properties;
 }
 
@@ -104,7 +104,7 @@ void ScriptedPeer::on_bytes(Client& c, const char* data, size_t size) {
     amqp::ConnectionStart start;
     start.version_major = 0;
     start.version_minor = 9;
-    start.server_properties = server_properties();
+    start.server_properties = server_properties(options_.version);
     start.mechanisms = "PLAIN AMQPLAIN";
     start.locales = "en_US";
     send(0, start, c.id);

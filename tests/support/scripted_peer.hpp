@@ -10,6 +10,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "retryloop/amqp/frame.hpp"
@@ -59,6 +60,8 @@ class ScriptedPeer {
     /// Confirm each basic.publish on a channel in confirm mode at once (basic.ack); false leaves
     /// confirms to the test.
     bool auto_confirm = true;
+    /// The broker version connection.start announces (server property `version`).
+    std::string version = "0.0.0";
   };
   using Handler = std::function<void(const Received&)>;
 
@@ -92,6 +95,28 @@ class ScriptedPeer {
     std::string out;
     (void)amqp::append_method_frame(out, channel, method);
     (void)amqp::append_header_frame(out, channel, body.size(), properties);
+    amqp::append_body_frames(out, channel, body, options_.frame_max);
+    send_raw(std::move(out), connection);
+  }
+  /// A content method whose header carries `property_bytes` as its property flags and list, as
+  /// they are, so that a test can send what the encoder would refuse to.
+  template <class Method>
+  void send_raw_content(uint16_t channel, const Method& method, std::string_view property_bytes,
+                        const std::string& body, int connection = -1) {
+    std::string out;
+    (void)amqp::append_method_frame(out, channel, method);
+    std::string payload;
+    amqp::Writer header(payload);
+    header.u16(Method::class_id);
+    header.u16(0);  // weight
+    header.u64(body.size());
+    header.raw(property_bytes);
+    amqp::Writer frame(out);
+    frame.u8(static_cast<uint8_t>(amqp::FrameType::header));
+    frame.u16(channel);
+    frame.u32(static_cast<uint32_t>(payload.size()));
+    frame.raw(payload);
+    frame.u8(amqp::kFrameEnd);
     amqp::append_body_frames(out, channel, body, options_.frame_max);
     send_raw(std::move(out), connection);
   }

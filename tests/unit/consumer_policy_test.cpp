@@ -680,3 +680,29 @@ TEST_CASE(
   CHECK(decide(fixed, third, Outcome::retry("down")).delay == 2s);
   CHECK(std::string(to_string(Action::requeue_delayed)) == "requeue_delayed");
 }
+
+TEST_CASE(
+    "In in_queue mode the failed deliveries add to the attempt, saturating, so that a forged "
+    "retryloop-retries near the largest count still parks the message",
+    "[retry]") {
+  FieldTable headers;
+  headers.append("retryloop-retries", std::numeric_limits<int64_t>::max() - 1);
+  headers.append("x-delivery-count", int64_t(5));
+  const AttemptInfo info = read_attempt_info(with_headers(headers), "orders", "e", "k");
+  REQUIRE(info.malformed.empty());
+  REQUIRE(info.delivery_count == 5);
+  CHECK(in_queue_attempt(info) == std::numeric_limits<int64_t>::max());
+
+  AttemptInfo counted = info;
+  counted.attempt = in_queue_attempt(info);
+  auto s = service(topology::RetryMode::in_queue, {300ms, 1s}, 5);
+  s.queue_type = topology::QueueType::quorum;
+  const Decision d = decide(s, counted, Outcome::retry("down"));
+  CHECK(d.action == Action::park);
+  CHECK(d.reason == ParkReason::exhausted);
+
+  AttemptInfo second;
+  second.attempt = 2;
+  second.delivery_count = 1;
+  CHECK(in_queue_attempt(second) == 3);
+}

@@ -23,6 +23,8 @@ inline constexpr uint32_t kFrameOverhead = 8;
 inline constexpr uint32_t kFrameMinSize = 4096;
 /// How far past frame_max an inbound frame may go (see inbound_frame_limit).
 inline constexpr uint32_t kInboundFrameAllowance = 1024 * 1024;
+/// Bytes of a content header payload before the property flags: class, weight, body size.
+inline constexpr size_t kContentHeaderFixedSize = 12;
 /// The 8 bytes a client sends first: "AMQP" 0 0 9 1.
 inline constexpr std::string_view kProtocolHeader{"AMQP\x00\x00\x09\x01", 8};
 
@@ -158,6 +160,10 @@ struct ContentHeader {
 
 /// Decodes a content header frame payload. Only class basic (60) is accepted.
 std::error_code decode_header_frame(std::string_view payload, ContentHeader& out);
+
+/// Decodes the property flags and list of a content header (the payload after its fixed part),
+/// all of them: bytes left over fail with CodecError::trailing_bytes.
+std::error_code decode_properties(std::string_view flags_and_list, BasicProperties& out);
 
 // ---- template implementation ----
 

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <system_error>
 
 #include "retryloop/amqp/properties.hpp"
@@ -19,8 +20,20 @@ struct Message {
   /// they arrived. The connection stays open; the application decides what to do (the retry
   /// consumer parks such a message as poison).
   std::error_code properties_error;
+  /// The property flags and list as they arrived, when they could not be decoded (above) or are
+  /// not decoded yet (ConsumeOptions::raw_properties); empty otherwise.
   std::string raw_properties;
 };
+
+/// Decodes properties kept in wire form (ConsumeOptions::raw_properties) into
+/// `message.properties` and empties `raw_properties`. When they cannot be decoded, sets
+/// `properties_error` and keeps the bytes, as for a message the channel could not decode. Does
+/// nothing to a message whose properties are decoded already, or failed before. Returns
+/// `properties_error`.
+std::error_code decode_properties(Message& message);
+/// Decodes a property flags and list in wire form (Message::raw_properties) into `out`; every
+/// byte must be part of them.
+std::error_code decode_properties(std::string_view flags_and_list, amqp::BasicProperties& out);
 
 /// A message pushed to a consumer (basic.deliver).
 struct Delivery {

@@ -90,6 +90,12 @@ AttemptInfo read_attempt_info(const amqp::BasicProperties& properties, std::stri
                               std::string_view delivery_exchange,
                               std::string_view delivery_routing_key);
 
+/// The attempt a delivery is in in_queue mode, where its quorum queue holds it between attempts
+/// and counts each failed delivery in `x-delivery-count`: `info.attempt` +
+/// `info.delivery_count`, at most INT64_MAX, so that forged counts never wrap to an attempt
+/// below max_attempts.
+int64_t in_queue_attempt(const AttemptInfo& info);
+
 /// True for the headers RabbitMQ owns and republishing must strip: `x-death`,
 /// `x-first-death-*` and `x-last-death-*`.
 bool is_death_header(std::string_view name);
