@@ -99,7 +99,7 @@ TEST_CASE("send refuses a header name or message id over 255 bytes as a usage er
           "[cli][integration]") {
   File file;
   const std::string long_text(256, 'h');
-  Run header = retryloop_command(file.send({"--delay", "1s", "--header", long_text + "=v", "b"}));
+  Run header = retryloop_command(file.send({"--delay", "1s", "b", "--header", long_text + "=v"}));
   INFO(header.err);
   CHECK(header.exit_code == 1);
   CHECK_THAT(header.err, Catch::Contains("--header name"));
@@ -136,7 +136,9 @@ TEST_CASE("send reports a body the broker refuses as refused, with exit 3", "[cl
   } restore;
   const std::string body = file.path + ".body";
   std::ofstream(body, std::ios::binary) << std::string(2u << 20, 'x');
-  Run run = retryloop_command(file.send({"--delay", "1s", "--file", body}));
+  // Due now: through the default exchange, which exists on every version (RabbitMQ 4 looks the
+  // exchange up before it checks the size).
+  Run run = retryloop_command(file.send({"--delay", "0ms", "--file", body}));
   fs::remove(body);
   INFO(run.err);
   CHECK(run.exit_code == 3);
