@@ -4,7 +4,10 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <iostream>
@@ -67,13 +70,31 @@ std::pair<size_t, size_t> password_span(const std::string& url) {
   return {colon + 1, at};
 }
 
+/// `text` with each valid %XX replaced by its byte; the rest is kept as it is.
+std::string lenient_percent_decode(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '%' && i + 2 < text.size() &&
+        std::isxdigit(static_cast<unsigned char>(text[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(text[i + 2]))) {
+      out += static_cast<char>(std::stoi(text.substr(i + 1, 2), nullptr, 16));
+      i += 2;
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
+
 /// A URL parser's message with every quoted '...' value that may come from the password replaced
-/// by '***'. A value is kept only when it occurs in `url` outside the password (a scheme, a port,
-/// a query option) and is no part of the password.
+/// by '***'. A value is kept when it occurs in `url` outside the password (a scheme, a port, a
+/// query option), or nowhere in `url` (what the parser expected, such as ']'), and is no part of
+/// the password, as written or decoded.
 std::string hide_quoted_secrets(const std::string& message, const std::string& url) {
   auto [begin, end] = password_span(url);
   if (begin == end) return hide_passwords(message);
   const std::string secret = url.substr(begin, end - begin);
+  const std::string decoded_secret = lenient_percent_decode(secret);
   std::string out;
   size_t pos = 0;
   while (true) {
@@ -84,13 +105,15 @@ std::string hide_quoted_secrets(const std::string& message, const std::string& u
       break;
     }
     std::string value = message.substr(open + 1, close - open - 1);
-    bool outside = false;
+    bool outside = url.find(value) == std::string::npos;
     for (size_t at = url.find(value); !value.empty() && at != std::string::npos;
          at = url.find(value, at + 1)) {
       if (at + value.size() <= begin || at >= end) outside = true;
     }
     bool secret_part = !value.empty() && (secret.find(value) != std::string::npos ||
-                                          value.find(secret) != std::string::npos);
+                                          value.find(secret) != std::string::npos ||
+                                          decoded_secret.find(value) != std::string::npos ||
+                                          value.find(decoded_secret) != std::string::npos);
     out += message.substr(pos, open - pos);
     out += outside && !secret_part ? "'" + value + "'" : std::string("'***'");
     pos = close + 1;
@@ -308,6 +331,21 @@ int error_exit(const client::Error& error, const std::string& what) {
       error.code == client::make_error_code(client::ClientError::heartbeat_timeout) ||
       error.code == client::make_error_code(client::ClientError::connection_closed);
   return connection ? exit_connection : exit_broker_refused;
+}
+
+CLI::Validator whole_number(int64_t min, int64_t max) {
+  const std::string range = max == INT64_MAX
+                                ? std::to_string(min) + " or more"
+                                : "from " + std::to_string(min) + " to " + std::to_string(max);
+  return CLI::Validator(
+      [min, max, range](std::string& text) -> std::string {
+        int64_t value = 0;
+        const char* end = text.data() + text.size();
+        auto [stop, error] = std::from_chars(text.data(), end, value);
+        if (error == std::errc() && stop == end && value >= min && value <= max) return {};
+        return "must be a whole number " + range + ", not '" + preview(text, 30) + "'";
+      },
+      "N");
 }
 
 std::chrono::milliseconds duration_or_fail(const std::string& option, const std::string& text) {

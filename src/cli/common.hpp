@@ -8,6 +8,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <iosfwd>
 #include <memory>
@@ -76,6 +77,10 @@ int error_exit(const client::Error& error, const std::string& what);
 
 /// A duration option's value (`30s`, `5m`); throws Failure(exit_usage) naming the option.
 std::chrono::milliseconds duration_or_fail(const std::string& option, const std::string& text);
+
+/// Checks a whole-number option's text before CLI11 converts it (which would wrap "-5" around in
+/// an unsigned option): "must be a whole number from MIN to MAX".
+CLI::Validator whole_number(int64_t min, int64_t max);
 
 /// Loads and validates a topology file and selects `services` (all when empty). Prints every
 /// problem to stderr and throws Failure(exit_invalid_file) when the file is invalid, or

@@ -798,7 +798,7 @@ void add_parking_commands(CLI::App& app, int& exit_code) {
   stats
       ->add_option("--fail-above", stats_args->fail_above,
                    "Exit 5 when the parking depth is above N")
-      ->check(CLI::NonNegativeNumber)
+      ->check(whole_number(0, INT64_MAX))
       ->type_name("N");
   stats->callback([args = stats_args, &exit_code] { exit_code = run_stats(*args); });
 
@@ -825,7 +825,7 @@ void add_parking_commands(CLI::App& app, int& exit_code) {
   replay
       ->add_option("--window", replay_args->window,
                    "Copies awaiting confirms at once (default 500)")
-      ->check(CLI::Range(1, 65535))
+      ->check(whole_number(1, 65535))
       ->type_name("N");
   replay->callback([args = replay_args, &exit_code] { exit_code = run_replay(*args); });
 

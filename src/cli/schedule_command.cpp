@@ -10,6 +10,7 @@
 #include <cctype>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -38,9 +39,10 @@ const char* const schedule_exit_codes_help =
     "Exit codes:\n"
     "  0  success\n"
     "  1  usage error (unknown option, missing argument, bad URL, a queue the file does not "
-    "schedule for)\n"
+    "schedule for, a body over 128 MiB, a message id or header name over 255 bytes)\n"
     "  2  the topology file is unreadable or invalid, or has no top-level delay_levels\n"
-    "  3  the broker refused a message (returned or nacked), or the levels are not applied; the "
+    "  3  the broker refused a message (returned, nacked, or refused such as a body over its "
+    "max_message_size), or the levels are not applied; the "
     "database has no retryloop tables (cancel)\n"
     "  4  cannot connect, or the connection failed before every message was confirmed\n"
     "  6  standard output could not be written (a closed pipe, a full disk)";
@@ -96,8 +98,29 @@ topology::Schedule load_schedule(const std::string& file) {
   return schedule_of(load_topology_or_fail(file, {}), file);
 }
 
+/// The largest body send publishes: RabbitMQ 3.x's default max_message_size (4.x's is 16 MiB; a
+/// broker that refuses a smaller body is reported as refusing it).
+constexpr size_t max_body_bytes = size_t(128) << 20;
+
+std::string too_large(const std::string& what, const std::string& size) {
+  return what + " is " + size + " bytes; send publishes at most " + std::to_string(max_body_bytes) +
+         " bytes (128 MiB) in one message, the most RabbitMQ accepts by default";
+}
+
 std::string read_all(std::istream& in) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+/// The whole input of one message; refuses one over max_body_bytes as soon as it is read.
+std::string read_body(std::istream& in, const std::string& what) {
+  std::string text;
+  char buffer[65536];
+  while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
+    text.append(buffer, static_cast<size_t>(in.gcount()));
+    if (text.size() > max_body_bytes)
+      throw Failure(exit_usage, too_large(what, "over " + std::to_string(max_body_bytes)));
+  }
+  return text;
 }
 
 /// The message bodies a send names: BODY, `-` (standard input) or --file, whole or by line.
@@ -105,11 +128,16 @@ std::vector<std::string> bodies(const SendArgs& args) {
   std::string text;
   if (!args.file.empty()) {
     if (!args.body.empty()) throw Failure(exit_usage, "give BODY or --file, not both");
+    std::error_code error;
+    const auto size = std::filesystem::file_size(args.file, error);
+    if (!error && !args.lines && size > max_body_bytes) {
+      throw Failure(exit_usage, too_large("--file " + args.file, std::to_string(size)));
+    }
     std::ifstream in(args.file, std::ios::binary);
     if (!in) throw Failure(exit_usage, "cannot read --file " + args.file);
-    text = read_all(in);
+    text = args.lines ? read_all(in) : read_body(in, "--file " + args.file);
   } else if (args.body == "-" || (args.body.empty() && !isatty(STDIN_FILENO))) {
-    text = read_all(std::cin);
+    text = args.lines ? read_all(std::cin) : read_body(std::cin, "standard input");
     if (args.body.empty() && text.empty()) {
       throw Failure(exit_usage, "no message: give BODY, - (standard input) or --file FILE");
     }
@@ -118,20 +146,39 @@ std::vector<std::string> bodies(const SendArgs& args) {
   } else {
     text = args.body;
   }
-  if (!args.lines) return {text};
+  if (!args.lines) {
+    if (text.size() > max_body_bytes)
+      throw Failure(exit_usage, too_large("BODY", std::to_string(text.size())));
+    return {text};
+  }
   std::vector<std::string> out;
   std::istringstream in(text);
   std::string line;
   while (std::getline(in, line)) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.size() > max_body_bytes) {
+      throw Failure(exit_usage,
+                    too_large("line " + std::to_string(out.size() + 1) + " of the input",
+                              std::to_string(line.size())));
+    }
     if (!line.empty()) out.push_back(line);
   }
   if (out.empty()) throw Failure(exit_usage, "--lines: the input has no non-empty line");
   return out;
 }
 
+/// AMQP carries property values and header names as short strings: at most 255 bytes.
+void check_short_string(const std::string& what, const std::string& value) {
+  if (value.size() > 255) {
+    throw Failure(exit_usage, what + " '" + preview(value, 40) + "' is " +
+                                  std::to_string(value.size()) +
+                                  " bytes long; AMQP allows at most 255");
+  }
+}
+
 amqp::BasicProperties base_properties(const SendArgs& args) {
   amqp::BasicProperties properties;
+  check_short_string("--content-type", args.content_type);
   if (!args.content_type.empty()) properties.content_type = args.content_type;
   for (const auto& header : args.headers) {
     const size_t equals = header.find('=');
@@ -139,6 +186,7 @@ amqp::BasicProperties base_properties(const SendArgs& args) {
       throw Failure(exit_usage, "--header '" + header + "' is not NAME=VALUE");
     }
     const std::string name = header.substr(0, equals);
+    check_short_string("--header name", name);
     if (name.rfind("x-", 0) == 0 || name.rfind("retryloop-", 0) == 0) {
       throw Failure(exit_usage, "--header '" + name +
                                     "': headers beginning with x- or retryloop- belong to "
@@ -222,18 +270,24 @@ class Sender : public std::enable_shared_from_this<Sender> {
       ++scheduled_;
       print(result);
     } else {
-      const bool lost = result.publish.status == client::PublishStatus::failed;
+      // The broker closes the channel with 403 to 406 when it refuses what was published (a body
+      // over its max_message_size is 406): a refusal, not a lost connection.
+      const uint16_t reply = result.publish.error.reply_code;
+      const bool refused =
+          result.publish.status == client::PublishStatus::failed && reply >= 403 && reply <= 406;
+      const bool lost = result.publish.status == client::PublishStatus::failed && !refused;
       std::cerr << "retryloop: send: message " << result.message_id << " was not scheduled: "
                 << (result.publish.status == client::PublishStatus::returned
                         ? "returned by the broker (" + result.publish.error.message() +
                               "): queue " + args_.queue + " does not exist"
                     : result.publish.status == client::PublishStatus::nacked
                         ? std::string("nacked by the broker")
-                        : "the connection ended first (" + result.publish.error.message() +
-                              "); it may or may not be held")
+                    : refused ? "refused by the broker (" + result.publish.error.message() + ")"
+                              : "the connection ended first (" + result.publish.error.message() +
+                                    "); it may or may not be held")
                 << "\n";
       worst_ = std::max(worst_, lost ? int(exit_connection) : int(exit_broker_refused));
-      if (lost) stopped_ = true;
+      if (lost || refused) stopped_ = true;  // a refusal closed the channel too
     }
     progress(false);
     if (settled_ == next_ && (stopped_ || next_ == bodies_.size())) {
@@ -318,7 +372,10 @@ int run_send(const SendArgs& args) {
     throw Failure(exit_usage, e.what());
   }
   std::vector<std::string> messages = bodies(args);
-  if (args.window == 0) throw Failure(exit_usage, "--window must be at least 1");
+  (void)base_properties(args);
+  check_short_string("--message-id", messages.size() == 1
+                                         ? args.message_id
+                                         : args.message_id + "-" + std::to_string(messages.size()));
   return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
     std::make_shared<Sender>(args, schedule, std::move(messages), delay, at_ms, done)
         ->start(connection);
@@ -562,7 +619,10 @@ std::optional<int64_t> parse_time(const std::string& text) {
              std::isdigit(static_cast<unsigned char>(rest[2])) &&
              std::isdigit(static_cast<unsigned char>(rest[4])) &&
              std::isdigit(static_cast<unsigned char>(rest[5]))) {
-    offset_minutes = std::stoi(rest.substr(1, 2)) * 60 + std::stoi(rest.substr(4, 2));
+    const int offset_hours = std::stoi(rest.substr(1, 2));
+    const int offset_rest = std::stoi(rest.substr(4, 2));
+    if (offset_hours > 23 || offset_rest > 59) return std::nullopt;  // as RFC 3339 allows
+    offset_minutes = offset_hours * 60 + offset_rest;
     if (rest[0] == '-') offset_minutes = -offset_minutes;
   } else {
     return std::nullopt;  // no zone: a time without one means something else on every machine
@@ -619,6 +679,7 @@ void add_schedule_commands(CLI::App& app, int& exit_code) {
   send->add_flag("--lines", send_args->lines, "Each non-empty line of the input is a message");
   send->add_flag("--json", send_args->json, "One JSON object per scheduled message");
   send->add_option("--window", send_args->window, "Messages awaiting confirms at once (1000)")
+      ->check(whole_number(1, 65535))
       ->type_name("N");
   send->add_option("body", send_args->body, "The message body; - reads standard input")
       ->type_name("BODY");

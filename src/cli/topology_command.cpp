@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -161,6 +162,9 @@ nlohmann::json outage_by_service(const topology::Topology& t) {
 void print_plan(const std::string& file, const topology::Topology& t, const topology::Plan& plan) {
   std::cout << file << ": " << service_names(t) << ", " << plural(plan.actions.size(), "step")
             << ". Nothing is sent to a broker.\n";
+  std::map<std::string, const topology::Service*> by_name;
+  for (const auto& s : t.services)
+    by_name.emplace(s.name, &s);
   std::string current;
   Table table;
   size_t step = 0;
@@ -170,12 +174,11 @@ void print_plan(const std::string& file, const topology::Topology& t, const topo
     const std::string owner = a.services.empty() ? std::string() : a.services.front();
     if (owner != current) {
       current = owner;
-      for (const auto& s : t.services) {
-        if (s.name == owner) {
-          table.add_line("");
-          table.add_line(service_summary(s));
-          table.add_line("  " + topology::describe_outage(s.outage));
-        }
+      auto service = by_name.find(owner);
+      if (service != by_name.end()) {
+        table.add_line("");
+        table.add_line(service_summary(*service->second));
+        table.add_line("  " + topology::describe_outage(service->second->outage));
       }
     }
     Columns c = columns(a);

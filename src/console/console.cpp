@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -84,8 +85,18 @@ std::optional<nlohmann::json> json_body(const httplib::Request& request,
                    " levels");
     return std::nullopt;
   }
-  nlohmann::json body = nlohmann::json::parse(request.body, nullptr, false);
-  if (body.is_discarded() || !body.is_object()) {
+  nlohmann::json body;
+  try {
+    body = nlohmann::json::parse(request.body);
+  } catch (const nlohmann::json::exception& e) {
+    // "[json.exception.out_of_range.406] number overflow parsing '1e309'": the text after the tag.
+    std::string what = e.what();
+    what = what.substr(what.find("] ") == std::string::npos ? 0 : what.find("] ") + 2);
+    if (what.size() > 200) what = what.substr(0, 197) + "...";
+    send_error(response, 400, "the request body is not valid JSON: " + what);
+    return std::nullopt;
+  }
+  if (!body.is_object()) {
     send_error(response, 400, "the request body must be a JSON object");
     return std::nullopt;
   }
@@ -319,6 +330,10 @@ const char* to_string(Role role) {
 }
 
 std::vector<Identity> read_identities(const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    throw std::invalid_argument("the tokens file " + path + " is a directory");
+  }
   std::ifstream in(path);
   if (!in) throw std::invalid_argument("cannot read the tokens file " + path);
   std::vector<Identity> identities;

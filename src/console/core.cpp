@@ -7,6 +7,7 @@
 #include <string_view>
 #include <utility>
 
+#include "retryloop/amqp/printable.hpp"
 #include "retryloop/console/detail/api.hpp"
 #include "retryloop/parking/parked_json.hpp"
 #include "retryloop/random/os_random.hpp"
@@ -597,7 +598,8 @@ void Core::log_action(const Job& job) const {
                         : job.kind == Job::Kind::purge ? "deleted"
                         : job.kind == Job::Kind::edit  ? "sent"
                                                        : "matched",
-                        p.moved, p.skipped, p.failed, job.error.empty() ? "" : ": ", job.error);
+                        p.moved, p.skipped, p.failed, job.error.empty() ? "" : ": ",
+                        amqp::printable(job.error));
 }
 
 void Core::stop(bool at_once, std::function<void()> done) {
@@ -928,7 +930,8 @@ Reply Core::request_action(Job::Kind kind, nlohmann::json request, const std::st
   job->asked = asked;
   if (options_.logger && kind != Job::Kind::count) {
     options_.logger->info("console: {}: {} {} requested from {}, filter {}", service_.name,
-                          kind_name(kind), job->id, who, dump(job->filter_json));
+                          kind_name(kind), job->id, amqp::printable(who),
+                          amqp::printable(dump(job->filter_json)));
   }
   jobs_.push_action(job);
   run_next();
@@ -1033,7 +1036,7 @@ Reply Core::request_edit(const nlohmann::json& request, const std::string& who) 
   job->edit = std::move(edit);
   if (options_.logger) {
     options_.logger->info("console: {}: edit {} of {} requested from {}", service_.name, job->id,
-                          job->edit.message_id, who);
+                          amqp::printable(job->edit.message_id), amqp::printable(who));
   }
   jobs_.push_action(job);
   run_next();

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "consumer_impl.hpp"
+#include "retryloop/amqp/printable.hpp"
 #include "retryloop/topology/duration.hpp"
 #include "retryloop/topology/plan.hpp"
 
@@ -570,16 +571,19 @@ void ConsumerImpl::log_outcome(const Pending& pending, const char* what,
     detail = std::string(" reason=") + to_string(decision.reason);
   }
   log->log(level, "{} outcome={}{}{}{}", message_fields(pending), what, detail,
-           text.empty() ? "" : " error=", text.empty() ? std::string() : "\"" + text + "\"");
+           text.empty() ? "" : " error=",
+           text.empty() ? std::string() : "\"" + amqp::printable(text) + "\"");
 }
 
 std::string ConsumerImpl::message_fields(const Pending& pending) const {
-  std::string fields = "service=" + options_.service.name +
-                       " queue=" + topology::input_queue_name(options_.service) + " message_id=" +
-                       (pending.message ? std::string(pending.message->message_id()) : "");
+  std::string fields = "service=" + amqp::printable(options_.service.name) +
+                       " queue=" + amqp::printable(topology::input_queue_name(options_.service)) +
+                       " message_id=" + (pending.message ? amqp::printable(pending.message->message_id()) : std::string());
   if (pending.handling) {
     fields += " attempt=" + std::to_string(pending.handling->info.attempt);
-    if (pending.handling->trace) fields += " trace_id=" + pending.handling->trace->trace_id;
+    if (pending.handling->trace) {
+      fields += " trace_id=" + amqp::printable(pending.handling->trace->trace_id);
+    }
   }
   return fields;
 }

@@ -16,6 +16,7 @@
 #include <set>
 #include <vector>
 
+#include "retryloop/amqp/printable.hpp"
 #include "retryloop/client/channel.hpp"
 #include "retryloop/outbox/outbox.hpp"
 #include "retryloop/outbox/schema.hpp"
@@ -245,7 +246,7 @@ std::string RelayImpl::start() {
       lanes_.clear();
       return error.what();
     }
-    if (auto* l = log()) l->warn("outbox relay: {}; trying again", error.what());
+    if (auto* l = log()) l->warn("outbox relay: {}; trying again", amqp::printable(error.what()));
   }
   started_ = true;
   self_ = shared_from_this();
@@ -339,7 +340,7 @@ void RelayImpl::close_poll() {
 
 void RelayImpl::drop_database(Lane& lane, const std::string& why) {
   ++stats.database_errors;
-  if (auto* l = log()) l->warn("outbox relay: database: {}", why);
+  if (auto* l = log()) l->warn("outbox relay: database: {}", amqp::printable(why));
   if (lane.index == 0) close_poll();  // before the connection closes its socket
   lane.database.reset();
 }
@@ -476,7 +477,8 @@ void RelayImpl::cycle() {
   } catch (const store::StoreError& error) {
     if (error.kind() == store::ErrorKind::schema) return finish(error.what());
     ++stats.database_errors;
-    if (auto* l = log()) l->warn("outbox relay: database: {}; trying again", error.what());
+    if (auto* l = log())
+      l->warn("outbox relay: database: {}; trying again", amqp::printable(error.what()));
     if (!busy()) wake(options_.recovery.delay(database_failures_++));
     return;
   }
@@ -484,7 +486,7 @@ void RelayImpl::cycle() {
   try {
     if (!take_file_lock(*lane->database)) return wake(poll_interval_);
   } catch (const store::StoreError& error) {
-    if (auto* l = log()) l->warn("outbox relay: {}; trying again", error.what());
+    if (auto* l = log()) l->warn("outbox relay: {}; trying again", amqp::printable(error.what()));
     return wake(options_.recovery.delay(database_failures_++));
   }
   if (options_.retain_published.count() > 0 &&
@@ -754,7 +756,7 @@ void RelayImpl::mark_failed(store::Database& database, int64_t id, const std::st
       "UPDATE retryloop_outbox SET state = 'failed', attempts = attempts + 1, last_error = $1, "
       "updated_at = $2 WHERE id = $3",
       {error, now_ms(), id});
-  if (auto* l = log()) l->error("outbox relay: row {} failed: {}", id, error);
+  if (auto* l = log()) l->error("outbox relay: row {} failed: {}", id, amqp::printable(error));
 }
 
 void RelayImpl::clean_up(Lane& lane) {
@@ -799,7 +801,7 @@ void RelayImpl::finish(std::string error) {
   if (finished_) return;
   finished_ = true;
   stopping_ = true;
-  if (!error.empty() && log()) log()->error("outbox relay: {}", error);
+  if (!error.empty() && log()) log()->error("outbox relay: {}", amqp::printable(error));
   final_error_ = std::move(error);
   if (signals_) signals_->close();
   channel_.reset();

@@ -2,6 +2,7 @@
 #include "retryloop/random/os_random.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <utility>
@@ -22,6 +23,13 @@ std::string queue_list(const topology::Schedule& schedule) {
   for (const auto& queue : schedule.queues)
     out += (out.empty() ? "" : ", ") + queue;
   return out;
+}
+
+/// `delay` rounded up to whole seconds; unlike std::chrono::ceil, it cannot overflow.
+std::chrono::milliseconds whole_seconds_up(std::chrono::milliseconds delay) {
+  const int64_t ms = delay.count();
+  const int64_t seconds = ms / 1000 + (ms % 1000 > 0 ? 1 : 0);
+  return seconds > INT64_MAX / 1000 ? delay : std::chrono::milliseconds(seconds * 1000);
 }
 
 }  // namespace
@@ -45,7 +53,7 @@ ScheduledCopy make_scheduled_copy(const topology::Schedule& schedule, const std:
   const topology::DelayRoute route = topology::delay_route(target, delay);
   if (route.capped) {
     throw std::invalid_argument(
-        "a delay of " + topology::duration_label(std::chrono::ceil<std::chrono::seconds>(delay)) +
+        "a delay of " + topology::duration_label(whole_seconds_up(delay)) +
         " is longer than the delay levels' " +
         topology::duration_label(topology::longest_level_delay(target)) +
         ", so the message would arrive early; raise delay_levels.max in the topology file");

@@ -1,11 +1,12 @@
 #include "retryloop/topology/topology.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <stdexcept>
+#include <tuple>
 
+#include "retryloop/amqp/printable.hpp"
 #include "retryloop/topology/delay_levels.hpp"
 #include "retryloop/topology/duration.hpp"
 
@@ -57,27 +58,18 @@ bool valid_utf8(std::string_view s) {
   return true;
 }
 
-/// A name for messages: quoted, control characters (and, in a name that is not UTF-8, every byte
-/// above 0x7F) escaped, long names shortened at a character boundary.
+/// A name for messages: quoted, escaped as amqp::printable does (control characters, C1 and
+/// bidirectional controls, bytes that are not UTF-8), long names shortened at a character boundary.
 std::string quote(std::string_view name) {
-  std::string out = "\"";
   const bool utf8 = valid_utf8(name);
   size_t shown = std::min<size_t>(name.size(), 60);
   while (utf8 && shown < name.size() && (static_cast<unsigned char>(name[shown]) & 0xC0) == 0x80) {
     --shown;
   }
-  for (size_t i = 0; i < shown; ++i) {
-    auto c = static_cast<unsigned char>(name[i]);
-    if (c < 0x20 || c == 0x7F || (!utf8 && c >= 0x80)) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02X", c);
-      out += buf;
-    } else if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else {
-      out += static_cast<char>(c);
-    }
+  std::string out = "\"";
+  for (char c : amqp::printable(name.substr(0, shown))) {
+    if (c == '"') out += '\\';
+    out += c;
   }
   if (shown < name.size()) out += "...";
   out += "\"";
@@ -261,6 +253,7 @@ class Validator {
         }
         break;
     }
+    std::map<BindingKey, size_t> bindings;
     for (size_t k = 0; k < input.bindings.size(); ++k) {
       const Binding& binding = input.bindings[k];
       const std::string bk = b + "[" + std::to_string(k) + "]";
@@ -305,27 +298,25 @@ class Validator {
           add(service.name, bk, "the routing key is not valid UTF-8");
         }
       }
-      for (size_t j = 0; j < k; ++j) {
-        if (same_binding(input.bindings[j], binding)) {
-          std::string what = input.type == ExchangeType::headers
-                                 ? std::string("binding")
-                                 : "binding " + quote(binding.routing_key);
-          add(service.name, bk,
-              "duplicate " + what + " (same as bindings[" + std::to_string(j) + "])");
-          break;
-        }
+      auto [first, inserted] = bindings.emplace(binding_key(binding), k);
+      if (!inserted) {
+        std::string what = input.type == ExchangeType::headers
+                               ? std::string("binding")
+                               : "binding " + quote(binding.routing_key);
+        add(service.name, bk,
+            "duplicate " + what + " (same as bindings[" + std::to_string(first->second) + "])");
       }
     }
   }
 
-  static bool same_binding(const Binding& a, const Binding& b) {
-    if (a.routing_key != b.routing_key || a.match != b.match) return false;
-    auto ha = a.headers;
-    auto hb = b.headers;
-    auto by_name = [](const auto& x, const auto& y) { return x.first < y.first; };
-    std::sort(ha.begin(), ha.end(), by_name);
-    std::sort(hb.begin(), hb.end(), by_name);
-    return ha == hb;
+  /// What makes two bindings the same: the key, the match and the headers in any order.
+  using BindingKey =
+      std::tuple<std::string, HeadersMatch, std::vector<std::pair<std::string, HeaderValue>>>;
+
+  static BindingKey binding_key(const Binding& binding) {
+    BindingKey key{binding.routing_key, binding.match, binding.headers};
+    std::sort(std::get<2>(key).begin(), std::get<2>(key).end());
+    return key;
   }
 
   void check_ttl(const Service& service, const std::string& path, std::chrono::milliseconds value,
@@ -541,7 +532,10 @@ class Validator {
     std::string what;
   };
 
+  static constexpr size_t no_service = static_cast<size_t>(-1);
+
   std::string owner_text(const Owner& owner) const {
+    if (owner.service == no_service) return owner.what;
     const Service& s = topology_.services[owner.service];
     return owner.what + " of service " + quote(s.name) + " (" + service_path(owner.service) + ")";
   }
@@ -569,6 +563,10 @@ class Validator {
       claim(exchanges, wait_exchange_name(s.name), "exchange", "wait exchange");
       // The parking exchange has the parking queue's name: a clash shows on the queue already.
       exchanges.emplace(parking_exchange_name(s.name), Owner{i, "parking exchange"});
+    }
+    if (topology_.audit) {
+      queues.emplace(audit_stream_name(),
+                     Owner{no_service, "audit stream of the top-level \"audit\""});
     }
     std::map<std::string, size_t> inputs;
     for (size_t i = 0; i < topology_.services.size(); ++i) {

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cerrno>
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -69,8 +70,10 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
-/// Finds duplicate keys (which JSON parsers silently collapse) while nlohmann parses, and keeps
-/// the nesting depth bounded.
+/// Finds duplicate keys (which JSON parsers silently collapse) in a pass over the text of its own
+/// (json::sax_parse), and keeps the nesting depth bounded. A parse callback would do it in the same
+/// pass, but nlohmann's callback parser looks through the whole enclosing array at the end of each
+/// object, which makes a long array of objects take quadratic time.
 class KeyWatcher {
  public:
   struct Duplicate {
@@ -79,30 +82,26 @@ class KeyWatcher {
   };
   struct TooDeep {};
 
-  bool operator()(int depth, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        if (depth > max_depth) throw TooDeep{};
-        frames_.push_back({event == json::parse_event_t::array_start, 0, {}, {}});
-        break;
-      case json::parse_event_t::key: {
-        Frame& top = frames_.back();
-        std::string key = parsed.get<std::string>();
-        if (!top.keys.insert(key).second) duplicates.push_back({join(key), key});
-        top.key = key;
-        break;
-      }
-      case json::parse_event_t::value:
-        advance();
-        break;
-      case json::parse_event_t::object_end:
-      case json::parse_event_t::array_end:
-        frames_.pop_back();
-        advance();
-        break;
-    }
+  bool null() { return advance(); }
+  bool boolean(bool) { return advance(); }
+  bool number_integer(json::number_integer_t) { return advance(); }
+  bool number_unsigned(json::number_unsigned_t) { return advance(); }
+  bool number_float(json::number_float_t, const json::string_t&) { return advance(); }
+  bool string(json::string_t&) { return advance(); }
+  bool binary(json::binary_t&) { return advance(); }
+  bool start_object(std::size_t) { return start(false); }
+  bool start_array(std::size_t) { return start(true); }
+  bool end_object() { return end(); }
+  bool end_array() { return end(); }
+  bool key(json::string_t& key) {
+    Frame& top = frames_.back();
+    if (!top.keys.insert(key).second) duplicates.push_back({join(key), key});
+    top.key = key;
     return true;
+  }
+  /// The text is not JSON: the parse that follows reports it.
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) {
+    return false;
   }
 
   std::vector<Duplicate> duplicates;
@@ -115,8 +114,20 @@ class KeyWatcher {
     std::set<std::string> keys;
   };
 
-  void advance() {
+  bool advance() {
     if (!frames_.empty() && frames_.back().array) ++frames_.back().index;
+    return true;
+  }
+
+  bool start(bool array) {
+    if (static_cast<int>(frames_.size()) > max_depth) throw TooDeep{};
+    frames_.push_back({array, 0, {}, {}});
+    return true;
+  }
+
+  bool end() {
+    frames_.pop_back();
+    return advance();
   }
 
   std::string join(const std::string& last) const {
@@ -140,10 +151,19 @@ class Reader {
   ParseResult run(std::string_view text, std::string source) {
     ParseResult result;
     result.source = std::move(source);
+    const size_t nul = text.find('\0');
+    if (nul != std::string_view::npos) {
+      const auto [line, column] = position(text, nul);
+      result.errors.push_back({"", "",
+                               "a NUL byte, which JSON text never holds; is it a topology file?",
+                               line, column});
+      return result;
+    }
     KeyWatcher watcher;
     json root;
     try {
-      root = json::parse(text.begin(), text.end(), std::ref(watcher), true, false);
+      json::sax_parse(text.begin(), text.end(), &watcher, json::input_format_t::json, true, false);
+      root = json::parse(text.begin(), text.end(), nullptr, true, false);
     } catch (const json::parse_error& e) {
       result.errors.push_back(malformed(text, e));
       return result;
@@ -206,10 +226,10 @@ class Reader {
     return detail.substr(0, begin) + read + detail.substr(end);
   }
 
-  static TopologyError malformed(std::string_view text, const json::parse_error& e) {
-    size_t end = std::min<size_t>(e.byte == 0 ? 0 : e.byte - 1, text.size());
+  /// The line and column (both from 1) of the byte at `offset`.
+  static std::pair<size_t, size_t> position(std::string_view text, size_t offset) {
     size_t line = 1, column = 1;
-    for (size_t i = 0; i < end; ++i) {
+    for (size_t i = 0; i < offset; ++i) {
       if (text[i] == '\n') {
         ++line;
         column = 1;
@@ -217,6 +237,12 @@ class Reader {
         ++column;
       }
     }
+    return {line, column};
+  }
+
+  static TopologyError malformed(std::string_view text, const json::parse_error& e) {
+    size_t end = std::min<size_t>(e.byte == 0 ? 0 : e.byte - 1, text.size());
+    const auto [line, column] = position(text, end);
     std::string what = e.what();
     // "[json.exception.parse_error.101] parse error at line 1, column 2: syntax error ..."
     size_t at = what.find("column ");
@@ -244,11 +270,11 @@ class Reader {
     bad_.insert(path);
   }
 
+  /// Whether `path` or a path it lies under ("a.b" under "a", "a[1]") had an error already.
   bool suppressed(const std::string& path) const {
-    for (const auto& bad : bad_) {
-      if (path.compare(0, bad.size(), bad) == 0 &&
-          (path.size() == bad.size() || path[bad.size()] == '.' || path[bad.size()] == '[')) {
-        return true;
+    for (size_t end = 0; end <= path.size(); ++end) {
+      if (end == path.size() || path[end] == '.' || path[end] == '[') {
+        if (bad_.count(path.substr(0, end)) > 0) return true;
       }
     }
     return false;
@@ -392,6 +418,13 @@ class Reader {
       return static_cast<int64_t>(v);
     }
     if (value->is_number_integer()) return value->get<int64_t>();
+    // A whole number beyond 64 bits is parsed as a double.
+    if (value->is_number_float() && std::trunc(value->get<double>()) == value->get<double>()) {
+      error(p, value->get<double>() > 0
+                   ? "must be at most " + std::to_string(max)
+                   : std::string("is too far below zero for a whole number of 64 bits"));
+      return std::nullopt;
+    }
     error(p, std::string("must be a whole number, not ") + type_name(*value));
     return std::nullopt;
   }
