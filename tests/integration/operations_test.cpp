@@ -23,6 +23,7 @@
 #include "retryloop/topology/topology_json.hpp"
 #include "support/consumer_fixture.hpp"
 #include "support/harness.hpp"
+#include "support/http_clients.hpp"
 #include "support/process.hpp"
 #include "support/tcp_proxy.hpp"
 
