@@ -201,8 +201,11 @@ BoundedServer::~BoundedServer() = default;
 
 int BoundedServer::bind(const std::string& host, int port) {
   errno = 0;
-  if (port == 0) return bind_to_any_port(host);
-  return bind_to_port(host, port) ? port : -1;
+  const int bound = port == 0 ? bind_to_any_port(host) : bind_to_port(host, port) ? port : -1;
+  // httplib listens with a backlog of 5: a burst of connections would wait for SYN retries
+  // while the listener starts their threads. Listening again sets the backlog.
+  if (bound >= 0) ::listen(svr_sock_, int(limits_.max_connections));
+  return bound;
 }
 
 void BoundedServer::set_refusal_writer(RefusalWriter writer) {
