@@ -603,9 +603,11 @@ std::string console_token(const ParkingArgs& args) {
   std::string token = args.token;
   std::string source = "--token (or RETRYLOOP_CONSOLE_TOKEN)";
   if (!args.token_file.empty()) {
-    std::ifstream file(args.token_file, std::ios::binary);
-    if (!file) throw Failure(exit_usage, "--token-file: cannot read " + args.token_file);
-    token.assign(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+    try {
+      token = console::read_token_file(args.token_file);
+    } catch (const std::invalid_argument& e) {
+      throw Failure(exit_usage, std::string("--token-file: ") + e.what());
+    }
     while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) {
       token.pop_back();
     }

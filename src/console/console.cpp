@@ -20,6 +20,8 @@
 #include "retryloop/client/loop_bridge.hpp"
 #include "retryloop/console/detail/api.hpp"
 #include "retryloop/console/detail/audit_trail.hpp"
+#include "retryloop/http/bounded_server.hpp"
+#include "retryloop/parking/parked_json.hpp"
 #include "retryloop/process/stop_signals.hpp"
 
 namespace retryloop::console {
@@ -79,6 +81,12 @@ void answer(LoopBridge& bridge, httplib::Response& response, std::function<Reply
 
 std::optional<nlohmann::json> json_body(const httplib::Request& request,
                                         httplib::Response& response) {
+  if (request.body.empty()) {
+    send_error(response, 400,
+               "the request has no body: send a JSON object, with Content-Length or "
+               "Transfer-Encoding: chunked");
+    return std::nullopt;
+  }
   if (!detail::nests_at_most(request.body, detail::max_request_depth)) {
     send_error(response, 400,
                "the request body nests deeper than " + std::to_string(detail::max_request_depth) +
@@ -311,6 +319,27 @@ void add_routes(httplib::Server& server, LoopBridge& bridge, const Cores& cores,
               });
 }
 
+/// The text of `path`, read in blocks up to `max_bytes`: a device that never ends (/dev/zero) is
+/// refused once past it.
+std::string read_capped(const std::string& path, size_t max_bytes, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::invalid_argument("cannot read the " + what + " " + path);
+  std::string text;
+  char block[4096];
+  while (in.read(block, sizeof block) || in.gcount() > 0) {
+    text.append(block, size_t(in.gcount()));
+    if (text.size() > max_bytes) {
+      const bool mebibytes = max_bytes % (1024 * 1024) == 0;
+      throw std::invalid_argument(path + " is larger than " +
+                                  (mebibytes ? std::to_string(max_bytes >> 20) + " MiB"
+                                             : std::to_string(max_bytes >> 10) + " KiB") +
+                                  "; is it a " + what + "?");
+    }
+  }
+  if (in.bad()) throw std::invalid_argument("cannot read the " + what + " " + path);
+  return text;
+}
+
 std::string url_host(const std::string& host) {
   return host.find(':') != std::string::npos && host.front() != '[' ? "[" + host + "]" : host;
 }
@@ -329,13 +358,16 @@ const char* to_string(Role role) {
   return "?";
 }
 
+std::string read_token_file(const std::string& path) {
+  return read_capped(path, 4 * 1024, "token file");
+}
+
 std::vector<Identity> read_identities(const std::string& path) {
   std::error_code error;
   if (std::filesystem::is_directory(path, error)) {
     throw std::invalid_argument("the tokens file " + path + " is a directory");
   }
-  std::ifstream in(path);
-  if (!in) throw std::invalid_argument("cannot read the tokens file " + path);
+  std::istringstream in(read_capped(path, 1024 * 1024, "tokens file"));
   std::vector<Identity> identities;
   std::string line;
   for (size_t number = 1; std::getline(in, line); ++number) {
@@ -345,6 +377,9 @@ std::vector<Identity> read_identities(const std::string& path) {
     if (!(words >> name) || name[0] == '#') continue;
     if (!(words >> role >> token) || (words >> extra)) {
       throw std::invalid_argument(where + "give NAME ROLE TOKEN, separated by spaces");
+    }
+    if (!parking::is_utf8(name)) {
+      throw std::invalid_argument(where + "the name is not UTF-8 text");
     }
     Identity identity{name, Role::reader, token};
     if (role == "operator") {
@@ -389,17 +424,15 @@ ServeResult serve(const Options& given, const std::function<void(const ServeInfo
     options.connection.connection_name = "retryloop parking console";
   }
 
-  httplib::Server server;
+  http::BoundedServer server;
   server.set_default_headers(kSecurityHeaders);
-  server.set_keep_alive_timeout(2);
-  server.set_payload_max_length(1024 * 1024);
-  int port = options.listen_port;
+  server.set_refusal_writer([](httplib::Response& response, int status, const std::string& why) {
+    send_error(response, status, why);
+    for (const auto& header : kSecurityHeaders)
+      response.set_header(header.first.c_str(), header.second);
+  });
   const std::string host = options.listen_host;
-  if (port == 0) {
-    port = server.bind_to_any_port(host);
-  } else if (!server.bind_to_port(host, port)) {
-    port = -1;
-  }
+  const int port = server.bind(host, options.listen_port);
   if (port < 0) {
     return {ServeResult::Status::cannot_listen,
             "cannot listen on " + url_host(host) + ":" + std::to_string(options.listen_port) +

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "retryloop/client/loop_bridge.hpp"
+#include "retryloop/http/bounded_server.hpp"
 #include "retryloop/operations/prometheus.hpp"
 
 namespace retryloop::operations {
@@ -62,7 +63,7 @@ namespace detail {
 class HttpEndpointImpl : public std::enable_shared_from_this<HttpEndpointImpl> {
  public:
   HttpEndpointImpl(uv_loop_t* loop, HttpEndpointOptions options)
-      : loop_(loop), options_(std::move(options)) {}
+      : loop_(loop), options_(std::move(options)), server_(limits(options_)) {}
 
   void add(std::shared_ptr<consumer::Consumer> consumer) {
     if (consumer) consumers_.push_back(std::move(consumer));
@@ -94,7 +95,14 @@ class HttpEndpointImpl : public std::enable_shared_from_this<HttpEndpointImpl> {
   std::vector<std::shared_ptr<consumer::Consumer>> consumers_;
   std::vector<std::function<std::string()>> sources_;
   uint16_t port_ = 0;
-  httplib::Server server_;
+  static http::ServerLimits limits(const HttpEndpointOptions& options) {
+    http::ServerLimits limits;
+    limits.request_time = options.request_time;
+    limits.max_connections = std::max<size_t>(options.max_connections, 1);
+    return limits;
+  }
+
+  http::BoundedServer server_;
   std::thread listener_;
   std::thread closer_;
   std::unique_ptr<client::LoopBridge> bridge_;
@@ -107,18 +115,9 @@ client::Error HttpEndpointImpl::start() {
     return client::Error(client::ClientError::invalid_argument,
                          "the HTTP endpoint was started before");
   }
-  const size_t threads = std::max<size_t>(options_.threads, 1);
-  server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  // Short waits for idle and slow connections: closing waits for the request threads.
-  server_.set_keep_alive_timeout(1);
-  server_.set_read_timeout(std::chrono::seconds(2));
-  server_.set_write_timeout(std::chrono::seconds(2));
   route();
-  errno = 0;
   const ListenAddress& listen = options_.listen;
-  const int bound = listen.port == 0 ? server_.bind_to_any_port(listen.host)
-                    : server_.bind_to_port(listen.host, listen.port) ? int(listen.port)
-                                                                     : -1;
+  const int bound = server_.bind(listen.host, listen.port);
   if (bound < 0) {
     const int error = errno;
     return client::Error(error != 0 ? std::error_code(error, std::generic_category())

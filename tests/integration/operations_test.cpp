@@ -23,6 +23,7 @@
 #include "retryloop/topology/topology_json.hpp"
 #include "support/consumer_fixture.hpp"
 #include "support/harness.hpp"
+#include "support/http_clients.hpp"
 #include "support/process.hpp"
 #include "support/tcp_proxy.hpp"
 
@@ -146,6 +147,15 @@ Reply readyz_until(TestLoop& loop, uint16_t port, int status) {
     loop.run_for(50ms);
   }
   return reply;
+}
+
+/// Sends `request` as bytes to 127.0.0.1:PORT from another thread, running the loop meanwhile;
+/// returns the raw answer.
+std::string exchange(TestLoop& loop, uint16_t port, const std::string& request) {
+  auto answer = std::async(std::launch::async,
+                           [port, request] { return test::http_exchange(port, request); });
+  REQUIRE(loop.run_until([&] { return answer.wait_for(0s) == std::future_status::ready; }, 90s));
+  return answer.get();
 }
 
 }  // namespace
@@ -358,4 +368,65 @@ TEST_CASE("demo_consumer --http serves the endpoint and closes it when it stops"
   }));
   demo.signal(SIGTERM);
   CHECK(demo.wait() == 0);
+}
+
+TEST_CASE(
+    "The operations endpoint answers /healthz while 300 idle and 12 slow clients are connected, "
+    "and closes each of them once its request time is up",
+    "[operations][integration][http]") {
+  TestLoop loop;
+  operations::HttpEndpointOptions options;
+  options.listen.port = 0;
+  auto endpoint = operations::HttpEndpoint::create(loop.get(), options);
+  REQUIRE_FALSE(endpoint->start());
+  const uint16_t port = endpoint->port();
+  {
+    test::IdleClients idle(port, 300);
+    test::SlowClients slow(port, 12, 1s);
+    REQUIRE(loop.run_until([&] { return slow.bytes_sent() >= 12; }, 60s));  // each has begun
+    const std::string healthz = exchange(loop, port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    CHECK(test::http_status(healthz) == 200);
+    // Answered before the endpoint's own deadline closed any of them: it waited for none.
+    CHECK(idle.still_open() == 300);
+    CHECK(slow.closed_by_server() == 0);
+    // Then the deadline closes them: a request begun gets 408, an idle connection nothing.
+    CHECK(loop.run_until([&] { return slow.closed_by_server() == 12; }, 60s));
+    CHECK(slow.first_answer() == "HTTP/1.1 408 Request Timeout");
+    CHECK(loop.run_until([&] { return idle.still_open() == 0; }, 60s));
+  }
+  close(loop, endpoint);
+}
+
+TEST_CASE(
+    "The operations endpoint refuses a body over 1 MiB however it is framed, and a second "
+    "endpoint on its port does not start",
+    "[operations][integration][http]") {
+  TestLoop loop;
+  operations::HttpEndpointOptions options;
+  options.listen.port = 0;
+  auto endpoint = operations::HttpEndpoint::create(loop.get(), options);
+  REQUIRE_FALSE(endpoint->start());
+  const uint16_t port = endpoint->port();
+  const std::string big(4 << 20, 'x');
+  const std::string head = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
+  const std::string sized = exchange(
+      loop, port, head + "Content-Length: " + std::to_string(big.size()) + "\r\n\r\n" + big);
+  CHECK(test::http_status(sized) == 413);
+  std::string chunks;
+  for (size_t at = 0; at < big.size(); at += 65536)
+    chunks += "10000\r\n" + big.substr(at, 65536) + "\r\n";
+  const std::string chunked =
+      exchange(loop, port, head + "Transfer-Encoding: chunked\r\n\r\n" + chunks + "0\r\n\r\n");
+  CHECK(test::http_status(chunked) == 413);
+  CHECK(test::http_body(chunked) == "the request body is larger than 1 MiB\n");
+
+  operations::HttpEndpointOptions same_port;
+  same_port.listen.port = port;
+  auto second = operations::HttpEndpoint::create(loop.get(), same_port);
+  const client::Error error = second->start();
+  CHECK(error.code == std::errc::address_in_use);
+  CHECK_THAT(error.message(),
+             Catch::Contains("cannot listen on 127.0.0.1:" + std::to_string(port)));
+  close(loop, second);
+  close(loop, endpoint);
 }

@@ -30,6 +30,7 @@
 #include "retryloop/topology/plan.hpp"
 #include "retryloop/topology/topology_json.hpp"
 #include "support/harness.hpp"
+#include "support/http_clients.hpp"
 #include "support/process.hpp"
 
 using namespace retryloop;
@@ -766,7 +767,7 @@ struct ServedQueue {
     std::filesystem::remove(file);
   }
 
-  ChildProcess serve(std::vector<std::string> args) {
+  ChildProcess serve(std::vector<std::string> args, const std::string& listen = "127.0.0.1:0") {
     std::vector<std::string> argv = {test::built_program("retryloop"),
                                      "parking",
                                      "serve",
@@ -776,7 +777,7 @@ struct ServedQueue {
                                      "--url",
                                      test::broker_url(),
                                      "--listen",
-                                     "127.0.0.1:0"};
+                                     listen};
     argv.insert(argv.end(), args.begin(), args.end());
     return ChildProcess(argv, {"RETRYLOOP_CONSOLE_TOKEN="});
   }
@@ -858,6 +859,99 @@ TEST_CASE(
     CHECK_THAT(short_token.err(), Catch::Contains("at least 16"));
     std::filesystem::remove(token_file);
   }
+}
+
+namespace {
+
+const std::string kConsoleToken = "limits-token-0123456789abcdef";
+
+/// A request to the console at `port` with its token, as bytes; `headers` end with CRLF.
+std::string console_request(int port, const std::string& method, const std::string& path,
+                            const std::string& headers = "", const std::string& body = "") {
+  return method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1:" + std::to_string(port) +
+         "\r\nX-Retryloop-Token: " + kConsoleToken + "\r\nConnection: close\r\n" + headers +
+         "\r\n" + body;
+}
+
+/// Waits up to a minute for `condition`, without a loop to run.
+bool within_a_minute(const std::function<bool()>& condition) {
+  for (auto until = std::chrono::steady_clock::now() + 60s; !condition();) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(20ms);
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "The console answers while 300 idle and 12 slow clients are connected, and closes each of "
+    "them once its request time is up",
+    "[parking][integration][cli][http]") {
+  TestLoop loop;
+  ServedQueue queue(loop, {});
+  ChildProcess console = queue.serve({"--allow-counted-reads", "--token", kConsoleToken});
+  const int port = console_port(console);
+  INFO(console.out() + console.err());
+  REQUIRE(port != 0);
+  test::IdleClients idle(uint16_t(port), 300);
+  test::SlowClients slow(uint16_t(port), 12, 1s);
+  REQUIRE(within_a_minute([&] { return slow.bytes_sent() >= 12; }));  // each has begun
+  const std::string whoami =
+      test::http_exchange(uint16_t(port), console_request(port, "GET", "/api/whoami"));
+  CHECK(test::http_status(whoami) == 200);
+  // Answered before the console's own deadline closed any of them: it waited for none.
+  CHECK(idle.still_open() == 300);
+  CHECK(slow.closed_by_server() == 0);
+  // Then the deadline closes them: a request begun gets 408, an idle connection nothing.
+  CHECK(within_a_minute([&] { return slow.closed_by_server() == 12; }));
+  CHECK(slow.first_answer() == "HTTP/1.1 408 Request Timeout");
+  CHECK(within_a_minute([&] { return idle.still_open() == 0; }));
+  console.signal(SIGTERM);
+  CHECK(console.wait() == 0);
+}
+
+TEST_CASE(
+    "The console refuses a body over 1 MiB however it is framed, answers a POST without a body "
+    "at once, and a second console on its port exits 1",
+    "[parking][integration][cli][http]") {
+  TestLoop loop;
+  ServedQueue queue(loop, {});
+  ChildProcess console = queue.serve({"--allow-counted-reads", "--token", kConsoleToken});
+  const int port = console_port(console);
+  INFO(console.out() + console.err());
+  REQUIRE(port != 0);
+  const std::string json = "Content-Type: application/json\r\n";
+  const std::string big(4 << 20, ' ');
+
+  const std::string sized = test::http_exchange(
+      uint16_t(port),
+      console_request(port, "POST", "/api/note",
+                      json + "Content-Length: " + std::to_string(big.size()) + "\r\n", big));
+  CHECK(test::http_status(sized) == 413);
+  std::string chunks;
+  for (size_t at = 0; at < big.size(); at += 65536)
+    chunks += "10000\r\n" + big.substr(at, 65536) + "\r\n";
+  chunks += "0\r\n\r\n";
+  const std::string chunked = test::http_exchange(
+      uint16_t(port),
+      console_request(port, "POST", "/api/note", json + "Transfer-Encoding: chunked\r\n", chunks));
+  CHECK(test::http_status(chunked) == 413);
+  CHECK_THAT(test::http_body(chunked), Catch::Contains("larger than 1 MiB"));
+  CHECK_THAT(chunked, Catch::Contains("Content-Security-Policy: default-src 'none'"));
+
+  // No Content-Length and no chunks: no body, said at once (not after a read timeout).
+  const std::string empty =
+      test::http_exchange(uint16_t(port), console_request(port, "POST", "/api/note", json));
+  CHECK(test::http_status(empty) == 400);
+  CHECK_THAT(test::http_body(empty), Catch::Contains("the request has no body"));
+
+  ChildProcess second = queue.serve({"--allow-counted-reads", "--token", kConsoleToken + "x"},
+                                    "127.0.0.1:" + std::to_string(port));
+  CHECK(second.wait() == 1);
+  CHECK_THAT(second.err(), Catch::Contains("cannot listen on 127.0.0.1:" + std::to_string(port)));
+  console.signal(SIGTERM);
+  CHECK(console.wait() == 0);
 }
 
 TEST_CASE(

@@ -304,5 +304,18 @@ TEST_CASE("A tokens file gives names, roles and tokens, and its mistakes name th
   CHECK_THROWS_WITH(read("ana reader\n"),
                     path.string() + ":1: give NAME ROLE TOKEN, separated by spaces");
   CHECK_THROWS_WITH(read("# nobody\n"), path.string() + " names nobody");
+  // A name that is not UTF-8 would be answered by /api/whoami as invalid JSON.
+  CHECK_THROWS_WITH(read("ana reader aaaaaaaaaaaaaaaa\nb\xff\xfe" "b reader bbbbbbbbbbbbbbbb\n"),
+                    at + "the name is not UTF-8 text");
   std::filesystem::remove(path);
+}
+
+TEST_CASE("A token file or tokens file that never ends is refused once past its size limit",
+          "[console]") {
+  CHECK_THROWS_WITH(console::read_identities("/dev/zero"),
+                    "/dev/zero is larger than 1 MiB; is it a tokens file?");
+  CHECK_THROWS_WITH(console::read_token_file("/dev/zero"),
+                    "/dev/zero is larger than 4 KiB; is it a token file?");
+  CHECK_THROWS_WITH(console::read_token_file("/nonexistent/token"),
+                    "cannot read the token file /nonexistent/token");
 }

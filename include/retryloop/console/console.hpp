@@ -30,8 +30,13 @@ struct Identity {
 
 /// Reads a tokens file: one identity a line, `NAME ROLE TOKEN` separated by spaces, `#` starting
 /// a comment line. Throws std::invalid_argument naming the line and what is wrong: an unknown
-/// role, a name or token used twice, a token shorter than 16 characters, no identity at all.
+/// role, a name that is not UTF-8, a name or token used twice, a token shorter than 16
+/// characters, no identity at all; or the file: unreadable, larger than 1 MiB.
 std::vector<Identity> read_identities(const std::string& path);
+
+/// The text of a file that holds one token (`--token-file`), as it is. Throws
+/// std::invalid_argument when it cannot be read or is larger than 4 KiB.
+std::string read_token_file(const std::string& path);
 
 /// The parking console: a web page, served over HTTP, that shows one service's parking queue
 /// and replays or purges its messages through retryloop::parking.

@@ -41,8 +41,10 @@ struct HttpEndpointOptions {
   /// How long a request waits for the loop thread to answer before it gets 503: a loop thread
   /// that does not answer within it fails `/healthz`.
   std::chrono::milliseconds loop_timeout{2000};
-  /// Threads that serve requests (at least 1).
-  size_t threads = 2;
+  /// A request not complete this long after its connection opened is answered 408 and closed.
+  std::chrono::milliseconds request_time{10000};
+  /// Connections open at once, each on a thread of its own; one more is answered 503 at once.
+  size_t max_connections = 512;
   /// Where it logs (the address it listens on, failures); nullptr: nowhere.
   std::shared_ptr<spdlog::logger> logger;
 };
@@ -57,9 +59,9 @@ struct HttpEndpointOptions {
 ///                 stopped; the body says which
 ///
 /// Threads: create(), add(), start() and close() on the loop thread. Requests are served on the
-/// endpoint's own threads, which never touch a consumer: each request asks the loop thread
-/// (through a client::LoopBridge) for a snapshot of the consumers and waits for it up to
-/// `loop_timeout`.
+/// endpoint's own threads (one a connection, so that an idle or slow client delays nobody else),
+/// which never touch a consumer: each request asks the loop thread (through a client::LoopBridge)
+/// for a snapshot of the consumers and waits for it up to `loop_timeout`.
 ///
 /// Lifetime: once started it keeps itself and the loop alive until close(); close it when its
 /// consumers have stopped (for example from their stopped handler).
@@ -83,10 +85,10 @@ class HttpEndpoint {
   client::Error start();
   /// The port it listens on (the picked one for port 0); 0 before start().
   uint16_t port() const;
-  /// Stops serving: requests waiting for the loop get 503 at once, the server's threads are
-  /// joined on a thread of its own (within about two seconds: the longest a connection may stay
-  /// idle or slow), and `done` runs on the loop thread once its handle is closed; the loop never
-  /// blocks on it. A later call's `done` runs then too (at once, once closed).
+  /// Stops serving: requests waiting for the loop get 503 at once, open connections are closed,
+  /// the server's threads are joined on a thread of its own, and `done` runs on the loop thread
+  /// once its handle is closed; the loop never blocks on it. A later call's `done` runs then too
+  /// (at once, once closed).
   void close(std::function<void()> done = {});
 
  private:

@@ -1,0 +1,94 @@
+// Where an HTTP request ends and which limits it breaks, from bytes alone.
+
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "retryloop/http/request_framing.hpp"
+
+using retryloop::http::frame_request;
+using retryloop::http::RequestFraming;
+using retryloop::http::RequestLimits;
+using Status = RequestFraming::Status;
+
+namespace {
+
+std::string chunked(const std::string& chunks) {
+  return "POST /api/note HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks;
+}
+
+}  // namespace
+
+TEST_CASE("A request is complete once its head and the body its framing announces have come",
+          "[http]") {
+  const RequestLimits limits;
+  const std::string get = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+  CHECK(frame_request(get.substr(0, get.size() - 1), limits).status == Status::incomplete);
+  CHECK(frame_request(get, limits).status == Status::complete);
+  CHECK(frame_request(get + "GET /next", limits).length == get.size());
+
+  const std::string sized = "POST /api/note HTTP/1.1\r\nContent-Length: 5\r\n\r\n";
+  const RequestFraming waiting = frame_request(sized + "abc", limits);
+  CHECK(waiting.status == Status::incomplete);
+  CHECK(waiting.head_read);
+  CHECK(frame_request(sized + "abcde", limits).length == sized.size() + 5);
+
+  // Without Content-Length or chunks there is no body: a POST is complete at its head.
+  const std::string bare = "POST /api/note HTTP/1.1\r\nHost: x\r\n\r\n";
+  CHECK(frame_request(bare, limits).length == bare.size());
+
+  const std::string chunks = "3;name=value\r\nabc\r\n2\r\nde\r\n0\r\nTrailer: t\r\n\r\n";
+  CHECK(frame_request(chunked(chunks.substr(0, 20)), limits).status == Status::incomplete);
+  CHECK(frame_request(chunked(chunks), limits).length == chunked(chunks).size());
+
+  const RequestFraming expecting =
+      frame_request("PUT / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n", limits);
+  CHECK(expecting.status == Status::incomplete);
+  CHECK(expecting.expects_continue);
+}
+
+TEST_CASE("A body over the limit is refused with 413 in every framing, as soon as it is known",
+          "[http]") {
+  RequestLimits limits;
+  limits.max_body_bytes = 10;
+  const RequestFraming sized =
+      frame_request("POST / HTTP/1.1\r\nContent-Length: 11\r\n\r\n", limits);
+  CHECK(sized.status == Status::refused);
+  CHECK(sized.refusal_status == 413);
+  CHECK(sized.reason == "the request body is larger than 10 bytes");
+  // The second chunk passes the limit; its data has not even come yet.
+  const RequestFraming chunks = frame_request(chunked("6\r\nabcdef\r\n6\r\nab"), limits);
+  CHECK(chunks.status == Status::refused);
+  CHECK(chunks.refusal_status == 413);
+  // Nor can chunk extensions: a chunked body may be at most twice the limit as sent.
+  std::string padding;
+  for (int i = 0; i < 10; ++i)
+    padding += "1;" + std::string(1000, 'x') + "\r\na\r\n";
+  CHECK(frame_request(chunked(padding), limits).refusal_status == 413);
+  CHECK(frame_request(chunked("a\r\n0123456789\r\n0\r\n\r\n"), limits).status == Status::complete);
+}
+
+TEST_CASE("A malformed or oversized head is refused with a status and a reason", "[http]") {
+  RequestLimits limits;
+  limits.max_head_bytes = 80;
+  auto refusal = [&limits](const std::string& bytes) {
+    const RequestFraming framing = frame_request(bytes, limits);
+    CHECK(framing.status == Status::refused);
+    return std::to_string(framing.refusal_status) + " " + framing.reason;
+  };
+  CHECK(refusal("GET / HTTP/1.1\r\nX: " + std::string(80, 'x')) ==
+        "431 the request line and headers are larger than 80 bytes");
+  CHECK(refusal("GET /\r\n\r\n") == "400 the request line is not METHOD TARGET HTTP/1.1");
+  CHECK(refusal("GET / HTTP/2.0\r\n\r\n") == "505 only HTTP/1.0 and HTTP/1.1 are served");
+  CHECK(refusal("GET / HTTP/1.1\r\nno colon\r\n\r\n") == "400 a header line is not NAME: VALUE");
+  CHECK(refusal("GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n") ==
+        "400 Content-Length is not a number of bytes");
+  CHECK(refusal("GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n") ==
+        "400 the request gives two different Content-Lengths");
+  CHECK(refusal("GET / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n") ==
+        "501 the only transfer coding served is chunked, once");
+  CHECK(refusal("GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 1\r\n\r\n") ==
+        "400 the request gives both Content-Length and Transfer-Encoding");
+  CHECK(refusal(chunked("zz\r\n")).find("400 a chunk's size is not a hexadecimal number") == 0);
+  CHECK(refusal(chunked("2\r\nabc\r\n")).find("400 a chunk is longer than its size says") == 0);
+}
