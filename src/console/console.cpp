@@ -19,6 +19,7 @@
 #include "retryloop/client/loop_bridge.hpp"
 #include "retryloop/console/detail/api.hpp"
 #include "retryloop/console/detail/audit_trail.hpp"
+#include "retryloop/parking/parked_json.hpp"
 #include "retryloop/process/stop_signals.hpp"
 
 namespace retryloop::console {
@@ -78,7 +79,7 @@ void answer(LoopBridge& bridge, httplib::Response& response, std::function<Reply
 
 std::optional<nlohmann::json> json_body(const httplib::Request& request,
                                         httplib::Response& response) {
-  if (!detail::nests_at_most(request.body, detail::max_request_depth)) {
+  if (!parking::nests_at_most(request.body, detail::max_request_depth)) {
     send_error(response, 400,
                "the request body nests deeper than " + std::to_string(detail::max_request_depth) +
                    " levels");
@@ -212,18 +213,19 @@ void add_routes(httplib::Server& server, LoopBridge& bridge, const Cores& cores,
     if (!core) return;
     answer(bridge, response, [core, scan, index] { return core->message(*scan, *index); });
   });
-  server.Get("/metrics", [&bridge, &cores](const httplib::Request&, httplib::Response& response) {
-    answer(bridge, response, [&cores] {
-      std::vector<std::string> texts;
-      Reply reply;
-      for (const auto& core : cores.list) {
-        reply = core->metrics();
-        texts.push_back(reply.body);
-      }
-      reply.body = merge_prometheus(texts);
-      return reply;
-    });
-  });
+  server.Get("/metrics",
+             [&bridge, &cores, audit](const httplib::Request&, httplib::Response& response) {
+               answer(bridge, response, [&cores, audit] {
+                 std::vector<std::string> texts;
+                 Reply reply;
+                 for (const auto& core : cores.list) {
+                   reply = core->metrics();
+                   texts.push_back(reply.body);
+                 }
+                 reply.body = merge_prometheus(texts) + audit->metrics();
+                 return reply;
+               });
+             });
   server.Get("/api/services",
              [&bridge, &cores](const httplib::Request&, httplib::Response& response) {
                answer(bridge, response, [&cores] {
@@ -401,7 +403,8 @@ ServeResult serve(const Options& given, const std::function<void(const ServeInfo
   ServeResult result;
   {
     LoopBridge bridge(&loop);
-    auto audit = std::make_shared<detail::AuditTrail>(options.audit_on_broker, options.logger);
+    auto audit = std::make_shared<detail::AuditTrail>(options.audit_on_broker, options.logger,
+                                                      options.audit_key);
     Cores cores;
     for (size_t i = 0; i < options.services.size(); ++i) {
       cores.list.push_back(
