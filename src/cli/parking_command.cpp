@@ -75,6 +75,7 @@ struct ParkingArgs {
   std::string token;
   std::string token_file;
   std::string tokens_file;
+  std::string audit_key_file;
   bool allow_counted_reads = false;
   std::string rescan_after = "30s";
 };
@@ -170,7 +171,8 @@ class CliAudit {
  public:
   using Then = std::function<void(const std::string& error)>;
 
-  CliAudit(std::string action, std::string service, nlohmann::json filter) {
+  CliAudit(std::string action, std::string service, nlohmann::json filter, std::string key)
+      : key_(std::move(key)) {
     record_.who = parking::command_line_user();
     record_.via = "cli";
     record_.action = std::move(action);
@@ -181,7 +183,7 @@ class CliAudit {
   /// Records `started`; `then` gets "" once the broker confirmed it.
   void begin(const std::shared_ptr<client::Connection>& connection, Then then) {
     record_.id = random::random_id();
-    writer_ = parking::AuditWriter::open(connection);
+    writer_ = parking::AuditWriter::open(connection, {}, key_);
     append("started", std::move(then));
   }
 
@@ -205,7 +207,28 @@ class CliAudit {
 
   parking::AuditRecord record_;
   std::shared_ptr<parking::AuditWriter> writer_;
+  std::string key_;
 };
+
+/// The audit key of --audit-key, or "" without it.
+std::string audit_key(const ParkingArgs& args) {
+  if (args.audit_key_file.empty()) return {};
+  try {
+    return parking::read_audit_key(args.audit_key_file);
+  } catch (const std::invalid_argument& e) {
+    throw Failure(exit_usage, std::string("--audit-key: ") + e.what());
+  }
+}
+
+void add_audit_key_option(CLI::App& command, ParkingArgs& args, const char* what) {
+  command
+      .add_option("--audit-key", args.audit_key_file,
+                  std::string("Sign the audit records ") + what +
+                      " with the key in FILE (HMAC-SHA256; at least 32 bytes, e.g. `openssl rand "
+                      "-hex 32`), which only the consoles and on-call users may read")
+      ->envname("RETRYLOOP_AUDIT_KEY_FILE")
+      ->type_name("FILE");
+}
 
 /// Runs `action` after recording it in the audit trail when the file declares one (otherwise at
 /// once); `action` gets a recorder for its end, or nullptr.
@@ -477,7 +500,8 @@ int run_replay(const ParkingArgs& args) {
   const std::string target =
       args.to_queue.empty() ? topology::input_queue_name(service) : args.to_queue;
   const bool declared = !args.dry_run && audit_declared(args);
-  auto audit = std::make_shared<CliAudit>("replay", service.name, filter_json(args));
+  auto audit = std::make_shared<CliAudit>("replay", service.name, filter_json(args),
+                                          declared ? audit_key(args) : std::string());
   return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
     audited(connection, declared, audit, done, [&, connection, done](auto recorder) {
       auto handle = std::make_shared<std::shared_ptr<parking::Replay>>();
@@ -549,7 +573,8 @@ int run_purge(const ParkingArgs& args) {
   options.execute = args.yes;
   // A purge is recorded; counting what it would delete is not.
   const bool declared = args.yes && audit_declared(args);
-  auto audit = std::make_shared<CliAudit>("purge", service.name, filter_json(args));
+  auto audit = std::make_shared<CliAudit>("purge", service.name, filter_json(args),
+                                          declared ? audit_key(args) : std::string());
   return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
     audited(connection, declared, audit, done, [&, connection, done](auto recorder) {
       client::Error error = parking::purge(
@@ -657,6 +682,7 @@ int run_serve(const ParkingArgs& args) {
     options.token = console_token(args);
   }
   options.allow_counted_reads = args.allow_counted_reads;
+  options.audit_key = audit_key(args);
   std::string why;
   auto rescan = topology::parse_duration(args.rescan_after, &why);
   if (!rescan) throw Failure(exit_usage, "--rescan-after \"" + args.rescan_after + "\" " + why);
@@ -679,6 +705,10 @@ int run_serve(const ParkingArgs& args) {
                                           : std::string("in memory only (declare a top-level "
                                                         "\"audit\" in the topology file to "
                                                         "keep it on the broker)"))
+              << (!options.audit_on_broker    ? ""
+                  : options.audit_key.empty() ? ", unsigned (without --audit-key every record "
+                                                "read back shows as unverified)"
+                                              : ", signed")
               << "\n";
     if (info.generated_token) {
       std::cout << "  open  " << info.url << "#token=" << info.token << "\n"
@@ -829,6 +859,7 @@ void add_parking_commands(CLI::App& app, int& exit_code) {
                    "Copies awaiting confirms at once (default 500)")
       ->check(whole_number(1, 65535))
       ->type_name("N");
+  add_audit_key_option(*replay, *replay_args, "of this replay");
   replay->callback([args = replay_args, &exit_code] { exit_code = run_replay(*args); });
 
   auto purge_args = std::make_shared<ParkingArgs>();
@@ -839,6 +870,7 @@ void add_parking_commands(CLI::App& app, int& exit_code) {
       purge_args);
   add_filters(*purge, *purge_args, "delete");
   purge->add_flag("--yes", purge_args->yes, "Really delete");
+  add_audit_key_option(*purge, *purge_args, "of this purge");
   purge->callback([args = purge_args, &exit_code] { exit_code = run_purge(*args); });
 
   auto serve_args = std::make_shared<ParkingArgs>();
@@ -895,6 +927,9 @@ void add_parking_commands(CLI::App& app, int& exit_code) {
                    "Count again by itself when the depth changed, at most this often (default "
                    "30s; 0s: only on demand and after actions)")
       ->type_name("DURATION");
+  add_audit_key_option(*serve, *serve_args,
+                       "the console appends, and show the records read back without a valid "
+                       "signature as unverified,");
   serve->callback([args = serve_args, &exit_code] { exit_code = run_serve(*args); });
 }
 

@@ -87,7 +87,7 @@ std::optional<nlohmann::json> json_body(const httplib::Request& request,
                "Transfer-Encoding: chunked");
     return std::nullopt;
   }
-  if (!detail::nests_at_most(request.body, detail::max_request_depth)) {
+  if (!parking::nests_at_most(request.body, detail::max_request_depth)) {
     send_error(response, 400,
                "the request body nests deeper than " + std::to_string(detail::max_request_depth) +
                    " levels");
@@ -231,18 +231,19 @@ void add_routes(httplib::Server& server, LoopBridge& bridge, const Cores& cores,
     if (!core) return;
     answer(bridge, response, [core, scan, index] { return core->message(*scan, *index); });
   });
-  server.Get("/metrics", [&bridge, &cores](const httplib::Request&, httplib::Response& response) {
-    answer(bridge, response, [&cores] {
-      std::vector<std::string> texts;
-      Reply reply;
-      for (const auto& core : cores.list) {
-        reply = core->metrics();
-        texts.push_back(reply.body);
-      }
-      reply.body = merge_prometheus(texts);
-      return reply;
-    });
-  });
+  server.Get("/metrics",
+             [&bridge, &cores, audit](const httplib::Request&, httplib::Response& response) {
+               answer(bridge, response, [&cores, audit] {
+                 std::vector<std::string> texts;
+                 Reply reply;
+                 for (const auto& core : cores.list) {
+                   reply = core->metrics();
+                   texts.push_back(reply.body);
+                 }
+                 reply.body = merge_prometheus(texts) + audit->metrics();
+                 return reply;
+               });
+             });
   server.Get("/api/services",
              [&bridge, &cores](const httplib::Request&, httplib::Response& response) {
                answer(bridge, response, [&cores] {
@@ -449,7 +450,8 @@ ServeResult serve(const Options& given, const std::function<void(const ServeInfo
   ServeResult result;
   {
     LoopBridge bridge(&loop);
-    auto audit = std::make_shared<detail::AuditTrail>(options.audit_on_broker, options.logger);
+    auto audit = std::make_shared<detail::AuditTrail>(options.audit_on_broker, options.logger,
+                                                      options.audit_key);
     Cores cores;
     for (size_t i = 0; i < options.services.size(); ++i) {
       cores.list.push_back(

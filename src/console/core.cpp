@@ -238,13 +238,16 @@ void Core::on_connected(const std::shared_ptr<client::Connection>& connection) {
                           connection->uri().redacted());
   }
   if (options_.audit_on_broker) {
-    audit_writer_ = parking::AuditWriter::open(connection, [weak](const Error& error) {
-      auto self = weak.lock();
-      if (self && self->options_.logger) {
-        self->options_.logger->warn("console: {}: the audit trail's channel ended: {}",
-                                    self->service_.name, error.message());
-      }
-    });
+    audit_writer_ = parking::AuditWriter::open(
+        connection,
+        [weak](const Error& error) {
+          auto self = weak.lock();
+          if (self && self->options_.logger) {
+            self->options_.logger->warn("console: {}: the audit trail's channel ended: {}",
+                                        self->service_.name, error.message());
+          }
+        },
+        options_.audit_key);
   }
   if (hosts_audit_) audit_->attach(connection);
   const bool first = static_cast<bool>(ready_);
@@ -866,7 +869,7 @@ Reply Core::message(uint64_t scan_id, size_t index) {
   out["header_types"] = std::move(types);
   out["editable_headers"] = std::move(editable);
   out["kept_headers"] = std::move(kept_headers);
-  if (!truncated && nests_at_most(body, kPrettyDepth) && parking::is_utf8(body)) {
+  if (!truncated && parking::nests_at_most(body, kPrettyDepth) && parking::is_utf8(body)) {
     nlohmann::json parsed = nlohmann::json::parse(body, nullptr, false);
     if (!parsed.is_discarded() && (parsed.is_object() || parsed.is_array())) {
       out["body_pretty"] = dump(parsed, 2);

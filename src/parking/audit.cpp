@@ -1,5 +1,12 @@
 #include "retryloop/parking/audit.hpp"
 
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/sha.h>
+
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
 #include <utility>
 
@@ -34,7 +41,78 @@ std::optional<uint64_t> count_of(const nlohmann::json& json, const char* key) {
   return it->get<uint64_t>();
 }
 
+std::string hex(const unsigned char* bytes, size_t size) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(size * 2);
+  for (size_t i = 0; i < size; ++i) {
+    out += digits[bytes[i] >> 4];
+    out += digits[bytes[i] & 0xf];
+  }
+  return out;
+}
+
+/// `value` kept, or as a count and a digest when it is long (audit_filter).
+nlohmann::json bounded(const nlohmann::json& value) {
+  size_t count = 0;
+  if (value.is_array() && value.size() > max_audit_filter_items) {
+    count = value.size();
+  } else if (value.is_string() &&
+             value.get_ref<const std::string&>().size() > max_audit_filter_text_bytes) {
+    count = value.get_ref<const std::string&>().size();
+  } else {
+    return value;
+  }
+  const std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(text.data()), text.size(), digest);
+  return {{"count", count}, {"sha256", hex(digest, sizeof digest)}};
+}
+
 }  // namespace
+
+nlohmann::json audit_filter(const nlohmann::json& filter) {
+  if (!filter.is_object()) return bounded(filter);
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [key, value] : filter.items())
+    out[key] = bounded(value);
+  return out;
+}
+
+void bound_audit_record(AuditRecord& record) {
+  record.filter = audit_filter(record.filter);
+  if (record.error.size() > max_audit_error_bytes) record.error.resize(max_audit_error_bytes);
+}
+
+std::string read_audit_key(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw std::invalid_argument("cannot read the audit key file " + path);
+  std::string key(std::istreambuf_iterator<char>(file), {});
+  while (!key.empty() && (key.back() == '\n' || key.back() == '\r'))
+    key.pop_back();
+  if (key.size() < 32) {
+    throw std::invalid_argument(
+        "the audit key file " + path +
+        " holds fewer than 32 bytes (make one with `openssl rand -hex 32`)");
+  }
+  return key;
+}
+
+std::string audit_signature(std::string_view key, std::string_view body) {
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  HMAC(EVP_sha256(), key.data(), int(key.size()),
+       reinterpret_cast<const unsigned char*>(body.data()), body.size(), mac, &size);
+  return hex(mac, size);
+}
+
+bool audit_signature_valid(std::string_view key, std::string_view body,
+                           std::string_view signature) {
+  if (key.empty()) return false;
+  const std::string expected = audit_signature(key, body);
+  return signature.size() == expected.size() &&
+         CRYPTO_memcmp(expected.data(), signature.data(), expected.size()) == 0;
+}
 
 nlohmann::json audit_json(const AuditRecord& record) {
   nlohmann::json out;
@@ -56,6 +134,7 @@ nlohmann::json audit_json(const AuditRecord& record) {
   if (!record.message_id.empty()) out["message_id"] = record.message_id;
   if (!record.new_message_id.empty()) out["new_message_id"] = record.new_message_id;
   if (record.offset) out["offset"] = *record.offset;
+  out["verified"] = record.verified;
   return out;
 }
 
@@ -84,16 +163,40 @@ AuditRecord audit_from_json(const nlohmann::json& json) {
   return record;
 }
 
-Error append_audit(client::Channel& channel, const AuditRecord& record, AuditCallback done) {
+AuditRecord audit_from_text(std::string_view text) {
+  if (text.size() > max_audit_record_bytes) {
+    throw std::invalid_argument("the record is " + std::to_string(text.size()) +
+                                " bytes, more than " + std::to_string(max_audit_record_bytes));
+  }
+  if (!nests_at_most(text, max_audit_record_depth)) {
+    throw std::invalid_argument("the record nests deeper than " +
+                                std::to_string(max_audit_record_depth) + " levels");
+  }
+  nlohmann::json json = nlohmann::json::parse(text, nullptr, false);
+  if (json.is_discarded()) throw std::invalid_argument("the record is not JSON");
+  AuditRecord record = audit_from_json(json);
+  bound_audit_record(record);
+  return record;
+}
+
+Error append_audit(client::Channel& channel, const AuditRecord& record, AuditCallback done,
+                   const std::string& key) {
   amqp::BasicProperties properties;
   properties.content_type = "application/json";
   properties.delivery_mode = 2;
   properties.message_id = record.id + "." + record.state;
   properties.timestamp = record.at_ms / 1000;
   properties.type = "retryloop.audit";
+  nlohmann::json json = audit_json(record);
+  json.erase("verified");  // the reader decides, from the signature
+  const std::string body = json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (!key.empty()) {
+    properties.headers = amqp::FieldTable{};
+    properties.headers->append(audit_signature_header, audit_signature(key, body));
+  }
   const std::string stream = topology::audit_stream_name();
   return channel.publish(
-      "", stream, properties, audit_json(record).dump(), client::Mandatory::yes,
+      "", stream, properties, body, client::Mandatory::yes,
       [done = std::move(done), stream](const client::PublishOutcome& outcome) {
         if (outcome.ok()) return done(Error{});
         if (outcome.status == client::PublishStatus::returned) {
@@ -109,9 +212,11 @@ Error append_audit(client::Channel& channel, const AuditRecord& record, AuditCal
 }
 
 std::shared_ptr<AuditWriter> AuditWriter::open(
-    const std::shared_ptr<client::Connection>& connection, AuditCallback on_error) {
+    const std::shared_ptr<client::Connection>& connection, AuditCallback on_error,
+    std::string key) {
   std::shared_ptr<AuditWriter> writer(new AuditWriter());
   writer->on_error_ = std::move(on_error);
+  writer->key_ = std::move(key);
   std::weak_ptr<AuditWriter> weak = writer;
   Error error = connection->open_channel(
       [weak](const Error& error, std::shared_ptr<client::Channel> channel) {
@@ -151,6 +256,7 @@ void AuditWriter::append(AuditRecord record, AuditCallback done) {
     }
   }
   if (record.at_ms == 0) record.at_ms = retry::unix_milliseconds();
+  bound_audit_record(record);
   if (!ready_) {
     waiting_.emplace_back(std::move(record), std::move(done));
     return;
@@ -159,7 +265,7 @@ void AuditWriter::append(AuditRecord record, AuditCallback done) {
 }
 
 void AuditWriter::send(const AuditRecord& record, AuditCallback done) {
-  if (Error error = append_audit(*channel_, record, done)) done(error);
+  if (Error error = append_audit(*channel_, record, done, key_)) done(error);
 }
 
 void AuditWriter::close() {
@@ -180,13 +286,19 @@ void AuditWriter::fail(const Error& error) {
   if (on_error_) on_error_(error_);
 }
 
-AuditReader::AuditReader(RecordHandler on_record, AuditCallback on_error)
-    : on_record_(std::move(on_record)), on_error_(std::move(on_error)) {}
+AuditReader::AuditReader(RecordHandler on_record, AuditCallback on_error, std::string key,
+                         SkippedHandler on_skipped)
+    : on_record_(std::move(on_record)),
+      on_error_(std::move(on_error)),
+      key_(std::move(key)),
+      on_skipped_(std::move(on_skipped)) {}
 
 std::shared_ptr<AuditReader> AuditReader::start(
     const std::shared_ptr<client::Connection>& connection, uint64_t since_ms,
-    std::optional<int64_t> after_offset, RecordHandler on_record, AuditCallback on_error) {
-  auto reader = std::make_shared<AuditReader>(std::move(on_record), std::move(on_error));
+    std::optional<int64_t> after_offset, RecordHandler on_record, AuditCallback on_error,
+    std::string key, SkippedHandler on_skipped) {
+  auto reader = std::make_shared<AuditReader>(std::move(on_record), std::move(on_error),
+                                              std::move(key), std::move(on_skipped));
   reader->last_offset_ = after_offset;
   std::weak_ptr<AuditReader> weak = reader;
   amqp::FieldTable arguments;
@@ -227,14 +339,7 @@ std::shared_ptr<AuditReader> AuditReader::start(
                 }
                 if (offset && self->last_offset_ && *offset <= *self->last_offset_) return;
                 if (offset) self->last_offset_ = offset;
-                try {
-                  AuditRecord record =
-                      audit_from_json(nlohmann::json::parse(delivery.message.body));
-                  record.offset = offset;
-                  self->on_record_(std::move(record));
-                } catch (const std::exception&) {
-                  ++self->unreadable_;
-                }
+                self->read(delivery.message, offset);
               },
               [weak](const Error& error, const std::string&) {
                 if (auto self = weak.lock(); self && error) self->fail(error);
@@ -245,6 +350,27 @@ std::shared_ptr<AuditReader> AuditReader::start(
       });
   if (error) reader->fail(error);
   return reader;
+}
+
+void AuditReader::read(const client::Message& message, std::optional<int64_t> offset) {
+  AuditRecord record;
+  try {
+    record = audit_from_text(message.body);
+  } catch (const std::exception& e) {
+    ++unreadable_;
+    if (on_skipped_) on_skipped_(e.what(), offset);
+    return;
+  }
+  record.offset = offset;
+  if (message.properties.headers) {
+    if (const amqp::FieldValue* signature =
+            message.properties.headers->find(audit_signature_header)) {
+      if (auto text = signature->as_string()) {
+        record.verified = audit_signature_valid(key_, message.body, *text);
+      }
+    }
+  }
+  on_record_(std::move(record));
 }
 
 void AuditReader::stop() {

@@ -954,13 +954,10 @@ TEST_CASE(
   CHECK(console.wait() == 0);
 }
 
-TEST_CASE(
-    "With a file that declares the audit stream, parking replay and purge record who, what and "
-    "how many before and after, and the console's reader reads them back",
-    "[parking][audit][integration]") {
-  TestLoop loop;
-  ParkedService s(loop, "audit");
-  // The same file, with the vhost's audit stream.
+namespace {
+
+/// Adds the vhost's audit stream to `s`'s topology file and declares it.
+void declare_audit_stream(TestLoop& loop, ParkedService& s) {
   std::string json;
   {
     std::ifstream in(s.file);
@@ -979,6 +976,17 @@ TEST_CASE(
                                   applied = true;
                                 }));
   REQUIRE(loop.run_until([&] { return applied; }));
+}
+
+}  // namespace
+
+TEST_CASE(
+    "With a file that declares the audit stream, parking replay and purge record who, what and "
+    "how many before and after, and the console's reader reads them back",
+    "[parking][audit][integration]") {
+  TestLoop loop;
+  ParkedService s(loop, "audit");
+  declare_audit_stream(loop, s);
   const uint64_t since = retry::unix_milliseconds();
 
   s.park(6, [](size_t i) { return i < 4 ? "exhausted" : "poison"; });
@@ -1128,4 +1136,112 @@ TEST_CASE(
     CHECK(*kept == entry.value);
   }
   CHECK(s.depth(s.parking) == 0);
+}
+
+TEST_CASE(
+    "A console starts and serves over audit records nested 500,000 deep or too large, counts "
+    "them, and shows forged records as unverified and signed ones as verified",
+    "[parking][audit][integration][cli]") {
+  TestLoop loop;
+  ParkedService s(loop, "auditbad");
+  declare_audit_stream(loop, s);
+  const std::string key_file = s.file + ".key";
+  std::ofstream(key_file) << std::string(64, 'a') << "\n";
+  const std::string token_file = s.file + ".token";
+  const std::string token = "audit-token-0123456789abcdef";
+  std::ofstream(token_file) << token << "\n";
+
+  // What anyone with write on the default exchange can append: a record whose filter nests
+  // 500,000 levels, a small one nested 10,000 levels, one larger than a record may be, and
+  // records that say who they like.
+  amqp::BasicProperties properties;
+  properties.delivery_mode = 2;
+  const size_t depth = 500'000;
+  test::publish_confirmed(loop, *s.channel, "", topology::audit_stream_name(), properties,
+                          R"({"id": "deep", "action": "note", "service": ")" + s.service.name +
+                              R"(", "filter": )" + std::string(depth, '[') +
+                              std::string(depth, ']') + "}");
+  test::publish_confirmed(loop, *s.channel, "", topology::audit_stream_name(), properties,
+                          R"({"id": "deep-and-small", "action": "note", "filter": )" +
+                              std::string(10'000, '[') + std::string(10'000, ']') + "}");
+  test::publish_confirmed(loop, *s.channel, "", topology::audit_stream_name(), properties,
+                          R"({"id": "large", "action": "note", "service": ")" + s.service.name +
+                              R"(", "note": ")" +
+                              std::string(parking::max_audit_record_bytes, 'n') + R"("})");
+  const auto forged = [&](const std::string& id) {
+    return R"({"id": ")" + id + R"(", "action": "purge", "state": "done", "who": "mallory", )" +
+           R"("service": ")" + s.service.name + R"(", "verified": true, "at_ms": )" +
+           std::to_string(retry::unix_milliseconds()) + "}";
+  };
+  test::publish_confirmed(loop, *s.channel, "", topology::audit_stream_name(), properties,
+                          forged("unsigned"));
+  amqp::BasicProperties wrongly_signed = properties;
+  wrongly_signed.headers = amqp::FieldTable{};
+  wrongly_signed.headers->append(parking::audit_signature_header,
+                                 parking::audit_signature(std::string(64, 'b'), forged("wrong")));
+  test::publish_confirmed(loop, *s.channel, "", topology::audit_stream_name(), wrongly_signed,
+                          forged("wrong"));
+  // A purge of the command line, signed with the consoles' key.
+  s.park(2, [](size_t) { return "poison"; });
+  auto purge = s.cli({"purge", "--yes", "--audit-key", key_file});
+  INFO(purge.err());
+  REQUIRE(purge.wait() == 0);
+
+  ChildProcess console({test::built_program("retryloop"), "parking", "serve", "-t", s.file,
+                        s.service.name, "--url", test::broker_url(), "--listen", "127.0.0.1:0",
+                        "--token-file", token_file, "--audit-key", key_file},
+                       {"RETRYLOOP_CONSOLE_TOKEN="});
+  const int port = console_port(console);
+  INFO(console.out() + console.err());
+  REQUIRE(port != 0);
+  httplib::Client http("127.0.0.1", port);
+  const httplib::Headers auth = {{"X-Retryloop-Token", token}};
+  nlohmann::json audit;
+  // Every record of this test read back: the purge's two and the two forged ones.
+  const auto mine = [&] {
+    std::vector<nlohmann::json> out;
+    for (const auto& record : audit["records"]) {
+      if (record["service"] == s.service.name) out.push_back(record);
+    }
+    return out;
+  };
+  CHECK(test::eventually(loop, [&] {
+    auto got = http.Get("/api/audit?limit=1000", auth);
+    if (!got || got->status != 200) return false;
+    audit = nlohmann::json::parse(got->body);
+    return mine().size() >= 4;
+  }));
+  INFO(audit.dump());
+  CHECK(console.running());
+  CHECK(audit["signed"] == true);
+  CHECK(audit["skipped"].get<uint64_t>() >= 3);
+  CHECK(audit["skipped_last"].is_string());
+  size_t verified = 0;
+  size_t unverified = 0;
+  for (const auto& record : mine()) {
+    if (record["who"] == "mallory") {
+      CHECK(record["verified"] == false);
+      ++unverified;
+    } else {
+      CHECK(record["action"] == "purge");
+      CHECK(record["via"] == "cli");
+      CHECK(record["verified"] == true);
+      ++verified;
+    }
+  }
+  CHECK(verified == 2);
+  CHECK(unverified == 2);
+  auto metrics = http.Get("/metrics", auth);
+  REQUIRE(metrics);
+  CHECK_THAT(metrics->body, Catch::Contains("retryloop_console_audit_skipped_total " +
+                                            audit["skipped"].dump() + "\n"));
+  console.signal(SIGTERM);
+  CHECK(console.wait() == 0);
+  // One line in the log for every record skipped, however many.
+  const std::string log = console.err();
+  const size_t first = log.find("skipped a record");
+  CHECK(first != std::string::npos);
+  CHECK(log.find("skipped a record", first + 1) == std::string::npos);
+  std::filesystem::remove(key_file);
+  std::filesystem::remove(token_file);
 }

@@ -2,7 +2,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "retryloop/amqp/field_table.hpp"
+#include "retryloop/console/detail/audit_trail.hpp"
 #include "retryloop/parking/audit.hpp"
 #include "retryloop/parking/parking.hpp"
 #include "retryloop/retry/history.hpp"
@@ -114,4 +120,141 @@ TEST_CASE("An edited copy gets the new headers, a new id, a link to the original
   options.remove_headers.clear();
   const amqp::BasicProperties kept = parking::make_edited_copy(original, options, "id-2");
   CHECK(*kept.headers->find("old")->as_string() == "gone");
+}
+
+namespace {
+
+/// A record of `action` as the console writes it.
+parking::AuditRecord console_record(const std::string& action, uint64_t at_ms) {
+  parking::AuditRecord record;
+  record.id = "id-" + std::to_string(at_ms);
+  record.at_ms = at_ms;
+  record.who = "ana at 127.0.0.1";
+  record.via = "console";
+  record.action = action;
+  record.state = "done";
+  record.service = "orders";
+  return record;
+}
+
+/// The text of a filter of `count` message ids, each 32 hex digits as retryloop makes them.
+nlohmann::json id_list_filter(size_t count) {
+  nlohmann::json ids = nlohmann::json::array();
+  for (size_t i = 0; i < count; ++i) {
+    std::string id = std::to_string(i);
+    ids.push_back(std::string(32 - id.size(), '0') + id);
+  }
+  return {{"message_ids", std::move(ids)}, {"reasons", {"exhausted"}}};
+}
+
+}  // namespace
+
+TEST_CASE("An audit record read back is refused before parsing when it is too large or too deep",
+          "[audit]") {
+  // Deep inside a record, where reading it copies the filter recursively.
+  const size_t depth = 500'000;
+  const std::string deep = R"({"id": "x", "action": "note", "filter": )" + std::string(depth, '[') +
+                           std::string(depth, ']') + "}";
+  CHECK_THROWS_WITH(parking::audit_from_text(deep), Catch::Contains("more than 65536"));
+  const std::string deeper = R"({"id": "x", "action": "note", "filter": )" + std::string(20, '[') +
+                             std::string(20, ']') + "}";
+  CHECK_THROWS_WITH(parking::audit_from_text(deeper), Catch::Contains("nests deeper than 16"));
+  const std::string large = R"({"id": "x", "action": "note", "note": ")" +
+                            std::string(parking::max_audit_record_bytes, 'n') + R"("})";
+  CHECK_THROWS_WITH(parking::audit_from_text(large), Catch::Contains("more than 65536"));
+  CHECK_THROWS_WITH(parking::audit_from_text("{\"id\": "), Catch::Contains("not JSON"));
+  CHECK_THROWS_WITH(parking::audit_from_text("[]"), Catch::Contains("JSON object"));
+
+  // What a record says of itself is not believed.
+  const parking::AuditRecord claimed = parking::audit_from_text(
+      R"({"id": "x", "action": "note", "who": "admin", "verified": true, "offset": 3})");
+  CHECK(claimed.who == "admin");
+  CHECK_FALSE(claimed.verified);
+  CHECK_FALSE(claimed.offset);
+  CHECK(parking::audit_json(claimed)["verified"] == false);
+}
+
+TEST_CASE("An audit signature holds only for the same bytes and the same key", "[audit]") {
+  const std::string key(32, 'k');
+  const std::string body = parking::audit_json(console_record("purge", 1)).dump();
+  const std::string signature = parking::audit_signature(key, body);
+  CHECK(signature.size() == 64);
+  CHECK(parking::audit_signature_valid(key, body, signature));
+  CHECK_FALSE(parking::audit_signature_valid(std::string(32, 'x'), body, signature));
+  std::string forged = body;
+  forged.replace(forged.find("ana"), 3, "bob");
+  CHECK_FALSE(parking::audit_signature_valid(key, forged, signature));
+  CHECK_FALSE(parking::audit_signature_valid(key, body, signature.substr(1)));
+  CHECK_FALSE(parking::audit_signature_valid("", body, parking::audit_signature("", body)));
+}
+
+TEST_CASE("A count of a 1 MiB list of message ids is audited as a count and a digest",
+          "[audit][console]") {
+  const nlohmann::json filter = id_list_filter(1024 * 1024 / 35);  // 35 bytes per id in JSON
+  REQUIRE(filter.dump().size() >= 1024 * 1024);
+  auto trail = std::make_shared<console::detail::AuditTrail>(false, nullptr);
+  parking::AuditRecord record = console_record("count", 1'700'000'000'000);
+  record.filter = filter;
+  record.error = std::string(100'000, 'e');
+  std::string answer = "none";
+  trail->append(record, nullptr, [&](const std::string& error) { answer = error; });
+  CHECK(answer.empty());
+
+  const nlohmann::json kept = trail->json(10)["records"].at(0);
+  INFO(kept.dump());
+  CHECK(kept["filter"]["reasons"] == nlohmann::json{"exhausted"});
+  CHECK(kept["filter"]["message_ids"]["count"] == filter["message_ids"].size());
+  CHECK(kept["filter"]["message_ids"]["sha256"].get<std::string>().size() == 64);
+  CHECK(kept["error"].get<std::string>().size() == parking::max_audit_error_bytes);
+  CHECK(kept.dump().size() < 2048);
+  CHECK(trail->bytes() < 4096);
+  // The same list gives the same digest; another list another.
+  nlohmann::json other = filter;
+  other["message_ids"][0] = "another";
+  CHECK(parking::audit_filter(filter) == parking::audit_filter(filter));
+  CHECK(parking::audit_filter(filter) != parking::audit_filter(other));
+  // A short list is kept as it is.
+  CHECK(parking::audit_filter(id_list_filter(3)) == id_list_filter(3));
+}
+
+TEST_CASE(
+    "The audit trail in memory stays within its byte bound while records of every kind arrive, "
+    "and keeps the newest note of each cause",
+    "[audit][console]") {
+  const size_t bound = 64 * 1024;
+  auto trail = std::make_shared<console::detail::AuditTrail>(false, nullptr, "", bound);
+  const std::vector<std::string> actions = {"replay", "purge", "count", "edit", "note"};
+  uint64_t at = 1'700'000'000'000;
+  // Notes on three causes, the second one twice, then many records of every kind.
+  for (const char* group : {"cause a", "cause b", "cause c", "cause b"}) {
+    parking::AuditRecord note = console_record("note", ++at);
+    note.group = group;
+    note.note = std::string("about ") + group + " at " + std::to_string(at);
+    trail->keep(note);
+  }
+  size_t most = 0;
+  for (size_t i = 0; i < 3000; ++i) {
+    parking::AuditRecord record = console_record(actions[i % actions.size()], ++at);
+    if (record.action == "note") {
+      record.group = "cause " + std::to_string(100 + i % 7);
+      record.note = std::string(2000, 'n');
+    } else {
+      record.filter = id_list_filter(i % 50);
+      record.error = std::string(i % 3000, 'e');
+      record.message_id = "m" + std::to_string(i);
+    }
+    trail->keep(record);
+    most = std::max(most, trail->bytes());
+  }
+  INFO("most bytes held: " << most);
+  CHECK(most <= bound);
+  const nlohmann::json notes = trail->notes("orders");
+  CHECK(notes["cause a"]["note"] == "about cause a at 1700000000001");
+  CHECK(notes["cause b"]["note"] == "about cause b at 1700000000004");
+  CHECK(notes["cause c"]["note"] == "about cause c at 1700000000003");
+  CHECK(notes.size() == 3 + 7);
+  // The old records themselves are gone.
+  const nlohmann::json records = trail->json(100000)["records"];
+  CHECK(records.size() < 3000);
+  CHECK(records.back()["at_ms"] > 1'700'000'000'004);
 }

@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "retryloop/console/detail/api.hpp"
+#include "retryloop/parking/parked_json.hpp"
 
 using namespace retryloop;
 using console::detail::Access;
@@ -194,7 +195,7 @@ TEST_CASE("A filter in a request becomes a parking filter, and a bad one names i
 
 TEST_CASE("Request bodies are measured for depth before parsing, and strings do not count",
           "[console]") {
-  using console::detail::nests_at_most;
+  using parking::nests_at_most;
   CHECK(nests_at_most(R"({"filter": {"reasons": ["poison"]}})", 3));
   CHECK_FALSE(nests_at_most(R"({"filter": {"reasons": ["poison"]}})", 2));
   CHECK(nests_at_most(R"({"error_contains": "[[[[{{{{"})", 1));

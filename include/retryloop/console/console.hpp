@@ -49,6 +49,10 @@ struct Options {
   /// Keep the audit trail in the vhost's audit stream (the topology file declares `audit`);
   /// false: in memory, for this process only.
   bool audit_on_broker = false;
+  /// The audit key (parking::read_audit_key): the console signs the records it appends with it,
+  /// and shows a record read back as verified only when its signature is valid. Empty: nothing is
+  /// signed, and every record read back is unverified.
+  std::string audit_key;
   /// Where to listen. A host that is not a loopback address makes the console reachable from
   /// other machines.
   std::string listen_host = "127.0.0.1";

@@ -30,6 +30,11 @@ nlohmann::json header_json(const amqp::FieldValue& value);
 /// Whether `text` is well-formed UTF-8: no overlong forms, no surrogates, nothing above U+10FFFF.
 bool is_utf8(std::string_view text);
 
+/// Whether the arrays and objects of JSON `text` nest at most `limit` deep; brackets in strings do
+/// not count. One flat pass over the text, for text that must not reach a recursive parser or
+/// serializer when it is deeper (the console's requests, audit records read back).
+bool nests_at_most(std::string_view text, size_t limit);
+
 /// `bytes` in base64 (RFC 4648, with padding).
 std::string base64(std::string_view bytes);
 

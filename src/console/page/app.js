@@ -312,7 +312,8 @@
     for (const row of document.querySelectorAll('#cause-groups tbody tr[data-cause]')) {
       const note = (s.notes || {})[row.dataset.cause];
       const box = row.querySelector('.note');
-      box.textContent = note && note.note ? `note: ${note.note} (${note.who}, ${timeText(Math.floor(note.at_ms / 1000))})` : '';
+      box.textContent = note && note.note
+          ? `note: ${note.note} (${note.who}${note.verified ? '' : ', unverified'}, ${timeText(Math.floor(note.at_ms / 1000))})` : '';
     }
   }
 
@@ -364,25 +365,40 @@
     const filter = Object.assign({}, r.filter || {});
     const ids = filter.message_ids;
     delete filter.message_ids;
+    // A long list or text is recorded as its count and digest.
+    const digest = (v) => v && typeof v === 'object' && !Array.isArray(v) && 'sha256' in v;
+    const digests = [];
+    for (const [field, value] of Object.entries(filter)) {
+      if (!digest(value)) continue;
+      digests.push(`${field}: ${value.count} (sha256 ${value.sha256.slice(0, 12)}…)`);
+      delete filter[field];
+    }
     let text = filterText(filter);
-    if (ids) {
+    if (digest(ids)) {
+      text = `${plural(ids.count, 'id')} (sha256 ${ids.sha256.slice(0, 12)}…)` + (text ? `; ${text}` : '');
+    } else if (ids) {
       const more = ids.length > 10 ? ` and ${ids.length - 10} more` : '';
       text = `ids ${ids.slice(0, 10).join(', ')}${more}` + (text ? `; ${text}` : '');
     }
+    text = [text, ...digests].filter(Boolean).join('; ');
     return text || 'every parked message';
   }
 
   async function loadAudit() {
     const data = await api('GET', '/api/audit?limit=100');
+    const skipped = data.skipped > 0
+        ? `; ${plural(data.skipped, 'record')} of the stream skipped, unreadable: ${data.skipped_last}` : '';
     $('audit-where').textContent = data.kept_on
-        ? `(kept in the broker's stream ${data.kept_on}${data.error ? `; ${data.error}` : ''})`
+        ? `(kept in the broker's stream ${data.kept_on}${data.error ? `; ${data.error}` : ''}${skipped}` +
+          `${data.signed ? '' : '; not signed: start the console with --audit-key'})`
         : '(kept in this console\'s memory only: declare "audit" in the topology file to keep it)';
     const body = $('audit-table').tBodies[0];
     clear(body);
     for (const r of data.records) {
       body.append(el('tr', {'data-action': r.action, 'data-state': r.state, 'data-id': r.id},
         el('td', {class: 'time', text: timeText(Math.floor(r.at_ms / 1000))}),
-        el('td', {text: r.who}),
+        el('td', {class: 'who', title: r.verified ? '' : 'no valid signature of the audit key: anyone who may publish to the stream could have written it'},
+           r.who, r.verified ? null : ' ', r.verified ? null : el('span', {class: 'badge bad', text: 'unverified'})),
         el('td', {text: r.service}),
         el('td', {class: 'action', text: r.action}),
         el('td', {class: 'what', text: auditWhat(r)}),

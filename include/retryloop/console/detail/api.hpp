@@ -90,11 +90,6 @@ bool same_token(std::string_view a, std::string_view b);
 /// when the source fails.
 std::string random_token();
 
-/// Whether the arrays and objects of JSON `text` nest at most `limit` deep; brackets in strings do
-/// not count. One flat pass over the text, for text that must not reach a recursive parser or
-/// serializer when it is deeper.
-bool nests_at_most(std::string_view text, size_t limit);
-
 /// The filter of an API request, a JSON object whose fields are all optional:
 /// `reasons` (array; "(none)" is the messages without a reason), `error_first_line` (string;
 /// "(none)" is the messages without an error), `error_contains`, `message_ids` (array),
