@@ -15,11 +15,11 @@
 #include <stdexcept>
 #include <thread>
 
-#include "retryloop/console/detail/core.hpp"
 #include "page.hpp"
 #include "retryloop/client/loop_bridge.hpp"
 #include "retryloop/console/detail/api.hpp"
 #include "retryloop/console/detail/audit_trail.hpp"
+#include "retryloop/console/detail/core.hpp"
 #include "retryloop/http/bounded_server.hpp"
 #include "retryloop/parking/parked_json.hpp"
 #include "retryloop/process/stop_signals.hpp"

@@ -576,9 +576,10 @@ void ConsumerImpl::log_outcome(const Pending& pending, const char* what,
 }
 
 std::string ConsumerImpl::message_fields(const Pending& pending) const {
-  std::string fields = "service=" + amqp::printable(options_.service.name) +
-                       " queue=" + amqp::printable(topology::input_queue_name(options_.service)) +
-                       " message_id=" + (pending.message ? amqp::printable(pending.message->message_id()) : std::string());
+  std::string fields =
+      "service=" + amqp::printable(options_.service.name) +
+      " queue=" + amqp::printable(topology::input_queue_name(options_.service)) + " message_id=" +
+      (pending.message ? amqp::printable(pending.message->message_id()) : std::string());
   if (pending.handling) {
     fields += " attempt=" + std::to_string(pending.handling->info.attempt);
     if (pending.handling->trace) {

@@ -824,7 +824,7 @@ TEST_CASE("A delivery with an empty body needs no body frame", "[conversation]")
 }
 
 TEST_CASE(
-    "A consumer with raw_properties gets the property bytes as they came; decoding them later "
+    "A consumer with raw_properties gets the property bytes as they came, and decoding them later "
     "gives what came, or names what is wrong and keeps the bytes",
     "[conversation]") {
   TestLoop loop;

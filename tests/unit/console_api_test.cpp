@@ -306,7 +306,8 @@ TEST_CASE("A tokens file gives names, roles and tokens, and its mistakes name th
                     path.string() + ":1: give NAME ROLE TOKEN, separated by spaces");
   CHECK_THROWS_WITH(read("# nobody\n"), path.string() + " names nobody");
   // A name that is not UTF-8 would be answered by /api/whoami as invalid JSON.
-  CHECK_THROWS_WITH(read("ana reader aaaaaaaaaaaaaaaa\nb\xff\xfe" "b reader bbbbbbbbbbbbbbbb\n"),
+  CHECK_THROWS_WITH(read("ana reader aaaaaaaaaaaaaaaa\nb\xff\xfe"
+                         "b reader bbbbbbbbbbbbbbbb\n"),
                     at + "the name is not UTF-8 text");
   std::filesystem::remove(path);
 }

@@ -110,7 +110,7 @@ TEST_CASE("An edit that changes only the body keeps every application header, ty
 }
 
 TEST_CASE(
-    "An edited header takes its new value in the original's type where it fits; a removed "
+    "An edited header takes its new value in the original's type where it fits, and a removed "
     "one goes",
     "[parking][edit]") {
   parking::EditOptions options = body_only();

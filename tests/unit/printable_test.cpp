@@ -20,8 +20,9 @@ TEST_CASE("Printable text cannot end a log line or forge the next one", "[codec]
 
 TEST_CASE("Printable text keeps UTF-8 but escapes C1 and bidirectional controls", "[codec]") {
   CHECK(printable("Zürich 東京") == "Zürich 東京");
-  CHECK(printable("\xc2\x85next") == "\\u0085next");                   // NEL, a C1 control
-  CHECK(printable("abc\xe2\x80\xae" "evil") == "abc\\u202Eevil");         // right-to-left override
+  CHECK(printable("\xc2\x85next") == "\\u0085next");  // NEL, a C1 control
+  CHECK(printable("abc\xe2\x80\xae"
+                  "evil") == "abc\\u202Eevil");                        // right-to-left override
   CHECK(printable("\xe2\x81\xa6x\xe2\x81\xa9") == "\\u2066x\\u2069");  // isolates
   CHECK(printable("line\xe2\x80\xa8sep") == "line\\u2028sep");
   // Bytes that are not UTF-8: an overlong '/', a lone continuation byte, a cut sequence.
