@@ -143,7 +143,8 @@ std::pair<std::string, int> peer_of(int sock) {
 }  // namespace
 
 /// A thread for each connection, up to the limit; beyond it the listener's own thread turns the
-/// connection away at once. shutdown() ends the open connections and waits for their threads.
+/// connection away at once. shutdown() ends the connections still reading a request, and waits for
+/// every thread, so that a request being answered gets its answer.
 class BoundedServer::ConnectionThreads : public httplib::TaskQueue {
  public:
   explicit ConnectionThreads(BoundedServer& server) : server_(server) {}
@@ -302,6 +303,11 @@ bool BoundedServer::process_and_close_socket(socket_t sock) {
     }
     bytes.append(buffer, size_t(got));
   }
+  {
+    // What is left is bounded by the handler and the write time: a stop waits for it to answer.
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_.erase(sock);
+  }
   const auto write = [sock, this](std::string_view data) {
     return write_all(sock, data, Clock::now() + limits_.write_time);
   };
@@ -326,10 +332,6 @@ bool BoundedServer::process_and_close_socket(socket_t sock) {
         }
         break;
     }
-  }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    open_.erase(sock);
   }
   ::shutdown(sock, SHUT_RDWR);
   ::close(sock);
