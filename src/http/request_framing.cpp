@@ -182,7 +182,8 @@ RequestFraming frame_chunks(std::string_view bytes, size_t start, const RequestL
     }
     const size_t line_end = bytes.find(kLineEnd, at);
     if (line_end == std::string_view::npos || line_end - at > kMaxChunkLine) {
-      if (bytes.size() - at > kMaxChunkLine) {
+      // The longest size line, and the "\r" of its line end, may still be waiting for its "\n".
+      if (bytes.size() - at > kMaxChunkLine + 1) {
         return refuse(400, "a chunk's size line is longer than " + size_text(kMaxChunkLine));
       }
       return incomplete;
@@ -213,15 +214,17 @@ RequestFraming frame_chunks(std::string_view bytes, size_t start, const RequestL
     }
     const bool empty_line = line_end == at;
     at = line_end + kLineEnd.size();
+    // The trailers are held to the head's limit with their empty line, so that a request
+    // refused whole is refused in every start of it too.
+    if (at - trailers > limits.max_head_bytes) {
+      return refuse(431,
+                    "the request's trailers are larger than " + size_text(limits.max_head_bytes));
+    }
     if (empty_line) {
       RequestFraming complete;
       complete.status = RequestFraming::Status::complete;
       complete.length = at;
       return complete;
-    }
-    if (at - trailers > limits.max_head_bytes) {
-      return refuse(431,
-                    "the request's trailers are larger than " + size_text(limits.max_head_bytes));
     }
   }
 }

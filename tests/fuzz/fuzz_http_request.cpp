@@ -6,6 +6,7 @@
 // no handler sees a body over the limit.
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <string_view>
@@ -17,9 +18,12 @@ using namespace retryloop::http;
 
 namespace {
 
-void check(bool condition) {
-  if (!condition) std::abort();
+void check_at(bool condition, const char* what, int line) {
+  if (condition) return;
+  std::fprintf(stderr, "fuzz_http_request.cpp:%d: check failed: %s\n", line, what);
+  std::abort();
 }
+#define check(condition) check_at((condition), #condition, __LINE__)
 
 constexpr size_t kMaxBody = 512;
 

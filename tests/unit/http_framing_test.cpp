@@ -92,3 +92,30 @@ TEST_CASE("A malformed or oversized head is refused with a status and a reason",
   CHECK(refusal(chunked("zz\r\n")).find("400 a chunk's size is not a hexadecimal number") == 0);
   CHECK(refusal(chunked("2\r\nabc\r\n")).find("400 a chunk is longer than its size says") == 0);
 }
+
+TEST_CASE("Every start of a complete request is incomplete, at the edges of each limit too",
+          "[http]") {
+  RequestLimits limits;
+  limits.max_head_bytes = 64;
+  auto every_start_incomplete = [&limits](const std::string& request) {
+    for (size_t length = 0; length < request.size(); ++length) {
+      INFO("the first " << length << " bytes");
+      CHECK(frame_request(request.substr(0, length), limits).status == Status::incomplete);
+    }
+  };
+  // Trailers of 64 bytes with their empty line: the most the limit allows.
+  const std::string trailer = "T: " + std::string(64 - 2 - 5, 'x') + "\r\n";
+  const std::string fits = chunked("1\r\na\r\n0\r\n" + trailer + "\r\n");
+  REQUIRE(frame_request(fits, limits).status == Status::complete);
+  every_start_incomplete(fits);
+  // One byte more is refused whole, where it was once complete while its start was refused.
+  const std::string over = chunked("1\r\na\r\n0\r\nT: x" + trailer.substr(3) + "\r\n");
+  CHECK(frame_request(over, limits).refusal_status == 431);
+
+  // A chunk size line of the longest length, extensions and all.
+  const std::string longest = "1;" + std::string(1024 - 2, 'e') + "\r\na\r\n0\r\n\r\n";
+  const std::string sized_line = chunked(longest);
+  REQUIRE(frame_request(sized_line, limits).status == Status::complete);
+  every_start_incomplete(sized_line);
+  CHECK(frame_request(chunked("1;e" + longest.substr(2)), limits).refusal_status == 400);
+}
