@@ -69,6 +69,8 @@ const char* to_string(Settlement settlement) {
       return "parked";
     case Settlement::abandoned:
       return "abandoned";
+    case Settlement::held:
+      return "held";
   }
   return "unknown";
 }
@@ -94,7 +96,11 @@ const char* to_string(ConsumerState state) {
 namespace detail {
 
 ConsumerImpl::ConsumerImpl(uv_loop_t* loop, ConsumerOptions options)
-    : options_(std::move(options)), loop_(loop), parking_depth_(options_) {
+    : options_(std::move(options)),
+      loop_(loop),
+      parking_depth_(options_),
+      breaker_(options_.service.outage, int(std::max<uint32_t>(options_.concurrency, 1)),
+               [this](const outage::Event& event) { breaker_events_.push_back(event); }) {
   if (options_.consumer_name.empty()) options_.consumer_name = default_consumer_name();
   if (options_.concurrency == 0) options_.concurrency = 1;
   exceptions_ = std::make_shared<const ExceptionPolicy>(options_.exceptions);
@@ -144,6 +150,9 @@ Error ConsumerImpl::start() {
   init_handles();
   if (handler_ && !options_.handler_on_loop) {
     pool_ = std::make_unique<WorkerPool>(loop_, options_.concurrency);
+    ++open_handles_;
+  } else if (options_.probe) {
+    probe_pool_ = std::make_unique<WorkerPool>(loop_, 1);
     ++open_handles_;
   }
   connect_session();
@@ -200,7 +209,7 @@ void ConsumerImpl::connect_session() {
   events.blocked = [weak](bool blocked, const std::string& reason) {
     if (auto self = weak.lock()) self->on_blocked(blocked, reason);
   };
-  session_ = Session::start(loop_, options_, ++generation_, std::move(events));
+  session_ = Session::start(loop_, options_, ++generation_, std::move(events), wants_deliveries());
 }
 
 void ConsumerImpl::session_ready() {
@@ -209,12 +218,19 @@ void ConsumerImpl::session_ready() {
   if (ever_ready_) ++metrics_.reconnects;
   ever_ready_ = true;
   if (auto* log = options_.logger.get()) {
-    log->info("service={} queue={} consuming (prefetch {}, concurrency {}, mode {})",
-              options_.service.name, topology::input_queue_name(options_.service),
-              options_.prefetch, options_.concurrency,
-              topology::to_string(options_.service.retry.mode));
+    if (wants_deliveries()) {
+      log->info("service={} queue={} consuming (prefetch {}, concurrency {}, mode {})",
+                options_.service.name, topology::input_queue_name(options_.service),
+                options_.prefetch, options_.concurrency,
+                topology::to_string(options_.service.retry.mode));
+    } else {
+      log->info("service={} queue={} connected; not consuming while the breaker is {}",
+                options_.service.name, topology::input_queue_name(options_.service),
+                outage::to_string(breaker_.state()));
+    }
   }
   if (on_ready_) on_ready_();
+  start_handlers();
 }
 
 void ConsumerImpl::session_failed(const Error& error, bool fatal) {
@@ -396,24 +412,55 @@ size_t ConsumerImpl::handler_window() const {
 void ConsumerImpl::start_handlers() {
   if (dispatching_) return;  // the outer call's loop picks up what was added
   dispatching_ = true;
-  const size_t window = handler_window();
-  while (running_ < window && !waiting_.empty() && state_ != State::stopping) {
+  while (state_ != State::stopping) {
+    // Closed, the consumer's window bounds what starts (it hands a few more to the worker pool
+    // ahead of a free worker); otherwise the breaker's limit does.
+    const bool closed = breaker_.state() == outage::State::closed;
+    const size_t window = closed ? handler_window() : size_t(breaker_.limit());
+    if (running_ >= window) break;
+    const bool probe_function = options_.probe && breaker_.state() != outage::State::closed &&
+                                breaker_.state() != outage::State::ramping;
+    if (waiting_.empty() && !probe_function) break;
+    const std::optional<outage::Call> call = breaker_.try_start(closed ? 0 : int(running_), now());
+    if (!call) break;
+    if (call->probe && options_.probe) {
+      run_probe(*call);
+      continue;
+    }
+    if (waiting_.empty()) {
+      // Not a probe, and nothing to start: a ramp's call is not taken, so hand it back.
+      breaker_.finished(*call, outage::Verdict::not_counted, now());
+      break;
+    }
     std::shared_ptr<Pending> pending = std::move(waiting_.front());
     waiting_.pop_front();
+    pending->call = call;
     run_handler(pending);
   }
   dispatching_ = false;
+  after_breaker();
 }
 
 void ConsumerImpl::run_handler(const std::shared_ptr<Pending>& pending) {
-  if (!begin_handling(pending)) return;
-  if (std::string why = over_delivery_limit(pending->handling->info); !why.empty()) {
-    retry::Decision& decision = pending->handling->decision;
-    decision.action = retry::Action::park;
-    decision.reason = ParkReason::delivery_limit;
-    decision.error = std::move(why);
-    carry_out(pending);
-    return;
+  if (!pending->handling) {
+    if (!begin_handling(pending)) return;
+    if (std::string why = over_delivery_limit(pending->handling->info); !why.empty()) {
+      retry::Decision& decision = pending->handling->decision;
+      decision.action = retry::Action::park;
+      decision.reason = ParkReason::delivery_limit;
+      decision.error = std::move(why);
+      pending->call.reset();
+      carry_out(pending);
+      return;
+    }
+  } else {
+    // Held after an unavailable outcome: the same attempt again, nothing of the last run kept.
+    Handling& handling = *pending->handling;
+    handling.threw = false;
+    handling.finished_ns = 0;
+    handling.decision = retry::Decision{};
+    handling.work_outcome = Outcome{};
+    handling.outcome = Outcome{};
   }
   ++running_;
   if (async_handler_ || options_.handler_on_loop) {
@@ -459,7 +506,7 @@ void ConsumerImpl::run_handler(const std::shared_ptr<Pending>& pending) {
         if (started) {
           self->handler_done(pending, std::move(pending->handling->work_outcome));
         } else {
-          self->handler_withdrawn(*pending);
+          self->handler_withdrawn(pending);
         }
       });
 }
@@ -468,11 +515,27 @@ size_t ConsumerImpl::withdraw_handlers() {
   return pool_ ? pool_->withdraw() : 0;
 }
 
-void ConsumerImpl::handler_withdrawn(const Pending& pending) {
-  // Handed to the pool but not started: it goes back like a waiting delivery. A graceful stop
-  // hands it back; a session that ended takes it with its channel.
+void ConsumerImpl::handler_withdrawn(const std::shared_ptr<Pending>& pending) {
+  // Handed to the pool but not started: it goes back like a waiting delivery. The breaker keeps
+  // it waiting; a graceful stop hands it back; a session that ended takes it with its channel.
   --running_;
-  if (is_live(pending)) (void)pending.channel->nack(pending.delivery_tag, false, true);
+  if (pending->call) {
+    breaker_.finished(*pending->call, outage::Verdict::not_counted, now());
+    pending->call.reset();
+  }
+  if (taking_back_ != nullptr) {
+    taking_back_->push_back(pending);
+    return;
+  }
+  if (is_live(*pending)) (void)pending->channel->nack(pending->delivery_tag, false, true);
+}
+
+void ConsumerImpl::take_back_unstarted() {
+  std::vector<std::shared_ptr<Pending>> taken;
+  taking_back_ = &taken;
+  withdraw_handlers();
+  taking_back_ = nullptr;
+  waiting_.insert(waiting_.begin(), taken.begin(), taken.end());
 }
 
 void ConsumerImpl::handler_done(const std::shared_ptr<Pending>& pending, Outcome outcome) {
@@ -484,10 +547,16 @@ void ConsumerImpl::handler_done(const std::shared_ptr<Pending>& pending, Outcome
       std::chrono::nanoseconds(finished_ns - pending->handling->started_ns));
   if (pending->handling->threw) ++metrics_.handler_errors;
   pending->handling->outcome = outcome;
+  if (pending->call) {
+    breaker_.finished(*pending->call, retry::breaker_verdict(outcome.kind), now());
+    pending->call.reset();
+  }
   if (!is_live(*pending)) {
     abandon(*pending);
     log_outcome(*pending, "abandoned",
                 "its channel closed while the handler ran; the broker redelivers it");
+  } else if (outcome.kind == retry::OutcomeKind::unavailable && holds_unavailable(*pending)) {
+    hold(pending);
   } else {
     pending->handling->decision = retry::decide(options_.service, pending->handling->info, outcome);
     carry_out(pending);
@@ -638,6 +707,10 @@ void ConsumerImpl::on_tick() {
     }
   }
   if (state_ == State::running) parking_depth_.tick(now, session_->consume_connection());
+  if (state_ != State::stopping && breaker_.wake_at()) {
+    breaker_.tick(std::chrono::milliseconds(now));
+    start_handlers();
+  }
   if (session_ && !blocked_) check_copies(now);
   if (session_) session_->close_drained_channels();
 }
@@ -673,7 +746,7 @@ void ConsumerImpl::stop(std::chrono::milliseconds deadline) {
     (void)pending->channel->nack(pending->delivery_tag, false, true);
   waiting_.clear();
   std::weak_ptr<ConsumerImpl> weak = weak_from_this();
-  (void)session_->consume_channel()->cancel(session_->consumer_tag(), [weak](const Error&) {
+  session_->stop_consuming([weak] {
     if (auto self = weak.lock()) self->maybe_finish_stop();
   });
   maybe_finish_stop();
@@ -708,6 +781,9 @@ void ConsumerImpl::close_handles() {
   uv_close(reinterpret_cast<uv_handle_t*>(&tick_timer_), on_closed);
   if (signals_) signals_->close([this] { on_handle_closed(); });
   if (pool_) pool_->close(options_.handler_exit_timeout, [this] { on_handle_closed(); });
+  if (probe_pool_) {
+    probe_pool_->close(options_.handler_exit_timeout, [this] { on_handle_closed(); });
+  }
 }
 
 void ConsumerImpl::on_handle_closed() {
@@ -784,6 +860,24 @@ bool Consumer::wait_for_handlers(std::chrono::milliseconds timeout) const {
 }
 const topology::Service& Consumer::service() const {
   return impl_->options_.service;
+}
+outage::State Consumer::breaker_state() const {
+  return impl_->breaker_state();
+}
+int Consumer::breaker_limit() const {
+  return impl_->breaker_limit();
+}
+outage::Stats Consumer::breaker_stats() const {
+  return impl_->breaker_stats();
+}
+size_t Consumer::held() const {
+  return impl_->held();
+}
+void Consumer::pause() {
+  impl_->pause();
+}
+void Consumer::resume() {
+  impl_->resume();
 }
 
 }  // namespace retryloop::consumer

@@ -11,10 +11,12 @@
 #include <string_view>
 #include <system_error>
 #include <unordered_map>
+#include <vector>
 
 #include "parking_depth.hpp"
 #include "retryloop/consumer/consumer.hpp"
 #include "retryloop/consumer/detail/worker_pool.hpp"
+#include "retryloop/outage/breaker.hpp"
 #include "retryloop/process/stop_signals.hpp"
 #include "session.hpp"
 
@@ -51,6 +53,13 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   size_t in_flight() const;
   size_t handlers_running() const;
   bool wait_for_handlers(std::chrono::milliseconds timeout) const;
+
+  outage::State breaker_state() const { return breaker_.state(); }
+  int breaker_limit() const { return breaker_.limit(); }
+  outage::Stats breaker_stats() const;
+  size_t held() const { return waiting_.size(); }
+  void pause();
+  void resume();
 
  private:
   /// What a delivery gathers from the moment its handler starts. Kept apart so that the many
@@ -107,6 +116,12 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
     /// Both set when its handler starts (begin_handling).
     std::unique_ptr<Message> message;
     std::unique_ptr<Handling> handling;
+    /// What the breaker let start, while its handler runs.
+    std::optional<outage::Call> call;
+    /// Its unavailable outcomes in a row while the breaker stayed closed (the dependency answered
+    /// other deliveries): at the breaker's consecutive_unavailable, the next one is its own
+    /// failure and charged as a retry.
+    int unavailable_while_closed = 0;
   };
 
   enum class State { idle, connecting, running, backing_off, stopping, stopped };
@@ -130,10 +145,24 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   size_t handler_window() const;
   void start_handlers();
   void run_handler(const std::shared_ptr<Pending>& pending);
+  /// Whether a delivery whose handler said `unavailable` is kept to run again, uncharged.
+  bool holds_unavailable(Pending& pending) const;
+  void hold(const std::shared_ptr<Pending>& pending);
+  /// Runs options_.probe as the breaker's probe `call`.
+  void run_probe(const outage::Call& call);
+  void probe_done(const outage::Call& call, bool answered);
+  /// Logs the breaker's changes since the last call, tells options_.on_breaker, and consumes or
+  /// not as the breaker's state wants.
+  void after_breaker();
+  bool wants_deliveries() const;
+  std::chrono::milliseconds now() const;
   /// Takes back the deliveries handed to the worker pool whose handlers have not started; returns
   /// how many.
   size_t withdraw_handlers();
-  void handler_withdrawn(const Pending& pending);
+  void handler_withdrawn(const std::shared_ptr<Pending>& pending);
+  /// Takes back what was handed to the worker pool ahead of a free worker, to wait again: the
+  /// breaker opened, so it may not start, and handing it back would charge it.
+  void take_back_unstarted();
   void handler_done(const std::shared_ptr<Pending>& pending, Outcome outcome);
   void carry_out(const std::shared_ptr<Pending>& pending);
   bool is_live(const Pending& pending) const;
@@ -166,6 +195,10 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
 
   uv_loop_t* loop_;
   std::unique_ptr<WorkerPool> pool_;
+  /// Runs options_.probe when there is no worker pool (an asynchronous handler, handler_on_loop).
+  std::unique_ptr<WorkerPool> probe_pool_;
+  /// While take_back_unstarted() runs: where the withdrawn deliveries go.
+  std::vector<std::shared_ptr<Pending>>* taking_back_ = nullptr;
   State state_ = State::idle;
   std::shared_ptr<Session> session_;
   uint64_t generation_ = 0;
@@ -192,6 +225,10 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   bool handles_open_ = false;
   uint64_t last_metrics_log_ms_ = 0;
   ParkingDepthMonitor parking_depth_;
+  outage::Breaker breaker_;
+  /// The breaker's changes not yet logged and acted on (its listener must not call back into it).
+  std::vector<outage::Event> breaker_events_;
+  bool in_after_breaker_ = false;
   std::shared_ptr<ConsumerImpl> self_;
 };
 

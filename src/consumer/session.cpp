@@ -71,8 +71,9 @@ void log_declared(spdlog::logger* log, const std::string& service, const topolog
 }  // namespace
 
 std::shared_ptr<Session> Session::start(uv_loop_t* loop, const ConsumerOptions& options,
-                                        uint64_t generation, SessionEvents events) {
+                                        uint64_t generation, SessionEvents events, bool consume) {
   std::shared_ptr<Session> session(new Session(options, generation, std::move(events)));
+  session->want_consuming_ = consume;
   session->connect(loop);
   return session;
 }
@@ -233,10 +234,49 @@ void Session::open_consume_channel() {
 void Session::set_prefetch(std::shared_ptr<client::Channel> channel) {
   watch(channel);
   consume_channel_ = channel;
-  check(channel->qos(options_.prefetch, then([](Session& self) { self.consume(); })));
+  check(channel->qos(options_.prefetch, then([](Session& self) {
+                       if (self.want_consuming_) return self.consume();
+                       self.ready_sent_ = true;
+                       if (self.events_.ready) self.events_.ready();
+                     })));
+}
+
+void Session::set_consuming(bool consuming) {
+  if (stopping_consuming_) return;
+  want_consuming_ = consuming;
+  if (ready_sent_) reconcile();
+}
+
+void Session::stop_consuming(std::function<void()> done) {
+  stopping_consuming_ = true;
+  want_consuming_ = false;
+  stopped_consuming_ = std::move(done);
+  reconcile();
+}
+
+void Session::reconcile() {
+  if (ended_ || consume_changing_) return;
+  const bool consuming = !consumer_tag_.empty();
+  if (want_consuming_ && !consuming) return consume();
+  if (!want_consuming_ && consuming) return cancel();
+  if (!consuming && stopped_consuming_) {
+    std::function<void()> done = std::move(stopped_consuming_);
+    stopped_consuming_ = nullptr;
+    done();
+  }
+}
+
+void Session::cancel() {
+  consume_changing_ = true;
+  check(consume_channel_->cancel(consumer_tag_, then([](Session& self) {
+                                   self.consume_changing_ = false;
+                                   self.consumer_tag_.clear();
+                                   self.reconcile();
+                                 })));
 }
 
 void Session::consume() {
+  consume_changing_ = true;
   const std::string& queue = topology::input_queue_name(options_.service);
   client::ConsumeOptions consume_options;
   // Up to the prefetch wait for a handler: their properties stay in wire form until it starts.
@@ -252,8 +292,13 @@ void Session::consume() {
 }
 
 void Session::consuming(const std::string& consumer_tag) {
+  consume_changing_ = false;
   consumer_tag_ = consumer_tag;
-  if (events_.ready) events_.ready();
+  if (!ready_sent_) {
+    ready_sent_ = true;
+    if (events_.ready) events_.ready();
+  }
+  reconcile();
 }
 
 }  // namespace retryloop::consumer::detail

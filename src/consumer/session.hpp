@@ -40,8 +40,11 @@ struct SessionEvents {
 /// itself (`self_`) until its last handle is closed; a session is held by its consumer.
 class Session : public std::enable_shared_from_this<Session> {
  public:
+  /// `consume`: whether to consume once set up; without it the session is ready once the
+  /// consume channel has its prefetch, and consumes when set_consuming(true) is called.
   static std::shared_ptr<Session> start(uv_loop_t* loop, const ConsumerOptions& options,
-                                        uint64_t generation, SessionEvents events);
+                                        uint64_t generation, SessionEvents events,
+                                        bool consume = true);
 
   /// Closes both connections (the broker requeues what is unacked); no event fires after this
   /// call. `done` fires once both are closed.
@@ -64,7 +67,13 @@ class Session : public std::enable_shared_from_this<Session> {
   void renew_publish_channel();
   /// Closes the replaced publish channels that await no confirm.
   void close_drained_channels();
-  const std::string& consumer_tag() const { return consumer_tag_; }
+  /// Consuming or not, as the consumer's breaker wants: basic.consume or basic.cancel, one at a
+  /// time, until the session does what was last asked. Deliveries received before a cancel-ok
+  /// still come; what the channel holds stays unacked. Harmless when it already does.
+  void set_consuming(bool consuming);
+  /// Stops consuming for good (a graceful stop): `done` fires once the broker has no consumer of
+  /// this session any more, or at once when it had none.
+  void stop_consuming(std::function<void()> done);
 
  private:
   Session(const ConsumerOptions& options, uint64_t generation, SessionEvents events);
@@ -86,6 +95,10 @@ class Session : public std::enable_shared_from_this<Session> {
   void set_prefetch(std::shared_ptr<client::Channel> channel);
   void consume();
   void consuming(const std::string& consumer_tag);
+  void cancel();
+  /// Issues the consume or cancel that brings the session to what was asked, when none is under
+  /// way; runs the stop's `done` once nothing consumes.
+  void reconcile();
 
   const ConsumerOptions options_;
   uint64_t generation_;
@@ -96,7 +109,14 @@ class Session : public std::enable_shared_from_this<Session> {
   std::shared_ptr<client::Channel> publish_channel_;
   std::vector<std::shared_ptr<client::Channel>> replaced_channels_;
   bool renewing_ = false;
+  /// The broker's consumer tag while it consumes; empty when it does not.
   std::string consumer_tag_;
+  bool want_consuming_ = true;
+  /// A basic.consume or basic.cancel awaits its reply.
+  bool consume_changing_ = false;
+  bool ready_sent_ = false;
+  bool stopping_consuming_ = false;
+  std::function<void()> stopped_consuming_;
   int connected_ = 0;
   bool ended_ = false;
 };

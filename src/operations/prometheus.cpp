@@ -74,6 +74,23 @@ Labels own_labels(const ConsumerStatus& status) {
   return {{"service", status.service}, {"queue", status.queue}};
 }
 
+/// How far a breaker state is from taking deliveries freely.
+int breaker_rank(outage::State state) {
+  switch (state) {
+    case outage::State::closed:
+      return 0;
+    case outage::State::ramping:
+      return 1;
+    case outage::State::probing:
+      return 2;
+    case outage::State::open:
+      return 3;
+    case outage::State::paused:
+      return 4;
+  }
+  return 0;
+}
+
 /// Consumers of the same service and queue, added together: one series each.
 std::vector<ConsumerStatus> merged(const std::vector<ConsumerStatus>& consumers) {
   std::vector<ConsumerStatus> out;
@@ -89,6 +106,14 @@ std::vector<ConsumerStatus> merged(const std::vector<ConsumerStatus>& consumers)
     same->in_flight += status.in_flight;
     same->blocked = same->blocked || status.blocked;
     if (status.state == consumer::ConsumerState::consuming) same->state = status.state;
+    // The service's breaker as its most stopped consumer has it.
+    if (breaker_rank(status.breaker) > breaker_rank(same->breaker)) same->breaker = status.breaker;
+    same->breaker_limit += status.breaker_limit;
+    same->breaker_stats.trips += status.breaker_stats.trips;
+    same->breaker_stats.probes += status.breaker_stats.probes;
+    same->breaker_stats.time_open =
+        std::max(same->breaker_stats.time_open, status.breaker_stats.time_open);
+    same->held += status.held;
   }
   return out;
 }
@@ -135,6 +160,20 @@ const Plain own_families[] = {
      [](const ConsumerStatus& s) {
        return uint64_t(s.state == consumer::ConsumerState::consuming ? 1 : 0);
      }},
+    {"retryloop_breaker_trips_total", "counter",
+     "Times the service's breaker opened: unavailable outcomes in a row or the failure rate "
+     "(docs/outage.md).",
+     [](const ConsumerStatus& s) { return s.breaker_stats.trips; }},
+    {"retryloop_breaker_probes_total", "counter",
+     "Calls the breaker let through while open to see whether the dependency answers again.",
+     [](const ConsumerStatus& s) { return s.breaker_stats.probes; }},
+    {"retryloop_breaker_limit", "gauge",
+     "Handlers the breaker lets run at once now: the concurrency when closed, the ramp's limit, 1 "
+     "while probing, 0 while open or paused.",
+     [](const ConsumerStatus& s) { return uint64_t(std::max(s.breaker_limit, 0)); }},
+    {"retryloop_held_messages", "gauge",
+     "Deliveries kept unsettled and uncharged while the breaker does not let them run.",
+     [](const ConsumerStatus& s) { return uint64_t(s.held); }},
     {"retryloop_publishing_blocked", "gauge",
      "1 while the broker blocks the connection that publishes retry and parking copies "
      "(connection.blocked: a memory or disk alarm).",
@@ -172,6 +211,10 @@ ConsumerStatus status_of(const consumer::Consumer& consumer) {
   status.blocked = consumer.is_blocked();
   status.in_flight = consumer.in_flight();
   status.metrics = consumer.metrics();
+  status.breaker = consumer.breaker_state();
+  status.breaker_limit = consumer.breaker_limit();
+  status.breaker_stats = consumer.breaker_stats();
+  status.held = consumer.held();
   return status;
 }
 
@@ -221,6 +264,27 @@ std::string prometheus_text(const std::vector<ConsumerStatus>& all) {
     out.family(family.name, family.type, family.help);
     for (const auto& status : consumers)
       out.sample(family.name, own_labels(status), std::to_string(family.value(status)));
+  }
+
+  out.family("retryloop_breaker_open_seconds_total", "counter",
+             "Time the service's breaker spent open or probing.");
+  for (const auto& status : consumers) {
+    const auto open =
+        std::chrono::duration_cast<std::chrono::microseconds>(status.breaker_stats.time_open);
+    out.sample("retryloop_breaker_open_seconds_total", own_labels(status),
+               seconds_text(uint64_t(open.count())));
+  }
+  out.family("retryloop_breaker_state", "gauge",
+             "1 for the state the service's breaker is in (closed, open, probing, ramping, "
+             "paused), 0 for the others.");
+  for (const auto& status : consumers) {
+    for (const outage::State state :
+         {outage::State::closed, outage::State::open, outage::State::probing,
+          outage::State::ramping, outage::State::paused}) {
+      Labels labels = own_labels(status);
+      labels.emplace_back("state", outage::to_string(state));
+      out.sample("retryloop_breaker_state", labels, status.breaker == state ? "1" : "0");
+    }
   }
   return out.take();
 }

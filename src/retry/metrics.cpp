@@ -55,6 +55,7 @@ void Metrics::add(const Metrics& other) {
   publish_failures += other.publish_failures;
   abandoned += other.abandoned;
   reconnects += other.reconnects;
+  held_unavailable += other.held_unavailable;
   copies_too_large += other.copies_too_large;
   handler_latency.add(other.handler_latency);
 }
@@ -76,6 +77,7 @@ std::string Metrics::summary() const {
          " publish_failures=" + std::to_string(publish_failures) +
          " abandoned=" + std::to_string(abandoned) + " reconnects=" + std::to_string(reconnects) +
          " copies_too_large=" + std::to_string(copies_too_large) +
+         " held_unavailable=" + std::to_string(held_unavailable) +
          " latency_p50=" + ms(handler_latency.quantile(0.5)) +
          " latency_p99=" + ms(handler_latency.quantile(0.99)) +
          " latency_max=" + ms(handler_latency.max());

@@ -556,3 +556,44 @@ TEST_CASE("The parking alert fires when the depth rises above the threshold, onc
   }
   test::stop(loop, c);
 }
+
+TEST_CASE(
+    "While its breaker is open the consumer cancels its consumer and settles none of the "
+    "deliveries it holds; after a probe succeeds it consumes again and acks them",
+    "[conversation][consumer][outage]") {
+  TestLoop loop;
+  ScriptedPeer peer(loop.get());
+  const auto service =
+      test::make_service("svc", R"("delays": ["5s"], "max_attempts": 3)",
+                         R"("outage": {"consecutive_unavailable": 2, "probe_interval": "200ms"})");
+  bool up = false;
+  int calls = 0;
+  auto c = test::start(loop, peer_options(peer, service), [&](const consumer::Message&) {
+    ++calls;
+    return up ? Outcome::ack() : Outcome::unavailable("payments: connection refused");
+  });
+  const Consuming at = consuming(peer);
+  for (uint64_t tag = 1; tag <= 3; ++tag)
+    deliver(peer, at, tag, "m-" + std::to_string(tag));
+  REQUIRE(loop.run_until([&] { return c->breaker_state() == outage::State::open; }));
+  REQUIRE(loop.run_until([&] { return peer.count<amqp::BasicCancel>() == 1; }));
+  CHECK(calls == 2);  // the first delivery, run again once: two unavailable in a row
+
+  loop.run_for(700ms);  // probes: the held first delivery, once per 200 ms
+  CHECK(calls >= 3);
+  CHECK(calls <= 2 + 4);
+  CHECK(c->held() == 3);
+  for (uint64_t tag = 1; tag <= 3; ++tag)
+    CHECK(settlement(peer, at, tag).empty());
+  CHECK(peer.count<amqp::BasicConsume>() == 1);
+
+  up = true;
+  REQUIRE(loop.run_until([&] { return settlement(peer, at, 3) == "ack"; }));
+  CHECK(peer.count<amqp::BasicConsume>() == 2);
+  for (uint64_t tag = 1; tag <= 2; ++tag)
+    CHECK(settlement(peer, at, tag) == "ack");
+  CHECK(peer.count<amqp::BasicNack>() == 0);
+  CHECK(peer.count<amqp::BasicReject>() == 0);
+  CHECK(c->metrics().retried == 0);
+  test::stop(loop, c);
+}

@@ -190,3 +190,30 @@ TEST_CASE("A listen address is HOST:PORT, [IPV6]:PORT, or a bare port on loopbac
     CHECK_THROWS_AS(operations::parse_listen_address(bad), std::invalid_argument);
   }
 }
+
+TEST_CASE(
+    "The breaker's state, limit, trips, probes, time open and held deliveries are exposed, "
+    "and two consumers of a service show its most stopped state",
+    "[operations][outage]") {
+  ConsumerStatus open = orders();
+  open.breaker = outage::State::open;
+  open.breaker_stats.trips = 2;
+  open.breaker_stats.probes = 5;
+  open.breaker_stats.time_open = 12500ms;
+  open.held = 40;
+  ConsumerStatus closed = orders();
+  closed.breaker_limit = 8;
+  closed.breaker_stats.trips = 1;
+  const std::string text = operations::prometheus_text({open, closed});
+  INFO(text);
+  const std::string own = "service=\"orders\",queue=\"orders.q\"";
+  CHECK(has_line(text, "# TYPE retryloop_breaker_state gauge"));
+  CHECK(has_line(text, "retryloop_breaker_state{" + own + ",state=\"open\"} 1"));
+  CHECK(has_line(text, "retryloop_breaker_state{" + own + ",state=\"closed\"} 0"));
+  CHECK(has_line(text, "retryloop_breaker_state{" + own + ",state=\"paused\"} 0"));
+  CHECK(has_line(text, "retryloop_breaker_trips_total{" + own + "} 3"));
+  CHECK(has_line(text, "retryloop_breaker_probes_total{" + own + "} 5"));
+  CHECK(has_line(text, "retryloop_breaker_open_seconds_total{" + own + "} 12.5"));
+  CHECK(has_line(text, "retryloop_breaker_limit{" + own + "} 8"));
+  CHECK(has_line(text, "retryloop_held_messages{" + own + "} 40"));
+}

@@ -13,6 +13,7 @@
 #include "retryloop/client/connection.hpp"
 #include "retryloop/client/error.hpp"
 #include "retryloop/client/loop.hpp"
+#include "retryloop/outage/breaker.hpp"
 #include "retryloop/retry/backoff.hpp"
 #include "retryloop/retry/headers.hpp"
 #include "retryloop/retry/metrics.hpp"
@@ -115,8 +116,11 @@ enum class Settlement {
   /// not settled: its channel closed first (a lost connection, a stop), so the broker delivers it
   /// again
   abandoned,
+  /// not settled: the handler said its dependency is unavailable, so the consumer keeps it,
+  /// uncharged, and runs it again once the breaker lets a call through (docs/outage.md)
+  held,
 };
-/// "acked", "dropped", "retried", "parked", "abandoned".
+/// "acked", "dropped", "retried", "parked", "abandoned", "held".
 const char* to_string(Settlement settlement);
 
 /// What the end of a handler's span is told.
@@ -224,6 +228,16 @@ struct ConsumerOptions {
   ParkingDepthHandler on_parking_depth;
   /// A tracer's span around each handler call (see SpanStart); empty: none.
   SpanStart start_span;
+  /// While the service's breaker is open, the call that asks whether the dependency answers
+  /// again, once per probe interval, instead of running a held message (docs/outage.md): true
+  /// when it answered. It runs where synchronous handlers run (a worker thread; for an
+  /// asynchronous handler or handler_on_loop, a libuv pool thread), so it may block; give it a
+  /// timeout, as the handler's own calls have. An exception means it did not answer. Empty: the
+  /// probe is a held message, or the next delivery.
+  std::function<bool()> probe;
+  /// Told of each change of the breaker, on the loop thread, after the consumer has logged it
+  /// and acted on it (stopped or resumed taking deliveries).
+  outage::EventHandler on_breaker;
 };
 
 /// The retry consumer: consumes the service's input queue, runs the handler, and carries out
@@ -291,6 +305,22 @@ class Consumer {
   /// loop). Call it before destroying what an abandoned handler may still use.
   bool wait_for_handlers(std::chrono::milliseconds timeout) const;
   const topology::Service& service() const;
+
+  /// Where the service's breaker stands in this consumer: closed while the dependency answers;
+  /// open, probing or ramping while it is down or recovering; paused by pause().
+  outage::State breaker_state() const;
+  /// How many handlers the breaker lets run at once now (the concurrency when closed).
+  int breaker_limit() const;
+  /// Trips, probes, and time spent open, since the consumer was made.
+  outage::Stats breaker_stats() const;
+  /// Deliveries kept unsettled while the breaker does not let them run (their handlers have not
+  /// started, or said the dependency is unavailable): uncharged, and back to the queue on a stop.
+  size_t held() const;
+  /// An operator's stop: the consumer takes no deliveries and starts no handler until resume();
+  /// what it holds stays unsettled and uncharged. Running handlers finish and settle as usual.
+  void pause();
+  /// Ends a pause with one call first (a probe), then the breaker's ramp.
+  void resume();
 
  private:
   std::shared_ptr<detail::ConsumerImpl> impl_;

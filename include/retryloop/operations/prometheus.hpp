@@ -19,6 +19,11 @@ struct ConsumerStatus {
   bool blocked = false;
   size_t in_flight = 0;
   retry::Metrics metrics;
+  /// The service's breaker in this consumer (Consumer::breaker_state and the rest).
+  outage::State breaker = outage::State::closed;
+  int breaker_limit = 0;
+  outage::Stats breaker_stats;
+  size_t held = 0;
 };
 
 /// The status of `consumer` now. On its loop thread only, like every call of a Consumer.

@@ -58,6 +58,9 @@ struct Metrics {
   uint64_t publish_failures = 0;       ///< retry or parking copies nacked or returned (tried again)
   uint64_t abandoned = 0;              ///< results dropped because their channel died (redelivered)
   uint64_t reconnects = 0;             ///< sessions re-established after a loss
+  /// Handler runs that said the dependency is unavailable and whose delivery was kept, uncharged,
+  /// to run again (docs/outage.md); one delivery may count several times.
+  uint64_t held_unavailable = 0;
   /// Copies whose properties did not fit in frame_max even with retryloop-error shortened: a
   /// retry became a retry by reject (also counted in `retried`), a parking copy was made again
   /// without the message's own headers (counted in `parked_*` once confirmed).

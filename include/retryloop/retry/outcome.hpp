@@ -19,8 +19,10 @@ enum class OutcomeKind {
   poison,     ///< cannot even be understood (bad format, a bug): parking at once (reason `poison`)
   drop,       ///< not wanted: acked and logged; the message is gone on purpose
   /// a dependency the handler needs is down: not the message's fault. Its service's breaker
-  /// counts it (docs/outage.md). Until the consumer consults the breaker, it is handled as retry:
-  /// the next attempt after the delay, or parking (exhausted).
+  /// counts it, and the consumer keeps the message unsettled and uncharged, to run again when the
+  /// breaker lets a call through (docs/outage.md). Only a message that is unavailable
+  /// `consecutive_unavailable` times in a row while the breaker stays closed (the dependency
+  /// answers the others) is charged, as a retry.
   unavailable,
 };
 
@@ -50,8 +52,7 @@ struct Outcome {
   }
   static Outcome poison(std::string error) { return {OutcomeKind::poison, std::move(error), {}}; }
   /// The dependency failed, not the message: "payments API refused the connection". It feeds the
-  /// service's breaker; the message itself is treated as Outcome::retry for now (see
-  /// OutcomeKind::unavailable).
+  /// service's breaker, and costs the message no attempt (see OutcomeKind::unavailable).
   static Outcome unavailable(std::string error) {
     return {OutcomeKind::unavailable, std::move(error), {}};
   }

@@ -1,0 +1,176 @@
+#include <spdlog/spdlog.h>
+
+#include "consumer_impl.hpp"
+#include "retryloop/amqp/printable.hpp"
+#include "retryloop/topology/duration.hpp"
+
+// The consumer's side of its service's breaker (outage::Breaker, docs/outage.md): which deliveries
+// it keeps while the dependency is down, when it takes deliveries, the probe, and one log line per
+// change. The breaker decides; this file carries its decisions out.
+namespace retryloop::consumer::detail {
+
+namespace {
+
+std::string label(std::chrono::milliseconds duration) {
+  return topology::duration_label(duration);
+}
+
+/// Why the breaker moved, for the log line.
+std::string because(const outage::Event& event, const outage::Settings& settings) {
+  switch (event.reason) {
+    case outage::Reason::consecutive_unavailable:
+      return std::to_string(settings.consecutive_unavailable) + " unavailable outcomes in a row";
+    case outage::Reason::failure_rate:
+      return settings.failure_rate
+                 ? "at least " + std::to_string(int(settings.failure_rate->threshold * 100 + 0.5)) +
+                       "% of the calls in " + label(settings.failure_rate->window) + " failed"
+                 : "the failure rate";
+    case outage::Reason::probe_due:
+      return "a probe is due";
+    case outage::Reason::probe_failed:
+      return "the probe failed";
+    case outage::Reason::probe_succeeded:
+      return "the probe succeeded";
+    case outage::Reason::ramp_up:
+      return "a ramp interval passed without a failure";
+    case outage::Reason::step_back:
+      return "a call failed during the ramp";
+    case outage::Reason::paused:
+      return "paused by an operator";
+    case outage::Reason::resumed:
+      return "resumed by an operator";
+  }
+  return outage::to_string(event.reason);
+}
+
+bool call_probe(const std::function<bool()>& probe) {
+  try {
+    return probe();
+  } catch (...) {
+    return false;  // a probe that throws did not get an answer
+  }
+}
+
+}  // namespace
+
+std::chrono::milliseconds ConsumerImpl::now() const {
+  return std::chrono::milliseconds(uv_now(loop_));
+}
+
+outage::Stats ConsumerImpl::breaker_stats() const {
+  return breaker_.stats(now());
+}
+
+bool ConsumerImpl::wants_deliveries() const {
+  switch (breaker_.state()) {
+    case outage::State::closed:
+    case outage::State::ramping:
+      return true;
+    case outage::State::probing:
+      // The probe is a held delivery, or the probe function; with neither, the next delivery.
+      return waiting_.empty() && !options_.probe;
+    case outage::State::open:
+    case outage::State::paused:
+      return false;
+  }
+  return true;
+}
+
+bool ConsumerImpl::holds_unavailable(Pending& pending) const {
+  // While the breaker is not closed, every unavailable outcome is the dependency's. While it
+  // stays closed, the dependency answers other deliveries: this one is run again at once, up to
+  // the breaker's consecutive_unavailable times in a row, and then its failure is taken as its
+  // own and charged like a retry, so that no message loops uncharged for ever.
+  if (breaker_.state() != outage::State::closed) return true;
+  return ++pending.unavailable_while_closed < options_.service.outage.consecutive_unavailable;
+}
+
+void ConsumerImpl::hold(const std::shared_ptr<Pending>& pending) {
+  // Unsettled on its channel, so that nothing counts it: no attempt, no requeue toward a delivery
+  // limit, no trip through a wait queue. First in line when the breaker lets a call through.
+  ++metrics_.held_unavailable;
+  end_span(*pending, Settlement::held);
+  if (auto* log = options_.logger.get(); log != nullptr && log->should_log(spdlog::level::debug)) {
+    log->debug("{} outcome=held breaker={} error=\"{}\"", message_fields(*pending),
+               outage::to_string(breaker_.state()),
+               amqp::printable(pending->handling->outcome.text));
+  }
+  waiting_.push_front(pending);
+}
+
+void ConsumerImpl::run_probe(const outage::Call& call) {
+  ++running_;
+  std::weak_ptr<ConsumerImpl> weak = weak_from_this();
+  auto answered = std::make_shared<bool>(false);
+  WorkerPool* pool = pool_ ? pool_.get() : probe_pool_.get();
+  pool->post([probe = options_.probe, answered] { *answered = call_probe(probe); },
+             [weak, call, answered](bool started) {
+               if (auto self = weak.lock()) self->probe_done(call, started && *answered);
+             });
+}
+
+void ConsumerImpl::probe_done(const outage::Call& call, bool answered) {
+  --running_;
+  breaker_.finished(call, answered ? outage::Verdict::success : outage::Verdict::unavailable,
+                    now());
+  start_handlers();
+  maybe_finish_stop();
+}
+
+void ConsumerImpl::pause() {
+  breaker_.pause(now());
+  after_breaker();
+}
+
+void ConsumerImpl::resume() {
+  breaker_.resume(now());
+  start_handlers();
+}
+
+void ConsumerImpl::after_breaker() {
+  if (in_after_breaker_) return;
+  in_after_breaker_ = true;
+  std::vector<outage::Event> events = std::move(breaker_events_);
+  breaker_events_.clear();
+  for (const outage::Event& event : events) {
+    if (pool_ && (event.to == outage::State::open || event.to == outage::State::paused)) {
+      take_back_unstarted();
+    }
+    if (auto* log = options_.logger.get()) {
+      std::string what = "service=" + amqp::printable(options_.service.name) + " breaker " +
+                         outage::to_string(event.from) + " -> " + outage::to_string(event.to) +
+                         ": " + because(event, options_.service.outage);
+      switch (event.to) {
+        case outage::State::open:
+          what += "; holding " + std::to_string(waiting_.size()) +
+                  " deliveries uncharged, taking no more; next probe in " +
+                  label(options_.service.outage.probe_interval);
+          break;
+        case outage::State::probing:
+          what += options_.probe ? "; calling the probe" : "; one delivery is the probe";
+          break;
+        case outage::State::ramping:
+          what += "; " + std::to_string(event.limit) + " at once, doubling every " +
+                  label(options_.service.outage.ramp.interval);
+          break;
+        case outage::State::closed:
+          what += "; " + std::to_string(event.limit) + " at once";
+          break;
+        case outage::State::paused:
+          what += "; holding " + std::to_string(waiting_.size()) + " deliveries, taking no more";
+          break;
+      }
+      log->log(event.to == outage::State::open || event.to == outage::State::paused
+                   ? spdlog::level::warn
+                   : spdlog::level::info,
+               what);
+    }
+    if (options_.on_breaker) options_.on_breaker(event);
+  }
+  if (session_ && !session_->ended() && state_ == State::running) {
+    session_->set_consuming(wants_deliveries());
+  }
+  in_after_breaker_ = false;
+}
+
+}  // namespace retryloop::consumer::detail
