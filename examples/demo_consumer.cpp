@@ -1,7 +1,7 @@
 // A retry consumer whose handler does what each message asks, for the demo and the tests:
 //
 //   demo_consumer --url URL --topology FILE --service NAME [--concurrency N] [--quiet]
-//                 [--http 127.0.0.1:PORT]
+//                 [--http 127.0.0.1:PORT] [--dependency http://HOST:PORT/PATH [--probe]]
 //
 // Bodies:
 //   {"id": ..., "fail_times": N}      retry while the attempt is <= N, then ack
@@ -12,8 +12,16 @@
 //   any other JSON object             ack
 //   "sleep_ms": N in an object        the handler first sleeps N ms (a slow handler)
 //
+// With --dependency, the handler of a message that is neither poison nor permanent first calls
+// GET URL?id=<message id> (2 s to connect, 2 s to answer): a 2xx answer lets the body decide as
+// above; a refused connection, a timeout, a 5xx or a 429 means the dependency is unavailable
+// (Outcome::unavailable: the service's breaker counts it and the message is not charged); any
+// other answer is a retry. --probe gives the consumer a probe function, GET URL?probe=1, so that
+// no message is risked while the breaker is open (docs/outage.md).
+//
 // Unless --quiet, one JSON line per handled delivery on stdout:
-//   {"time": "12:00:01.250", "id": ..., "attempt": N, "outcome": "ack|retry|permanent|poison"}
+//   {"time": "12:00:01.250", "id": ..., "attempt": N,
+//    "outcome": "ack|retry|permanent|poison|unavailable"}
 // with "trace_id" when the message has a W3C traceparent.
 // --http serves /metrics (Prometheus), /healthz and /readyz; port 0 picks a free port, and the
 // log says which.
@@ -25,6 +33,7 @@
 #include <retryloop/operations/http_endpoint.hpp>
 #include <retryloop/topology/topology_json.hpp>
 
+#include <httplib.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
@@ -34,6 +43,8 @@
 #include <cstdio>
 #include <ctime>
 #include <mutex>
+#include <optional>
+#include <stdexcept>
 #include <thread>
 
 using namespace retryloop;
@@ -56,8 +67,46 @@ std::string clock_time() {
   return text;
 }
 
-/// What the body asks for.
-Outcome decide(const consumer::Message& message, nlohmann::json& id) {
+/// An HTTP dependency: `http://host:port/path`.
+struct Dependency {
+  std::string origin;
+  std::string path;
+
+  static Dependency parse(const std::string& url) {
+    const std::string scheme = "http://";
+    if (url.rfind(scheme, 0) != 0) {
+      throw std::invalid_argument("--dependency must be an http:// URL, got " + url);
+    }
+    const size_t slash = url.find('/', scheme.size());
+    Dependency dependency{url.substr(0, slash),
+                          slash == std::string::npos ? "/" : url.substr(slash)};
+    if (dependency.origin.size() == scheme.size()) {
+      throw std::invalid_argument("--dependency has no host: " + url);
+    }
+    return dependency;
+  }
+
+  /// One call: nullopt when it answered 2xx, else the outcome its failure means.
+  std::optional<Outcome> call(const std::string& query) const {
+    httplib::Client client(origin);
+    client.set_connection_timeout(std::chrono::seconds(2));
+    client.set_read_timeout(std::chrono::seconds(2));
+    const auto result = client.Get(path + "?" + query);
+    if (!result) {
+      return Outcome::unavailable("dependency " + origin + ": " +
+                                  httplib::to_string(result.error()));
+    }
+    const int status = result->status;
+    if (status >= 200 && status < 300) return std::nullopt;
+    const std::string error = "dependency " + origin + " answered " + std::to_string(status);
+    if (status >= 500 || status == 429) return Outcome::unavailable(error);
+    return Outcome::retry(error);
+  }
+};
+
+/// What the body asks for, after the dependency when there is one.
+Outcome decide(const consumer::Message& message, const std::optional<Dependency>& dependency,
+               nlohmann::json& id) {
   nlohmann::json body = nlohmann::json::parse(message.body, nullptr, false);
   if (body.is_discarded() || !body.is_object()) return Outcome::poison("body is not a JSON object");
   id = body.value("id", nlohmann::json());
@@ -66,6 +115,12 @@ Outcome decide(const consumer::Message& message, nlohmann::json& id) {
   }
   if (auto why = body.find("permanent"); why != body.end()) {
     return Outcome::permanent(why->is_string() ? why->get<std::string>() : why->dump());
+  }
+  if (dependency) {
+    if (auto failed = dependency->call(
+            "id=" + httplib::detail::encode_query_param(std::string(message.message_id())))) {
+      return *failed;
+    }
   }
   auto after = body.find("retry_after_ms");
   const bool asks_delay = after != body.end() && after->is_number_unsigned();
@@ -95,6 +150,8 @@ int main(int argc, char** argv) {
   bool quiet = false;
   bool verbose = false;
   std::string http;
+  std::string dependency_url;
+  bool probe = false;
   app.add_option("--url", url,
                  "broker URL, amqp://user:pass@host:port/vhost; several hosts: "
                  "amqp://user:pass@h1:5672,h2:5673/vhost")
@@ -106,6 +163,10 @@ int main(int argc, char** argv) {
   app.add_option("--prefetch", prefetch, "basic.qos prefetch")->check(CLI::Range(1, 65535));
   app.add_option("--http", http,
                  "serve /metrics, /healthz and /readyz on HOST:PORT (a bare PORT: on 127.0.0.1)");
+  app.add_option("--dependency", dependency_url,
+                 "call GET URL?id=<message id> for each message (http://HOST:PORT/PATH); refused, "
+                 "timed out, 5xx and 429 are the dependency being unavailable");
+  app.add_flag("--probe", probe, "with --dependency: probe it with GET URL?probe=1 while open");
   app.add_flag("--quiet", quiet, "print no line per delivery");
   app.add_flag("--verbose", verbose, "log every outcome, acks included");
   CLI11_PARSE(app, argc, argv);
@@ -122,7 +183,10 @@ int main(int argc, char** argv) {
   }
   consumer::ConsumerOptions options;
   operations::HttpEndpointOptions http_options;
+  std::optional<Dependency> dependency;
   try {
+    if (!dependency_url.empty()) dependency = Dependency::parse(dependency_url);
+    if (probe && !dependency) throw std::invalid_argument("--probe needs --dependency");
     options.service = topology::select_services(*parsed.topology, {service_name}).services.at(0);
     options.connection.uri = client::parse_uri(url);
     if (!http.empty()) http_options.listen = operations::parse_listen_address(http);
@@ -136,9 +200,16 @@ int main(int argc, char** argv) {
   options.stop_on_signals = true;
   options.metrics_interval = std::chrono::seconds(verbose ? 5 : 0);
 
-  auto handler = [quiet](const consumer::Message& message) {
+  if (dependency && probe) {
+    options.probe = [dependency] {
+      const std::optional<Outcome> failed = dependency->call("probe=1");
+      return !failed || failed->kind != consumer::OutcomeKind::unavailable;  // it answered
+    };
+  }
+
+  auto handler = [quiet, dependency](const consumer::Message& message) {
     nlohmann::json id;
-    Outcome outcome = decide(message, id);
+    Outcome outcome = decide(message, dependency, id);
     if (!quiet) {
       nlohmann::ordered_json line = {{"time", clock_time()},
                                      {"id", id},

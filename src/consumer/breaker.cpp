@@ -15,6 +15,10 @@ std::string label(std::chrono::milliseconds duration) {
   return topology::duration_label(duration);
 }
 
+std::string deliveries(size_t count) {
+  return std::to_string(count) + (count == 1 ? " delivery" : " deliveries");
+}
+
 /// Why the breaker moved, for the log line.
 std::string because(const outage::Event& event, const outage::Settings& settings) {
   switch (event.reason) {
@@ -142,8 +146,8 @@ void ConsumerImpl::after_breaker() {
                          ": " + because(event, options_.service.outage);
       switch (event.to) {
         case outage::State::open:
-          what += "; holding " + std::to_string(waiting_.size()) +
-                  " deliveries uncharged, taking no more; next probe in " +
+          what += "; holding " + deliveries(waiting_.size()) +
+                  " uncharged, taking no more; next probe in " +
                   label(options_.service.outage.probe_interval);
           break;
         case outage::State::probing:
@@ -157,7 +161,7 @@ void ConsumerImpl::after_breaker() {
           what += "; " + std::to_string(event.limit) + " at once";
           break;
         case outage::State::paused:
-          what += "; holding " + std::to_string(waiting_.size()) + " deliveries, taking no more";
+          what += "; holding " + deliveries(waiting_.size()) + ", taking no more";
           break;
       }
       log->log(event.to == outage::State::open || event.to == outage::State::paused

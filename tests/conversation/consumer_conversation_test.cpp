@@ -559,7 +559,7 @@ TEST_CASE("The parking alert fires when the depth rises above the threshold, onc
 
 TEST_CASE(
     "While its breaker is open the consumer cancels its consumer and settles none of the "
-    "deliveries it holds; after a probe succeeds it consumes again and acks them",
+    "deliveries it holds, and after a probe succeeds it consumes again and acks them",
     "[conversation][consumer][outage]") {
   TestLoop loop;
   ScriptedPeer peer(loop.get());

@@ -1,20 +1,32 @@
 // The consumer and its service's breaker against a real broker: a dependency that is down trips
 // it, nothing is charged or parked because of the outage, the dependency gets one call per probe
-// interval, and the service ramps back once it answers. Each lane's broker: on 3.10 and 4.0 a
-// quorum queue counts every requeue, so a requeue anywhere here would show as a redelivery.
+// interval, and the service ramps back once it answers; a consumer killed while open loses
+// nothing. Each lane's broker: on 3.10 and 4.0 a quorum queue counts every requeue, so a requeue
+// anywhere here would show as a redelivery.
 
+#include <httplib.h>
+#include <signal.h>
 #include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "retryloop/consumer/consumer.hpp"
 #include "retryloop/topology/plan.hpp"
+#include "retryloop/topology/topology_json.hpp"
 #include "support/consumer_fixture.hpp"
 #include "support/harness.hpp"
+#include "support/process.hpp"
 
 using namespace retryloop;
 using namespace std::chrono_literals;
@@ -244,5 +256,94 @@ TEST_CASE(
   for (const auto& call : calls.calls())
     CHECK_FALSE(call.redelivered);
   stop(loop, c);
+  broker.remove(service);
+}
+
+TEST_CASE(
+    "A consumer process killed with SIGKILL while its breaker is open loses nothing and charges "
+    "nothing: started again once the dependency answers, it acks every message on its first "
+    "attempt",
+    "[outage][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const std::string name = test::unique_name("killedopen");
+  const std::string json = R"({"services": [{"name": ")" + name + R"(", "input": {"exchange": ")" +
+                           name + R"(.in", "type": "direct", "bindings": ["key"]},
+      "queue_type": "quorum",
+      "retry": {"mode": "republish", "delays": ["200ms"], "max_attempts": 2},
+      "outage": {"consecutive_unavailable": 3, "probe_interval": "300ms"}}]})";
+  const auto parsed = topology::parse_topology(json);
+  REQUIRE(parsed.ok());
+  const topology::Service service = parsed.topology->services.at(0);
+  const std::string file = (std::filesystem::temp_directory_path() / (name + ".json")).string();
+  std::ofstream(file) << json;
+  broker.apply(service);
+
+  // The dependency: 503 while down (demo_consumer takes it as unavailable), 200 once up.
+  std::atomic<bool> up{false};
+  std::atomic<int> calls{0};
+  httplib::Server dependency;
+  dependency.Get("/charge", [&](const httplib::Request&, httplib::Response& response) {
+    ++calls;
+    response.status = up ? 200 : 503;
+  });
+  const int port = dependency.bind_to_any_port("127.0.0.1");
+  REQUIRE(port > 0);
+  std::thread serving([&] { dependency.listen_after_bind(); });
+  auto consumer_process = [&] {
+    return std::make_unique<test::ChildProcess>(std::vector<std::string>{
+        test::built_program("examples/demo_consumer"), "--url", test::broker_url(), "--topology",
+        file, "--service", name, "--concurrency", "4", "--dependency",
+        "http://127.0.0.1:" + std::to_string(port) + "/charge"});
+  };
+
+  const int messages = 50;
+  for (int i = 0; i < messages; ++i)
+    broker.publish(service.input.exchange, "key", "k-" + std::to_string(i),
+                   R"({"id": "k-)" + std::to_string(i) + R"("})");
+  {
+    auto first = consumer_process();
+    const auto until = std::chrono::steady_clock::now() + 30s;
+    while (first->err().find("breaker closed -> open") == std::string::npos &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(10ms);
+    }
+    REQUIRE(first->err().find("breaker closed -> open") != std::string::npos);
+    std::this_thread::sleep_for(700ms);  // a probe or two
+    first->signal(SIGKILL);
+    CHECK(first->wait() == 128 + SIGKILL);
+  }
+  // Every message is back in its queue: none in a wait queue, none parked.
+  const std::string queue = topology::input_queue_name(service);
+  const auto settled = [&](uint32_t depth) {
+    for (auto until = std::chrono::steady_clock::now() + 30s;
+         std::chrono::steady_clock::now() < until; loop.run_for(200ms)) {
+      if (broker.depth(queue) == depth) return true;
+    }
+    return false;
+  };
+  REQUIRE(settled(uint32_t(messages)));
+  CHECK(broker.depth(topology::wait_queue_name(service.name, 200ms)) == 0);
+  CHECK(broker.depth(topology::parking_queue_name(service.name)) == 0);
+
+  up = true;
+  auto second = consumer_process();
+  REQUIRE(settled(0));
+  loop.run_for(300ms);
+  second->signal(SIGTERM);
+  CHECK(second->wait() == 0);
+  std::set<std::string> acked;
+  std::istringstream lines(second->out());
+  for (std::string line; std::getline(lines, line);) {
+    const auto outcome = nlohmann::json::parse(line, nullptr, false);
+    if (!outcome.is_object() || outcome.value("outcome", "") != "ack") continue;
+    CHECK(outcome.value("attempt", 0) == 1);
+    acked.insert(outcome.value("id", ""));
+  }
+  CHECK(acked.size() == size_t(messages));
+  CHECK(broker.depth(topology::parking_queue_name(service.name)) == 0);
+  dependency.stop();
+  serving.join();
+  std::filesystem::remove(file);
   broker.remove(service);
 }
