@@ -109,14 +109,17 @@ void ConsumerImpl::run_probe(const outage::Call& call) {
   WorkerPool* pool = pool_ ? pool_.get() : probe_pool_.get();
   pool->post([probe = options_.probe, answered] { *answered = call_probe(probe); },
              [weak, call, answered](bool started) {
-               if (auto self = weak.lock()) self->probe_done(call, started && *answered);
+               // Taken back before it ran (a pause, a stop): it said nothing of the dependency.
+               const outage::Verdict verdict = !started    ? outage::Verdict::not_counted
+                                               : *answered ? outage::Verdict::success
+                                                           : outage::Verdict::unavailable;
+               if (auto self = weak.lock()) self->probe_done(call, verdict);
              });
 }
 
-void ConsumerImpl::probe_done(const outage::Call& call, bool answered) {
+void ConsumerImpl::probe_done(const outage::Call& call, outage::Verdict verdict) {
   --running_;
-  breaker_.finished(call, answered ? outage::Verdict::success : outage::Verdict::unavailable,
-                    now());
+  breaker_.finished(call, verdict, now());
   start_handlers();
   maybe_finish_stop();
 }

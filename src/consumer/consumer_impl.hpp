@@ -150,7 +150,7 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   void hold(const std::shared_ptr<Pending>& pending);
   /// Runs options_.probe as the breaker's probe `call`.
   void run_probe(const outage::Call& call);
-  void probe_done(const outage::Call& call, bool answered);
+  void probe_done(const outage::Call& call, outage::Verdict verdict);
   /// Logs the breaker's changes since the last call, tells options_.on_breaker, and consumes or
   /// not as the breaker's state wants.
   void after_breaker();

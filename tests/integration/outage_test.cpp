@@ -187,8 +187,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "With a probe function, no message reaches the handler while the breaker is open: the probe "
-    "is called once per interval instead",
+    "With a probe function no message reaches the handler while the breaker is open, and the "
+    "probe is called once per interval instead",
     "[outage][integration]") {
   TestLoop loop;
   Broker broker(loop);
@@ -261,9 +261,9 @@ TEST_CASE(
 
 TEST_CASE(
     "A consumer process killed with SIGKILL while its breaker is open loses nothing and charges "
-    "nothing: started again once the dependency answers, it acks every message on its first "
+    "nothing, and started again once the dependency answers it acks every message on its first "
     "attempt",
-    "[outage][integration]") {
+    "[outage][integration][process]") {
   TestLoop loop;
   Broker broker(loop);
   const std::string name = test::unique_name("killedopen");
