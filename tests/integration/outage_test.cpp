@@ -290,6 +290,15 @@ TEST_CASE(
   const int port = dependency.bind_to_any_port("127.0.0.1");
   REQUIRE(port > 0);
   std::thread serving([&] { dependency.listen_after_bind(); });
+  // Stopped and joined however the test ends: a failed REQUIRE must not leave a joinable thread.
+  struct Joined {
+    httplib::Server& server;
+    std::thread& thread;
+    ~Joined() {
+      server.stop();
+      if (thread.joinable()) thread.join();
+    }
+  } joined{dependency, serving};
   auto consumer_process = [&] {
     return std::make_unique<test::ChildProcess>(std::vector<std::string>{
         test::built_program("examples/demo_consumer"), "--url", test::broker_url(), "--topology",
@@ -342,8 +351,6 @@ TEST_CASE(
   }
   CHECK(acked.size() == size_t(messages));
   CHECK(broker.depth(topology::parking_queue_name(service.name)) == 0);
-  dependency.stop();
-  serving.join();
   std::filesystem::remove(file);
   broker.remove(service);
 }
