@@ -427,11 +427,7 @@ void ConsumerImpl::start_handlers() {
       run_probe(*call);
       continue;
     }
-    if (waiting_.empty()) {
-      // Not a probe, and nothing to start: a ramp's call is not taken, so hand it back.
-      breaker_.finished(*call, outage::Verdict::not_counted, now());
-      break;
-    }
+    // Only the probe function starts with nothing waiting, and the breaker gave the probe.
     std::shared_ptr<Pending> pending = std::move(waiting_.front());
     waiting_.pop_front();
     pending->call = call;
