@@ -265,10 +265,20 @@ class LaneConsumer {
   void stop();
   const consumer::Consumer& get() const { return *consumer_; }
   bool idle() const { return consumer_->is_consuming() && consumer_->in_flight() == 0; }
+  /// When it first stopped consuming after it was ready (a fault seen), if it has.
+  std::optional<Clock::time_point> lost_at() const { return watch_->lost_at; }
 
  private:
+  /// Checks every 2 ms whether the consumer still consumes; owned by the loop once closed.
+  struct Watch {
+    uv_timer_t timer{};
+    const consumer::Consumer* consumer = nullptr;
+    std::shared_ptr<bool> ready;
+    std::optional<Clock::time_point> lost_at;
+  };
   TestLoop& loop_;
   std::shared_ptr<consumer::Consumer> consumer_;
+  Watch* watch_ = new Watch;
   std::shared_ptr<bool> ready_ = std::make_shared<bool>(false);
   std::shared_ptr<bool> stopped_ = std::make_shared<bool>(false);
   bool started_ = false;
