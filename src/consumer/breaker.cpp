@@ -43,6 +43,12 @@ std::string because(const outage::Event& event, const outage::Settings& settings
       return "paused by an operator";
     case outage::Reason::resumed:
       return "resumed by an operator";
+    case outage::Reason::opened_elsewhere:
+      return "another instance tripped";
+    case outage::Reason::recovered_elsewhere:
+      return "another instance's probe succeeded";
+    case outage::Reason::prober_elsewhere:
+      return "another instance probes";
   }
   return outage::to_string(event.reason);
 }

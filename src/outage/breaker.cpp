@@ -62,17 +62,9 @@ void Breaker::finished(const Call& call, Verdict verdict, std::chrono::milliseco
     if (!call.probe || call.generation != generation_) return;
     probe_running_ = false;
     if (verdict == Verdict::success) {
-      phase_generation_ = generation_;
-      unavailable_in_a_row_ = 0;
-      window_.clear();
-      ramp_limit_ = std::min(ramp_start, concurrency_);
-      due_ = now + settings_.ramp.interval;
-      move(ramp_limit_ >= concurrency_ ? State::closed : State::ramping, Reason::probe_succeeded,
-           now);
+      start_ramp(Reason::probe_succeeded, now);
     } else if (counts_as_failure(verdict)) {
-      ++generation_;
-      due_ = now + settings_.probe_interval;
-      move(State::open, Reason::probe_failed, now);
+      open_until_probe(Reason::probe_failed, now + settings_.probe_interval, now);
     }
     // Anything else said nothing of the dependency: the next call is the probe.
     return;
@@ -87,13 +79,13 @@ void Breaker::finished(const Call& call, Verdict verdict, std::chrono::milliseco
 }
 
 std::optional<std::chrono::milliseconds> Breaker::wake_at() const {
-  if (state_ == State::open || state_ == State::ramping) return due_;
+  if ((state_ == State::open && may_probe_) || state_ == State::ramping) return due_;
   return std::nullopt;
 }
 
 void Breaker::tick(std::chrono::milliseconds now) {
   if (now < due_) return;
-  if (state_ == State::open) {
+  if (state_ == State::open && may_probe_) {
     probe_running_ = false;
     move(State::probing, Reason::probe_due, now);
   } else if (state_ == State::ramping) {
@@ -113,7 +105,33 @@ void Breaker::pause(std::chrono::milliseconds now) {
 void Breaker::resume(std::chrono::milliseconds now) {
   if (state_ != State::paused) return;
   probe_running_ = false;
-  move(State::probing, Reason::resumed, now);
+  if (may_probe_) {
+    move(State::probing, Reason::resumed, now);
+  } else {
+    due_ = now;
+    move(State::open, Reason::resumed, now);
+  }
+}
+
+void Breaker::set_may_probe(bool may_probe, std::chrono::milliseconds now) {
+  if (may_probe_ == may_probe) return;
+  may_probe_ = may_probe;
+  if (!may_probe && state_ == State::probing) {
+    open_until_probe(Reason::prober_elsewhere, now + settings_.probe_interval, now);
+  }
+}
+
+void Breaker::opened_elsewhere(std::chrono::milliseconds now) {
+  if (state_ == State::open || state_ == State::paused) return;
+  unavailable_in_a_row_ = 0;
+  window_.clear();
+  open_until_probe(Reason::opened_elsewhere, now + settings_.probe_interval, now);
+}
+
+void Breaker::recovered_elsewhere(std::chrono::milliseconds now) {
+  if (state_ != State::open && state_ != State::probing) return;
+  ++generation_;  // a probe of its own still running says nothing any more
+  start_ramp(Reason::recovered_elsewhere, now);
 }
 
 Stats Breaker::stats(std::chrono::milliseconds now) const {
@@ -154,12 +172,27 @@ void Breaker::count(Verdict verdict, std::chrono::milliseconds now) {
 
 void Breaker::trip(Reason reason, std::chrono::milliseconds now) {
   ++stats_.trips;
-  ++generation_;
-  probe_running_ = false;
   unavailable_in_a_row_ = 0;
   window_.clear();
-  due_ = now + settings_.probe_interval;
+  open_until_probe(reason, now + settings_.probe_interval, now);
+}
+
+void Breaker::open_until_probe(Reason reason, std::chrono::milliseconds due,
+                               std::chrono::milliseconds now) {
+  ++generation_;
+  probe_running_ = false;
+  due_ = due;
   move(State::open, reason, now);
+}
+
+void Breaker::start_ramp(Reason reason, std::chrono::milliseconds now) {
+  probe_running_ = false;
+  phase_generation_ = generation_;
+  unavailable_in_a_row_ = 0;
+  window_.clear();
+  ramp_limit_ = std::min(ramp_start, concurrency_);
+  due_ = now + settings_.ramp.interval;
+  move(ramp_limit_ >= concurrency_ ? State::closed : State::ramping, reason, now);
 }
 
 void Breaker::step_back(std::chrono::milliseconds now) {
@@ -235,6 +268,12 @@ const char* to_string(Reason reason) {
       return "paused";
     case Reason::resumed:
       return "resumed";
+    case Reason::opened_elsewhere:
+      return "opened_elsewhere";
+    case Reason::recovered_elsewhere:
+      return "recovered_elsewhere";
+    case Reason::prober_elsewhere:
+      return "prober_elsewhere";
   }
   return "unknown";
 }

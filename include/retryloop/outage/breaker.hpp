@@ -48,7 +48,10 @@ enum class Reason {
   ramp_up,                  ///< ramping -> ramping with a doubled limit, or -> closed at the top
   step_back,                ///< ramping -> ramping with a halved limit, or -> open from the start
   paused,                   ///< any state -> paused (pause())
-  resumed,                  ///< paused -> probing (resume())
+  resumed,                  ///< paused -> probing, or open with a probe due at once (resume())
+  opened_elsewhere,         ///< closed, ramping or probing -> open: another instance tripped
+  recovered_elsewhere,      ///< open or probing -> ramping: another instance's probe succeeded
+  prober_elsewhere,         ///< probing -> open: this instance may no longer probe
 };
 
 /// One change: a move between states, or a new concurrency limit within the ramp (from == to ==
@@ -119,8 +122,23 @@ class Breaker {
   /// ignored. Pausing a paused breaker does nothing.
   void pause(std::chrono::milliseconds now);
   /// Ends a pause with a probe (probing): one call first, then the ramp, so that a service paused
-  /// during an outage does not flatten its dependency. Does nothing when not paused.
+  /// during an outage does not flatten its dependency. An instance that may not probe goes to
+  /// open instead, its probe due at once, and waits for the prober's verdict. Does nothing when
+  /// not paused.
   void resume(std::chrono::milliseconds now);
+
+  /// For a breaker shared by the instances of a service (outage::Coordinator): whether this
+  /// instance probes when open (the default). Without it, an open breaker stays open until
+  /// recovered_elsewhere() or until it may probe again; a probe under way is given up (a
+  /// prober_elsewhere event) and its outcome ignored.
+  void set_may_probe(bool may_probe, std::chrono::milliseconds now);
+  bool may_probe() const { return may_probe_; }
+  /// Another instance tripped: closed, ramping and probing turn to open, as a trip of its own
+  /// does, but not counted as one here. Does nothing when open or paused.
+  void opened_elsewhere(std::chrono::milliseconds now);
+  /// Another instance's probe succeeded: open and probing start the ramp, as a probe of its own
+  /// does. Does nothing when closed, ramping or paused.
+  void recovered_elsewhere(std::chrono::milliseconds now);
 
   Stats stats(std::chrono::milliseconds now) const;
   const Settings& settings() const { return settings_; }
@@ -130,6 +148,9 @@ class Breaker {
   void trip(Reason reason, std::chrono::milliseconds now);
   void count(Verdict verdict, std::chrono::milliseconds now);
   void step_back(std::chrono::milliseconds now);
+  void start_ramp(Reason reason, std::chrono::milliseconds now);
+  void open_until_probe(Reason reason, std::chrono::milliseconds due,
+                        std::chrono::milliseconds now);
   bool counts_as_failure(Verdict verdict) const;
 
   Settings settings_;
@@ -142,6 +163,7 @@ class Breaker {
   uint64_t phase_generation_ = 0;
   int ramp_limit_ = 0;
   bool probe_running_ = false;
+  bool may_probe_ = true;
   std::chrono::milliseconds due_{0};
   int unavailable_in_a_row_ = 0;
   SlidingWindow window_;

@@ -1,0 +1,125 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "retryloop/outage/breaker.hpp"
+
+namespace retryloop::outage {
+
+/// What one instance of a service tells the others about their shared breaker, or what an
+/// operator tells them all (docs/outage.md, "One breaker per service").
+enum class SignalKind {
+  /// An instance tripped: every instance stops taking deliveries.
+  open,
+  /// The prober is probing (once per probe interval): the service is open, and its prober lives.
+  probing,
+  /// The prober's probe succeeded: every instance ramps up.
+  recovered,
+  /// An operator paused the service: nothing runs until resumed.
+  paused,
+  /// An operator resumed it: the prober probes at once, then the ramp.
+  resumed,
+};
+
+struct Signal {
+  SignalKind kind = SignalKind::open;
+  /// The sender's wall clock, milliseconds since the Unix epoch: orders an outage (its open) and
+  /// its end (recovered) across instances, and is shown by `retryloop service status`.
+  int64_t at_ms = 0;
+  /// Who sent it: an instance's id, or "operator" for the command line.
+  std::string sender;
+  /// Why, for people: the trip's reason, the operator's note.
+  std::string reason;
+};
+
+/// The signal as the body of a message (a JSON object), and back. decode_signal returns
+/// nullopt, with `error` naming what is wrong, for anything that is not a signal.
+std::string encode_signal(const Signal& signal);
+std::optional<Signal> decode_signal(std::string_view body, std::string& error);
+const char* to_string(SignalKind kind);
+std::optional<SignalKind> signal_kind_from_string(std::string_view text);
+
+/// The probe token's body: when the outage it belongs to began (the open signal's at_ms).
+std::string encode_token(int64_t opened_at_ms);
+std::optional<int64_t> decode_token(std::string_view body);
+
+/// What the coordinator asks of the broker; the consumer carries it out, in this order.
+struct Actions {
+  /// Publish each to the service's breaker exchange (every instance and the state queue).
+  std::vector<Signal> signals;
+  /// Publish a probe token for the outage that began at this time.
+  std::optional<int64_t> token_opened_at_ms;
+  /// Ack the token delivered with this tag (its outage is over, or it is one too many).
+  std::vector<uint64_t> ack_tokens;
+};
+
+/// Makes one breaker of a service's instances: each instance's own outage::Breaker, kept in step
+/// through the broker. A state machine with no I/O: the consumer hands it what the broker
+/// delivered and what its breaker did, and carries out the actions it returns (take_actions).
+///
+/// The broker's part (docs/outage.md): a fanout exchange every instance hears signals on; a
+/// queue holding the last signal, so that an instance that starts, or a broker that restarted,
+/// knows whether the service is open or paused; and a single-active-consumer queue of probe
+/// tokens. The instance that trips publishes `open` and a token; the broker gives tokens to one
+/// instance at a time, and the holder is the only one that probes. When the holder dies, the
+/// broker gives its token to another. The holder's successful probe publishes `recovered` and
+/// acks the token, and every instance ramps. When an instance has heard no prober for
+/// 3 probe intervals + 2 s while open, it publishes a token again (a lost token, a lost queue).
+///
+/// Times: `now` is the breaker's monotonic milliseconds; `wall_ms` the wall clock, which orders
+/// outages across instances. Call it from the consumer's loop thread only.
+class Coordinator {
+ public:
+  Coordinator(Breaker& breaker, std::string instance);
+
+  /// The instance is connected and hears signals and tokens; `last` is the state queue's newest
+  /// signal, if any. Brings the breaker to the service's state (open, paused, resumed), or, when
+  /// this breaker is open on its own and the service is not, says so to the others.
+  void joined(const std::optional<Signal>& last, std::chrono::milliseconds now, int64_t wall_ms);
+  /// The connection is gone: the broker gives the token to another instance. Until joined()
+  /// again the breaker is this instance's alone and may probe.
+  void left(std::chrono::milliseconds now);
+  bool joined() const { return joined_; }
+
+  /// One of the breaker's events, after it happened (the breaker's own or one this coordinator
+  /// caused): a trip of its own, a probe, a probe's success are told to the others.
+  void breaker_event(const Event& event, int64_t wall_ms);
+  /// A signal heard on the exchange, this instance's own included.
+  void received(const Signal& signal, std::chrono::milliseconds now);
+  /// A probe token delivered (`delivery_tag` on the token channel), with the time its outage
+  /// began, if the body said.
+  void token(uint64_t delivery_tag, std::optional<int64_t> opened_at_ms,
+             std::chrono::milliseconds now);
+  /// Time passed: publishes a token again when no prober has been heard for too long.
+  void tick(std::chrono::milliseconds now, int64_t wall_ms);
+
+  /// What to do now; empties the list.
+  Actions take_actions();
+  bool holds_token() const { return token_tag_.has_value(); }
+  const std::string& instance() const { return instance_; }
+
+ private:
+  void hold_token(uint64_t delivery_tag, std::chrono::milliseconds now);
+  void drop_token(std::chrono::milliseconds now);
+  void announce_open(const std::string& reason, int64_t wall_ms);
+  void signal(SignalKind kind, int64_t wall_ms, std::string reason = {});
+  std::chrono::milliseconds silence_limit() const;
+
+  Breaker& breaker_;
+  std::string instance_;
+  bool joined_ = false;
+  std::optional<uint64_t> token_tag_;
+  /// When the outage this instance knows of began, and when the last one ended (wall clock).
+  int64_t opened_at_ms_ = 0;
+  int64_t recovered_at_ms_ = 0;
+  /// When a prober was last heard from (or the outage began), monotonic.
+  std::chrono::milliseconds prober_heard_{0};
+  Actions actions_;
+};
+
+}  // namespace retryloop::outage

@@ -1,0 +1,403 @@
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "retryloop/outage/breaker.hpp"
+#include "retryloop/outage/coordinator.hpp"
+
+using namespace std::chrono_literals;
+using namespace retryloop::outage;
+
+namespace {
+
+constexpr int concurrency = 32;
+
+/// One instance of a service: its breaker, and the coordinator that keeps it in step with the
+/// others. The breaker's events wait in `pending`, as the consumer's do, until the call that
+/// caused them has returned.
+struct Instance {
+  explicit Instance(const std::string& id)
+      : breaker(Settings{}, concurrency, [this](const Event& event) { pending.push_back(event); }),
+        coordinator(breaker, id) {}
+
+  std::vector<Event> pending;
+  Breaker breaker;
+  Coordinator coordinator;
+  int probes = 0;
+};
+
+/// The broker's part, as RabbitMQ does it: every signal reaches every joined instance in the
+/// order published and the last one is kept; tokens wait in a queue whose one active consumer
+/// (the first instance that joined and is still there) gets one at a time, and the broker gives
+/// an unacked token back when its holder leaves.
+struct Service {
+  std::vector<std::unique_ptr<Instance>> instances;
+  std::optional<Signal> last;
+  std::deque<int64_t> tokens;
+  struct Held {
+    Instance* holder;
+    uint64_t tag;
+    int64_t opened_at;
+  };
+  std::optional<Held> held;
+  uint64_t next_tag = 1;
+  int64_t wall = 1'800'000'000'000;
+  std::chrono::milliseconds now{1000};
+  std::vector<Signal> published;
+
+  Instance& add(const std::string& id) {
+    instances.push_back(std::make_unique<Instance>(id));
+    instances.back()->coordinator.joined(last, now, wall);
+    settle();
+    return *instances.back();
+  }
+
+  /// Moves time on by `step`, ticking every breaker and coordinator on the way.
+  void advance(std::chrono::milliseconds by, std::chrono::milliseconds step = 100ms) {
+    for (auto end = now + by; now < end;) {
+      now += step;
+      wall += step.count();
+      for (auto& instance : instances) {
+        instance->breaker.tick(now);
+        instance->coordinator.tick(now, wall);
+      }
+      settle();
+      for (auto& instance : instances)
+        start_probe(*instance);
+    }
+  }
+
+  /// A probing instance starts its probe (a call) if it has none running; the dependency answers
+  /// `up` when it ends.
+  void start_probe(Instance& instance) {
+    if (instance.breaker.state() != State::probing) return;
+    if (auto call = instance.breaker.try_start(0, now)) {
+      ++instance.probes;
+      probe_calls.push_back({&instance, *call});
+    }
+    settle();
+  }
+
+  void answer_probes(bool up) {
+    auto calls = std::move(probe_calls);
+    probe_calls.clear();
+    for (auto& [instance, call] : calls) {
+      instance->breaker.finished(call, up ? Verdict::success : Verdict::unavailable, now);
+    }
+    settle();
+  }
+
+  void trip(Instance& instance) {
+    for (int i = 0; i < instance.breaker.settings().consecutive_unavailable; ++i) {
+      auto call = instance.breaker.try_start(0, now);
+      REQUIRE(call);
+      instance.breaker.finished(*call, Verdict::unavailable, now);
+    }
+    settle();
+  }
+
+  void leave(Instance& instance) {
+    instance.coordinator.left(now);
+    if (held && held->holder == &instance) {
+      tokens.push_front(held->opened_at);
+      held.reset();
+    }
+    for (auto it = instances.begin(); it != instances.end(); ++it) {
+      if (it->get() == &instance) {
+        instances.erase(it);
+        break;
+      }
+    }
+    settle();
+  }
+
+  void operator_says(SignalKind kind, bool with_token = false) {
+    deliver(Signal{kind, wall, "operator", ""});
+    if (with_token) tokens.push_back(wall);
+    settle();
+  }
+
+  void settle() {
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (auto& instance : instances) {
+        auto events = std::move(instance->pending);
+        instance->pending.clear();
+        for (const Event& event : events)
+          instance->coordinator.breaker_event(event, wall);
+        Actions actions = instance->coordinator.take_actions();
+        for (const Signal& signal : actions.signals) {
+          published.push_back(signal);
+          deliver(signal);
+          moved = true;
+        }
+        if (actions.token_opened_at_ms) {
+          tokens.push_back(*actions.token_opened_at_ms);
+          moved = true;
+        }
+        for (uint64_t tag : actions.ack_tokens) {
+          if (held && held->tag == tag) held.reset();
+          moved = true;
+        }
+        if (!instance->pending.empty()) moved = true;
+      }
+      if (!held && !tokens.empty() && !instances.empty()) {
+        Instance* active = instances.front().get();
+        held = Held{active, next_tag++, tokens.front()};
+        tokens.pop_front();
+        active->coordinator.token(held->tag, held->opened_at, now);
+        moved = true;
+      }
+    }
+  }
+
+  void deliver(const Signal& signal) {
+    last = signal;
+    for (auto& instance : instances)
+      instance->coordinator.received(signal, now);
+  }
+
+  std::vector<State> states() const {
+    std::vector<State> out;
+    for (const auto& instance : instances)
+      out.push_back(instance->breaker.state());
+    return out;
+  }
+
+  int probes() const {
+    int total = 0;
+    for (const auto& instance : instances)
+      total += instance->probes;
+    return total;
+  }
+
+  std::vector<std::pair<Instance*, Call>> probe_calls;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "One instance trips, every instance stops, only the token's holder probes, and its success "
+    "ramps them all",
+    "[outage]") {
+  Service service;
+  Instance& a = service.add("a");
+  Instance& b = service.add("b");
+  Instance& c = service.add("c");
+  service.trip(b);
+  CHECK(service.states() == std::vector<State>{State::open, State::open, State::open});
+  REQUIRE(service.published.size() == 1);
+  CHECK(service.published[0].kind == SignalKind::open);
+  CHECK(service.published[0].sender == "b");
+  CHECK(service.published[0].reason == "consecutive_unavailable");
+  CHECK(b.breaker.stats(service.now).trips == 1);
+  CHECK(a.breaker.stats(service.now).trips == 0);
+  // The token went to the queue's active consumer, a: it alone may probe.
+  CHECK(a.coordinator.holds_token());
+  CHECK_FALSE(b.coordinator.holds_token());
+  CHECK(a.breaker.may_probe());
+  CHECK_FALSE(b.breaker.may_probe());
+  CHECK_FALSE(c.breaker.wake_at());
+
+  // A dependency down for 30 s: one probe per interval for the whole service.
+  for (int i = 0; i < 6; ++i) {
+    service.advance(5s);
+    service.answer_probes(false);
+  }
+  CHECK(service.probes() == 6);
+  CHECK(a.probes == 6);
+  CHECK(service.states() == std::vector<State>{State::open, State::open, State::open});
+
+  service.advance(5s);
+  service.answer_probes(true);
+  CHECK(service.states() == std::vector<State>{State::ramping, State::ramping, State::ramping});
+  CHECK(a.breaker.limit() == 2);
+  CHECK(c.breaker.limit() == 2);
+  CHECK_FALSE(service.held);  // acked
+  CHECK(service.last->kind == SignalKind::recovered);
+  service.advance(8s);
+  CHECK(service.states() == std::vector<State>{State::closed, State::closed, State::closed});
+}
+
+TEST_CASE(
+    "Instances that trip together publish two tokens, and the second is acked, not probed with",
+    "[outage]") {
+  // Both trip before either hears the other: each publishes an open and a token.
+  Service twin;
+  Instance& x = twin.add("x");
+  Instance& y = twin.add("y");
+  for (Instance* instance : {&x, &y}) {
+    for (int i = 0; i < 5; ++i) {
+      auto call = instance->breaker.try_start(0, twin.now);
+      REQUIRE(call);
+      instance->breaker.finished(*call, Verdict::unavailable, twin.now);
+    }
+  }
+  twin.settle();
+  CHECK(x.breaker.stats(twin.now).trips == 1);
+  CHECK(y.breaker.stats(twin.now).trips == 1);
+  CHECK(twin.tokens.size() == 1);  // the second waits behind the one x holds
+  twin.advance(5s);
+  CHECK(twin.probes() == 1);
+  twin.answer_probes(true);
+  // x acked its token at the recovery; the second is delivered, found stale and acked too.
+  CHECK(twin.tokens.empty());
+  CHECK_FALSE(twin.held);
+  CHECK(twin.states() == std::vector<State>{State::ramping, State::ramping});
+}
+
+TEST_CASE("When the token's holder leaves, another instance gets it and probes", "[outage]") {
+  Service service;
+  Instance& a = service.add("a");
+  Instance& b = service.add("b");
+  service.trip(b);
+  REQUIRE(a.coordinator.holds_token());
+  service.advance(5s);
+  CHECK(a.probes == 1);
+  service.leave(a);  // killed with its probe running
+  service.probe_calls.clear();
+  CHECK(b.coordinator.holds_token());
+  CHECK(b.breaker.may_probe());
+  service.advance(5s);
+  CHECK(b.probes == 1);
+  service.answer_probes(true);
+  CHECK(b.breaker.state() == State::ramping);
+}
+
+TEST_CASE("An open service whose prober is not heard for 3 probe intervals + 2 s gets a new token",
+          "[outage]") {
+  Service service;
+  Instance& a = service.add("a");
+  Instance& b = service.add("b");
+  service.trip(a);
+  // a reconnects, and the token is lost meanwhile (its queue deleted, say).
+  a.coordinator.left(service.now);
+  service.held.reset();
+  service.tokens.clear();
+  a.coordinator.joined(service.last, service.now, service.wall);
+  service.settle();
+  REQUIRE(service.states() == std::vector<State>{State::open, State::open});
+  service.advance(16900ms);
+  CHECK_FALSE(service.held);
+  service.advance(200ms);
+  REQUIRE(service.held);
+  CHECK(service.held->opened_at == service.published.front().at_ms);
+  service.advance(5s);
+  CHECK(service.probes() == 1);
+  CHECK(a.probes + b.probes == 1);
+}
+
+TEST_CASE("A joining instance takes the service's state: open, paused, then resumed", "[outage]") {
+  Service service;
+  Instance& a = service.add("a");
+  service.trip(a);
+  Instance& late = service.add("late");
+  CHECK(late.breaker.state() == State::open);
+  CHECK_FALSE(late.breaker.may_probe());
+
+  service.operator_says(SignalKind::paused);
+  CHECK(service.states() == std::vector<State>{State::paused, State::paused});
+  Instance& restarted = service.add("restarted");
+  CHECK(restarted.breaker.state() == State::paused);
+  service.advance(20s);
+  CHECK(service.probes() == 0);
+
+  // Resumed: the holder probes at once, the others wait for its verdict.
+  service.operator_says(SignalKind::resumed, true);
+  service.advance(100ms);
+  CHECK(a.breaker.state() == State::probing);
+  CHECK(late.breaker.state() == State::open);
+  CHECK(restarted.breaker.state() == State::open);
+  service.answer_probes(true);
+  CHECK(service.states() == std::vector<State>{State::ramping, State::ramping, State::ramping});
+  service.advance(100ms);
+  CHECK_FALSE(service.held);  // the operator's token, stale now, acked
+  CHECK(service.tokens.empty());
+}
+
+TEST_CASE("A service paused while closed resumes through one probe and the ramp", "[outage]") {
+  Service service;
+  Instance& a = service.add("a");
+  Instance& b = service.add("b");
+  service.operator_says(SignalKind::paused);
+  CHECK(service.states() == std::vector<State>{State::paused, State::paused});
+  service.operator_says(SignalKind::resumed, true);
+  service.advance(100ms);
+  CHECK(a.breaker.state() == State::probing);
+  CHECK(b.breaker.state() == State::open);
+  service.answer_probes(true);
+  CHECK(service.states() == std::vector<State>{State::ramping, State::ramping});
+}
+
+TEST_CASE("An instance that tripped while not connected tells the others once it joins",
+          "[outage]") {
+  Service service;
+  Instance& a = service.add("a");
+  a.coordinator.left(service.now);
+  service.trip(a);
+  CHECK(service.published.empty());
+  CHECK(a.breaker.may_probe());
+  a.coordinator.joined(service.last, service.now, service.wall);
+  service.settle();
+  REQUIRE(service.published.size() == 1);
+  CHECK(service.published[0].kind == SignalKind::open);
+  CHECK(a.coordinator.holds_token());
+}
+
+TEST_CASE("A signal round-trips through its JSON body; a body that is not one is refused by name",
+          "[outage]") {
+  const Signal signal{SignalKind::recovered, 1'800'000'000'123, "host:42:ab12", "probe_succeeded"};
+  std::string error;
+  auto back = decode_signal(encode_signal(signal), error);
+  REQUIRE(back);
+  CHECK(back->kind == SignalKind::recovered);
+  CHECK(back->at_ms == signal.at_ms);
+  CHECK(back->sender == signal.sender);
+  CHECK(back->reason == signal.reason);
+
+  CHECK_FALSE(decode_signal("not json", error));
+  CHECK(error == "the body is not a JSON object");
+  CHECK_FALSE(decode_signal(R"({"signal":"closed","at_ms":1})", error));
+  CHECK(error == "\"signal\" is not one of open, probing, recovered, paused, resumed");
+  CHECK_FALSE(decode_signal(R"({"signal":"open","at_ms":"soon"})", error));
+  CHECK(error == "\"at_ms\" is missing or not an integer");
+  CHECK(decode_token(encode_token(77)) == 77);
+  CHECK_FALSE(decode_token("{}"));
+}
+
+TEST_CASE("A breaker that may not probe stays open, and resumed it waits with a probe due at once",
+          "[outage]") {
+  Breaker breaker(Settings{}, 8);
+  breaker.set_may_probe(false, 0ms);
+  breaker.opened_elsewhere(0ms);
+  CHECK(breaker.state() == State::open);
+  CHECK_FALSE(breaker.wake_at());
+  breaker.tick(60s);
+  CHECK(breaker.state() == State::open);
+  breaker.set_may_probe(true, 60s);
+  REQUIRE(breaker.wake_at());
+  breaker.tick(60s);
+  CHECK(breaker.state() == State::probing);
+  // Probing, it is told another instance probes now: back to open, its probe's outcome ignored.
+  auto probe = breaker.try_start(0, 60s);
+  REQUIRE(probe);
+  breaker.set_may_probe(false, 61s);
+  CHECK(breaker.state() == State::open);
+  breaker.finished(*probe, Verdict::success, 62s);
+  CHECK(breaker.state() == State::open);
+  breaker.recovered_elsewhere(63s);
+  CHECK(breaker.state() == State::ramping);
+  CHECK(breaker.limit() == 2);
+
+  breaker.pause(64s);
+  breaker.resume(65s);
+  CHECK(breaker.state() == State::open);
+  breaker.set_may_probe(true, 65s);
+  breaker.tick(65s);
+  CHECK(breaker.state() == State::probing);
+}
