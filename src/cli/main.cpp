@@ -16,6 +16,7 @@
 #include "outbox_command.hpp"
 #include "parking_command.hpp"
 #include "schedule_command.hpp"
+#include "service_command.hpp"
 #include "topology_command.hpp"
 
 namespace {
@@ -55,6 +56,7 @@ int main(int argc, char** argv) {
   add_parking_commands(app, exit_code);
   add_outbox_commands(app, exit_code);
   add_schedule_commands(app, exit_code);
+  add_service_commands(app, exit_code);
 
   if (argc < 2) {
     std::cout << app.help();

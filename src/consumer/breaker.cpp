@@ -2,6 +2,7 @@
 
 #include "consumer_impl.hpp"
 #include "retryloop/amqp/printable.hpp"
+#include "retryloop/consumer/shared_breaker.hpp"
 #include "retryloop/topology/duration.hpp"
 
 // The consumer's side of its service's breaker (outage::Breaker, docs/outage.md): which deliveries
@@ -53,6 +54,15 @@ std::string because(const outage::Event& event, const outage::Settings& settings
   return outage::to_string(event.reason);
 }
 
+int64_t wall_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+/// A failed link is tried again after this long, while the session lasts.
+constexpr std::chrono::milliseconds link_retry_delay = std::chrono::seconds(30);
+
 bool call_probe(const std::function<bool()>& probe) {
   try {
     return probe();
@@ -69,21 +79,6 @@ std::chrono::milliseconds ConsumerImpl::now() const {
 
 outage::Stats ConsumerImpl::breaker_stats() const {
   return breaker_.stats(now());
-}
-
-bool ConsumerImpl::wants_deliveries() const {
-  switch (breaker_.state()) {
-    case outage::State::closed:
-    case outage::State::ramping:
-      return true;
-    case outage::State::probing:
-      // The probe is a held delivery, or the probe function; with neither, the next delivery.
-      return waiting_.empty() && !options_.probe;
-    case outage::State::open:
-    case outage::State::paused:
-      return false;
-  }
-  return true;
 }
 
 bool ConsumerImpl::holds_unavailable(Pending& pending) const {
@@ -136,54 +131,155 @@ void ConsumerImpl::pause() {
 }
 
 void ConsumerImpl::resume() {
-  breaker_.resume(now());
+  coordinator_.resume_here(now());
   start_handlers();
 }
 
 void ConsumerImpl::after_breaker() {
   if (in_after_breaker_) return;
   in_after_breaker_ = true;
-  std::vector<outage::Event> events = std::move(breaker_events_);
-  breaker_events_.clear();
-  for (const outage::Event& event : events) {
-    if (pool_ && (event.to == outage::State::open || event.to == outage::State::paused)) {
-      take_back_unstarted();
-    }
-    if (auto* log = options_.logger.get()) {
-      std::string what = "service=" + amqp::printable(options_.service.name) + " breaker " +
-                         outage::to_string(event.from) + " -> " + outage::to_string(event.to) +
-                         ": " + because(event, options_.service.outage);
-      switch (event.to) {
-        case outage::State::open:
-          what += "; holding " + deliveries(waiting_.size()) +
-                  " uncharged, taking no more; next probe in " +
-                  label(options_.service.outage.probe_interval);
-          break;
-        case outage::State::probing:
-          what += options_.probe ? "; calling the probe" : "; one delivery is the probe";
-          break;
-        case outage::State::ramping:
-          what += "; " + std::to_string(event.limit) + " at once, doubling every " +
-                  label(options_.service.outage.ramp.interval);
-          break;
-        case outage::State::closed:
-          what += "; " + std::to_string(event.limit) + " at once";
-          break;
-        case outage::State::paused:
-          what += "; holding " + deliveries(waiting_.size()) + ", taking no more";
-          break;
+  while (!breaker_events_.empty()) {
+    std::vector<outage::Event> events = std::move(breaker_events_);
+    breaker_events_.clear();
+    for (const outage::Event& event : events) {
+      coordinator_.breaker_event(event, wall_ms());
+      if (pool_ && (event.to == outage::State::open || event.to == outage::State::paused)) {
+        take_back_unstarted();
       }
-      log->log(event.to == outage::State::open || event.to == outage::State::paused
-                   ? spdlog::level::warn
-                   : spdlog::level::info,
-               what);
+      if (auto* log = options_.logger.get()) {
+        std::string what = "service=" + amqp::printable(options_.service.name) + " breaker " +
+                           outage::to_string(event.from) + " -> " + outage::to_string(event.to) +
+                           ": " + because(event, options_.service.outage);
+        switch (event.to) {
+          case outage::State::open:
+            what += "; holding " + deliveries(waiting_.size()) +
+                    " uncharged, taking no more; next probe in " +
+                    label(options_.service.outage.probe_interval);
+            break;
+          case outage::State::probing:
+            what += options_.probe ? "; calling the probe" : "; one delivery is the probe";
+            break;
+          case outage::State::ramping:
+            what += "; " + std::to_string(event.limit) + " at once, doubling every " +
+                    label(options_.service.outage.ramp.interval);
+            break;
+          case outage::State::closed:
+            what += "; " + std::to_string(event.limit) + " at once";
+            break;
+          case outage::State::paused:
+            what += "; holding " + deliveries(waiting_.size()) + ", taking no more";
+            break;
+        }
+        log->log(event.to == outage::State::open || event.to == outage::State::paused
+                     ? spdlog::level::warn
+                     : spdlog::level::info,
+                 what);
+      }
+      if (options_.on_breaker) options_.on_breaker(event);
     }
-    if (options_.on_breaker) options_.on_breaker(event);
   }
-  if (session_ && !session_->ended() && state_ == State::running) {
-    session_->set_consuming(wants_deliveries());
-  }
+  carry_out_coordination();
   in_after_breaker_ = false;
+}
+
+void ConsumerImpl::link_breaker() {
+  if (!options_.share_breaker || !session_ || breaker_link_) return;
+  std::weak_ptr<ConsumerImpl> weak = weak_from_this();
+  BreakerLinkEvents events;
+  events.joined = [weak](const std::optional<outage::Signal>& last) {
+    auto self = weak.lock();
+    if (!self) return;
+    self->breaker_link_retry_at_.reset();
+    if (auto* log = self->options_.logger.get()) {
+      log->info("service={} breaker shared with the service's other instances as {}{}",
+                self->options_.service.name, self->coordinator_.instance(),
+                last ? std::string("; last signal ") + outage::to_string(last->kind) + " from " +
+                           amqp::printable(last->sender)
+                     : std::string());
+    }
+    self->coordinator_.joined(last, self->now(), wall_ms());
+    self->start_handlers();
+  };
+  events.signal = [weak](const outage::Signal& signal) {
+    auto self = weak.lock();
+    if (!self) return;
+    self->coordinator_.received(signal, self->now());
+    self->start_handlers();
+  };
+  events.token = [weak](uint64_t delivery_tag, std::optional<int64_t> opened_at_ms) {
+    auto self = weak.lock();
+    if (!self) return;
+    self->coordinator_.token(delivery_tag, opened_at_ms, self->now());
+    self->start_handlers();
+  };
+  events.failed = [weak](const client::Error& error) {
+    if (auto self = weak.lock()) self->breaker_link_failed(error);
+  };
+  breaker_link_ = BreakerLink::start(session_->consume_connection(), options_.service.name,
+                                     options_.logger, std::move(events));
+}
+
+void ConsumerImpl::unlink_breaker() {
+  if (!breaker_link_) return;
+  breaker_link_->close();
+  breaker_link_.reset();
+  coordinator_.left(now());
+}
+
+void ConsumerImpl::breaker_link_failed(const client::Error& error) {
+  breaker_link_.reset();
+  coordinator_.left(now());
+  // A lost connection ends the session too, which links again when it comes back; anything
+  // else is tried again after a while.
+  if (!session_ || session_->ended()) return;
+  breaker_link_retry_at_ = now() + link_retry_delay;
+  if (auto* log = options_.logger.get()) {
+    const auto level = breaker_link_warned_ ? spdlog::level::debug : spdlog::level::warn;
+    log->log(level,
+             "service={} breaker not shared with the service's other instances: {}; this "
+             "instance keeps a breaker of its own and tries again in {}",
+             options_.service.name, error.message(), label(link_retry_delay));
+  }
+  breaker_link_warned_ = true;
+  start_handlers();
+}
+
+void ConsumerImpl::tick_breaker_link() {
+  if (breaker_link_retry_at_ && now() >= *breaker_link_retry_at_ && state_ == State::running) {
+    breaker_link_retry_at_.reset();
+    link_breaker();
+  }
+  coordinator_.tick(now(), wall_ms());
+}
+
+void ConsumerImpl::carry_out_coordination() {
+  outage::Actions actions = coordinator_.take_actions();
+  for (uint64_t tag : actions.ack_tokens) {
+    if (breaker_link_) breaker_link_->ack_token(tag);
+  }
+  if (actions.signals.empty() && !actions.token_opened_at_ms) return;
+  const std::shared_ptr<client::Channel> channel =
+      session_ && !session_->ended() ? session_->publish_channel() : nullptr;
+  if (!channel) return;  // not connected: the coordinator tells the others once it is joined
+  std::weak_ptr<ConsumerImpl> weak = weak_from_this();
+  auto report = [weak](const char* what) {
+    return [weak, what](const client::PublishOutcome& outcome) {
+      auto self = weak.lock();
+      if (!self || outcome.ok()) return;
+      if (auto* log = self->options_.logger.get()) {
+        log->warn("service={} the breaker's {} did not reach the other instances: {}",
+                  self->options_.service.name, what, outcome.error.message());
+      }
+    };
+  };
+  for (const outage::Signal& signal : actions.signals) {
+    publish_breaker_signal(*channel, options_.service.name, signal,
+                           report(outage::to_string(signal.kind)));
+  }
+  if (actions.token_opened_at_ms) {
+    publish_probe_token(*channel, options_.service.name, *actions.token_opened_at_ms,
+                        report("probe token"));
+  }
 }
 
 }  // namespace retryloop::consumer::detail

@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <atomic>
+
 #include "consumer_impl.hpp"
 #include "retryloop/amqp/printable.hpp"
 #include "retryloop/topology/duration.hpp"
@@ -20,6 +22,12 @@ std::string default_consumer_name() {
   char host[256] = {};
   if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
   return std::string(host[0] != '\0' ? host : "unknown-host") + ":" + std::to_string(getpid());
+}
+
+/// This consumer among the service's instances: host, process, and which consumer of the process.
+std::string instance_id() {
+  static std::atomic<uint64_t> consumers{0};
+  return default_consumer_name() + "#" + std::to_string(++consumers);
 }
 
 SpanEnd begin_span(const SpanStart& start_span, const Message& message,
@@ -100,7 +108,8 @@ ConsumerImpl::ConsumerImpl(uv_loop_t* loop, ConsumerOptions options)
       loop_(loop),
       parking_depth_(options_),
       breaker_(options_.service.outage, int(std::max<uint32_t>(options_.concurrency, 1)),
-               [this](const outage::Event& event) { breaker_events_.push_back(event); }) {
+               [this](const outage::Event& event) { breaker_events_.push_back(event); }),
+      coordinator_(breaker_, instance_id()) {
   if (options_.consumer_name.empty()) options_.consumer_name = default_consumer_name();
   if (options_.concurrency == 0) options_.concurrency = 1;
   exceptions_ = std::make_shared<const ExceptionPolicy>(options_.exceptions);
@@ -209,7 +218,7 @@ void ConsumerImpl::connect_session() {
   events.blocked = [weak](bool blocked, const std::string& reason) {
     if (auto self = weak.lock()) self->on_blocked(blocked, reason);
   };
-  session_ = Session::start(loop_, options_, ++generation_, std::move(events), wants_deliveries());
+  session_ = Session::start(loop_, options_, ++generation_, std::move(events));
 }
 
 void ConsumerImpl::session_ready() {
@@ -218,18 +227,21 @@ void ConsumerImpl::session_ready() {
   if (ever_ready_) ++metrics_.reconnects;
   ever_ready_ = true;
   if (auto* log = options_.logger.get()) {
-    if (wants_deliveries()) {
+    if (breaker_.state() == outage::State::closed) {
       log->info("service={} queue={} consuming (prefetch {}, concurrency {}, mode {})",
                 options_.service.name, topology::input_queue_name(options_.service),
                 options_.prefetch, options_.concurrency,
                 topology::to_string(options_.service.retry.mode));
     } else {
-      log->info("service={} queue={} connected; not consuming while the breaker is {}",
-                options_.service.name, topology::input_queue_name(options_.service),
-                outage::to_string(breaker_.state()));
+      log->info(
+          "service={} queue={} consuming; the breaker is {}: deliveries are held, "
+          "uncharged, until it lets calls through",
+          options_.service.name, topology::input_queue_name(options_.service),
+          outage::to_string(breaker_.state()));
     }
   }
   if (on_ready_) on_ready_();
+  link_breaker();
   start_handlers();
 }
 
@@ -271,6 +283,7 @@ void ConsumerImpl::fail_fatally(const Error& error) {
 }
 
 void ConsumerImpl::close_session(std::function<void()> done) {
+  unlink_breaker();
   std::shared_ptr<Session> session = std::move(session_);
   session_.reset();
   waiting_.clear();  // unacked: the broker requeues them when the channel closes
@@ -703,9 +716,15 @@ void ConsumerImpl::on_tick() {
     }
   }
   if (state_ == State::running) parking_depth_.tick(now, session_->consume_connection());
-  if (state_ != State::stopping && breaker_.wake_at()) {
-    breaker_.tick(std::chrono::milliseconds(now));
-    start_handlers();
+  if (state_ != State::stopping) {
+    const bool due = breaker_.wake_at().has_value();
+    if (due) breaker_.tick(std::chrono::milliseconds(now));
+    tick_breaker_link();
+    if (due || !breaker_events_.empty()) {
+      start_handlers();
+    } else {
+      carry_out_coordination();
+    }
   }
   if (session_ && !blocked_) check_copies(now);
   if (session_) session_->close_drained_channels();
@@ -859,6 +878,9 @@ const topology::Service& Consumer::service() const {
 }
 outage::State Consumer::breaker_state() const {
   return impl_->breaker_state();
+}
+bool Consumer::breaker_shared() const {
+  return impl_->breaker_shared();
 }
 int Consumer::breaker_limit() const {
   return impl_->breaker_limit();

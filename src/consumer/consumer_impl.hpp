@@ -13,10 +13,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include "breaker_link.hpp"
 #include "parking_depth.hpp"
 #include "retryloop/consumer/consumer.hpp"
 #include "retryloop/consumer/detail/worker_pool.hpp"
 #include "retryloop/outage/breaker.hpp"
+#include "retryloop/outage/coordinator.hpp"
 #include "retryloop/process/stop_signals.hpp"
 #include "session.hpp"
 
@@ -55,6 +57,7 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   bool wait_for_handlers(std::chrono::milliseconds timeout) const;
 
   outage::State breaker_state() const { return breaker_.state(); }
+  bool breaker_shared() const { return coordinator_.joined(); }
   int breaker_limit() const { return breaker_.limit(); }
   outage::Stats breaker_stats() const;
   size_t held() const { return waiting_.size(); }
@@ -151,11 +154,19 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   /// Runs options_.probe as the breaker's probe `call`.
   void run_probe(const outage::Call& call);
   void probe_done(const outage::Call& call, outage::Verdict verdict);
-  /// Logs the breaker's changes since the last call, tells options_.on_breaker, and consumes or
-  /// not as the breaker's state wants.
+  /// Logs the breaker's changes since the last call, tells options_.on_breaker, and hands them
+  /// to the coordinator. The consumer goes on consuming whatever the state: what arrives while
+  /// the breaker lets nothing start is held, and the prefetch bounds it (docs/outage.md).
   void after_breaker();
-  bool wants_deliveries() const;
   std::chrono::milliseconds now() const;
+  // breaker.cpp: sharing the breaker with the service's other instances (outage::Coordinator)
+  void link_breaker();
+  void unlink_breaker();
+  void breaker_link_failed(const client::Error& error);
+  /// Lets the coordinator see the time pass, and links again after a failed link.
+  void tick_breaker_link();
+  /// Publishes the coordinator's signals and tokens, acks the tokens it is done with.
+  void carry_out_coordination();
   /// Takes back the deliveries handed to the worker pool whose handlers have not started; returns
   /// how many.
   size_t withdraw_handlers();
@@ -229,6 +240,11 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   /// The breaker's changes not yet logged and acted on (its listener must not call back into it).
   std::vector<outage::Event> breaker_events_;
   bool in_after_breaker_ = false;
+  outage::Coordinator coordinator_;
+  std::shared_ptr<BreakerLink> breaker_link_;
+  /// After a failed link (permissions, arguments, a queue without a leader): when to try again.
+  std::optional<std::chrono::milliseconds> breaker_link_retry_at_;
+  bool breaker_link_warned_ = false;
   std::shared_ptr<ConsumerImpl> self_;
 };
 

@@ -71,9 +71,8 @@ void log_declared(spdlog::logger* log, const std::string& service, const topolog
 }  // namespace
 
 std::shared_ptr<Session> Session::start(uv_loop_t* loop, const ConsumerOptions& options,
-                                        uint64_t generation, SessionEvents events, bool consume) {
+                                        uint64_t generation, SessionEvents events) {
   std::shared_ptr<Session> session(new Session(options, generation, std::move(events)));
-  session->want_consuming_ = consume;
   session->connect(loop);
   return session;
 }
@@ -234,17 +233,7 @@ void Session::open_consume_channel() {
 void Session::set_prefetch(std::shared_ptr<client::Channel> channel) {
   watch(channel);
   consume_channel_ = channel;
-  check(channel->qos(options_.prefetch, then([](Session& self) {
-                       if (self.want_consuming_) return self.consume();
-                       self.ready_sent_ = true;
-                       if (self.events_.ready) self.events_.ready();
-                     })));
-}
-
-void Session::set_consuming(bool consuming) {
-  if (stopping_consuming_) return;
-  want_consuming_ = consuming;
-  if (ready_sent_) reconcile();
+  check(channel->qos(options_.prefetch, then([](Session& self) { self.consume(); })));
 }
 
 void Session::stop_consuming(std::function<void()> done) {

@@ -40,11 +40,9 @@ struct SessionEvents {
 /// itself (`self_`) until its last handle is closed; a session is held by its consumer.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  /// `consume`: whether to consume once set up; without it the session is ready once the
-  /// consume channel has its prefetch, and consumes when set_consuming(true) is called.
+  /// Connects, sets up and consumes; `events.ready` fires once it consumes.
   static std::shared_ptr<Session> start(uv_loop_t* loop, const ConsumerOptions& options,
-                                        uint64_t generation, SessionEvents events,
-                                        bool consume = true);
+                                        uint64_t generation, SessionEvents events);
 
   /// Closes both connections (the broker requeues what is unacked); no event fires after this
   /// call. `done` fires once both are closed.
@@ -67,10 +65,6 @@ class Session : public std::enable_shared_from_this<Session> {
   void renew_publish_channel();
   /// Closes the replaced publish channels that await no confirm.
   void close_drained_channels();
-  /// Consuming or not, as the consumer's breaker wants: basic.consume or basic.cancel, one at a
-  /// time, until the session does what was last asked. Deliveries received before a cancel-ok
-  /// still come; what the channel holds stays unacked. Harmless when it already does.
-  void set_consuming(bool consuming);
   /// Stops consuming for good (a graceful stop): `done` fires once the broker has no consumer of
   /// this session any more, or at once when it had none.
   void stop_consuming(std::function<void()> done);

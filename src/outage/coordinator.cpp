@@ -145,11 +145,19 @@ void Coordinator::joined(const std::optional<Signal>& last, std::chrono::millise
 
 void Coordinator::left(std::chrono::milliseconds now) {
   joined_ = false;
+  probing_alone_ = false;
   token_tag_.reset();  // the broker gives it to another instance
   breaker_.set_may_probe(true, now);
 }
 
 void Coordinator::breaker_event(const Event& event, int64_t wall_ms) {
+  if (probing_alone_ && event.to == State::probing) return;  // nobody else needs to know
+  if (probing_alone_ && event.from == State::probing) {
+    probing_alone_ = false;
+    if (!token_tag_) breaker_.set_may_probe(false, event.at);
+    if (event.reason == Reason::probe_failed && joined_) announce_open("probe_failed", wall_ms);
+    return;
+  }
   if (own_trip(event)) {
     if (joined_) {
       announce_open(to_string(event.reason), wall_ms);
@@ -207,6 +215,15 @@ void Coordinator::token(uint64_t delivery_tag, std::optional<int64_t> opened_at_
   }
   if (opened_at_ms) opened_at_ms_ = std::max(opened_at_ms_, *opened_at_ms);
   hold_token(delivery_tag, now);
+}
+
+void Coordinator::resume_here(std::chrono::milliseconds now) {
+  if (joined_ && !token_tag_ && opened_at_ms_ <= recovered_at_ms_ &&
+      breaker_.state() == State::paused) {
+    probing_alone_ = true;
+    breaker_.set_may_probe(true, now);
+  }
+  breaker_.resume(now);
 }
 
 void Coordinator::tick(std::chrono::milliseconds now, int64_t wall_ms) {

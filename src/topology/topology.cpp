@@ -162,7 +162,7 @@ class Validator {
     bool name_ok = check_name(service, p + ".name", service.name, false);
     if (name_ok) {
       // The longest derived name is the wait queue with the longest label.
-      std::string longest = parking_queue_name(service.name);
+      std::string longest = breaker_instances_queue_name(service.name);
       for (auto delay : wait_delays(service)) {
         std::string wait = wait_queue_name(service.name, delay);
         if (wait.size() > longest.size()) longest = wait;
@@ -557,6 +557,10 @@ class Validator {
         }
       };
       claim(queues, parking_queue_name(s.name), "queue", "parking queue");
+      claim(queues, breaker_state_queue_name(s.name), "queue", "breaker state queue");
+      claim(queues, breaker_token_queue_name(s.name), "queue", "breaker token queue");
+      claim(queues, breaker_instances_queue_name(s.name), "queue", "breaker instances queue");
+      claim(exchanges, breaker_exchange_name(s.name), "exchange", "breaker exchange");
       for (auto delay : wait_delays(s)) {
         claim(queues, wait_queue_name(s.name, delay), "queue", "wait queue");
       }
@@ -730,6 +734,22 @@ std::string parking_exchange_name(std::string_view service_name) {
 
 std::string parking_queue_name(std::string_view service_name) {
   return std::string(service_name) + ".parking";
+}
+
+std::string breaker_exchange_name(std::string_view service_name) {
+  return std::string(service_name) + ".breaker";
+}
+
+std::string breaker_state_queue_name(std::string_view service_name) {
+  return std::string(service_name) + ".breaker.state";
+}
+
+std::string breaker_token_queue_name(std::string_view service_name) {
+  return std::string(service_name) + ".breaker.token";
+}
+
+std::string breaker_instances_queue_name(std::string_view service_name) {
+  return std::string(service_name) + ".breaker.instances";
 }
 
 std::string audit_stream_name() {

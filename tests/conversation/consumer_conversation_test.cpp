@@ -36,6 +36,9 @@ consumer::ConsumerOptions peer_options(const ScriptedPeer& peer, const topology:
   options.connection.uri = client::parse_uri(peer.url());
   options.handler_on_loop = true;
   options.recovery = consumer::Backoff{100ms, 1000ms, 2.0, 0.1};
+  // The conversations here are about one consumer's own channels; sharing the breaker opens
+  // another (tested against real brokers in tests/integration/outage_test.cpp).
+  options.share_breaker = false;
   return options;
 }
 
@@ -558,8 +561,9 @@ TEST_CASE("The parking alert fires when the depth rises above the threshold, onc
 }
 
 TEST_CASE(
-    "While its breaker is open the consumer cancels its consumer and settles none of the "
-    "deliveries it holds, and after a probe succeeds it consumes again and acks them",
+    "While its breaker is open the consumer keeps its consumer (a cancel would make the broker "
+    "return deliveries in flight) and settles none of the deliveries it holds, and after a probe "
+    "succeeds it acks them",
     "[conversation][consumer][outage]") {
   TestLoop loop;
   ScriptedPeer peer(loop.get());
@@ -576,7 +580,6 @@ TEST_CASE(
   for (uint64_t tag = 1; tag <= 3; ++tag)
     deliver(peer, at, tag, "m-" + std::to_string(tag));
   REQUIRE(loop.run_until([&] { return c->breaker_state() == outage::State::open; }));
-  REQUIRE(loop.run_until([&] { return peer.count<amqp::BasicCancel>() == 1; }));
   CHECK(calls == 2);  // the first delivery, run again once: two unavailable in a row
 
   loop.run_for(700ms);  // probes: the held first delivery, once per 200 ms
@@ -589,7 +592,8 @@ TEST_CASE(
 
   up = true;
   REQUIRE(loop.run_until([&] { return settlement(peer, at, 3) == "ack"; }));
-  CHECK(peer.count<amqp::BasicConsume>() == 2);
+  CHECK(peer.count<amqp::BasicConsume>() == 1);
+  CHECK(peer.count<amqp::BasicCancel>() == 0);
   for (uint64_t tag = 1; tag <= 2; ++tag)
     CHECK(settlement(peer, at, tag) == "ack");
   CHECK(peer.count<amqp::BasicNack>() == 0);

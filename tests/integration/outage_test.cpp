@@ -14,6 +14,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -240,12 +241,12 @@ TEST_CASE(
   });
   c->pause();
   CHECK(c->breaker_state() == State::paused);
-  loop.run_for(300ms);  // the cancel reaches the broker
   for (int i = 0; i < 6; ++i)
     broker.publish(service.input.exchange, "key", "m-" + std::to_string(i));
   loop.run_for(1000ms);
   CHECK(calls.size() == 0);
-  CHECK(broker.depth(topology::input_queue_name(service)) == 6);
+  // Held, unsettled, by the consumer (up to its prefetch), or still in the queue.
+  CHECK(c->held() + broker.depth(topology::input_queue_name(service)) == 6);
 
   c->resume();
   REQUIRE(loop.run_until([&] { return c->metrics().acked == 6; }, 10s));
@@ -337,20 +338,265 @@ TEST_CASE(
 
   up = true;
   auto second = consumer_process();
-  REQUIRE(settled(0));
-  loop.run_for(300ms);
+  // What the second process acked, by id, and the attempts it acked them at.
+  const auto acks = [&] {
+    std::map<std::string, int64_t> acked;
+    std::istringstream lines(second->out());
+    for (std::string line; std::getline(lines, line);) {
+      const auto outcome = nlohmann::json::parse(line, nullptr, false);
+      if (!outcome.is_object() || outcome.value("outcome", "") != "ack") continue;
+      acked[outcome.value("id", "")] = outcome.value("attempt", int64_t(0));
+    }
+    return acked;
+  };
+  for (auto until = std::chrono::steady_clock::now() + 30s;
+       acks().size() < size_t(messages) && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(50ms);
+  }
   second->signal(SIGTERM);
   CHECK(second->wait() == 0);
-  std::set<std::string> acked;
-  std::istringstream lines(second->out());
-  for (std::string line; std::getline(lines, line);) {
-    const auto outcome = nlohmann::json::parse(line, nullptr, false);
-    if (!outcome.is_object() || outcome.value("outcome", "") != "ack") continue;
-    CHECK(outcome.value("attempt", 0) == 1);
-    acked.insert(outcome.value("id", ""));
-  }
+  const auto acked = acks();
   CHECK(acked.size() == size_t(messages));
+  for (const auto& [id, attempt] : acked) {
+    INFO(id);
+    CHECK(attempt == 1);
+  }
+  CHECK(broker.depth(queue) == 0);
   CHECK(broker.depth(topology::parking_queue_name(service.name)) == 0);
   std::filesystem::remove(file);
+  broker.remove(service);
+}
+
+namespace {
+
+/// Runs the retryloop command against the test broker; its exit code and output.
+struct CommandRun {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+CommandRun retryloop_command(const std::vector<std::string>& args) {
+  std::vector<std::string> argv{test::built_program("retryloop")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  test::ChildProcess child(argv, {"RETRYLOOP_URL=" + test::broker_url(), "RETRYLOOP_TOPOLOGY="});
+  CommandRun run;
+  run.exit_code = child.wait(60000);
+  run.out = child.out();
+  run.err = child.err();
+  return run;
+}
+
+/// A topology file naming `service`, for the service commands.
+struct ServiceFile {
+  std::string path;
+  explicit ServiceFile(const std::string& service)
+      : path((std::filesystem::temp_directory_path() / (service + ".json")).string()) {
+    std::ofstream(path) << R"({"services": [{"name": ")" << service
+                        << R"(", "input": {"exchange": ")" << service
+                        << R"(.in", "type": "direct", "bindings": ["key"]},)"
+                        << R"( "retry": {"delays": ["1s"], "max_attempts": 3}}]})";
+  }
+  ~ServiceFile() { std::filesystem::remove(path); }
+};
+
+/// Each instance's events, in order.
+struct Instances {
+  std::vector<std::shared_ptr<consumer::Consumer>> consumers;
+  std::vector<std::vector<outage::Event>> events;
+
+  explicit Instances(size_t count) : events(count) {}
+
+  bool all(const std::function<bool(const consumer::Consumer&)>& holds) const {
+    for (const auto& c : consumers)
+      if (!holds(*c)) return false;
+    return true;
+  }
+  bool all_shared() const {
+    return all([](const consumer::Consumer& c) { return c.breaker_shared(); });
+  }
+  bool all_in(State state) const {
+    return all([state](const consumer::Consumer& c) { return c.breaker_state() == state; });
+  }
+  size_t acked() const {
+    size_t total = 0;
+    for (const auto& c : consumers)
+      total += c->metrics().acked;
+    return total;
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "Three instances share one breaker: one trips and the others stop within a second, one "
+    "probes for all, and all ramp when it succeeds",
+    "[outage][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const auto service = make_service(
+      test::unique_name("shared"), R"("mode": "republish", "delays": ["200ms"], "max_attempts": 2)",
+      R"("queue_type": "quorum", "outage": {"consecutive_unavailable": 3,
+          "probe_interval": "1s", "ramp": {"interval": "300ms"}})");
+  broker.apply(service);
+  // The first instance's path to the dependency fails first; the others' calls still succeed.
+  std::atomic<bool> first_cut{true};
+  Dependency dependency;
+  dependency.up = true;
+  std::atomic<int> calls_while_down{0};
+  Instances instances(3);
+  Recorder calls;
+  for (size_t i = 0; i < 3; ++i) {
+    auto options = recording(options_for(service), instances.events[i]);
+    options.concurrency = 4;
+    options.prefetch = 10;
+    instances.consumers.push_back(start(loop, options, [&, i](const consumer::Message& message) {
+      calls.add(message);
+      if (i == 0 && first_cut) {
+        ++calls_while_down;
+        return Outcome::unavailable("payments: connection refused");
+      }
+      if (!dependency.up) ++calls_while_down;
+      return dependency.call();
+    }));
+  }
+  REQUIRE(loop.run_until([&] { return instances.all_shared(); }, 10s));
+
+  const int messages = 90;
+  for (int i = 0; i < messages; ++i)
+    broker.publish(service.input.exchange, "key", "m-" + std::to_string(i));
+  REQUIRE(loop.run_until([&] { return instances.all_in(State::open); }, 10s));
+  const auto& first = instances.events[0];
+  REQUIRE(has_event(first, State::open, outage::Reason::consecutive_unavailable));
+  std::chrono::milliseconds tripped{0};
+  for (const auto& event : first)
+    if (event.to == State::open) tripped = event.at;
+  for (size_t i = 1; i < 3; ++i) {
+    INFO("instance " << i);
+    CHECK(instances.consumers[i]->breaker_stats().trips == 0);
+    CHECK(has_event(instances.events[i], State::open, outage::Reason::opened_elsewhere));
+    for (const auto& event : instances.events[i]) {
+      if (event.reason != outage::Reason::opened_elsewhere) continue;
+      const auto took = event.at - tripped;
+      INFO("stopped " << took.count() << " ms after the first instance tripped");
+      CHECK(took.count() < 1000);
+    }
+  }
+
+  // The whole dependency is down now: for 4 s, one probe per second for the whole service.
+  dependency.up = false;
+  first_cut = false;
+  const int at_trip = calls_while_down;
+  loop.run_for(4000ms);
+  const int while_open = calls_while_down - at_trip;
+  INFO("calls while open, all instances together: " << while_open);
+  CHECK(while_open >= 2);
+  CHECK(while_open <= 4 + 1);
+  int probing_instances = 0;
+  for (const auto& events : instances.events)
+    if (has_event(events, State::probing, outage::Reason::probe_due)) ++probing_instances;
+  CHECK(probing_instances == 1);
+
+  dependency.up = true;
+  REQUIRE(loop.run_until([&] { return instances.acked() == size_t(messages); }, 30s));
+  REQUIRE(loop.run_until([&] { return instances.all_in(State::closed); }, 10s));
+  int probed = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    const auto& events = instances.events[i];
+    if (has_event(events, State::ramping, outage::Reason::probe_succeeded)) {
+      ++probed;
+    } else {
+      INFO("instance " << i);
+      CHECK(has_event(events, State::ramping, outage::Reason::recovered_elsewhere));
+    }
+    CHECK(instances.consumers[i]->metrics().parked() == 0);
+    CHECK(instances.consumers[i]->metrics().retried == 0);
+  }
+  CHECK(probed == 1);
+  for (const auto& call : calls.calls()) {
+    INFO(call.id);
+    CHECK(call.attempt == 1);
+    CHECK_FALSE(call.redelivered);
+  }
+  for (auto& c : instances.consumers)
+    stop(loop, c);
+  CHECK(broker.depth(topology::parking_queue_name(service.name)) == 0);
+  broker.remove(service);
+}
+
+TEST_CASE(
+    "retryloop service pause stops every instance and holds for an instance started later, "
+    "status shows it, and resume lets them all run again",
+    "[outage][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const auto service = make_service(test::unique_name("opspause"),
+                                    R"("mode": "reject", "delays": ["1s"], "max_attempts": 3)",
+                                    R"("outage": {"ramp": {"interval": "200ms"}})");
+  broker.apply(service);
+  ServiceFile file(service.name);
+  Instances instances(3);
+  Recorder calls;
+  auto handler = [&](const consumer::Message& message) {
+    calls.add(message);
+    return Outcome::ack();
+  };
+  auto options_of = [&](size_t i) {
+    auto options = recording(options_for(service), instances.events[i]);
+    options.concurrency = 4;
+    return options;
+  };
+  for (size_t i = 0; i < 2; ++i)
+    instances.consumers.push_back(start(loop, options_of(i), handler));
+  REQUIRE(loop.run_until([&] { return instances.all_shared(); }, 10s));
+
+  CommandRun paused =
+      retryloop_command({"service", "pause", "-t", file.path, service.name, "--reason", "deploy"});
+  INFO(paused.out << paused.err);
+  REQUIRE(paused.exit_code == 0);
+  CHECK_THAT(paused.out, Catch::Contains("paused"));
+  REQUIRE(loop.run_until([&] { return instances.all_in(State::paused); }, 5s));
+
+  // An instance started while paused joins paused.
+  instances.consumers.push_back(start(loop, options_of(2), handler));
+  REQUIRE(loop.run_until([&] { return instances.all_shared(); }, 10s));
+  CHECK(instances.consumers[2]->breaker_state() == State::paused);
+  for (int i = 0; i < 6; ++i)
+    broker.publish(service.input.exchange, "key", "m-" + std::to_string(i));
+  loop.run_for(1500ms);
+  CHECK(calls.size() == 0);
+
+  CommandRun status =
+      retryloop_command({"service", "status", "-t", file.path, service.name, "--json"});
+  INFO(status.out << status.err);
+  REQUIRE(status.exit_code == 0);
+  const auto json = nlohmann::json::parse(status.out);
+  CHECK(json["state"] == "paused");
+  CHECK(json["instances"] == 3);
+  CHECK(json["last_signal"]["reason"] == "deploy");
+
+  CommandRun resumed = retryloop_command({"service", "resume", "-t", file.path, service.name});
+  INFO(resumed.out << resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  REQUIRE(loop.run_until([&] { return instances.acked() == 6; }, 15s));
+  REQUIRE(loop.run_until([&] { return instances.all_in(State::closed); }, 10s));
+  int probed = 0;
+  for (const auto& events : instances.events) {
+    CHECK(has_event(events, State::paused, outage::Reason::paused));
+    if (has_event(events, State::probing, outage::Reason::resumed) ||
+        has_event(events, State::probing, outage::Reason::probe_due)) {
+      ++probed;
+    }
+  }
+  CHECK(probed == 1);
+  for (const auto& call : calls.calls())
+    CHECK_FALSE(call.redelivered);
+
+  CommandRun after = retryloop_command({"service", "status", "-t", file.path, service.name});
+  INFO(after.out << after.err);
+  CHECK(after.exit_code == 0);
+  CHECK_THAT(after.out, Catch::Contains(": closed"));
+  for (auto& c : instances.consumers)
+    stop(loop, c);
   broker.remove(service);
 }

@@ -401,3 +401,38 @@ TEST_CASE("A breaker that may not probe stays open, and resumed it waits with a 
   breaker.tick(65s);
   CHECK(breaker.state() == State::probing);
 }
+
+TEST_CASE("An instance resumed alone probes for itself unless the service is in an outage",
+          "[outage]") {
+  Service service;
+  Instance& a = service.add("a");
+  Instance& b = service.add("b");
+  b.breaker.pause(service.now);
+  b.coordinator.resume_here(service.now);
+  service.settle();
+  CHECK(b.breaker.state() == State::probing);
+  service.start_probe(b);
+  service.answer_probes(true);
+  CHECK(b.breaker.state() == State::ramping);
+  CHECK_FALSE(b.breaker.may_probe());
+  CHECK(service.published.empty());  // nothing to tell: the service was never open
+
+  // Its own probe fails: a trip, told to the others.
+  b.breaker.pause(service.now);
+  b.coordinator.resume_here(service.now);
+  service.settle();
+  service.start_probe(b);
+  service.answer_probes(false);
+  CHECK(service.states() == std::vector<State>{State::open, State::open});
+  REQUIRE(service.published.size() == 1);
+  CHECK(service.published[0].kind == SignalKind::open);
+  CHECK(a.coordinator.holds_token());
+  CHECK_FALSE(b.breaker.may_probe());
+
+  // During the outage, a resumed instance waits for the prober.
+  b.breaker.pause(service.now);
+  b.coordinator.resume_here(service.now);
+  service.settle();
+  CHECK(b.breaker.state() == State::open);
+  CHECK_FALSE(b.breaker.may_probe());
+}

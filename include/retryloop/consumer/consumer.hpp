@@ -238,6 +238,12 @@ struct ConsumerOptions {
   /// Told of each change of the breaker, on the loop thread, after the consumer has logged it
   /// and acted on it (stopped or resumed taking deliveries).
   outage::EventHandler on_breaker;
+  /// Shares the breaker with every instance of the service through the broker (docs/outage.md,
+  /// "One breaker per service"): a trip stops them all, one probes for all, and
+  /// `retryloop service pause` reaches them. Needs configure, write and read permission on
+  /// `N.breaker`, `N.breaker.state` and `N.breaker.token`; without them the consumer logs a
+  /// warning once and keeps a breaker of its own. false: a breaker of its own.
+  bool share_breaker = true;
 };
 
 /// The retry consumer: consumes the service's input queue, runs the handler, and carries out
@@ -309,6 +315,9 @@ class Consumer {
   /// Where the service's breaker stands in this consumer: closed while the dependency answers;
   /// open, probing or ramping while it is down or recovering; paused by pause().
   outage::State breaker_state() const;
+  /// Whether the breaker is shared with the service's other instances now (share_breaker, and
+  /// the consumer connected with its link to the broker set up).
+  bool breaker_shared() const;
   /// How many handlers the breaker lets run at once now (the concurrency when closed).
   int breaker_limit() const;
   /// Trips, probes, and time spent open, since the consumer was made.

@@ -95,6 +95,10 @@ class Coordinator {
   /// began, if the body said.
   void token(uint64_t delivery_tag, std::optional<int64_t> opened_at_ms,
              std::chrono::milliseconds now);
+  /// This instance alone was resumed (Consumer::resume after Consumer::pause). During an outage
+  /// it waits for the prober's verdict; otherwise it makes the one call a resume starts with
+  /// itself, and a failure of that call is a trip told to the others.
+  void resume_here(std::chrono::milliseconds now);
   /// Time passed: publishes a token again when no prober has been heard for too long.
   void tick(std::chrono::milliseconds now, int64_t wall_ms);
 
@@ -114,6 +118,8 @@ class Coordinator {
   std::string instance_;
   bool joined_ = false;
   std::optional<uint64_t> token_tag_;
+  /// Probing without the token, for resume_here().
+  bool probing_alone_ = false;
   /// When the outage this instance knows of began, and when the last one ended (wall clock).
   int64_t opened_at_ms_ = 0;
   int64_t recovered_at_ms_ = 0;

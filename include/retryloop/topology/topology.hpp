@@ -221,6 +221,15 @@ std::string wait_queue_name(std::string_view service_name, std::chrono::millisec
 std::string parking_exchange_name(std::string_view service_name);
 /// `N.parking`, the parking queue (same name as its exchange).
 std::string parking_queue_name(std::string_view service_name);
+/// `N.breaker`, the fanout on which a service's instances share their breaker (docs/outage.md).
+std::string breaker_exchange_name(std::string_view service_name);
+/// `N.breaker.state`: holds the last breaker signal (an operator's pause, an open outage).
+std::string breaker_state_queue_name(std::string_view service_name);
+/// `N.breaker.token`: the probe token's single-active-consumer queue.
+std::string breaker_token_queue_name(std::string_view service_name);
+/// `N.breaker.instances`: holds nothing; each instance consumes it, so that its consumer count
+/// is the number of instances connected.
+std::string breaker_instances_queue_name(std::string_view service_name);
 /// The vhost's audit stream: `retryloop.audit`.
 std::string audit_stream_name();
 

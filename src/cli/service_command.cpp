@@ -1,0 +1,240 @@
+// retryloop service pause|resume|status: every instance of a service paused and resumed by
+// hand through its shared breaker, and what that breaker says now (docs/outage.md).
+
+#include "service_command.hpp"
+
+#include <unistd.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common.hpp"
+#include "retryloop/amqp/printable.hpp"
+#include "retryloop/client/channel.hpp"
+#include "retryloop/consumer/shared_breaker.hpp"
+#include "retryloop/outage/coordinator.hpp"
+#include "schedule_command.hpp"
+
+namespace retryloop::cli {
+namespace {
+
+struct ServiceArgs {
+  std::string topology_file;
+  std::string service;
+  std::string reason;
+  bool json = false;
+  ConnectionArgs connection;
+};
+
+int64_t wall_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string operator_name() {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  return std::string("operator@") + (host[0] != '\0' ? host : "unknown-host");
+}
+
+/// The breaker's state as the last signal leaves it.
+std::string state_of(const std::optional<outage::Signal>& last) {
+  if (!last) return "closed";
+  switch (last->kind) {
+    case outage::SignalKind::open:
+    case outage::SignalKind::probing:
+      return "open";
+    case outage::SignalKind::paused:
+      return "paused";
+    case outage::SignalKind::resumed:
+      return "resuming";
+    case outage::SignalKind::recovered:
+      return "closed";
+  }
+  return "closed";
+}
+
+/// Opens a channel in confirm mode and declares the service's breaker objects, then `next`.
+void with_breaker_channel(const std::shared_ptr<client::Connection>& connection,
+                          const std::string& service, const std::function<void(int)>& done,
+                          std::function<void(std::shared_ptr<client::Channel>)> next) {
+  client::Error error = connection->open_channel(
+      [service, done, next](const client::Error& error, std::shared_ptr<client::Channel> channel) {
+        if (error) return done(error_exit(error, "opening a channel"));
+        client::Error selected = channel->confirm_select([=](const client::Error& error) {
+          if (error) return done(error_exit(error, "confirm mode"));
+          consumer::declare_shared_breaker(channel, service, [=](const client::Error& error) {
+            if (error) return done(error_exit(error, "declaring " + service + "'s breaker"));
+            next(channel);
+          });
+        });
+        if (selected) done(error_exit(selected, "confirm mode"));
+      });
+  if (error) done(error_exit(error, "opening a channel"));
+}
+
+/// Publishes the operator's signal (and, for resume, a probe token), waits for the confirms.
+int send_signal(const ServiceArgs& args, outage::SignalKind kind) {
+  load_topology_or_fail(args.topology_file, {args.service});
+  const outage::Signal signal{kind, wall_ms(), operator_name(), args.reason};
+  return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
+    with_breaker_channel(connection, args.service, done, [&, done](auto channel) {
+      auto confirmed = [&, channel, done](const client::PublishOutcome& outcome) {
+        if (!outcome.ok()) {
+          return done(error_exit(
+              outcome.error, std::string("publishing the ") + outage::to_string(kind) + " signal"));
+        }
+        auto finish = [&, done] {
+          if (kind == outage::SignalKind::paused) {
+            std::cout << "service " << args.service
+                      << " paused: every running instance stops taking deliveries within a "
+                         "second, holds what it has, and stays paused, across restarts of "
+                         "instances and of the broker, until `retryloop service resume`\n";
+          } else {
+            std::cout << "service " << args.service
+                      << " resumed: one instance probes with one call now, then every instance "
+                         "ramps up\n";
+          }
+          done(exit_ok);
+        };
+        if (kind != outage::SignalKind::resumed) return finish();
+        consumer::publish_probe_token(
+            *channel, args.service, signal.at_ms,
+            [finish, done](const client::PublishOutcome& outcome) {
+              if (!outcome.ok()) return done(error_exit(outcome.error, "publishing a probe token"));
+              finish();
+            });
+      };
+      consumer::publish_breaker_signal(*channel, args.service, signal, confirmed);
+    });
+  });
+}
+
+int run_status(const ServiceArgs& args) {
+  load_topology_or_fail(args.topology_file, {args.service});
+  return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
+    with_breaker_channel(connection, args.service, done, [&, connection, done](auto channel) {
+      consumer::read_shared_breaker_state(
+          channel, args.service,
+          [&, channel, done](const client::Error& error,
+                             const std::optional<outage::Signal>& last) {
+            if (error) return done(error_exit(error, "reading the breaker's state"));
+            client::QueueOptions passive;
+            passive.passive = true;
+            client::Error looked = channel->queue_declare(
+                topology::breaker_token_queue_name(args.service), passive,
+                [&, channel, last, done](const client::Error& error,
+                                         const client::QueueInfo& token) {
+                  if (error) return done(error_exit(error, "looking up the token queue"));
+                  client::QueueOptions passive;
+                  passive.passive = true;
+                  client::Error counted = channel->queue_declare(
+                      topology::breaker_instances_queue_name(args.service), passive,
+                      [&, last, token, done](const client::Error& error,
+                                             const client::QueueInfo& instances) {
+                        if (error) return done(error_exit(error, "looking up the instances queue"));
+                        const std::string state = state_of(last);
+                        if (args.json) {
+                          nlohmann::json out = {{"service", args.service},
+                                                {"state", state},
+                                                {"instances", instances.consumer_count},
+                                                {"tokens_waiting", token.message_count},
+                                                {"last_signal", nullptr}};
+                          if (last) {
+                            out["last_signal"] = {{"signal", outage::to_string(last->kind)},
+                                                  {"at", iso_time_ms(last->at_ms)},
+                                                  {"at_ms", last->at_ms},
+                                                  {"sender", last->sender},
+                                                  {"reason", last->reason}};
+                          }
+                          std::cout << dump(out) << "\n";
+                          return done(exit_ok);
+                        }
+                        std::cout << "service " << args.service << ": " << state;
+                        if (last) {
+                          const int64_t age_ms = std::max<int64_t>(0, wall_ms() - last->at_ms);
+                          std::cout << " since " << iso_time_ms(last->at_ms) << " ("
+                                    << age_text(uint64_t(age_ms / 1000)) << " ago), "
+                                    << outage::to_string(last->kind) << " from "
+                                    << amqp::printable(last->sender);
+                          if (!last->reason.empty())
+                            std::cout << ": " << amqp::printable(last->reason);
+                        }
+                        std::cout << "\n  instances connected: " << instances.consumer_count
+                                  << "\n  probe tokens waiting: " << token.message_count << "\n";
+                        done(exit_ok);
+                      });
+                  if (counted) done(error_exit(counted, "looking up the instances queue"));
+                });
+            if (looked) done(error_exit(looked, "looking up the token queue"));
+          });
+    });
+  });
+}
+
+const char* const service_exit_codes_help =
+    "Exit codes:\n"
+    "  0  success\n"
+    "  1  usage error (unknown option, missing argument, bad URL, a service the file does not "
+    "have)\n"
+    "  2  the topology file is unreadable or invalid\n"
+    "  3  the broker refused (permissions, an object with other arguments)\n"
+    "  4  could not connect to the broker, or the connection failed midway";
+
+void add_common(CLI::App& command, ServiceArgs& args) {
+  command.add_option("-t,--topology", args.topology_file, "Topology file that has the service")
+      ->envname("RETRYLOOP_TOPOLOGY")
+      ->required()
+      ->type_name("FILE");
+  command.add_option("service", args.service, "The service's name")->required()->type_name("NAME");
+  add_connection_option(command, args.connection);
+}
+
+}  // namespace
+
+void add_service_commands(CLI::App& app, int& exit_code) {
+  CLI::App* group = app.add_subcommand(
+      "service", "Pause and resume every instance of a service, and see its breaker's state");
+  group->footer(wrap("The instances of a service share one breaker through the broker "
+                     "(docs/outage.md). These commands speak to it: a pause stops every "
+                     "instance within a second and holds across restarts of instances and of "
+                     "the broker until resumed; a resume starts with one call, then the ramp.") +
+                "\n\n" + service_exit_codes_help);
+  group->require_subcommand(1);
+
+  auto pause_args = std::make_shared<ServiceArgs>();
+  CLI::App* pause =
+      group->add_subcommand("pause", "Stop every instance of a service until resumed");
+  pause->footer(service_exit_codes_help);
+  add_common(*pause, *pause_args);
+  pause->add_option("--reason", pause_args->reason, "Why, for `service status` and the logs")
+      ->type_name("TEXT");
+  pause->callback([args = pause_args, &exit_code] {
+    exit_code = send_signal(*args, outage::SignalKind::paused);
+  });
+
+  auto resume_args = std::make_shared<ServiceArgs>();
+  CLI::App* resume = group->add_subcommand("resume", "Let a paused service run again, slowly");
+  resume->footer(service_exit_codes_help);
+  add_common(*resume, *resume_args);
+  resume->add_option("--reason", resume_args->reason, "Why, for `service status` and the logs")
+      ->type_name("TEXT");
+  resume->callback([args = resume_args, &exit_code] {
+    exit_code = send_signal(*args, outage::SignalKind::resumed);
+  });
+
+  auto status_args = std::make_shared<ServiceArgs>();
+  CLI::App* status =
+      group->add_subcommand("status", "The service's breaker: closed, open, paused; its instances");
+  status->footer(service_exit_codes_help);
+  add_common(*status, *status_args);
+  status->add_flag("--json", status_args->json, "Print one JSON object");
+  status->callback([args = status_args, &exit_code] { exit_code = run_status(*args); });
+}
+
+}  // namespace retryloop::cli

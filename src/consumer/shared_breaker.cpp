@@ -1,0 +1,295 @@
+#include "retryloop/consumer/shared_breaker.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <utility>
+#include <vector>
+
+#include "breaker_link.hpp"
+#include "retryloop/amqp/printable.hpp"
+#include "retryloop/topology/topology.hpp"
+
+namespace retryloop::consumer {
+namespace {
+
+using client::Error;
+
+/// How many messages a state read looks at: the queue holds one, and a few more only for the
+/// moment a signal arrives while another instance reads it.
+constexpr int state_read_limit = 16;
+
+amqp::BasicProperties signal_properties(const char* type) {
+  amqp::BasicProperties properties;
+  properties.content_type = "application/json";
+  properties.delivery_mode = 2;
+  properties.type = type;
+  return properties;
+}
+
+/// One declaration or binding: returns an error when it could not be sent, else calls `next`.
+using Step = std::function<Error(client::CompletionCallback next)>;
+
+/// Runs `steps` from `index` one after another; `done` hears the first error, or none.
+void run_steps(const std::shared_ptr<std::vector<Step>>& steps, size_t index,
+               client::CompletionCallback done) {
+  if (index == steps->size()) return done(Error{});
+  Error error = (*steps)[index]([steps, index, done](const Error& error) {
+    if (error) return done(error);
+    run_steps(steps, index + 1, done);
+  });
+  if (error) done(error);
+}
+
+/// Reads the state queue one message at a time, keeping the newest signal, then requeues all.
+struct StateReader : std::enable_shared_from_this<StateReader> {
+  std::shared_ptr<client::Channel> channel;
+  std::string queue;
+  StateCallback done;
+  std::optional<outage::Signal> last;
+  uint64_t last_tag = 0;
+  int read = 0;
+
+  void next() {
+    if (read == state_read_limit) return finish(Error{});
+    ++read;
+    Error error = channel->get(
+        queue, false,
+        [self = shared_from_this()](const Error& error, std::optional<client::GetResult>&& got) {
+          if (error) return self->done(error, std::nullopt);
+          if (!got) return self->finish(Error{});
+          self->last_tag = got->delivery_tag;
+          std::string why;
+          if (auto signal = outage::decode_signal(got->message.body, why)) {
+            if (!self->last || signal->at_ms >= self->last->at_ms) self->last = std::move(signal);
+          }
+          self->next();
+        });
+    if (error) done(error, std::nullopt);
+  }
+
+  void finish(const Error&) {
+    if (last_tag != 0) {
+      if (Error error = channel->nack(last_tag, true, true)) return done(error, std::nullopt);
+    }
+    done(Error{}, last);
+  }
+};
+
+}  // namespace
+
+void declare_shared_breaker(const std::shared_ptr<client::Channel>& channel,
+                            const std::string& service, client::CompletionCallback done) {
+  const std::string exchange = topology::breaker_exchange_name(service);
+  const std::string state = topology::breaker_state_queue_name(service);
+  client::QueueOptions state_options;
+  state_options.arguments.append("x-max-length", amqp::FieldValue(int64_t(1)));
+  state_options.arguments.append("x-overflow", amqp::FieldValue(std::string("drop-head")));
+  client::QueueOptions token_options;
+  token_options.arguments.append("x-queue-type", amqp::FieldValue(std::string("quorum")));
+  token_options.arguments.append("x-single-active-consumer", amqp::FieldValue(true));
+  client::QueueOptions instances_options;
+  instances_options.arguments.append("x-max-length", amqp::FieldValue(int64_t(0)));
+  auto declare_queue = [channel](std::string name, client::QueueOptions options) -> Step {
+    return [channel, name, options](client::CompletionCallback next) {
+      return channel->queue_declare(
+          name, options, [next](const Error& error, const client::QueueInfo&) { next(error); });
+    };
+  };
+  auto steps = std::make_shared<std::vector<Step>>(std::vector<Step>{
+      [channel, exchange](client::CompletionCallback next) {
+        return channel->exchange_declare(exchange, "fanout", client::ExchangeOptions{}, next);
+      },
+      declare_queue(state, state_options),
+      [channel, state, exchange](client::CompletionCallback next) {
+        return channel->queue_bind(state, exchange, "", {}, next);
+      },
+      declare_queue(topology::breaker_token_queue_name(service), token_options),
+      declare_queue(topology::breaker_instances_queue_name(service), instances_options),
+  });
+  run_steps(steps, 0, std::move(done));
+}
+
+void read_shared_breaker_state(const std::shared_ptr<client::Channel>& channel,
+                               const std::string& service, StateCallback done) {
+  auto reader = std::make_shared<StateReader>();
+  reader->channel = channel;
+  reader->queue = topology::breaker_state_queue_name(service);
+  reader->done = std::move(done);
+  reader->next();
+}
+
+void publish_breaker_signal(client::Channel& channel, const std::string& service,
+                            const outage::Signal& signal, client::PublishCallback done) {
+  Error error = channel.publish(topology::breaker_exchange_name(service), "",
+                                signal_properties("retryloop.breaker.signal"),
+                                outage::encode_signal(signal), client::Mandatory::yes, done);
+  if (error && done) done(client::PublishOutcome{client::PublishStatus::failed, 0, error});
+}
+
+void publish_probe_token(client::Channel& channel, const std::string& service, int64_t opened_at_ms,
+                         client::PublishCallback done) {
+  Error error = channel.publish("", topology::breaker_token_queue_name(service),
+                                signal_properties("retryloop.breaker.token"),
+                                outage::encode_token(opened_at_ms), client::Mandatory::yes, done);
+  if (error && done) done(client::PublishOutcome{client::PublishStatus::failed, 0, error});
+}
+
+namespace detail {
+
+template <class Next>
+auto BreakerLink::guarded(Next next) {
+  return [weak = weak_from_this(), next](auto&&... args) {
+    auto self = weak.lock();
+    if (!self || self->ended_) return;
+    next(*self, std::forward<decltype(args)>(args)...);
+  };
+}
+
+std::shared_ptr<BreakerLink> BreakerLink::start(
+    const std::shared_ptr<client::Connection>& connection, std::string service,
+    std::shared_ptr<spdlog::logger> logger, BreakerLinkEvents events) {
+  std::shared_ptr<BreakerLink> link(
+      new BreakerLink(std::move(service), std::move(logger), std::move(events)));
+  Error error = connection->open_channel(
+      link->guarded([](BreakerLink& self, const Error& error, std::shared_ptr<client::Channel> c) {
+        if (error) return self.fail(error);
+        self.channel_ = std::move(c);
+        self.channel_->set_close_handler(
+            self.guarded([](BreakerLink& self, const Error& error) { self.fail(error); }));
+        self.declare();
+      }));
+  if (error) link->fail(error);
+  return link;
+}
+
+BreakerLink::BreakerLink(std::string service, std::shared_ptr<spdlog::logger> logger,
+                         BreakerLinkEvents events)
+    : service_(std::move(service)), logger_(std::move(logger)), events_(std::move(events)) {}
+
+void BreakerLink::fail(const Error& error) {
+  if (ended_) return;
+  ended_ = true;
+  if (channel_ && channel_->is_open()) static_cast<void>(channel_->close());
+  if (events_.failed) events_.failed(error);
+}
+
+void BreakerLink::close() {
+  if (ended_) return;
+  ended_ = true;
+  if (channel_ && channel_->is_open()) static_cast<void>(channel_->close());
+}
+
+void BreakerLink::ack_token(uint64_t delivery_tag) {
+  if (!ended_ && channel_) static_cast<void>(channel_->ack(delivery_tag));
+}
+
+void BreakerLink::declare() {
+  declare_shared_breaker(channel_, service_, guarded([](BreakerLink& self, const Error& error) {
+                           if (error) return self.fail(error);
+                           self.bind_own_queue();
+                         }));
+}
+
+void BreakerLink::bind_own_queue() {
+  client::QueueOptions options;
+  options.durable = false;
+  options.exclusive = true;
+  options.auto_delete = true;
+  Error error = channel_->queue_declare(
+      "", options,
+      guarded([](BreakerLink& self, const Error& error, const client::QueueInfo& info) {
+        if (error) return self.fail(error);
+        self.own_queue_ = info.name;
+        Error bound = self.channel_->queue_bind(
+            self.own_queue_, topology::breaker_exchange_name(self.service_), "", {},
+            self.guarded([](BreakerLink& self, const Error& error) {
+              if (error) return self.fail(error);
+              self.read_state();
+            }));
+        if (bound) self.fail(bound);
+      }));
+  if (error) fail(error);
+}
+
+void BreakerLink::read_state() {
+  // After the bind: a signal sent while the state is read waits in this instance's queue.
+  read_shared_breaker_state(
+      channel_, service_,
+      guarded([](BreakerLink& self, const Error& error, const std::optional<outage::Signal>& last) {
+        if (error) return self.fail(error);
+        self.consume_signals(last);
+      }));
+}
+
+void BreakerLink::consume_signals(const std::optional<outage::Signal>& last) {
+  client::ConsumeOptions options;
+  options.no_ack = true;
+  options.exclusive = true;
+  Error error = channel_->consume(
+      own_queue_, options, guarded([](BreakerLink& self, client::Delivery&& delivery) {
+        self.on_signal(std::move(delivery));
+      }),
+      guarded([last](BreakerLink& self, const Error& error, const std::string&) {
+        if (error) return self.fail(error);
+        self.consume_tokens(last);
+      }));
+  if (error) fail(error);
+}
+
+void BreakerLink::consume_tokens(const std::optional<outage::Signal>& last) {
+  Error error = channel_->qos(
+      1, guarded([last](BreakerLink& self, const Error& error) {
+        if (error) return self.fail(error);
+        client::ConsumeOptions options;
+        options.on_cancel = self.guarded([](BreakerLink& self, const std::string&) {
+          self.fail(Error(client::ClientError::consumer_cancelled,
+                          "the broker cancelled the probe token consumer"));
+        });
+        Error consumed = self.channel_->consume(
+            topology::breaker_token_queue_name(self.service_), options,
+            self.guarded([](BreakerLink& self, client::Delivery&& delivery) {
+              self.on_token(std::move(delivery));
+            }),
+            self.guarded([last](BreakerLink& self, const Error& error, const std::string&) {
+              if (error) return self.fail(error);
+              self.count_in(last);
+            }));
+        if (consumed) self.fail(consumed);
+      }));
+  if (error) fail(error);
+}
+
+void BreakerLink::count_in(const std::optional<outage::Signal>& last) {
+  client::ConsumeOptions options;
+  options.no_ack = true;
+  Error error = channel_->consume(
+      topology::breaker_instances_queue_name(service_), options,
+      [](client::Delivery&&) {},  // the queue holds nothing
+      guarded([last](BreakerLink& self, const Error& error, const std::string&) {
+        if (error) return self.fail(error);
+        if (self.events_.joined) self.events_.joined(last);
+      }));
+  if (error) fail(error);
+}
+
+void BreakerLink::on_signal(client::Delivery&& delivery) {
+  std::string why;
+  auto signal = outage::decode_signal(delivery.message.body, why);
+  if (!signal) {
+    if (logger_) {
+      logger_->warn("service={} ignored a message on {} that is not a breaker signal: {}", service_,
+                    topology::breaker_exchange_name(service_), why);
+    }
+    return;
+  }
+  if (events_.signal) events_.signal(*signal);
+}
+
+void BreakerLink::on_token(client::Delivery&& delivery) {
+  if (events_.token) {
+    events_.token(delivery.delivery_tag, outage::decode_token(delivery.message.body));
+  }
+}
+
+}  // namespace detail
+}  // namespace retryloop::consumer
