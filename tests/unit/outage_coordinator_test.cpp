@@ -349,7 +349,7 @@ TEST_CASE("An instance that tripped while not connected tells the others once it
   CHECK(a.coordinator.holds_token());
 }
 
-TEST_CASE("A signal round-trips through its JSON body; a body that is not one is refused by name",
+TEST_CASE("A signal round-trips through its JSON body, and a body that is not one is refused by name",
           "[outage]") {
   const Signal signal{SignalKind::recovered, 1'800'000'000'123, "host:42:ab12", "probe_succeeded"};
   std::string error;
