@@ -25,7 +25,7 @@ PYTHON = "/usr/bin/python3"
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1" if QUICK else "3"))
 ALL_BENCHMARKS = ["consume", "callgrind", "consumer", "publish", "retry", "lateness", "delays",
-                  "schedule", "memory", "replay", "outbox", "scale"]
+                  "schedule", "memory", "replay", "outbox", "scale", "outage"]
 ALL_CLIENTS = ["retryloop", "rabbitmq-c", "amqp091-go", "amqplib", "amqp-client.js", "pika"]
 
 
@@ -652,6 +652,10 @@ class Bench:
     def scale(self):
         import scale
         scale.run(self)
+
+    def outage(self):
+        import outage
+        outage.run(self)
 
     # ---- 5. Memory ----
 

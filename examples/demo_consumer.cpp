@@ -1,7 +1,8 @@
 // A retry consumer whose handler does what each message asks, for the demo and the tests:
 //
 //   demo_consumer --url URL --topology FILE --service NAME [--concurrency N] [--quiet]
-//                 [--http 127.0.0.1:PORT] [--dependency http://HOST:PORT/PATH [--probe]]
+//                 [--http 127.0.0.1:PORT]
+//                 [--dependency http://HOST:PORT/PATH [--probe | --no-breaker]]
 //
 // Bodies:
 //   {"id": ..., "fail_times": N}      retry while the attempt is <= N, then ack
@@ -17,7 +18,8 @@
 // above; a refused connection, a timeout, a 5xx or a 429 means the dependency is unavailable
 // (Outcome::unavailable: the service's breaker counts it and the message is not charged); any
 // other answer is a retry. --probe gives the consumer a probe function, GET URL?probe=1, so that
-// no message is risked while the breaker is open (docs/outage.md).
+// no message is risked while the breaker is open (docs/outage.md). --no-breaker turns an
+// unavailable dependency into a retry, charged like any other, as before the breaker existed.
 //
 // Unless --quiet, one JSON line per handled delivery on stdout:
 //   {"time": "12:00:01.250", "id": ..., "attempt": N,
@@ -152,6 +154,7 @@ int main(int argc, char** argv) {
   std::string http;
   std::string dependency_url;
   bool probe = false;
+  bool no_breaker = false;
   app.add_option("--url", url,
                  "broker URL, amqp://user:pass@host:port/vhost; several hosts: "
                  "amqp://user:pass@h1:5672,h2:5673/vhost")
@@ -167,6 +170,9 @@ int main(int argc, char** argv) {
                  "call GET URL?id=<message id> for each message (http://HOST:PORT/PATH); refused, "
                  "timed out, 5xx and 429 are the dependency being unavailable");
   app.add_flag("--probe", probe, "with --dependency: probe it with GET URL?probe=1 while open");
+  app.add_flag("--no-breaker", no_breaker,
+               "with --dependency: a dependency that is down is a retry, charged as any other "
+               "(what a consumer did before the breaker; for comparisons)");
   app.add_flag("--quiet", quiet, "print no line per delivery");
   app.add_flag("--verbose", verbose, "log every outcome, acks included");
   CLI11_PARSE(app, argc, argv);
@@ -207,9 +213,13 @@ int main(int argc, char** argv) {
     };
   }
 
-  auto handler = [quiet, dependency](const consumer::Message& message) {
+  if (no_breaker) options.share_breaker = false;
+  auto handler = [quiet, dependency, no_breaker](const consumer::Message& message) {
     nlohmann::json id;
     Outcome outcome = decide(message, dependency, id);
+    if (no_breaker && outcome.kind == consumer::OutcomeKind::unavailable) {
+      outcome = Outcome::retry(outcome.text);
+    }
     if (!quiet) {
       nlohmann::ordered_json line = {{"time", clock_time()},
                                      {"id", id},

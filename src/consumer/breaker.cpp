@@ -160,7 +160,7 @@ void ConsumerImpl::after_breaker() {
             what += options_.probe ? "; calling the probe" : "; one delivery is the probe";
             break;
           case outage::State::ramping:
-            what += "; " + std::to_string(event.limit) + " at once, doubling every " +
+            what += "; " + std::to_string(event.limit) + " at once, growing every " +
                     label(options_.service.outage.ramp.interval);
             break;
           case outage::State::closed:

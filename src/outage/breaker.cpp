@@ -89,7 +89,8 @@ void Breaker::tick(std::chrono::milliseconds now) {
     probe_running_ = false;
     move(State::probing, Reason::probe_due, now);
   } else if (state_ == State::ramping) {
-    ramp_limit_ = std::min(ramp_limit_ * 2, concurrency_);
+    const int grown = backed_off_ ? ramp_limit_ + std::max(1, ramp_limit_ / 4) : ramp_limit_ * 2;
+    ramp_limit_ = std::min(grown, concurrency_);
     due_ = now + settings_.ramp.interval;
     move(ramp_limit_ >= concurrency_ ? State::closed : State::ramping, Reason::ramp_up, now);
   }
@@ -191,18 +192,20 @@ void Breaker::start_ramp(Reason reason, std::chrono::milliseconds now) {
   unavailable_in_a_row_ = 0;
   window_.clear();
   ramp_limit_ = std::min(ramp_start, concurrency_);
+  backed_off_ = false;
   due_ = now + settings_.ramp.interval;
   move(ramp_limit_ >= concurrency_ ? State::closed : State::ramping, reason, now);
 }
 
 void Breaker::step_back(std::chrono::milliseconds now) {
-  if (ramp_limit_ <= std::min(ramp_start, concurrency_)) {
-    trip(Reason::step_back, now);
-    return;
-  }
-  ramp_limit_ = std::max(ramp_limit_ / 2, ramp_start);
+  // Overloaded, not down: the limit halves, not below the ramp's start, and grows by a quarter
+  // per interval from now on. Only the trip rules open the breaker again.
+  backed_off_ = true;
   ++generation_;
   due_ = now + settings_.ramp.interval;
+  const int floor = std::min(ramp_start, concurrency_);
+  if (ramp_limit_ <= floor) return;  // already at the floor: the interval starts again
+  ramp_limit_ = std::max(ramp_limit_ / 2, floor);
   move(State::ramping, Reason::step_back, now);
 }
 

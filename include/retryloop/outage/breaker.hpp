@@ -18,7 +18,8 @@ enum class State {
   open,
   /// One call may run (a delivery or the service's probe); its outcome decides.
   probing,
-  /// The probe succeeded: the concurrency limit doubles every ramp interval without a failure.
+  /// The probe succeeded: the concurrency limit doubles every ramp interval without a failure;
+  /// after a failure (a step back) it grows by a quarter per interval.
   ramping,
   /// An operator paused the service: nothing starts, whatever the outcomes, until resume().
   paused,
@@ -46,7 +47,7 @@ enum class Reason {
   probe_failed,             ///< probing -> open
   probe_succeeded,          ///< probing -> ramping (or closed, when the ramp has nothing to do)
   ramp_up,                  ///< ramping -> ramping with a doubled limit, or -> closed at the top
-  step_back,                ///< ramping -> ramping with a halved limit, or -> open from the start
+  step_back,                ///< ramping -> ramping with a halved limit (not below the start)
   paused,                   ///< any state -> paused (pause())
   resumed,                  ///< paused -> probing, or open with a probe due at once (resume())
   opened_elsewhere,         ///< closed, ramping or probing -> open: another instance tripped
@@ -162,6 +163,8 @@ class Breaker {
   /// The generation at which the current closed or ramping phase began.
   uint64_t phase_generation_ = 0;
   int ramp_limit_ = 0;
+  /// This ramp has stepped back: it grows by a quarter per interval instead of doubling.
+  bool backed_off_ = false;
   bool probe_running_ = false;
   bool may_probe_ = true;
   std::chrono::milliseconds due_{0};

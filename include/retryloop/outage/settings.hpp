@@ -19,7 +19,9 @@ struct FailureRate {
 };
 
 /// The slow start after a probe succeeded: the number of deliveries that may run at once starts
-/// at 2 and doubles every `interval` without a failure, up to the consumer's concurrency.
+/// at 2 and doubles every `interval` without a failure, up to the consumer's concurrency. A
+/// failure halves it (not below 2), and from then on it grows by a quarter (at least 1) per
+/// interval without a failure, as TCP's congestion avoidance does.
 struct Ramp {
   std::chrono::milliseconds interval = std::chrono::seconds(2);
 };
