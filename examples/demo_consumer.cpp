@@ -15,8 +15,10 @@
 //
 // With --dependency, the handler of a message that is neither poison nor permanent first calls
 // GET URL?id=<message id> (2 s to connect, 2 s to answer): a 2xx answer lets the body decide as
-// above; a refused connection, a timeout, a 5xx or a 429 means the dependency is unavailable
-// (Outcome::unavailable: the service's breaker counts it and the message is not charged); any
+// above; a refused connection, a timeout or a 5xx means the dependency is unavailable
+// (Outcome::unavailable: the service's breaker counts it and the message is not charged), a 429
+// that it is overloaded (Outcome::overloaded: not charged either; the breaker lowers the number
+// of calls at once); any
 // other answer is a retry. --probe gives the consumer a probe function, GET URL?probe=1, so that
 // no message is risked while the breaker is open (docs/outage.md). --no-breaker turns an
 // unavailable dependency into a retry, charged like any other, as before the breaker existed.
@@ -101,7 +103,8 @@ struct Dependency {
     const int status = result->status;
     if (status >= 200 && status < 300) return std::nullopt;
     const std::string error = "dependency " + origin + " answered " + std::to_string(status);
-    if (status >= 500 || status == 429) return Outcome::unavailable(error);
+    if (status == 429) return Outcome::overloaded(error);
+    if (status >= 500) return Outcome::unavailable(error);
     return Outcome::retry(error);
   }
 };
@@ -168,7 +171,7 @@ int main(int argc, char** argv) {
                  "serve /metrics, /healthz and /readyz on HOST:PORT (a bare PORT: on 127.0.0.1)");
   app.add_option("--dependency", dependency_url,
                  "call GET URL?id=<message id> for each message (http://HOST:PORT/PATH); refused, "
-                 "timed out, 5xx and 429 are the dependency being unavailable");
+                 "timed out and 5xx are the dependency being unavailable, 429 overloaded");
   app.add_flag("--probe", probe, "with --dependency: probe it with GET URL?probe=1 while open");
   app.add_flag("--no-breaker", no_breaker,
                "with --dependency: a dependency that is down is a retry, charged as any other "

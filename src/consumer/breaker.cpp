@@ -40,6 +40,8 @@ std::string because(const outage::Event& event, const outage::Settings& settings
       return "a ramp interval passed without a failure";
     case outage::Reason::step_back:
       return "a call failed during the ramp";
+    case outage::Reason::overloaded:
+      return "the dependency answered that it is overloaded";
     case outage::Reason::paused:
       return "paused by an operator";
     case outage::Reason::resumed:

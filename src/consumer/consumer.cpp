@@ -557,7 +557,7 @@ void ConsumerImpl::handler_done(const std::shared_ptr<Pending>& pending, Outcome
   if (pending->handling->threw) ++metrics_.handler_errors;
   pending->handling->outcome = outcome;
   if (pending->call) {
-    breaker_.finished(*pending->call, retry::breaker_verdict(outcome.kind), now());
+    breaker_.finished(*pending->call, retry::breaker_verdict(outcome), now());
     pending->call.reset();
   }
   if (!is_live(*pending)) {

@@ -41,7 +41,7 @@ std::optional<Call> Breaker::try_start(int running, std::chrono::milliseconds no
   switch (state_) {
     case State::closed:
     case State::ramping:
-      if (running >= limit()) return std::nullopt;
+      if (running >= limit() || now < quiet_until_) return std::nullopt;
       return Call{generation_, false};
     case State::probing:
       if (probe_running_) return std::nullopt;
@@ -61,7 +61,7 @@ void Breaker::finished(const Call& call, Verdict verdict, std::chrono::milliseco
   if (state_ == State::probing) {
     if (!call.probe || call.generation != generation_) return;
     probe_running_ = false;
-    if (verdict == Verdict::success) {
+    if (verdict == Verdict::success || verdict == Verdict::overloaded) {
       start_ramp(Reason::probe_succeeded, now);
     } else if (counts_as_failure(verdict)) {
       open_until_probe(Reason::probe_failed, now + settings_.probe_interval, now);
@@ -70,6 +70,19 @@ void Breaker::finished(const Call& call, Verdict verdict, std::chrono::milliseco
     return;
   }
   if (state_ != State::closed && state_ != State::ramping) return;
+  if (verdict == Verdict::overloaded) {
+    if (call.generation != generation_) return;  // once per batch, as a step back
+    // Told to slow down: nothing starts for a quarter of the ramp interval, so that a held call
+    // is not run again at once into the same 429.
+    quiet_until_ = now + settings_.ramp.interval / 4;
+    if (state_ == State::ramping) return step_back(now);
+    if (concurrency_ <= std::min(ramp_start, concurrency_)) return;
+    ramp_limit_ = std::max(concurrency_ / 2, ramp_start);
+    backed_off_ = true;
+    phase_generation_ = ++generation_;
+    due_ = now + settings_.ramp.interval;
+    return move(State::ramping, Reason::overloaded, now);
+  }
   const State before = state_;
   count(verdict, now);
   if (state_ == State::ramping && before == State::ramping && counts_as_failure(verdict) &&
@@ -247,6 +260,8 @@ const char* to_string(Verdict verdict) {
       return "failure";
     case Verdict::not_counted:
       return "not_counted";
+    case Verdict::overloaded:
+      return "overloaded";
   }
   return "unknown";
 }
@@ -267,6 +282,8 @@ const char* to_string(Reason reason) {
       return "ramp_up";
     case Reason::step_back:
       return "step_back";
+    case Reason::overloaded:
+      return "overloaded";
     case Reason::paused:
       return "paused";
     case Reason::resumed:

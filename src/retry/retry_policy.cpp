@@ -160,13 +160,14 @@ Decision decide(const topology::Service& service, const AttemptInfo& info, const
   return decide(service, info, outcome, context);
 }
 
-outage::Verdict breaker_verdict(OutcomeKind kind) {
-  switch (kind) {
+outage::Verdict breaker_verdict(const Outcome& outcome) {
+  switch (outcome.kind) {
     case OutcomeKind::ack:
     case OutcomeKind::drop:
       return outage::Verdict::success;
     case OutcomeKind::unavailable:
-      return outage::Verdict::unavailable;
+      return outcome.overloaded_dependency ? outage::Verdict::overloaded
+                                           : outage::Verdict::unavailable;
     case OutcomeKind::retry:
       return outage::Verdict::failure;
     case OutcomeKind::permanent:

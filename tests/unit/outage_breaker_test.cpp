@@ -365,12 +365,14 @@ TEST_CASE(
 }
 
 TEST_CASE("Permanent and poison outcomes never count toward the breaker", "[outage]") {
-  CHECK(breaker_verdict(OutcomeKind::permanent) == Verdict::not_counted);
-  CHECK(breaker_verdict(OutcomeKind::poison) == Verdict::not_counted);
-  CHECK(breaker_verdict(OutcomeKind::unavailable) == Verdict::unavailable);
-  CHECK(breaker_verdict(OutcomeKind::retry) == Verdict::failure);
-  CHECK(breaker_verdict(OutcomeKind::ack) == Verdict::success);
-  CHECK(breaker_verdict(OutcomeKind::drop) == Verdict::success);
+  using retryloop::retry::Outcome;
+  CHECK(breaker_verdict(Outcome::permanent("x")) == Verdict::not_counted);
+  CHECK(breaker_verdict(Outcome::poison("x")) == Verdict::not_counted);
+  CHECK(breaker_verdict(Outcome::unavailable("x")) == Verdict::unavailable);
+  CHECK(breaker_verdict(Outcome::overloaded("x")) == Verdict::overloaded);
+  CHECK(breaker_verdict(Outcome::retry("x")) == Verdict::failure);
+  CHECK(breaker_verdict(Outcome::ack()) == Verdict::success);
+  CHECK(breaker_verdict(Outcome::drop("x")) == Verdict::success);
 
   Breaker breaker(with_failure_rate(0.5, 10s, 20), 8);
   for (int i = 0; i < 4; ++i)
@@ -449,4 +451,43 @@ TEST_CASE("Breaker settings out of range are refused, each naming its key", "[ou
                           });
   settings = with_failure_rate(1.5, 10s, 20);
   CHECK(keys(settings) == std::vector<std::string>{"failure_rate.threshold"});
+}
+
+TEST_CASE(
+    "An overloaded dependency lowers the limit but never trips the breaker: closed it ramps from "
+    "half the concurrency, ramping it steps back, and a probe that gets it succeeded",
+    "[outage]") {
+  Events events;
+  Breaker breaker(Settings{}, 32, events.handler());
+  // Closed: a burst of 429s, far more than K in a row.
+  std::vector<Call> batch;
+  for (int i = 0; i < 20; ++i)
+    batch.push_back(*breaker.try_start(0, 1s));
+  for (const Call& call : batch)
+    breaker.finished(call, Verdict::overloaded, 1s);
+  CHECK(breaker.state() == State::ramping);
+  CHECK(breaker.limit() == 16);  // once for the batch
+  CHECK(breaker.stats(1s).trips == 0);
+  // Nothing starts for a quarter of the ramp interval (500 ms).
+  CHECK_FALSE(breaker.try_start(0, 1499ms));
+  // Ramping: one call of the current limit steps back; the others of its batch do not.
+  breaker.finished(*breaker.try_start(0, 1500ms), Verdict::overloaded, 1500ms);
+  CHECK(breaker.limit() == 8);
+  for (auto at = 2000ms; at <= 4000ms; at += 500ms)
+    breaker.finished(*breaker.try_start(0, at), Verdict::overloaded, at);
+  CHECK(breaker.state() == State::ramping);
+  CHECK(breaker.limit() == 2);
+  CHECK(breaker.stats(4s).trips == 0);
+  // It grows by a quarter, at least 1, per interval without one.
+  breaker.tick(6s);
+  CHECK(breaker.limit() == 3);
+  // Unavailable outcomes still trip it.
+  for (int i = 0; i < 5; ++i)
+    breaker.finished(*breaker.try_start(0, 7s), Verdict::unavailable, 7s);
+  CHECK(breaker.state() == State::open);
+  // A probe answered 429: the dependency is up.
+  breaker.tick(12s);
+  breaker.finished(*breaker.try_start(0, 12s), Verdict::overloaded, 12s);
+  CHECK(breaker.state() == State::ramping);
+  CHECK(events.transitions().front() == "closed -> ramping (overloaded, 16)");
 }

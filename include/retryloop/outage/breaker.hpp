@@ -37,6 +37,11 @@ enum class Verdict {
   failure,
   /// The message's own fault (permanent, poison): says nothing of the dependency.
   not_counted,
+  /// The dependency answered that it is overloaded (a 429): it is up, so this never trips the
+  /// breaker nor counts toward a trip, but it lowers the limit: a step back of the ramp, or, when
+  /// closed, a ramp from half the concurrency; and no call starts for a quarter of the ramp
+  /// interval. A probe that gets it succeeded.
+  overloaded,
 };
 
 /// Why the breaker moved.
@@ -48,6 +53,7 @@ enum class Reason {
   probe_succeeded,          ///< probing -> ramping (or closed, when the ramp has nothing to do)
   ramp_up,                  ///< ramping -> ramping with a doubled limit, or -> closed at the top
   step_back,                ///< ramping -> ramping with a halved limit (not below the start)
+  overloaded,               ///< closed -> ramping from half the concurrency: the dependency's 429
   paused,                   ///< any state -> paused (pause())
   resumed,                  ///< paused -> probing, or open with a probe due at once (resume())
   opened_elsewhere,         ///< closed, ramping or probing -> open: another instance tripped
@@ -165,6 +171,8 @@ class Breaker {
   int ramp_limit_ = 0;
   /// This ramp has stepped back: it grows by a quarter per interval instead of doubling.
   bool backed_off_ = false;
+  /// After an overloaded verdict: no call starts before this time.
+  std::chrono::milliseconds quiet_until_{0};
   bool probe_running_ = false;
   bool may_probe_ = true;
   std::chrono::milliseconds due_{0};

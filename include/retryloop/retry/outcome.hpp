@@ -36,6 +36,8 @@ struct Outcome {
   /// retry only: how long the handler asks the message to wait (Outcome::retry_after); nullopt:
   /// the topology's delay for this attempt.
   std::optional<std::chrono::milliseconds> delay;
+  /// unavailable only: the dependency answered that it is overloaded (Outcome::overloaded).
+  bool overloaded_dependency = false;
 
   static Outcome ack() { return {OutcomeKind::ack, {}, {}}; }
   static Outcome retry(std::string error) { return {OutcomeKind::retry, std::move(error), {}}; }
@@ -55,6 +57,15 @@ struct Outcome {
   /// service's breaker, and costs the message no attempt (see OutcomeKind::unavailable).
   static Outcome unavailable(std::string error) {
     return {OutcomeKind::unavailable, std::move(error), {}};
+  }
+  /// The dependency answered, but is overloaded: "payments answered 429". Unavailable, so the
+  /// message is held uncharged as for unavailable(), but the breaker does not take it as the
+  /// dependency being down: it lowers the number of calls at once (a step back of its ramp) and
+  /// never trips on it (docs/outage.md).
+  static Outcome overloaded(std::string error) {
+    Outcome outcome{OutcomeKind::unavailable, std::move(error), {}};
+    outcome.overloaded_dependency = true;
+    return outcome;
   }
   static Outcome drop(std::string reason) { return {OutcomeKind::drop, std::move(reason), {}}; }
 };

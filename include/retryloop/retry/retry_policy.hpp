@@ -77,7 +77,7 @@ Decision decide(const topology::Service& service, const AttemptInfo& info, const
 /// What a service's breaker makes of an outcome: ack and drop are successes, unavailable is the
 /// dependency's failure, retry a failure the handler did not classify (counted only by a
 /// failure-rate trip), and permanent and poison are the message's own (never counted).
-outage::Verdict breaker_verdict(OutcomeKind kind);
+outage::Verdict breaker_verdict(const Outcome& outcome);
 
 /// The `delay` a retry is counted under (Metrics::retried_by_delay, the `delay` label of the
 /// retries metric): the label of its wait queue's delay (`30s`); through delay levels, its delay
