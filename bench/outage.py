@@ -6,7 +6,7 @@ reset as soon as it is accepted, like a refused one; or, with BENCH_OUTAGE_KIND=
 held past the consumers' 2 s timeout), then up with a capacity of K calls a second (a 429 above
 it; each call costs 10 ms). A producer (pika) publishes at LAMBDA messages a second, one of them
 poison, into a quorum service queue (delays 1 s, 5 s, 30 s; 4 attempts), from the start until
-TAIL_S after the outage. Each contender consumes with concurrency 32:
+the backlog has drained, and at least TAIL_S after the outage. Each contender consumes with concurrency 32:
 
 - `retryloop`: examples/demo_consumer --dependency, the service's breaker shared by its instances;
 - `retryloop-no-breaker`: the same with --no-breaker (a dependency that is down is a retry, as
@@ -188,8 +188,10 @@ def one_run(bench, contender, instances):
     published, stop = [], threading.Event()
     start = time.time()
     down_at, up_at = start + UP_S, start + UP_S + OUTAGE_S
+    # The producer goes on until the backlog has drained (and TAIL_S more), so that the drain
+    # races arrivals at LAMBDA, as the bound B / (K - LAMBDA) assumes.
     producer = threading.Thread(target=produce, args=(bench.url, name + ".in", name,
-                                                      up_at + TAIL_S, published, stop))
+                                                      float("inf"), published, stop))
     producer.start()
     time.sleep(max(0.0, down_at - time.time()))
     dependency.phase = "down"
@@ -206,6 +208,8 @@ def one_run(bench, contender, instances):
             drained_at = time.time()
             break
         time.sleep(0.1)
+    time.sleep(max(0.0, up_at + TAIL_S - time.time()))
+    stop.set()
     producer.join()
     expected = len(published) - 1  # the poison message parks
     while time.time() < deadline:

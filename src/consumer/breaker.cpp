@@ -155,7 +155,7 @@ void ConsumerImpl::after_breaker() {
         switch (event.to) {
           case outage::State::open:
             what += "; holding " + deliveries(waiting_.size()) +
-                    " uncharged, taking no more; next probe in " +
+                    " uncharged, starting none; next probe in " +
                     label(options_.service.outage.probe_interval);
             break;
           case outage::State::probing:
@@ -169,7 +169,7 @@ void ConsumerImpl::after_breaker() {
             what += "; " + std::to_string(event.limit) + " at once";
             break;
           case outage::State::paused:
-            what += "; holding " + deliveries(waiting_.size()) + ", taking no more";
+            what += "; holding " + deliveries(waiting_.size()) + ", starting none";
             break;
         }
         log->log(event.to == outage::State::open || event.to == outage::State::paused
