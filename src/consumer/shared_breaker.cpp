@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "breaker_link.hpp"
-#include "retryloop/amqp/printable.hpp"
 #include "retryloop/topology/topology.hpp"
 
 namespace retryloop::consumer {

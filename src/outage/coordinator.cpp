@@ -17,8 +17,7 @@ bool is_open(State state) {
 /// A trip of this instance's own, as opposed to a state another instance or an operator caused.
 bool own_trip(const Event& event) {
   if (event.to != State::open) return false;
-  return event.reason == Reason::consecutive_unavailable || event.reason == Reason::failure_rate ||
-         event.reason == Reason::step_back;
+  return event.reason == Reason::consecutive_unavailable || event.reason == Reason::failure_rate;
 }
 
 }  // namespace
@@ -130,12 +129,14 @@ void Coordinator::joined(const std::optional<Signal>& last, std::chrono::millise
       }
       break;
     case SignalKind::paused:
+      paused_by_signal_ = breaker_.state() != State::paused || paused_by_signal_;
       breaker_.pause(now);
       break;
     case SignalKind::resumed:
       opened_at_ms_ = std::max(opened_at_ms_, last->at_ms);
       if (breaker_.state() == State::paused) {
-        breaker_.resume(now);
+        // A pause of this instance alone (Consumer::pause) outlasts a reconnection.
+        if (paused_by_signal_) breaker_.resume(now);
       } else if (open_here) {
         announce_open("tripped while not connected", wall_ms);
       }
@@ -197,11 +198,13 @@ void Coordinator::received(const Signal& signal, std::chrono::milliseconds now) 
       drop_token(now);
       break;
     case SignalKind::paused:
+      paused_by_signal_ = breaker_.state() != State::paused || paused_by_signal_;
       breaker_.pause(now);
       break;
     case SignalKind::resumed:
       opened_at_ms_ = std::max(opened_at_ms_, signal.at_ms);
       prober_heard_ = now;
+      paused_by_signal_ = false;
       breaker_.resume(now);
       break;
   }
@@ -218,6 +221,7 @@ void Coordinator::token(uint64_t delivery_tag, std::optional<int64_t> opened_at_
 }
 
 void Coordinator::resume_here(std::chrono::milliseconds now) {
+  paused_by_signal_ = false;
   if (joined_ && !token_tag_ && opened_at_ms_ <= recovered_at_ms_ &&
       breaker_.state() == State::paused) {
     probing_alone_ = true;

@@ -349,8 +349,9 @@ TEST_CASE("An instance that tripped while not connected tells the others once it
   CHECK(a.coordinator.holds_token());
 }
 
-TEST_CASE("A signal round-trips through its JSON body, and a body that is not one is refused by name",
-          "[outage]") {
+TEST_CASE(
+    "A signal round-trips through its JSON body, and a body that is not one is refused by name",
+    "[outage]") {
   const Signal signal{SignalKind::recovered, 1'800'000'000'123, "host:42:ab12", "probe_succeeded"};
   std::string error;
   auto back = decode_signal(encode_signal(signal), error);
@@ -435,4 +436,32 @@ TEST_CASE("An instance resumed alone probes for itself unless the service is in 
   service.settle();
   CHECK(b.breaker.state() == State::open);
   CHECK_FALSE(b.breaker.may_probe());
+}
+
+TEST_CASE("An instance paused alone stays paused when it joins again after the service was resumed",
+          "[outage]") {
+  Service service;
+  Instance& a = service.add("a");
+  service.operator_says(SignalKind::paused);
+  service.operator_says(SignalKind::resumed, true);
+  service.advance(100ms);
+  service.answer_probes(true);
+  REQUIRE(service.last->kind == SignalKind::recovered);
+  // The state queue keeps `resumed` when no probe has answered yet: a reconnection then.
+  a.breaker.pause(service.now);
+  a.coordinator.left(service.now);
+  a.coordinator.joined(Signal{SignalKind::resumed, service.wall, "operator", ""}, service.now,
+                       service.wall);
+  service.settle();
+  CHECK(a.breaker.state() == State::paused);
+  // Paused by the operator's signal alone, the same reconnection resumes it.
+  Instance& b = service.add("b");
+  service.operator_says(SignalKind::paused);
+  REQUIRE(b.breaker.state() == State::paused);
+  b.coordinator.left(service.now);
+  b.coordinator.joined(Signal{SignalKind::resumed, service.wall, "operator", ""}, service.now,
+                       service.wall);
+  service.settle();
+  CHECK(b.breaker.state() != State::paused);
+  CHECK(a.breaker.state() == State::paused);
 }

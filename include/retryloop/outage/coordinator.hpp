@@ -120,6 +120,8 @@ class Coordinator {
   std::optional<uint64_t> token_tag_;
   /// Probing without the token, for resume_here().
   bool probing_alone_ = false;
+  /// The breaker is paused because an operator's signal said so (not Consumer::pause alone).
+  bool paused_by_signal_ = false;
   /// When the outage this instance knows of began, and when the last one ended (wall clock).
   int64_t opened_at_ms_ = 0;
   int64_t recovered_at_ms_ = 0;
