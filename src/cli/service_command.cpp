@@ -6,7 +6,6 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
-#include <chrono>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -17,6 +16,7 @@
 #include "retryloop/client/channel.hpp"
 #include "retryloop/consumer/shared_breaker.hpp"
 #include "retryloop/outage/coordinator.hpp"
+#include "retryloop/retry/headers.hpp"
 #include "schedule_command.hpp"
 
 namespace retryloop::cli {
@@ -29,12 +29,6 @@ struct ServiceArgs {
   bool json = false;
   ConnectionArgs connection;
 };
-
-int64_t wall_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string operator_name() {
   char host[256] = {};
@@ -81,7 +75,8 @@ void with_breaker_channel(const std::shared_ptr<client::Connection>& connection,
 /// Publishes the operator's signal (and, for resume, a probe token), waits for the confirms.
 int send_signal(const ServiceArgs& args, outage::SignalKind kind) {
   load_topology_or_fail(args.topology_file, {args.service});
-  const outage::Signal signal{kind, wall_ms(), operator_name(), args.reason};
+  const outage::Signal signal{kind, int64_t(retry::unix_milliseconds()), operator_name(),
+                              args.reason};
   return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
     with_breaker_channel(connection, args.service, done, [&, done](auto channel) {
       auto confirmed = [&, channel, done](const client::PublishOutcome& outcome) {
@@ -157,7 +152,8 @@ int run_status(const ServiceArgs& args) {
                         }
                         std::cout << "service " << args.service << ": " << state;
                         if (last) {
-                          const int64_t age_ms = std::max<int64_t>(0, wall_ms() - last->at_ms);
+                          const int64_t age_ms = std::max<int64_t>(
+                              0, int64_t(retry::unix_milliseconds()) - last->at_ms);
                           std::cout << " since " << iso_time_ms(last->at_ms) << " ("
                                     << age_text(uint64_t(age_ms / 1000)) << " ago), "
                                     << outage::to_string(last->kind) << " from "

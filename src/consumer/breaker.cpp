@@ -3,6 +3,7 @@
 #include "consumer_impl.hpp"
 #include "retryloop/amqp/printable.hpp"
 #include "retryloop/consumer/shared_breaker.hpp"
+#include "retryloop/retry/headers.hpp"
 #include "retryloop/topology/duration.hpp"
 
 // The consumer's side of its service's breaker (outage::Breaker, docs/outage.md): which deliveries
@@ -57,9 +58,7 @@ std::string because(const outage::Event& event, const outage::Settings& settings
 }
 
 int64_t wall_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return int64_t(retry::unix_milliseconds());
 }
 
 /// A failed link is tried again after this long, while the session lasts.
@@ -255,6 +254,7 @@ void ConsumerImpl::tick_breaker_link() {
 }
 
 void ConsumerImpl::carry_out_coordination() {
+  if (!coordinator_.has_actions()) return;  // the common case, after every handler
   outage::Actions actions = coordinator_.take_actions();
   for (uint64_t tag : actions.ack_tokens) {
     if (breaker_link_) breaker_link_->ack_token(tag);

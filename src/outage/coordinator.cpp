@@ -129,8 +129,7 @@ void Coordinator::joined(const std::optional<Signal>& last, std::chrono::millise
       }
       break;
     case SignalKind::paused:
-      paused_by_signal_ = breaker_.state() != State::paused || paused_by_signal_;
-      breaker_.pause(now);
+      pause_by_signal(now);
       break;
     case SignalKind::resumed:
       opened_at_ms_ = std::max(opened_at_ms_, last->at_ms);
@@ -198,8 +197,7 @@ void Coordinator::received(const Signal& signal, std::chrono::milliseconds now) 
       drop_token(now);
       break;
     case SignalKind::paused:
-      paused_by_signal_ = breaker_.state() != State::paused || paused_by_signal_;
-      breaker_.pause(now);
+      pause_by_signal(now);
       break;
     case SignalKind::resumed:
       opened_at_ms_ = std::max(opened_at_ms_, signal.at_ms);
@@ -251,6 +249,11 @@ void Coordinator::hold_token(uint64_t delivery_tag, std::chrono::milliseconds no
   // A token is an outage: an instance that has not heard the open yet stops now.
   breaker_.opened_elsewhere(now);
   breaker_.set_may_probe(true, now);
+}
+
+void Coordinator::pause_by_signal(std::chrono::milliseconds now) {
+  if (breaker_.state() != State::paused) paused_by_signal_ = true;
+  breaker_.pause(now);
 }
 
 void Coordinator::drop_token(std::chrono::milliseconds now) {

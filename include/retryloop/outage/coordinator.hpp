@@ -104,11 +104,16 @@ class Coordinator {
 
   /// What to do now; empties the list.
   Actions take_actions();
+  bool has_actions() const {
+    return !actions_.signals.empty() || actions_.token_opened_at_ms || !actions_.ack_tokens.empty();
+  }
   bool holds_token() const { return token_tag_.has_value(); }
   const std::string& instance() const { return instance_; }
 
  private:
   void hold_token(uint64_t delivery_tag, std::chrono::milliseconds now);
+  /// An operator's pause: marks it as the signal's unless the instance was paused on its own.
+  void pause_by_signal(std::chrono::milliseconds now);
   void drop_token(std::chrono::milliseconds now);
   void announce_open(const std::string& reason, int64_t wall_ms);
   void signal(SignalKind kind, int64_t wall_ms, std::string reason = {});
