@@ -37,22 +37,6 @@ std::string operator_name() {
 }
 
 /// The breaker's state as the last signal leaves it.
-std::string state_of(const std::optional<outage::Signal>& last) {
-  if (!last) return "closed";
-  switch (last->kind) {
-    case outage::SignalKind::open:
-    case outage::SignalKind::probing:
-      return "open";
-    case outage::SignalKind::paused:
-      return "paused";
-    case outage::SignalKind::resumed:
-      return "resuming";
-    case outage::SignalKind::recovered:
-      return "closed";
-  }
-  return "closed";
-}
-
 /// Opens a channel in confirm mode and declares the service's breaker objects, then `next`.
 void with_breaker_channel(const std::shared_ptr<client::Connection>& connection,
                           const std::string& service, const std::function<void(int)>& done,
@@ -114,60 +98,42 @@ int run_status(const ServiceArgs& args) {
   load_topology_or_fail(args.topology_file, {args.service});
   return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
     with_breaker_channel(connection, args.service, done, [&, connection, done](auto channel) {
-      consumer::read_shared_breaker_state(
+      consumer::read_shared_breaker_status(
           channel, args.service,
           [&, channel, done](const client::Error& error,
-                             const std::optional<outage::Signal>& last) {
+                             const consumer::SharedBreakerStatus& status) {
             if (error) return done(error_exit(error, "reading the breaker's state"));
-            client::QueueOptions passive;
-            passive.passive = true;
-            client::Error looked = channel->queue_declare(
-                topology::breaker_token_queue_name(args.service), passive,
-                [&, channel, last, done](const client::Error& error,
-                                         const client::QueueInfo& token) {
-                  if (error) return done(error_exit(error, "looking up the token queue"));
-                  client::QueueOptions passive;
-                  passive.passive = true;
-                  client::Error counted = channel->queue_declare(
-                      topology::breaker_instances_queue_name(args.service), passive,
-                      [&, last, token, done](const client::Error& error,
-                                             const client::QueueInfo& instances) {
-                        if (error) return done(error_exit(error, "looking up the instances queue"));
-                        const std::string state = state_of(last);
-                        if (args.json) {
-                          nlohmann::json out = {{"service", args.service},
-                                                {"state", state},
-                                                {"instances", instances.consumer_count},
-                                                {"tokens_waiting", token.message_count},
-                                                {"last_signal", nullptr}};
-                          if (last) {
-                            out["last_signal"] = {{"signal", outage::to_string(last->kind)},
-                                                  {"at", iso_time_ms(last->at_ms)},
-                                                  {"at_ms", last->at_ms},
-                                                  {"sender", last->sender},
-                                                  {"reason", last->reason}};
-                          }
-                          std::cout << dump(out) << "\n";
-                          return done(exit_ok);
-                        }
-                        std::cout << "service " << args.service << ": " << state;
-                        if (last) {
-                          const int64_t age_ms = std::max<int64_t>(
-                              0, int64_t(retry::unix_milliseconds()) - last->at_ms);
-                          std::cout << " since " << iso_time_ms(last->at_ms) << " ("
-                                    << age_text(uint64_t(age_ms / 1000)) << " ago), "
-                                    << outage::to_string(last->kind) << " from "
-                                    << amqp::printable(last->sender);
-                          if (!last->reason.empty())
-                            std::cout << ": " << amqp::printable(last->reason);
-                        }
-                        std::cout << "\n  instances connected: " << instances.consumer_count
-                                  << "\n  probe tokens waiting: " << token.message_count << "\n";
-                        done(exit_ok);
-                      });
-                  if (counted) done(error_exit(counted, "looking up the instances queue"));
-                });
-            if (looked) done(error_exit(looked, "looking up the token queue"));
+            const std::string state = consumer::shared_breaker_state(status.last);
+            const std::optional<outage::Signal>& last = status.last;
+            if (args.json) {
+              nlohmann::json out = {{"service", args.service},
+                                    {"state", state},
+                                    {"instances", status.instances},
+                                    {"tokens_waiting", status.tokens_waiting},
+                                    {"last_signal", nullptr}};
+              if (last) {
+                out["last_signal"] = {{"signal", outage::to_string(last->kind)},
+                                      {"at", iso_time_ms(last->at_ms)},
+                                      {"at_ms", last->at_ms},
+                                      {"sender", last->sender},
+                                      {"reason", last->reason}};
+              }
+              std::cout << dump(out) << "\n";
+              return done(exit_ok);
+            }
+            std::cout << "service " << args.service << ": " << state;
+            if (last) {
+              const int64_t age_ms =
+                  std::max<int64_t>(0, int64_t(retry::unix_milliseconds()) - last->at_ms);
+              std::cout << " since " << iso_time_ms(last->at_ms) << " ("
+                        << age_text(uint64_t(age_ms / 1000)) << " ago), "
+                        << outage::to_string(last->kind) << " from "
+                        << amqp::printable(last->sender);
+              if (!last->reason.empty()) std::cout << ": " << amqp::printable(last->reason);
+            }
+            std::cout << "\n  instances connected: " << status.instances
+                      << "\n  probe tokens waiting: " << status.tokens_waiting << "\n";
+            done(exit_ok);
           });
     });
   });

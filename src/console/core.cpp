@@ -376,9 +376,45 @@ void Core::refresh_depths() {
                                 } else {
                                   self->input_depth_ = info.message_count;
                                 }
+                                self->look_up_breaker();
                                 self->maybe_rescan();
                               });
                         });
+}
+
+void Core::look_up_breaker() {
+  if (!connected_ || stopping_) return;
+  if (breaker_watch_ && !breaker_watch_->ended()) return breaker_watch_->refresh();
+  std::weak_ptr<Core> weak = weak_from_this();
+  breaker_watch_ = consumer::SharedBreakerWatch::start(
+      connection_, service_.name,
+      [weak](const consumer::SharedBreakerStatus& status) {
+        auto self = weak.lock();
+        if (!self) return;
+        self->breaker_ = status;
+        self->breaker_error_.clear();
+      },
+      [weak](const Error& error) {
+        auto self = weak.lock();
+        if (!self) return;
+        self->breaker_.reset();
+        self->breaker_error_ = error.message();
+      });
+}
+
+nlohmann::json Core::breaker_json() const {
+  if (!breaker_) return nullptr;
+  nlohmann::json out = {{"state", consumer::shared_breaker_state(breaker_->last)},
+                        {"instances", breaker_->instances},
+                        {"tokens_waiting", breaker_->tokens_waiting},
+                        {"signal", nullptr}};
+  if (const auto& last = breaker_->last) {
+    out["signal"] = {{"kind", outage::to_string(last->kind)},
+                     {"at_ms", last->at_ms},
+                     {"sender", last->sender},
+                     {"reason", last->reason}};
+  }
+  return out;
 }
 
 void Core::maybe_rescan() {
@@ -609,6 +645,7 @@ void Core::stop(bool at_once, std::function<void()> done) {
   if (done) stopped_ = std::move(done);
   stopping_ = true;
   jobs_.clear();
+  if (breaker_watch_) breaker_watch_->close();
   if (closed_) {
     if (open_parts_ == 0 && stopped_) std::exchange(stopped_, nullptr)();
     return;
@@ -733,6 +770,8 @@ Reply Core::state() {
       {"connection_error", connection_error_},
       {"depth", depth_ ? nlohmann::json(*depth_) : nlohmann::json(nullptr)},
       {"input_depth", input_depth_ ? nlohmann::json(*input_depth_) : nlohmann::json(nullptr)},
+      {"breaker", breaker_json()},
+      {"breaker_error", breaker_error_},
       {"depth_error", depth_error_},
       {"scan_error", scan_error_},
       {"now", retry::unix_seconds()},
@@ -1083,7 +1122,8 @@ nlohmann::json Core::summary() {
   nlohmann::json out = {{"service", service_.name},
                         {"parking_queue", parking_queue_},
                         {"connected", connected_},
-                        {"depth", depth_ ? nlohmann::json(*depth_) : nlohmann::json(nullptr)}};
+                        {"depth", depth_ ? nlohmann::json(*depth_) : nlohmann::json(nullptr)},
+                        {"breaker", breaker_json()}};
   const bool whole = shown_scan_ && shown_scan_->filter.empty();
   nlohmann::json reasons = nlohmann::json::object();
   if (whole) {

@@ -43,6 +43,8 @@ std::string because(const outage::Event& event, const outage::Settings& settings
       return "a call failed during the ramp";
     case outage::Reason::overloaded:
       return "the dependency answered that it is overloaded";
+    case outage::Reason::pace_lifted:
+      return "the pace held nothing back for two ramp intervals";
     case outage::Reason::paused:
       return "paused by an operator";
     case outage::Reason::resumed:
@@ -55,6 +57,11 @@ std::string because(const outage::Event& event, const outage::Settings& settings
       return "another instance probes";
   }
   return outage::to_string(event.reason);
+}
+
+std::string pace(const outage::Event& event) {
+  if (event.rate <= 0) return event.reason == outage::Reason::pace_lifted ? ", not paced" : "";
+  return ", paced at " + std::to_string(int64_t(event.rate + 0.5)) + " calls a second";
 }
 
 int64_t wall_ms() {
@@ -162,10 +169,10 @@ void ConsumerImpl::after_breaker() {
             break;
           case outage::State::ramping:
             what += "; " + std::to_string(event.limit) + " at once, growing every " +
-                    label(options_.service.outage.ramp.interval);
+                    label(options_.service.outage.ramp.interval) + pace(event);
             break;
           case outage::State::closed:
-            what += "; " + std::to_string(event.limit) + " at once";
+            what += "; " + std::to_string(event.limit) + " at once" + pace(event);
             break;
           case outage::State::paused:
             what += "; holding " + deliveries(waiting_.size()) + ", starting none";

@@ -117,6 +117,55 @@ void read_shared_breaker_state(const std::shared_ptr<client::Channel>& channel,
   reader->next();
 }
 
+const char* shared_breaker_state(const std::optional<outage::Signal>& last) {
+  if (!last) return "closed";
+  switch (last->kind) {
+    case outage::SignalKind::open:
+    case outage::SignalKind::probing:
+      return "open";
+    case outage::SignalKind::paused:
+      return "paused";
+    case outage::SignalKind::resumed:
+      return "resuming";
+    case outage::SignalKind::recovered:
+      return "closed";
+  }
+  return "closed";
+}
+
+void read_shared_breaker_status(const std::shared_ptr<client::Channel>& channel,
+                                const std::string& service, StatusCallback done) {
+  auto shared = std::make_shared<StatusCallback>(std::move(done));
+  auto status = std::make_shared<SharedBreakerStatus>();
+  // Looks up `queue` passively, and hands its counts to `next`.
+  auto look_up = [channel, shared](const std::string& queue, auto next) {
+    client::QueueOptions passive;
+    passive.passive = true;
+    Error error = channel->queue_declare(
+        queue, passive, [shared, next](const Error& error, const client::QueueInfo& info) {
+          if (error) return (*shared)(error, SharedBreakerStatus{});
+          next(info);
+        });
+    if (error) (*shared)(error, SharedBreakerStatus{});
+  };
+  read_shared_breaker_state(
+      channel, service,
+      [service, status, shared, look_up](const Error& error,
+                                         const std::optional<outage::Signal>& last) {
+        if (error) return (*shared)(error, SharedBreakerStatus{});
+        status->last = last;
+        look_up(topology::breaker_token_queue_name(service),
+                [service, status, shared, look_up](const client::QueueInfo& token) {
+                  status->tokens_waiting = token.message_count;
+                  look_up(topology::breaker_instances_queue_name(service),
+                          [status, shared](const client::QueueInfo& instances) {
+                            status->instances = instances.consumer_count;
+                            (*shared)(Error{}, *status);
+                          });
+                });
+      });
+}
+
 void publish_breaker_signal(client::Channel& channel, const std::string& service,
                             const outage::Signal& signal, client::PublishCallback done) {
   Error error = channel.publish(topology::breaker_exchange_name(service), "",
@@ -131,6 +180,152 @@ void publish_probe_token(client::Channel& channel, const std::string& service, i
                                 signal_properties("retryloop.breaker.token"),
                                 outage::encode_token(opened_at_ms), client::Mandatory::yes, done);
   if (error && done) done(client::PublishOutcome{client::PublishStatus::failed, 0, error});
+}
+
+namespace {
+
+class Watch final : public SharedBreakerWatch, public std::enable_shared_from_this<Watch> {
+  // Wraps a callback so that it runs only while the watch lives and has not ended.
+  template <class Next>
+  auto guarded(Next next) {
+    return [weak = weak_from_this(), next](auto&&... args) {
+      auto self = weak.lock();
+      if (!self || self->ended_) return;
+      next(*self, std::forward<decltype(args)>(args)...);
+    };
+  }
+
+ public:
+  Watch(std::string service, ChangeCallback changed, FailureCallback failed)
+      : service_(std::move(service)), changed_(std::move(changed)), failed_(std::move(failed)) {}
+
+  void open(const std::shared_ptr<client::Connection>& connection) {
+    Error error = connection->open_channel(
+        guarded([](Watch& self, const Error& error, std::shared_ptr<client::Channel> channel) {
+          if (error) return self.fail(error);
+          self.channel_ = std::move(channel);
+          self.channel_->set_close_handler(
+              self.guarded([](Watch& self, const Error& error) { self.fail(error); }));
+          self.bind();
+        }));
+    if (error) fail(error);
+  }
+
+  void refresh() override {
+    if (ended_ || !listening_ || counting_) return;
+    counting_ = true;
+    count(topology::breaker_token_queue_name(service_),
+          [](Watch& self, uint32_t messages, uint32_t) {
+            self.status_.tokens_waiting = messages;
+            self.count(topology::breaker_instances_queue_name(self.service_),
+                       [](Watch& self, uint32_t, uint32_t consumers) {
+                         self.status_.instances = consumers;
+                         self.counting_ = false;
+                         self.changed_(self.status_);
+                       });
+          });
+  }
+
+  bool ended() const override { return ended_; }
+
+  void close() override {
+    if (ended_) return;
+    ended_ = true;
+    if (channel_ && channel_->is_open()) static_cast<void>(channel_->close());
+  }
+
+ private:
+  void fail(const Error& error) {
+    if (ended_) return;
+    ended_ = true;
+    if (channel_ && channel_->is_open()) static_cast<void>(channel_->close());
+    if (failed_) failed_(error);
+  }
+
+  void bind() {
+    client::QueueOptions options;
+    options.durable = false;
+    options.exclusive = true;
+    options.auto_delete = true;
+    Error error = channel_->queue_declare(
+        "", options, guarded([](Watch& self, const Error& error, const client::QueueInfo& info) {
+          if (error) return self.fail(error);
+          self.own_queue_ = info.name;
+          Error bound = self.channel_->queue_bind(
+              self.own_queue_, topology::breaker_exchange_name(self.service_), "", {},
+              self.guarded([](Watch& self, const Error& error) {
+                if (error) return self.fail(error);
+                self.read_state();
+              }));
+          if (bound) self.fail(bound);
+        }));
+    if (error) fail(error);
+  }
+
+  // Bound first, read second: a signal sent in between is not missed.
+  void read_state() {
+    read_shared_breaker_state(
+        channel_, service_,
+        guarded([](Watch& self, const Error& error, const std::optional<outage::Signal>& last) {
+          if (error) return self.fail(error);
+          self.status_.last = last;
+          self.listen();
+        }));
+  }
+
+  void listen() {
+    client::ConsumeOptions options;
+    options.no_ack = true;
+    options.exclusive = true;
+    Error error = channel_->consume(
+        own_queue_, options, guarded([](Watch& self, client::Delivery&& delivery) {
+          std::string why;
+          // Heard after the state was read: newer than what was read, whatever its clock says.
+          if (auto signal = outage::decode_signal(delivery.message.body, why)) {
+            self.status_.last = std::move(signal);
+            if (self.listening_) self.changed_(self.status_);
+          }
+        }),
+        guarded([](Watch& self, const Error& error, const std::string&) {
+          if (error) return self.fail(error);
+          self.listening_ = true;
+          self.refresh();
+        }));
+    if (error) fail(error);
+  }
+
+  template <class Next>
+  void count(const std::string& queue, Next next) {
+    client::QueueOptions passive;
+    passive.passive = true;
+    Error error = channel_->queue_declare(
+        queue, passive,
+        guarded([next](Watch& self, const Error& error, const client::QueueInfo& info) {
+          if (error) return self.fail(error);
+          next(self, info.message_count, info.consumer_count);
+        }));
+    if (error) fail(error);
+  }
+
+  std::string service_;
+  ChangeCallback changed_;
+  FailureCallback failed_;
+  std::shared_ptr<client::Channel> channel_;
+  std::string own_queue_;
+  SharedBreakerStatus status_;
+  bool listening_ = false;
+  bool counting_ = false;
+  bool ended_ = false;
+};
+
+}  // namespace
+
+std::shared_ptr<SharedBreakerWatch> SharedBreakerWatch::start(
+    const std::shared_ptr<client::Connection>& connection, const std::string& service,
+    ChangeCallback changed, FailureCallback failed) {
+  auto watch = std::make_shared<Watch>(service, std::move(changed), std::move(failed));
+  watch->open(connection);
+  return watch;
 }
 
 namespace detail {

@@ -6,8 +6,14 @@
 namespace retryloop::outage {
 namespace {
 
-/// The ramp's first limit: double the probe's one call.
-constexpr int ramp_start = 2;
+/// The ramp's floor: double the probe's one call.
+constexpr int ramp_floor = 2;
+
+/// The ramp's first limit: an eighth of the concurrency (as TCP starts with a window of a few
+/// segments, not one), and never less than the floor nor more than the concurrency.
+int ramp_start(int concurrency) {
+  return std::min(std::max(concurrency / 8, ramp_floor), concurrency);
+}
 
 bool counts_as_open(State state) {
   return state == State::open || state == State::probing;
@@ -19,7 +25,8 @@ Breaker::Breaker(Settings settings, int concurrency, EventHandler on_event)
     : settings_(std::move(settings)),
       concurrency_(std::max(concurrency, 1)),
       on_event_(std::move(on_event)),
-      window_(settings_.failure_rate ? settings_.failure_rate->window : std::chrono::seconds(1)) {}
+      window_(settings_.failure_rate ? settings_.failure_rate->window : std::chrono::seconds(1)),
+      pacer_(settings_.ramp.interval) {}
 
 int Breaker::limit() const {
   switch (state_) {
@@ -41,7 +48,7 @@ std::optional<Call> Breaker::try_start(int running, std::chrono::milliseconds no
   switch (state_) {
     case State::closed:
     case State::ramping:
-      if (running >= limit() || now < quiet_until_) return std::nullopt;
+      if (running >= limit() || !pacer_.try_take(now)) return std::nullopt;
       return Call{generation_, false};
     case State::probing:
       if (probe_running_) return std::nullopt;
@@ -71,18 +78,11 @@ void Breaker::finished(const Call& call, Verdict verdict, std::chrono::milliseco
   }
   if (state_ != State::closed && state_ != State::ramping) return;
   if (verdict == Verdict::overloaded) {
-    if (call.generation != generation_) return;  // once per batch, as a step back
-    // Told to slow down: nothing starts for a quarter of the ramp interval, so that a held call
-    // is not run again at once into the same 429.
-    quiet_until_ = now + settings_.ramp.interval / 4;
-    if (state_ == State::ramping) return step_back(now);
-    if (concurrency_ <= std::min(ramp_start, concurrency_)) return;
-    ramp_limit_ = std::max(concurrency_ / 2, ramp_start);
-    backed_off_ = true;
-    phase_generation_ = ++generation_;
-    due_ = now + settings_.ramp.interval;
-    return move(State::ramping, Reason::overloaded, now);
+    // Told to slow down, not that it is down: the calls are paced from now on. The limit stays.
+    if (pacer_.overloaded(now)) move(state_, Reason::overloaded, now);
+    return;
   }
+  if (verdict != Verdict::unavailable) pacer_.accepted(now);
   const State before = state_;
   count(verdict, now);
   if (state_ == State::ramping && before == State::ramping && counts_as_failure(verdict) &&
@@ -92,11 +92,14 @@ void Breaker::finished(const Call& call, Verdict verdict, std::chrono::milliseco
 }
 
 std::optional<std::chrono::milliseconds> Breaker::wake_at() const {
-  if ((state_ == State::open && may_probe_) || state_ == State::ramping) return due_;
-  return std::nullopt;
+  std::optional<std::chrono::milliseconds> at;
+  if ((state_ == State::open && may_probe_) || state_ == State::ramping) at = due_;
+  if (const auto pace = pacer_.due()) at = at ? std::min(*at, *pace) : *pace;
+  return at;
 }
 
 void Breaker::tick(std::chrono::milliseconds now) {
+  if (pacer_.tick(now)) move(state_, Reason::pace_lifted, now);
   if (now < due_) return;
   if (state_ == State::open && may_probe_) {
     probe_running_ = false;
@@ -113,6 +116,7 @@ void Breaker::pause(std::chrono::milliseconds now) {
   if (state_ == State::paused) return;
   ++generation_;
   probe_running_ = false;
+  pacer_.reset();
   move(State::paused, Reason::paused, now);
 }
 
@@ -195,6 +199,7 @@ void Breaker::open_until_probe(Reason reason, std::chrono::milliseconds due,
                                std::chrono::milliseconds now) {
   ++generation_;
   probe_running_ = false;
+  pacer_.reset();  // what it learnt of an overloaded dependency is stale once it is down
   due_ = due;
   move(State::open, reason, now);
 }
@@ -204,7 +209,7 @@ void Breaker::start_ramp(Reason reason, std::chrono::milliseconds now) {
   phase_generation_ = generation_;
   unavailable_in_a_row_ = 0;
   window_.clear();
-  ramp_limit_ = std::min(ramp_start, concurrency_);
+  ramp_limit_ = ramp_start(concurrency_);
   backed_off_ = false;
   due_ = now + settings_.ramp.interval;
   move(ramp_limit_ >= concurrency_ ? State::closed : State::ramping, reason, now);
@@ -216,7 +221,7 @@ void Breaker::step_back(std::chrono::milliseconds now) {
   backed_off_ = true;
   ++generation_;
   due_ = now + settings_.ramp.interval;
-  const int floor = std::min(ramp_start, concurrency_);
+  const int floor = std::min(ramp_floor, concurrency_);
   if (ramp_limit_ <= floor) return;  // already at the floor: the interval starts again
   ramp_limit_ = std::max(ramp_limit_ / 2, floor);
   move(State::ramping, Reason::step_back, now);
@@ -231,7 +236,7 @@ void Breaker::move(State to, Reason reason, std::chrono::milliseconds now) {
     open_since_ = now;
   }
   state_ = to;
-  if (on_event_) on_event_(Event{from, to, reason, limit(), now});
+  if (on_event_) on_event_(Event{from, to, reason, limit(), now, pacer_.rate()});
 }
 
 const char* to_string(State state) {
@@ -284,6 +289,8 @@ const char* to_string(Reason reason) {
       return "step_back";
     case Reason::overloaded:
       return "overloaded";
+    case Reason::pace_lifted:
+      return "pace_lifted";
     case Reason::paused:
       return "paused";
     case Reason::resumed:

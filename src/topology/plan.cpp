@@ -359,6 +359,12 @@ Plan make_delete_plan(const Topology& topology) {
       remove(ActionKind::delete_queue, Role::wait_queue, wait_queue_name(s.name, delay));
     }
     remove(ActionKind::delete_exchange, Role::wait_exchange, wait_exchange_name(s.name));
+    // The instances queue first: while an instance runs, it is in use and the deletion stops.
+    remove(ActionKind::delete_queue, Role::breaker, breaker_instances_queue_name(s.name));
+    remove(ActionKind::delete_queue, Role::breaker, breaker_token_queue_name(s.name));
+    plan.actions.back().arguments.append("x-queue-type", "quorum");
+    remove(ActionKind::delete_queue, Role::breaker, breaker_state_queue_name(s.name));
+    remove(ActionKind::delete_exchange, Role::breaker, breaker_exchange_name(s.name));
     remove(ActionKind::delete_queue, Role::parking_queue, parking_queue_name(s.name));
     remove(ActionKind::delete_exchange, Role::parking_exchange, parking_exchange_name(s.name));
   }
@@ -409,6 +415,8 @@ const char* to_string(Role role) {
       return "scheduled queue";
     case Role::audit_stream:
       return "audit stream";
+    case Role::breaker:
+      return "breaker";
   }
   return "?";
 }

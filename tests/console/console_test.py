@@ -407,6 +407,18 @@ def run(args):
         wait_for(driver, 'the message list', lambda d: len(listed_ids(d)) == 7)
         log('the groups and counts are right')
 
+        # -- the service's shared breaker: none yet, then paused and resumed by hand
+        check(text(driver, 'breaker') == 'breaker –', f'the breaker shows {text(driver, "breaker")!r}')
+        for verb, state in [('pause', 'paused'), ('resume', 'resuming')]:
+            subprocess.run([args.retryloop, 'service', verb, '-t', topology_file, service,
+                            '--url', url, '--reason', 'console test'],
+                           check=True, stdout=subprocess.DEVNULL)
+            wait_for(driver, f'the breaker {state}',
+                     lambda d: text(d, 'breaker').startswith(f'breaker {state}'), timeout=15)
+        title = driver.find_element(By.ID, 'breaker').get_attribute('title')
+        check('console test' in title and '0 instances' in title, f'the breaker title is {title!r}')
+        log('the breaker follows a pause and a resume')
+
         # -- a message's properties, headers and pretty-printed body
         open_message(driver, 'order-1')
         body = driver.find_element(By.ID, 'detail-body').get_attribute('textContent')

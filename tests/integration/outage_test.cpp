@@ -575,6 +575,32 @@ TEST_CASE(
   CHECK(json["instances"] == 3);
   CHECK(json["last_signal"]["reason"] == "deploy");
 
+  // The console shows it too, and follows the resume below as it happens.
+  const std::string token = "outage-token-0123456789abcdef";
+  const std::string token_file = file.path + ".token";
+  std::ofstream(token_file) << token << "\n";
+  test::ChildProcess console(
+      {test::built_program("retryloop"), "parking", "serve", "-t", file.path, service.name, "--url",
+       test::broker_url(), "--listen", "127.0.0.1:0", "--token-file", token_file},
+      {"RETRYLOOP_CONSOLE_TOKEN="});
+  const int port = test::console_port(console);
+  INFO(console.out() + console.err());
+  REQUIRE(port != 0);
+  httplib::Client http("127.0.0.1", port);
+  const httplib::Headers auth = {{"X-Retryloop-Token", token}};
+  auto console_breaker = [&] {
+    auto state = http.Get("/api/state", auth);
+    if (!state || state->status != 200) return nlohmann::json();
+    return nlohmann::json::parse(state->body).value("breaker", nlohmann::json());
+  };
+  nlohmann::json shown;
+  REQUIRE(test::eventually(loop, [&] {
+    shown = console_breaker();
+    return shown.is_object() && shown["state"] == "paused" && shown["instances"] == 3;
+  }));
+  CHECK(shown["signal"]["reason"] == "deploy");
+  CHECK(shown["signal"]["kind"] == "paused");
+
   CommandRun resumed = retryloop_command({"service", "resume", "-t", file.path, service.name});
   INFO(resumed.out << resumed.err);
   REQUIRE(resumed.exit_code == 0);
@@ -596,6 +622,15 @@ TEST_CASE(
   INFO(after.out << after.err);
   CHECK(after.exit_code == 0);
   CHECK_THAT(after.out, Catch::Contains(": closed"));
+  REQUIRE(test::eventually(loop, [&] {
+    shown = console_breaker();
+    return shown.is_object() && shown["state"] == "closed";
+  }));
+  // The console listens on a queue of its own: it is not counted as an instance.
+  CHECK(shown["instances"] == 3);
+  console.signal(SIGTERM);
+  CHECK(console.wait() == 0);
+  std::filesystem::remove(token_file);
   for (auto& c : instances.consumers)
     stop(loop, c);
   broker.remove(service);

@@ -783,19 +783,6 @@ struct ServedQueue {
   }
 };
 
-/// The port a console prints in its `open` line, once it does; 0 when it exited first.
-int console_port(ChildProcess& console) {
-  const auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (std::chrono::steady_clock::now() < deadline) {
-    const std::string out = console.out();
-    const size_t at = out.find("open  http://127.0.0.1:");
-    if (at != std::string::npos) return std::stoi(out.substr(at + 23));
-    if (!console.running()) return 0;
-    std::this_thread::sleep_for(20ms);
-  }
-  return 0;
-}
-
 }  // namespace
 
 TEST_CASE(

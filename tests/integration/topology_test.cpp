@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "retryloop/client/connection.hpp"
+#include "retryloop/consumer/shared_breaker.hpp"
 #include "retryloop/topology/declarer.hpp"
 #include "retryloop/topology/definitions.hpp"
 #include "retryloop/topology/plan.hpp"
@@ -714,6 +715,20 @@ TEST_CASE("Exported definitions imported into an empty vhost give objects verify
 
 namespace {
 
+/// What a consumer that shares its breaker declares (the objects of Role::breaker), with a signal
+/// in the state queue as a paused service leaves it.
+void declare_breaker(TestLoop& loop, client::Connection& connection, const std::string& service) {
+  auto channel = test::open_channel(loop, connection);
+  REQUIRE_FALSE(test::wait(loop, [&](client::CompletionCallback cb) {
+    consumer::declare_shared_breaker(channel, service, cb);
+    return Error{};
+  }));
+  REQUIRE_FALSE(
+      test::wait(loop, [&](client::CompletionCallback cb) { return channel->confirm_select(cb); }));
+  publish(loop, *channel, topology::breaker_exchange_name(service), "", "a signal");
+  (void)channel->close();
+}
+
 void check_delete_refuses(const std::string& queue_type) {
   TestLoop loop;
   auto connection = test::connect(loop, test::broker_url());
@@ -721,6 +736,7 @@ void check_delete_refuses(const std::string& queue_type) {
   Topology t = parse(service_json(name, R"("delays": ["30s"], "max_attempts": 5)",
                                   R"("queue_type": ")" + queue_type + R"(")"));
   REQUIRE(run_apply(loop, connection, make_plan(t)).ok());
+  declare_breaker(loop, *connection, name);
   Plan plan = make_delete_plan(t);
 
   // Without --yes: nothing goes.
@@ -761,8 +777,9 @@ void check_delete_refuses(const std::string& queue_type) {
   CHECK(again.ok());
   CHECK(again.count(Outcome::absent) == plan.actions.size());
 
-  // Empty queues go without --force.
+  // Empty queues go without --force, and so do the breaker's, whatever they hold.
   REQUIRE(run_apply(loop, connection, make_plan(t)).ok());
+  declare_breaker(loop, *connection, name);
   Report empty = run_delete(loop, connection, plan, {true, false});
   INFO(dump(empty));
   CHECK(empty.ok());

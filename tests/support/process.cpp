@@ -115,4 +115,17 @@ std::string built_program(const std::string& relative) {
   return (std::filesystem::path(RETRYLOOP_BINARY_DIR) / relative).string();
 }
 
+int console_port(ChildProcess& console) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  const std::string marker = "open  http://127.0.0.1:";
+  while (std::chrono::steady_clock::now() < deadline) {
+    const std::string out = console.out();
+    const size_t at = out.find(marker);
+    if (at != std::string::npos) return std::stoi(out.substr(at + marker.size()));
+    if (!console.running()) return 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return 0;
+}
+
 }  // namespace retryloop::test

@@ -36,6 +36,10 @@ class ChildProcess {
   std::string err_path_;
 };
 
+/// The port a `retryloop parking serve` prints in its `open` line, once it does (waiting up to 30
+/// s); 0 when it exited first or never printed it.
+int console_port(ChildProcess& console);
+
 /// Path of a program the build made, relative to the build tree (`examples/demo_consumer`).
 std::string built_program(const std::string& relative);
 

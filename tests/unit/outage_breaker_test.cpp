@@ -4,9 +4,11 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "retryloop/outage/breaker.hpp"
+#include "retryloop/outage/pacer.hpp"
 #include "retryloop/outage/settings.hpp"
 #include "retryloop/outage/sliding_window.hpp"
 #include "retryloop/retry/retry_policy.hpp"
@@ -221,6 +223,15 @@ TEST_CASE(
                                 });
 }
 
+TEST_CASE("The ramp starts at an eighth of the concurrency, never below 2", "[outage]") {
+  const std::pair<int, int> starts[] = {{2, 2}, {3, 2}, {16, 2}, {24, 3}, {32, 4}, {100, 12}};
+  for (const auto& [concurrency, start] : starts) {
+    Breaker breaker(Settings{}, concurrency);
+    trip_and_recover(breaker, 0ms);
+    CHECK(breaker.limit() == start);
+  }
+}
+
 TEST_CASE("A service of concurrency 1 closes at the probe's success", "[outage]") {
   Events events;
   Breaker breaker(Settings{}, 1, events.handler());
@@ -253,7 +264,7 @@ TEST_CASE(
   // A call started after the step back does.
   breaker.finished(*breaker.try_start(0, 9700ms), Verdict::unavailable, 9700ms);
   CHECK(breaker.limit() == 2);
-  // At the floor a failure (an overloaded dependency's 429, say) starts the interval again.
+  // At the floor a failure starts the interval again.
   breaker.finished(*breaker.try_start(0, 9800ms), Verdict::success, 9800ms);
   breaker.finished(*breaker.try_start(0, 9900ms), Verdict::unavailable, 9900ms);
   CHECK(breaker.state() == State::ramping);
@@ -454,40 +465,111 @@ TEST_CASE("Breaker settings out of range are refused, each naming its key", "[ou
 }
 
 TEST_CASE(
-    "An overloaded dependency lowers the limit but never trips the breaker: closed it ramps from "
-    "half the concurrency, ramping it steps back, and a probe that gets it succeeded",
+    "An overloaded dependency paces the calls but never trips the breaker nor lowers its limit, "
+    "and a probe that gets it succeeded",
     "[outage]") {
   Events events;
   Breaker breaker(Settings{}, 32, events.handler());
-  // Closed: a burst of 429s, far more than K in a row.
+  // 300 calls accepted over the last second, then a burst of 429s, far more than K in a row.
+  for (int i = 0; i < 300; ++i)
+    call(breaker, Verdict::success, 1000ms + std::chrono::milliseconds(i * 1000 / 300));
   std::vector<Call> batch;
   for (int i = 0; i < 20; ++i)
-    batch.push_back(*breaker.try_start(0, 1s));
-  for (const Call& call : batch)
-    breaker.finished(call, Verdict::overloaded, 1s);
-  CHECK(breaker.state() == State::ramping);
-  CHECK(breaker.limit() == 16);  // once for the batch
-  CHECK(breaker.stats(1s).trips == 0);
-  // Nothing starts for a quarter of the ramp interval (500 ms).
-  CHECK_FALSE(breaker.try_start(0, 1499ms));
-  // Ramping: one call of the current limit steps back; the others of its batch do not.
-  breaker.finished(*breaker.try_start(0, 1500ms), Verdict::overloaded, 1500ms);
-  CHECK(breaker.limit() == 8);
-  for (auto at = 2000ms; at <= 4000ms; at += 500ms)
-    breaker.finished(*breaker.try_start(0, at), Verdict::overloaded, at);
-  CHECK(breaker.state() == State::ramping);
-  CHECK(breaker.limit() == 2);
-  CHECK(breaker.stats(4s).trips == 0);
-  // It grows by a quarter, at least 1, per interval without one.
-  breaker.tick(6s);
-  CHECK(breaker.limit() == 3);
-  // Unavailable outcomes still trip it.
-  for (int i = 0; i < 5; ++i)
-    breaker.finished(*breaker.try_start(0, 7s), Verdict::unavailable, 7s);
-  CHECK(breaker.state() == State::open);
+    batch.push_back(*breaker.try_start(0, 2s));
+  for (const Call& started : batch)
+    breaker.finished(started, Verdict::overloaded, 2s);
+  CHECK(breaker.state() == State::closed);
+  CHECK(breaker.limit() == 32);
+  CHECK(breaker.stats(2s).trips == 0);
+  REQUIRE(events.transitions() == std::vector<std::string>{"closed -> closed (overloaded, 32)"});
+  CHECK(events.seen.front().rate == Approx(0.95 * 300).epsilon(0.02));  // once for the burst
+  // Paced: the bucket is empty, and a call may start once a token has come in.
+  CHECK_FALSE(breaker.try_start(0, 2s));
+  CHECK(breaker.try_start(0, 2004ms));
+  CHECK(breaker.wake_at().has_value());
+  // Unavailable outcomes still trip it, and an open breaker forgets the pace.
+  trip(breaker, 3s);
+  CHECK(breaker.pace() == 0);
   // A probe answered 429: the dependency is up.
-  breaker.tick(12s);
-  breaker.finished(*breaker.try_start(0, 12s), Verdict::overloaded, 12s);
+  breaker.tick(8s);
+  breaker.finished(*breaker.try_start(0, 8s), Verdict::overloaded, 8s);
   CHECK(breaker.state() == State::ramping);
-  CHECK(events.transitions().front() == "closed -> ramping (overloaded, 16)");
+}
+
+TEST_CASE("A pace is 95 % of what the dependency accepted in the last second", "[outage]") {
+  Pacer pacer(2s);
+  CHECK_FALSE(pacer.active());
+  CHECK(pacer.try_take(0ms));
+  // 60 calls accepted in the 200 ms since the first: 300 a second, measured over what there is.
+  for (int i = 0; i < 60; ++i)
+    pacer.accepted(std::chrono::milliseconds(i * 200 / 60));
+  CHECK(pacer.overloaded(200ms));
+  CHECK(pacer.rate() == Approx(285));
+  // The same congestion: a 429 within a quarter of the interval changes nothing.
+  CHECK_FALSE(pacer.overloaded(600ms));
+  CHECK(pacer.rate() == Approx(285));
+  // Over one second it lets through the rate and a burst no larger than 2 % of it.
+  int started = 0;
+  for (auto at = 200ms; at < 1200ms; at += 1ms)
+    while (pacer.try_take(at))
+      ++started;
+  CHECK(started >= 280);
+  CHECK(started <= 285);
+  // Nothing accepted at all: the slowest pace, one call a second.
+  Pacer starved(2s);
+  CHECK(starved.overloaded(5s));
+  CHECK(starved.rate() == Approx(1));
+}
+
+TEST_CASE(
+    "A pace grows faster each interval without a 429 and is lifted once it holds nothing back",
+    "[outage]") {
+  Pacer pacer(2s);
+  for (int i = 0; i < 100; ++i)
+    pacer.accepted(std::chrono::milliseconds(i * 10));
+  REQUIRE(pacer.overloaded(1s));
+  REQUIRE(pacer.rate() == Approx(95));
+  CHECK(pacer.due() == 3s);
+  // Held back in each interval: +2.5 %, +5 %, +10 %.
+  double expected = 95;
+  const double growth[] = {0.025, 0.05, 0.1};
+  auto at = 1s;
+  for (double g : growth) {
+    while (pacer.try_take(at)) {
+    }
+    at += 2s;
+    CHECK_FALSE(pacer.tick(at));
+    expected += expected * g;
+    CHECK(pacer.rate() == Approx(expected));
+  }
+  // A new 429 starts the growth from 2.5 % again.
+  for (int i = 0; i < 100; ++i)
+    pacer.accepted(at + std::chrono::milliseconds(i * 10));
+  at += 1s;
+  REQUIRE(pacer.overloaded(at));
+  CHECK(pacer.rate() == Approx(95));
+  while (pacer.try_take(at)) {
+  }
+  at += 2s;
+  pacer.tick(at);
+  CHECK(pacer.rate() == Approx(95 * 1.025));
+  // Two intervals in which it held nothing back: lifted.
+  at += 2s;
+  CHECK_FALSE(pacer.tick(at));
+  at += 2s;
+  CHECK(pacer.tick(at));
+  CHECK_FALSE(pacer.active());
+  CHECK_FALSE(pacer.due());
+  CHECK(pacer.try_take(at));
+}
+
+TEST_CASE("A pace never holds a call back before the first 429 nor after a reset", "[outage]") {
+  Pacer pacer(2s);
+  for (int i = 0; i < 1000; ++i)
+    CHECK(pacer.try_take(0ms));
+  pacer.accepted(0ms);
+  REQUIRE(pacer.overloaded(0ms));
+  pacer.reset();
+  CHECK(pacer.try_take(0ms));
+  CHECK(pacer.rate() == 0);
 }

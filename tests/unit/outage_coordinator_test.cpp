@@ -216,8 +216,8 @@ TEST_CASE(
   service.advance(5s);
   service.answer_probes(true);
   CHECK(service.states() == std::vector<State>{State::ramping, State::ramping, State::ramping});
-  CHECK(a.breaker.limit() == 2);
-  CHECK(c.breaker.limit() == 2);
+  CHECK(a.breaker.limit() == 4);
+  CHECK(c.breaker.limit() == 4);
   CHECK_FALSE(service.held);  // acked
   CHECK(service.last->kind == SignalKind::recovered);
   service.advance(8s);

@@ -450,9 +450,18 @@ TEST_CASE("The delete plan removes queues and derived exchanges, never the input
   Plan plan = make_delete_plan(parse_valid_topology(
       one(service_json("orders", R"("queue": "orders.v2")",
                        R"("mode": "republish", "delays": ["1s", "1m"], "max_attempts": 3)"))));
-  CHECK(outline(plan) == Strings{"delete_queue orders.v2", "delete_queue orders.wait.1s",
-                                 "delete_queue orders.wait.1m", "delete_exchange orders.wait",
-                                 "delete_queue orders.parking", "delete_exchange orders.parking"});
+  CHECK(outline(plan) ==
+        Strings{"delete_queue orders.v2", "delete_queue orders.wait.1s",
+                "delete_queue orders.wait.1m", "delete_exchange orders.wait",
+                "delete_queue orders.breaker.instances", "delete_queue orders.breaker.token",
+                "delete_queue orders.breaker.state", "delete_exchange orders.breaker",
+                "delete_queue orders.parking", "delete_exchange orders.parking"});
+  for (const auto& a : plan.actions) {
+    const bool breaker = a.name.rfind("orders.breaker", 0) == 0;
+    CHECK((a.role == Role::breaker) == breaker);
+  }
+  // The token queue is a quorum queue whatever the service's queues are.
+  CHECK(format_value(*plan.actions[5].arguments.find("x-queue-type")) == "quorum");
 }
 
 TEST_CASE("A delete plan knows which queues are quorum queues", "[topology]") {
@@ -460,6 +469,7 @@ TEST_CASE("A delete plan knows which queues are quorum queues", "[topology]") {
       parse_valid_topology(one(service_json("orders", R"("queue_type": "quorum")"))));
   for (const auto& a : plan.actions) {
     INFO(describe(a));
+    if (a.role == Role::breaker) continue;  // the breaker's own types, whatever the service's
     if (a.kind == ActionKind::delete_queue) {
       REQUIRE(a.arguments.find("x-queue-type") != nullptr);
       CHECK(format_value(*a.arguments.find("x-queue-type")) == "quorum");
@@ -468,8 +478,9 @@ TEST_CASE("A delete plan knows which queues are quorum queues", "[topology]") {
     }
   }
   Plan classic = make_delete_plan(parse_valid_topology(one(service_json("orders", ""))));
-  for (const auto& a : classic.actions)
-    CHECK(a.arguments.find("x-queue-type") == nullptr);
+  for (const auto& a : classic.actions) {
+    if (a.role != Role::breaker) CHECK(a.arguments.find("x-queue-type") == nullptr);
+  }
 }
 
 TEST_CASE("The plan as JSON lists every action with its arguments", "[topology]") {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "retryloop/client/channel.hpp"
+#include "retryloop/client/connection.hpp"
 #include "retryloop/outage/coordinator.hpp"
 
 namespace retryloop::consumer {
@@ -24,6 +25,48 @@ using StateCallback =
     std::function<void(const client::Error& error, const std::optional<outage::Signal>& last)>;
 void read_shared_breaker_state(const std::shared_ptr<client::Channel>& channel,
                                const std::string& service, StateCallback done);
+
+/// What the broker knows of a service's shared breaker: what `retryloop service status` prints
+/// and the console shows.
+struct SharedBreakerStatus {
+  /// The state queue's newest signal; nullopt when no instance has signalled anything.
+  std::optional<outage::Signal> last;
+  /// Instances connected now (the instances queue's consumers).
+  uint32_t instances = 0;
+  /// Probe tokens in the token queue: 1 while open and nobody holds it, else 0.
+  uint32_t tokens_waiting = 0;
+};
+/// The state the last signal leaves the service in: "closed" (none yet, or recovered), "open"
+/// (open or probing), "paused", or "resuming" (resumed, its probe not yet answered).
+const char* shared_breaker_state(const std::optional<outage::Signal>& last);
+/// Reads the status through `channel` without declaring anything: a service whose breaker
+/// objects do not exist yet fails with the broker's NOT_FOUND, which closes the channel.
+using StatusCallback =
+    std::function<void(const client::Error& error, const SharedBreakerStatus& status)>;
+void read_shared_breaker_status(const std::shared_ptr<client::Channel>& channel,
+                                const std::string& service, StatusCallback done);
+/// Watches a service's shared breaker without taking part in it, for an operator's view (the
+/// console): it binds an exclusive queue of its own to the breaker's fanout, reads the state queue
+/// once, and from then on hears every signal as it is sent, so it never reads the state queue
+/// again (a reader holds that queue's one message for a moment, and an instance that joins in that
+/// moment would find it empty). refresh() counts the instances and tokens again. It declares
+/// nothing of the service's: a service whose breaker objects do not exist yet fails with NOT_FOUND.
+/// Runs on the connection's loop thread; the callbacks do too.
+class SharedBreakerWatch {
+ public:
+  using ChangeCallback = std::function<void(const SharedBreakerStatus& status)>;
+  using FailureCallback = std::function<void(const client::Error& error)>;
+  /// `changed` hears the status once read, and again after each signal and refresh; `failed`
+  /// hears the first error, after which the watch has ended (start another).
+  static std::shared_ptr<SharedBreakerWatch> start(
+      const std::shared_ptr<client::Connection>& connection, const std::string& service,
+      ChangeCallback changed, FailureCallback failed);
+  virtual ~SharedBreakerWatch() = default;
+  virtual void refresh() = 0;
+  virtual bool ended() const = 0;
+  /// Closes its channel (and so its queue); no callback runs after it.
+  virtual void close() = 0;
+};
 
 /// Publishes `signal` to the service's breaker exchange: persistent, mandatory, and `done` hears
 /// the confirm (the channel must be in confirm mode).

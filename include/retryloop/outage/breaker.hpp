@@ -5,6 +5,7 @@
 #include <functional>
 #include <optional>
 
+#include "retryloop/outage/pacer.hpp"
 #include "retryloop/outage/settings.hpp"
 #include "retryloop/outage/sliding_window.hpp"
 
@@ -38,9 +39,8 @@ enum class Verdict {
   /// The message's own fault (permanent, poison): says nothing of the dependency.
   not_counted,
   /// The dependency answered that it is overloaded (a 429): it is up, so this never trips the
-  /// breaker nor counts toward a trip, but it lowers the limit: a step back of the ramp, or, when
-  /// closed, a ramp from half the concurrency; and no call starts for a quarter of the ramp
-  /// interval. A probe that gets it succeeded.
+  /// breaker nor counts toward a trip, but the calls are paced from then on (outage::Pacer), in
+  /// whatever state. A probe that gets it succeeded.
   overloaded,
 };
 
@@ -53,7 +53,8 @@ enum class Reason {
   probe_succeeded,          ///< probing -> ramping (or closed, when the ramp has nothing to do)
   ramp_up,                  ///< ramping -> ramping with a doubled limit, or -> closed at the top
   step_back,                ///< ramping -> ramping with a halved limit (not below the start)
-  overloaded,               ///< closed -> ramping from half the concurrency: the dependency's 429
+  overloaded,               ///< closed or ramping, the same state: a 429 set a lower pace
+  pace_lifted,              ///< closed or ramping, the same state: the pace held nothing back
   paused,                   ///< any state -> paused (pause())
   resumed,                  ///< paused -> probing, or open with a probe due at once (resume())
   opened_elsewhere,         ///< closed, ramping or probing -> open: another instance tripped
@@ -61,8 +62,9 @@ enum class Reason {
   prober_elsewhere,         ///< probing -> open: this instance may no longer probe
 };
 
-/// One change: a move between states, or a new concurrency limit within the ramp (from == to ==
-/// ramping). The listener gets one per change, in order, and nothing else.
+/// One change: a move between states, a new concurrency limit within the ramp (from == to ==
+/// ramping), or a new pace (from == to). The listener gets one per change, in order, and nothing
+/// else; the pace's growth between two 429s is not an event.
 struct Event {
   State from = State::closed;
   State to = State::closed;
@@ -70,6 +72,8 @@ struct Event {
   /// The concurrency limit after the change (0 while open or paused, 1 while probing).
   int limit = 0;
   std::chrono::milliseconds at{0};
+  /// The pace after the change, in calls a second; 0 when the calls are not paced.
+  double rate = 0;
 };
 
 using EventHandler = std::function<void(const Event& event)>;
@@ -119,7 +123,9 @@ class Breaker {
   /// A started call ended with `verdict`.
   void finished(const Call& call, Verdict verdict, std::chrono::milliseconds now);
   /// The time the consumer's timer should fire next: the next probe when open, the next ramp step
-  /// when ramping; nullopt when nothing is due by time alone.
+  /// when ramping, the pace's next growth when paced; nullopt when nothing is due by time alone.
+  /// While paced, a call held back for want of a token may start at any later time: the
+  /// consumer's timer should run at a short period (the consumer's runs every 100 ms).
   std::optional<std::chrono::milliseconds> wake_at() const;
   /// Time has passed: an open breaker whose probe is due turns to probing; a ramp whose interval
   /// has passed without a step back doubles its limit. Harmless when nothing is due.
@@ -149,6 +155,8 @@ class Breaker {
 
   Stats stats(std::chrono::milliseconds now) const;
   const Settings& settings() const { return settings_; }
+  /// The pace a 429 set, in calls a second; 0 when the calls are not paced.
+  double pace() const { return pacer_.rate(); }
 
  private:
   void move(State to, Reason reason, std::chrono::milliseconds now);
@@ -171,13 +179,12 @@ class Breaker {
   int ramp_limit_ = 0;
   /// This ramp has stepped back: it grows by a quarter per interval instead of doubling.
   bool backed_off_ = false;
-  /// After an overloaded verdict: no call starts before this time.
-  std::chrono::milliseconds quiet_until_{0};
   bool probe_running_ = false;
   bool may_probe_ = true;
   std::chrono::milliseconds due_{0};
   int unavailable_in_a_row_ = 0;
   SlidingWindow window_;
+  Pacer pacer_;
   Stats stats_;
   std::optional<std::chrono::milliseconds> open_since_;
 };

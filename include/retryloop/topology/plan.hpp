@@ -37,6 +37,10 @@ enum class Role {
   scheduled_queue,
   /// The vhost's audit stream (Topology::audit).
   audit_stream,
+  /// The objects through which a service's instances share one breaker (docs/outage.md): the
+  /// consumers declare them, and only a delete plan names them. What they hold is never precious
+  /// (the last signal, a probe token), so a careful delete refuses only while they have consumers.
+  breaker,
 };
 
 /// One broker operation with everything it sends. Integer arguments are AMQP `l` (int64), the
@@ -90,9 +94,10 @@ struct Plan {
 Plan make_plan(const Topology& topology);
 
 /// What `topology delete` removes, in the order it removes it: per service, the input queue, the
-/// wait queues, the wait exchange, the parking queue and the parking exchange. Input exchanges and
-/// delay levels are never deleted (publishers and other services, maybe of other files, may use
-/// them); deleting the input queue removes its binding to the delay levels.
+/// wait queues, the wait exchange, the shared breaker's objects (Role::breaker), the parking queue
+/// and the parking exchange. Input exchanges and delay levels are never deleted (publishers and
+/// other services, maybe of other files, may use them); deleting the input queue removes its
+/// binding to the delay levels.
 Plan make_delete_plan(const Topology& topology);
 
 /// A declare plan cut into parts that can run at once, on channels of their own. `first` runs

@@ -194,6 +194,21 @@
 
   // ---- rendering -----------------------------------------------------------------------------
 
+  // The shared breaker in a few words, and what the badge looks like: closed is fine; open,
+  // paused and resuming are not.
+  function breakerText(b) {
+    if (!b) return {text: 'breaker –', title: 'not shared yet: no instance has declared it', cls: ''};
+    let text = `breaker ${b.state}`;
+    let title = `${b.instances} instance${b.instances === 1 ? '' : 's'} connected`;
+    if (b.signal) {
+      const age = Math.max(0, Math.floor((Date.now() - b.signal.at_ms) / 1000));
+      text += ` ${ageText(age)}`;
+      title += `; last signal ${b.signal.kind} from ${b.signal.sender} at ` +
+          `${timeText(Math.floor(b.signal.at_ms / 1000))}${b.signal.reason ? `: ${b.signal.reason}` : ''}`;
+    }
+    return {text, title, cls: b.state === 'closed' ? 'ok' : 'bad'};
+  }
+
   function renderHeader(s) {
     $('service').textContent = s.service;
     $('broker').textContent = `${s.broker} · ${s.queue_type} · queue ${s.parking_queue}`;
@@ -204,6 +219,11 @@
     badge.textContent = s.connected ? 'connected' : 'reconnecting';
     badge.className = `badge ${s.connected ? 'ok' : 'bad'}`;
     badge.title = s.connection_error || '';
+    const breaker = breakerText(s.breaker);
+    const shown = $('breaker');
+    shown.textContent = breaker.text;
+    shown.title = s.breaker ? breaker.title : (s.breaker_error || breaker.title);
+    shown.className = `badge ${breaker.cls}`;
   }
 
   function renderScanLine(s) {
@@ -334,8 +354,12 @@
     for (const s of ui.services) {
       const reasons = s.by_reason === null ? 'not counted yet'
           : Object.entries(s.by_reason).map(([reason, n]) => `${reason} ${n}`).join(', ') || 'nothing parked';
+      const breaker = breakerText(s.breaker);
       body.append(el('tr', {'data-service': s.service, class: s.service === shown ? 'shown' : ''},
         el('td', {class: 'key', text: s.service}),
+        el('td', {class: 'breaker', title: breaker.title},
+           el('span', {class: `badge ${breaker.cls}`, text: breaker.text.replace(/^breaker /, '')})),
+        el('td', {class: 'num instances', text: s.breaker ? String(s.breaker.instances) : '–'}),
         el('td', {class: 'num depth', text: s.depth === null ? '–' : String(s.depth)}),
         el('td', {class: 'reasons', text: reasons}),
         el('td', {}, el('button', {type: 'button', class: 'open', text: 'Open',

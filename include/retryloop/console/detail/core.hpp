@@ -14,6 +14,7 @@
 #include "retryloop/console/detail/api.hpp"
 #include "retryloop/console/detail/audit_trail.hpp"
 #include "retryloop/console/detail/jobs.hpp"
+#include "retryloop/consumer/shared_breaker.hpp"
 #include "retryloop/parking/parking.hpp"
 
 namespace retryloop::console::detail {
@@ -81,6 +82,9 @@ class Core : public std::enable_shared_from_this<Core> {
   void on_lost(const client::Connection* connection, const client::Error& error);
   void schedule_reconnect();
   void refresh_depths();
+  /// Starts watching the shared breaker, or counts its instances again when already watching.
+  void look_up_breaker();
+  nlohmann::json breaker_json() const;
   void maybe_rescan();
   void run_next();
   void start_job(const std::shared_ptr<Job>& job);
@@ -123,6 +127,11 @@ class Core : public std::enable_shared_from_this<Core> {
   std::string depth_error_;
   uint64_t depth_ms_ = 0;
   bool depth_lookup_ = false;
+  /// The service's shared breaker as the broker has it, read with the depths; nullopt until read,
+  /// or when the read failed (breaker_error_ says why: no instance has declared it yet, say).
+  std::optional<consumer::SharedBreakerStatus> breaker_;
+  std::string breaker_error_;
+  std::shared_ptr<consumer::SharedBreakerWatch> breaker_watch_;
 
   JobQueue jobs_;
   std::shared_ptr<Job> running_;

@@ -1,0 +1,107 @@
+#include "retryloop/outage/pacer.hpp"
+
+#include <algorithm>
+
+namespace retryloop::outage {
+namespace {
+
+/// The share of the accepted rate that the pace keeps after a 429.
+constexpr double kept_after_overload = 0.95;
+/// The growth of the first interval without a 429; it doubles each further interval.
+constexpr double first_growth = 0.025;
+constexpr double slowest_rate = 1.0;
+/// The bucket holds this much of a second's calls: a burst small enough for a limiter that
+/// counts per second.
+constexpr double burst_seconds = 0.02;
+/// Intervals in a row in which the pace held nothing back, after which it is lifted.
+constexpr int idle_intervals_to_lift = 2;
+
+}  // namespace
+
+Pacer::Pacer(std::chrono::milliseconds interval)
+    : interval_(std::max(interval, std::chrono::milliseconds(1))) {}
+
+bool Pacer::try_take(std::chrono::milliseconds now) {
+  if (!active()) return true;
+  refill(now);
+  if (tokens_ < 1) {
+    held_back_ = true;
+    return false;
+  }
+  tokens_ -= 1;
+  return true;
+}
+
+void Pacer::accepted(std::chrono::milliseconds now) {
+  if (!measuring_since_) measuring_since_ = now;
+  accepted_.push_back(now);
+  forget_before(now - std::chrono::seconds(1));
+}
+
+bool Pacer::overloaded(std::chrono::milliseconds now) {
+  if (active() && now < congestion_until_) return false;
+  congestion_until_ = now + interval_ / 4;
+  rate_ = std::max(slowest_rate, kept_after_overload * accepted_per_second(now));
+  tokens_ = 0;
+  refilled_at_ = now;
+  growth_ = first_growth;
+  next_growth_ = now + interval_;
+  held_back_ = false;
+  idle_intervals_ = 0;
+  return true;
+}
+
+bool Pacer::tick(std::chrono::milliseconds now) {
+  if (!active() || now < next_growth_) return false;
+  refill(now);
+  idle_intervals_ = held_back_ ? 0 : idle_intervals_ + 1;
+  if (idle_intervals_ >= idle_intervals_to_lift) {
+    reset();
+    return true;
+  }
+  rate_ += std::max(slowest_rate, rate_ * growth_);
+  growth_ = std::min(growth_ * 2, 1.0);
+  held_back_ = false;
+  next_growth_ = now + interval_;
+  return false;
+}
+
+std::optional<std::chrono::milliseconds> Pacer::due() const {
+  if (!active()) return std::nullopt;
+  return next_growth_;
+}
+
+void Pacer::reset() {
+  rate_ = 0;
+  tokens_ = 0;
+  growth_ = 0;
+  held_back_ = false;
+  idle_intervals_ = 0;
+  accepted_.clear();
+  measuring_since_.reset();
+}
+
+void Pacer::refill(std::chrono::milliseconds now) {
+  if (now <= refilled_at_) return;
+  const double capacity = std::max(1.0, rate_ * burst_seconds);
+  tokens_ = std::min(capacity, tokens_ + rate_ * double((now - refilled_at_).count()) / 1000.0);
+  refilled_at_ = now;
+}
+
+void Pacer::forget_before(std::chrono::milliseconds at) {
+  while (!accepted_.empty() && accepted_.front() < at)
+    accepted_.pop_front();
+}
+
+double Pacer::accepted_per_second(std::chrono::milliseconds now) {
+  forget_before(now - std::chrono::seconds(1));
+  const size_t count = accepted_.size();
+  if (count == 0 || !measuring_since_) return 0;
+  // Measured over the last second, or since the first accepted call when that is more recent
+  // (a ramp that began a moment ago), but never over less than a tenth of a second.
+  const auto span = std::clamp(now - *measuring_since_, std::chrono::milliseconds(100),
+                               std::chrono::milliseconds(1000));
+  return double(count) * 1000.0 / double(span.count());
+}
+
+}  // namespace retryloop::outage
