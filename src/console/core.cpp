@@ -373,8 +373,10 @@ void Core::refresh_depths() {
                                 self->depth_lookup_ = false;
                                 if (error) {
                                   self->input_depth_.reset();
+                                  self->input_consumers_.reset();
                                 } else {
                                   self->input_depth_ = info.message_count;
+                                  self->input_consumers_ = info.consumer_count;
                                 }
                                 self->look_up_breaker();
                                 self->maybe_rescan();
@@ -817,6 +819,14 @@ Reply Core::metrics() {
   for (const auto& [queue, depth] : queues) {
     out += "retryloop_queue_messages{" + service + ",queue=\"" +
            retry::prometheus_escaped(queue, true) + "\"} " + std::to_string(depth) + "\n";
+  }
+  gauge("retryloop_queue_consumers",
+        "Consumers of the service's input queue, looked up with the parking depth: 0 means no "
+        "instance of the service is consuming.");
+  if (input_consumers_) {
+    out += "retryloop_queue_consumers{" + service + ",queue=\"" +
+           retry::prometheus_escaped(input_queue_, true) + "\"} " +
+           std::to_string(*input_consumers_) + "\n";
   }
   // Counts by reason only from a count of every parked message: a filtered one would undercount.
   const bool whole = shown_scan_ && shown_scan_->filter.empty();

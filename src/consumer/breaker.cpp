@@ -258,6 +258,7 @@ void ConsumerImpl::tick_breaker_link() {
     link_breaker();
   }
   coordinator_.tick(now(), wall_ms());
+  coordinator_.can_probe(!waiting_.empty() || running_ > 0 || bool(options_.probe), now());
 }
 
 void ConsumerImpl::carry_out_coordination() {
@@ -265,6 +266,15 @@ void ConsumerImpl::carry_out_coordination() {
   outage::Actions actions = coordinator_.take_actions();
   for (uint64_t tag : actions.ack_tokens) {
     if (breaker_link_) breaker_link_->ack_token(tag);
+  }
+  if (actions.pass_token && breaker_link_) {
+    if (auto* log = options_.logger.get()) {
+      log->info(
+          "service={} breaker: nothing to probe with for {}; the probe token goes to the "
+          "next instance",
+          options_.service.name, label(options_.service.outage.probe_interval));
+    }
+    breaker_link_->pass_token(*actions.pass_token);
   }
   if (actions.signals.empty() && !actions.token_opened_at_ms) return;
   const std::shared_ptr<client::Channel> channel =

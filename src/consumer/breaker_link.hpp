@@ -36,6 +36,9 @@ class BreakerLink : public std::enable_shared_from_this<BreakerLink> {
                                             BreakerLinkEvents events);
   /// The token's outage is over, or it is one too many.
   void ack_token(uint64_t delivery_tag);
+  /// Hands the token on to the next instance in line (outage::Actions::pass_token): cancels the
+  /// token consumer, requeues the token, and consumes the token queue again.
+  void pass_token(uint64_t delivery_tag);
   /// Closes its channel (the broker gives a held token to another instance); no event after.
   void close();
 
@@ -50,6 +53,8 @@ class BreakerLink : public std::enable_shared_from_this<BreakerLink> {
   void read_state();
   void consume_signals(const std::optional<outage::Signal>& last);
   void consume_tokens(const std::optional<outage::Signal>& last);
+  /// Subscribes to the token queue; `subscribed` runs once the broker said so.
+  void subscribe_tokens(std::function<void(BreakerLink& self)> subscribed);
   /// Consumes the instances queue, so that `retryloop service status` counts this instance.
   void count_in(const std::optional<outage::Signal>& last);
   void on_signal(client::Delivery&& delivery);
@@ -60,6 +65,7 @@ class BreakerLink : public std::enable_shared_from_this<BreakerLink> {
   BreakerLinkEvents events_;
   std::shared_ptr<client::Channel> channel_;
   std::string own_queue_;
+  std::string token_consumer_;
   bool ended_ = false;
 };
 

@@ -885,6 +885,10 @@ bool Consumer::breaker_shared() const {
 int Consumer::breaker_limit() const {
   return impl_->breaker_limit();
 }
+
+uint32_t Consumer::parking_alert_threshold() const {
+  return impl_->parking_alert_threshold();
+}
 outage::Stats Consumer::breaker_stats() const {
   return impl_->breaker_stats();
 }

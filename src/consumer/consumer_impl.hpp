@@ -59,6 +59,7 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   outage::State breaker_state() const { return breaker_.state(); }
   bool breaker_shared() const { return coordinator_.joined(); }
   int breaker_limit() const { return breaker_.limit(); }
+  uint32_t parking_alert_threshold() const { return options_.parking_alert_threshold; }
   outage::Stats breaker_stats() const;
   size_t held() const { return waiting_.size(); }
   void pause();

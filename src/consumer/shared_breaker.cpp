@@ -242,11 +242,26 @@ class Watch final : public SharedBreakerWatch, public std::enable_shared_from_th
     if (failed_) failed_(error);
   }
 
+  // The exchange is looked up before a queue is made: a service without a breaker fails here,
+  // and leaves no queue behind on the watcher's connection.
   void bind() {
+    client::ExchangeOptions passive;
+    passive.passive = true;
+    Error error = channel_->exchange_declare(topology::breaker_exchange_name(service_), "fanout",
+                                             passive, guarded([](Watch& self, const Error& error) {
+                                               if (error) return self.fail(error);
+                                               self.bind_own_queue();
+                                             }));
+    if (error) fail(error);
+  }
+
+  void bind_own_queue() {
     client::QueueOptions options;
     options.durable = false;
     options.exclusive = true;
     options.auto_delete = true;
+    // A watch that failed after its queue was made does not leave it for the connection's life.
+    options.arguments.append("x-expires", int64_t(60000));
     Error error = channel_->queue_declare(
         "", options, guarded([](Watch& self, const Error& error, const client::QueueInfo& info) {
           if (error) return self.fail(error);
@@ -431,25 +446,45 @@ void BreakerLink::consume_signals(const std::optional<outage::Signal>& last) {
 }
 
 void BreakerLink::consume_tokens(const std::optional<outage::Signal>& last) {
-  Error error = channel_->qos(
-      1, guarded([last](BreakerLink& self, const Error& error) {
+  Error error =
+      channel_->qos(1, guarded([last](BreakerLink& self, const Error& error) {
+                      if (error) return self.fail(error);
+                      self.subscribe_tokens([last](BreakerLink& self) { self.count_in(last); });
+                    }));
+  if (error) fail(error);
+}
+
+void BreakerLink::subscribe_tokens(std::function<void(BreakerLink& self)> subscribed) {
+  client::ConsumeOptions options;
+  options.on_cancel = guarded([](BreakerLink& self, const std::string&) {
+    self.fail(Error(client::ClientError::consumer_cancelled,
+                    "the broker cancelled the probe token consumer"));
+  });
+  Error error = channel_->consume(
+      topology::breaker_token_queue_name(service_), options,
+      guarded([](BreakerLink& self, client::Delivery&& delivery) {
+        self.on_token(std::move(delivery));
+      }),
+      guarded([subscribed](BreakerLink& self, const Error& error, const std::string& tag) {
         if (error) return self.fail(error);
-        client::ConsumeOptions options;
-        options.on_cancel = self.guarded([](BreakerLink& self, const std::string&) {
-          self.fail(Error(client::ClientError::consumer_cancelled,
-                          "the broker cancelled the probe token consumer"));
-        });
-        Error consumed = self.channel_->consume(
-            topology::breaker_token_queue_name(self.service_), options,
-            self.guarded([](BreakerLink& self, client::Delivery&& delivery) {
-              self.on_token(std::move(delivery));
-            }),
-            self.guarded([last](BreakerLink& self, const Error& error, const std::string&) {
-              if (error) return self.fail(error);
-              self.count_in(last);
-            }));
-        if (consumed) self.fail(consumed);
+        self.token_consumer_ = tag;
+        if (subscribed) subscribed(self);
       }));
+  if (error) fail(error);
+}
+
+void BreakerLink::pass_token(uint64_t delivery_tag) {
+  if (ended_ || !channel_ || token_consumer_.empty()) return;
+  const std::string consumer = std::exchange(token_consumer_, std::string());
+  Error error =
+      channel_->cancel(consumer, guarded([delivery_tag](BreakerLink& self, const Error& error) {
+                         if (error) return self.fail(error);
+                         // Cancelled first, so that the requeued token goes to the next consumer in
+                         // line, not back here; then at the end of the line again.
+                         if (Error rejected = self.channel_->reject(delivery_tag, true))
+                           return self.fail(rejected);
+                         self.subscribe_tokens(nullptr);
+                       }));
   if (error) fail(error);
 }
 

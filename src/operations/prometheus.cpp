@@ -111,9 +111,12 @@ std::vector<ConsumerStatus> merged(const std::vector<ConsumerStatus>& consumers)
     same->breaker_limit += status.breaker_limit;
     same->breaker_stats.trips += status.breaker_stats.trips;
     same->breaker_stats.probes += status.breaker_stats.probes;
+    same->breaker_stats.pace += status.breaker_stats.pace;
     same->breaker_stats.time_open =
         std::max(same->breaker_stats.time_open, status.breaker_stats.time_open);
     same->held += status.held;
+    same->parking_alert_threshold =
+        std::max(same->parking_alert_threshold, status.parking_alert_threshold);
   }
   return out;
 }
@@ -171,9 +174,17 @@ const Plain own_families[] = {
      "Handlers the breaker lets run at once now: the concurrency when closed, the ramp's limit, 1 "
      "while probing, 0 while open or paused.",
      [](const ConsumerStatus& s) { return uint64_t(std::max(s.breaker_limit, 0)); }},
+    {"retryloop_breaker_pace", "gauge",
+     "Calls a second the breaker lets start since the dependency answered 429 (docs/outage.md, "
+     "\"The pace after a 429\"); 0 while the calls are not paced.",
+     [](const ConsumerStatus& s) { return uint64_t(s.breaker_stats.pace + 0.5); }},
     {"retryloop_held_messages", "gauge",
      "Deliveries kept unsettled and uncharged while the breaker does not let them run.",
      [](const ConsumerStatus& s) { return uint64_t(s.held); }},
+    {"retryloop_parking_alert_threshold", "gauge",
+     "The parking depth above which the consumer warns (parking_alert_threshold; 0: none); the "
+     "alert rules in ops/ compare the console's retryloop_parking_depth with it.",
+     [](const ConsumerStatus& s) { return uint64_t(s.parking_alert_threshold); }},
     {"retryloop_publishing_blocked", "gauge",
      "1 while the broker blocks the connection that publishes retry and parking copies "
      "(connection.blocked: a memory or disk alarm).",
@@ -215,6 +226,7 @@ ConsumerStatus status_of(const consumer::Consumer& consumer) {
   status.breaker_limit = consumer.breaker_limit();
   status.breaker_stats = consumer.breaker_stats();
   status.held = consumer.held();
+  status.parking_alert_threshold = consumer.parking_alert_threshold();
   return status;
 }
 

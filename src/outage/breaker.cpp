@@ -155,6 +155,7 @@ void Breaker::recovered_elsewhere(std::chrono::milliseconds now) {
 Stats Breaker::stats(std::chrono::milliseconds now) const {
   Stats stats = stats_;
   if (open_since_ && now > *open_since_) stats.time_open += now - *open_since_;
+  stats.pace = pacer_.rate();
   return stats;
 }
 

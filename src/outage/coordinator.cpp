@@ -237,6 +237,20 @@ void Coordinator::tick(std::chrono::milliseconds now, int64_t wall_ms) {
   actions_.token_opened_at_ms = opened_at_ms_ != 0 ? opened_at_ms_ : wall_ms;
 }
 
+void Coordinator::can_probe(bool can, std::chrono::milliseconds now) {
+  if (can || !token_tag_ || breaker_.state() != State::probing) {
+    starved_since_.reset();
+    return;
+  }
+  if (!starved_since_) starved_since_ = now;
+  if (now - *starved_since_ < breaker_.settings().probe_interval) return;
+  starved_since_.reset();
+  actions_.pass_token = *token_tag_;
+  token_tag_.reset();
+  prober_heard_ = now;  // the token lives: the next holder probes within an interval
+  breaker_.set_may_probe(false, now);
+}
+
 Actions Coordinator::take_actions() {
   Actions actions = std::move(actions_);
   actions_ = Actions{};

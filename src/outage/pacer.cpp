@@ -7,8 +7,11 @@ namespace {
 
 /// The share of the accepted rate that the pace keeps after a 429.
 constexpr double kept_after_overload = 0.95;
-/// The growth of the first interval without a 429; it doubles each further interval.
+/// The growth of the first interval without a 429; it doubles each further interval, up to the
+/// fastest. Instances that share a dependency each grow on their own: a faster growth makes their
+/// sum overshoot it by more, and every 429 costs a call.
 constexpr double first_growth = 0.025;
+constexpr double fastest_growth = 0.1;
 constexpr double slowest_rate = 1.0;
 /// The bucket holds this much of a second's calls: a burst small enough for a limiter that
 /// counts per second.
@@ -60,7 +63,7 @@ bool Pacer::tick(std::chrono::milliseconds now) {
     return true;
   }
   rate_ += std::max(slowest_rate, rate_ * growth_);
-  growth_ = std::min(growth_ * 2, 1.0);
+  growth_ = std::min(growth_ * 2, fastest_growth);
   held_back_ = false;
   next_growth_ = now + interval_;
   return false;

@@ -192,7 +192,7 @@ TEST_CASE("A listen address is HOST:PORT, [IPV6]:PORT, or a bare port on loopbac
 }
 
 TEST_CASE(
-    "The breaker's state, limit, trips, probes, time open and held deliveries are exposed, "
+    "The breaker's state, limit, pace, trips, probes, time open and held deliveries are exposed, "
     "and two consumers of a service show its most stopped state",
     "[operations][outage]") {
   ConsumerStatus open = orders();
@@ -204,6 +204,8 @@ TEST_CASE(
   ConsumerStatus closed = orders();
   closed.breaker_limit = 8;
   closed.breaker_stats.trips = 1;
+  closed.breaker_stats.pace = 284.6;
+  closed.parking_alert_threshold = 50;
   const std::string text = operations::prometheus_text({open, closed});
   INFO(text);
   const std::string own = "service=\"orders\",queue=\"orders.q\"";
@@ -215,5 +217,7 @@ TEST_CASE(
   CHECK(has_line(text, "retryloop_breaker_probes_total{" + own + "} 5"));
   CHECK(has_line(text, "retryloop_breaker_open_seconds_total{" + own + "} 12.5"));
   CHECK(has_line(text, "retryloop_breaker_limit{" + own + "} 8"));
+  CHECK(has_line(text, "retryloop_breaker_pace{" + own + "} 285"));
+  CHECK(has_line(text, "retryloop_parking_alert_threshold{" + own + "} 50"));
   CHECK(has_line(text, "retryloop_held_messages{" + own + "} 40"));
 }

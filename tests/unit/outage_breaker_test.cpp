@@ -530,9 +530,9 @@ TEST_CASE(
   REQUIRE(pacer.overloaded(1s));
   REQUIRE(pacer.rate() == Approx(95));
   CHECK(pacer.due() == 3s);
-  // Held back in each interval: +2.5 %, +5 %, +10 %.
+  // Held back in each interval: +2.5 %, +5 %, +10 %, and no faster.
   double expected = 95;
-  const double growth[] = {0.025, 0.05, 0.1};
+  const double growth[] = {0.025, 0.05, 0.1, 0.1};
   auto at = 1s;
   for (double g : growth) {
     while (pacer.try_take(at)) {

@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "retryloop/outage/breaker.hpp"
@@ -29,6 +30,8 @@ struct Instance {
   Breaker breaker;
   Coordinator coordinator;
   int probes = 0;
+  /// Whether it holds deliveries to probe with.
+  bool has_work = true;
 };
 
 /// The broker's part, as RabbitMQ does it: every signal reaches every joined instance in the
@@ -49,6 +52,7 @@ struct Service {
   int64_t wall = 1'800'000'000'000;
   std::chrono::milliseconds now{1000};
   std::vector<Signal> published;
+  std::vector<Instance*> passed;
 
   Instance& add(const std::string& id) {
     instances.push_back(std::make_unique<Instance>(id));
@@ -65,6 +69,7 @@ struct Service {
       for (auto& instance : instances) {
         instance->breaker.tick(now);
         instance->coordinator.tick(now, wall);
+        instance->coordinator.can_probe(instance->has_work, now);
       }
       settle();
       for (auto& instance : instances)
@@ -75,7 +80,7 @@ struct Service {
   /// A probing instance starts its probe (a call) if it has none running; the dependency answers
   /// `up` when it ends.
   void start_probe(Instance& instance) {
-    if (instance.breaker.state() != State::probing) return;
+    if (instance.breaker.state() != State::probing || !instance.has_work) return;
     if (auto call = instance.breaker.try_start(0, now)) {
       ++instance.probes;
       probe_calls.push_back({&instance, *call});
@@ -144,7 +149,24 @@ struct Service {
           if (held && held->tag == tag) held.reset();
           moved = true;
         }
+        if (actions.pass_token && held && held->tag == *actions.pass_token) {
+          // Cancelled, then requeued: the token goes to the next in line, and the passer to the
+          // end of the line.
+          tokens.push_front(held->opened_at);
+          held.reset();
+          passed.push_back(instance.get());
+          moved = true;
+        }
         if (!instance->pending.empty()) moved = true;
+      }
+      for (Instance* passer : std::exchange(passed, {})) {
+        for (auto it = instances.begin(); it != instances.end(); ++it) {
+          if (it->get() != passer) continue;
+          auto moving = std::move(*it);
+          instances.erase(it);
+          instances.push_back(std::move(moving));
+          break;
+        }
       }
       if (!held && !tokens.empty() && !instances.empty()) {
         Instance* active = instances.front().get();
@@ -249,6 +271,37 @@ TEST_CASE(
   CHECK(twin.tokens.empty());
   CHECK_FALSE(twin.held);
   CHECK(twin.states() == std::vector<State>{State::ramping, State::ramping});
+}
+
+TEST_CASE(
+    "The token's holder with nothing to probe with passes it on after a probe interval, until an "
+    "instance that holds deliveries has it and probes",
+    "[outage]") {
+  Service service;
+  Instance& a = service.add("a");
+  Instance& b = service.add("b");
+  Instance& c = service.add("c");
+  a.has_work = false;  // c holds every message of the service (a prefetch of 200)
+  b.has_work = false;
+  service.trip(c);
+  REQUIRE(a.coordinator.holds_token());
+  // a's probe is due after 5 s; after 5 s more with nothing to probe with it passes the token.
+  service.advance(9900ms);
+  CHECK(a.coordinator.holds_token());
+  service.advance(200ms);
+  CHECK_FALSE(a.coordinator.holds_token());
+  CHECK(b.coordinator.holds_token());
+  CHECK(a.breaker.state() == State::open);
+  // b gets it with its probe due, and passes it after one interval; c probes at once.
+  service.advance(5100ms);
+  CHECK(c.coordinator.holds_token());
+  CHECK(c.probes == 1);
+  CHECK(a.probes + b.probes == 0);
+  service.answer_probes(true);
+  CHECK(service.states() == std::vector<State>{State::ramping, State::ramping, State::ramping});
+  // No token left over, none published again: the passes kept the prober "heard".
+  CHECK(service.tokens.empty());
+  CHECK_FALSE(service.held);
 }
 
 TEST_CASE("When the token's holder leaves, another instance gets it and probes", "[outage]") {

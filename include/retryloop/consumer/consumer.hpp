@@ -320,6 +320,8 @@ class Consumer {
   bool breaker_shared() const;
   /// How many handlers the breaker lets run at once now (the concurrency when closed).
   int breaker_limit() const;
+  /// ConsumerOptions::parking_alert_threshold: the parking depth above which it warns (0: none).
+  uint32_t parking_alert_threshold() const;
   /// Trips, probes, and time spent open, since the consumer was made.
   outage::Stats breaker_stats() const;
   /// Deliveries kept unsettled while the breaker does not let them run (their handlers have not

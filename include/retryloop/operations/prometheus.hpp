@@ -24,6 +24,8 @@ struct ConsumerStatus {
   int breaker_limit = 0;
   outage::Stats breaker_stats;
   size_t held = 0;
+  /// ConsumerOptions::parking_alert_threshold (0: none).
+  uint32_t parking_alert_threshold = 0;
 };
 
 /// The status of `consumer` now. On its loop thread only, like every call of a Consumer.

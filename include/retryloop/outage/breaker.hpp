@@ -86,11 +86,13 @@ struct Call {
   bool probe = false;
 };
 
-/// Counters for the metrics: trips, probes, and time spent open (open and probing).
+/// Counters for the metrics: trips, probes, and time spent open (open and probing); and the pace.
 struct Stats {
   uint64_t trips = 0;
   uint64_t probes = 0;
   std::chrono::milliseconds time_open{0};
+  /// Calls a second while a 429 paces the calls (Pacer::rate); 0 when they are not paced.
+  double pace = 0;
 };
 
 /// One service's circuit breaker: a state machine with no clock, no timer, no I/O and no

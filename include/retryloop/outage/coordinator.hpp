@@ -56,6 +56,10 @@ struct Actions {
   std::optional<int64_t> token_opened_at_ms;
   /// Ack the token delivered with this tag (its outage is over, or it is one too many).
   std::vector<uint64_t> ack_tokens;
+  /// Hand the token delivered with this tag on to the next instance in line: cancel the token
+  /// consumer (so that the broker's single active consumer moves on), requeue the token, and
+  /// consume the token queue again, at the end of the line.
+  std::optional<uint64_t> pass_token;
 };
 
 /// Makes one breaker of a service's instances: each instance's own outage::Breaker, kept in step
@@ -101,11 +105,18 @@ class Coordinator {
   void resume_here(std::chrono::milliseconds now);
   /// Time passed: publishes a token again when no prober has been heard for too long.
   void tick(std::chrono::milliseconds now, int64_t wall_ms);
+  /// Whether this instance has something to probe with now: a delivery waiting or running, or the
+  /// service's probe function. Call it as time passes (with tick). The token's holder that has
+  /// had nothing to probe with for a whole probe interval while its probe was due passes the
+  /// token on (Actions::pass_token): with a prefetch, one instance may hold every message of a
+  /// quiet service, and it is the one that can probe.
+  void can_probe(bool can, std::chrono::milliseconds now);
 
   /// What to do now; empties the list.
   Actions take_actions();
   bool has_actions() const {
-    return !actions_.signals.empty() || actions_.token_opened_at_ms || !actions_.ack_tokens.empty();
+    return !actions_.signals.empty() || actions_.token_opened_at_ms ||
+           !actions_.ack_tokens.empty() || actions_.pass_token;
   }
   bool holds_token() const { return token_tag_.has_value(); }
   const std::string& instance() const { return instance_; }
@@ -132,6 +143,8 @@ class Coordinator {
   int64_t recovered_at_ms_ = 0;
   /// When a prober was last heard from (or the outage began), monotonic.
   std::chrono::milliseconds prober_heard_{0};
+  /// Since when this instance has held the token, its probe due, with nothing to probe with.
+  std::optional<std::chrono::milliseconds> starved_since_;
   Actions actions_;
 };
 

@@ -16,9 +16,9 @@ namespace retryloop::outage {
 /// - overloaded(): the rate becomes 95 % of the calls the dependency accepted over the last
 ///   second, and the bucket empties. Further 429s within a quarter of the interval are the same
 ///   congestion and change nothing;
-/// - every interval without a 429 the rate grows: by 2.5 % after the first, then 5 %, 10 %, ...
-///   (at least one call a second), so that it stays near the rate that drew the 429 and still
-///   finds a dependency that has grown;
+/// - every interval without a 429 the rate grows: by 2.5 % after the first, then 5 %, then 10 %
+///   per interval (at least one call a second), so that it stays near the rate that drew the 429
+///   and still finds a dependency that has grown;
 /// - an interval in which the pace held nothing back, twice in a row: the pace is lifted.
 ///
 /// Like the breaker it has no clock: every call takes `now`, a monotonic clock's milliseconds.

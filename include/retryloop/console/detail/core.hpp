@@ -124,6 +124,7 @@ class Core : public std::enable_shared_from_this<Core> {
 
   std::optional<uint32_t> depth_;
   std::optional<uint32_t> input_depth_;
+  std::optional<uint32_t> input_consumers_;
   std::string depth_error_;
   uint64_t depth_ms_ = 0;
   bool depth_lookup_ = false;
