@@ -19,8 +19,9 @@ enum class State {
   open,
   /// One call may run (a delivery or the service's probe); its outcome decides.
   probing,
-  /// The probe succeeded: the concurrency limit doubles every ramp interval without a failure;
-  /// after a failure (a step back) it grows by a quarter per interval.
+  /// The probe succeeded: the concurrency limit starts at an eighth of the concurrency (at least
+  /// 2) and doubles every ramp interval without a failure; after a failure (a step back) it grows
+  /// by a quarter per interval.
   ramping,
   /// An operator paused the service: nothing starts, whatever the outcomes, until resume().
   paused,
@@ -52,7 +53,7 @@ enum class Reason {
   probe_failed,             ///< probing -> open
   probe_succeeded,          ///< probing -> ramping (or closed, when the ramp has nothing to do)
   ramp_up,                  ///< ramping -> ramping with a doubled limit, or -> closed at the top
-  step_back,                ///< ramping -> ramping with a halved limit (not below the start)
+  step_back,                ///< ramping -> ramping with a halved limit (not below 2)
   overloaded,               ///< closed or ramping, the same state: a 429 set a lower pace
   pace_lifted,              ///< closed or ramping, the same state: the pace held nothing back
   paused,                   ///< any state -> paused (pause())
@@ -100,11 +101,11 @@ struct Stats {
 /// passes only through those calls: tests move it by hand.
 ///
 /// How a consumer wires it: before it starts a delivery, try_start(now); a delivery it may not
-/// start waits (open, paused: the consumer stops consuming; ramping: the limit is its prefetch).
-/// When the handler has answered, finished(call, verdict, now). One timer: arm it for
-/// wake_at() after every call, and when it fires call tick(now). The listener hears each change
-/// as it happens, from inside the call that caused it, to log a line and to adjust the consumer
-/// (cancel, consume again, a new prefetch).
+/// start waits, held unsettled and uncharged (the consumer keeps consuming: its prefetch bounds
+/// what it holds). When the handler has answered, finished(call, verdict, now). One timer: arm it
+/// for wake_at() after every call, and when it fires call tick(now). The listener hears each
+/// change as it happens, from inside the call that caused it, to log a line and to tell the
+/// service's other instances (outage::Coordinator).
 ///
 /// Threads: none of its own, and no locking. Call it from one thread, the consumer's loop
 /// thread; the listener runs there too and must not call back into the breaker.

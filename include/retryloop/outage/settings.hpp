@@ -19,9 +19,10 @@ struct FailureRate {
 };
 
 /// The slow start after a probe succeeded: the number of deliveries that may run at once starts
-/// at 2 and doubles every `interval` without a failure, up to the consumer's concurrency. A
-/// failure halves it (not below 2), and from then on it grows by a quarter (at least 1) per
-/// interval without a failure, as TCP's congestion avoidance does.
+/// at an eighth of the consumer's concurrency (at least 2) and doubles every `interval` without a
+/// failure, up to the concurrency. A failure halves it (not below 2), and from then on it grows by
+/// a quarter (at least 1) per interval without a failure, as TCP's congestion avoidance does. A
+/// pace set by a 429 (outage::Pacer) also grows once per `interval`.
 struct Ramp {
   std::chrono::milliseconds interval = std::chrono::seconds(2);
 };

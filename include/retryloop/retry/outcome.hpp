@@ -60,8 +60,8 @@ struct Outcome {
   }
   /// The dependency answered, but is overloaded: "payments answered 429". Unavailable, so the
   /// message is held uncharged as for unavailable(), but the breaker does not take it as the
-  /// dependency being down: it lowers the number of calls at once (a step back of its ramp) and
-  /// never trips on it (docs/outage.md).
+  /// dependency being down: it paces the calls to what the dependency accepted (outage::Pacer)
+  /// and never trips on it (docs/outage.md).
   static Outcome overloaded(std::string error) {
     Outcome outcome{OutcomeKind::unavailable, std::move(error), {}};
     outcome.overloaded_dependency = true;
