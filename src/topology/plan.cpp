@@ -636,7 +636,8 @@ std::string describe_outage(const outage::Settings& settings) {
             std::to_string(rate.minimum_calls) + " calls in " + duration_label(rate.window);
   }
   text += "; probes every " + duration_label(settings.probe_interval) +
-          "; ramps from 2, doubling every " + duration_label(settings.ramp.interval);
+          "; ramps from an eighth of the concurrency (at least 2), doubling every " +
+          duration_label(settings.ramp.interval);
   return text;
 }
 

@@ -285,8 +285,8 @@ TEST_CASE("plan and export need no broker and print what apply would declare",
   CHECK(contains(plan.out, "  breaker: opens after 5 unavailable in a row; probes every 5s"));
   CHECK(contains(plan.out,
                  "  breaker: opens after 3 unavailable in a row or at 25% failed of at "
-                 "least 50 calls in 30s; probes every 1s; ramps from 2, doubling every "
-                 "500ms"));
+                 "least 50 calls in 30s; probes every 1s; ramps from an eighth of the "
+                 "concurrency (at least 2), doubling every 500ms"));
 
   Run json = run_cli({"topology", "plan", file, "--json", "--service", "payments"});
   CHECK(json.exit_code == 0);

@@ -671,8 +671,8 @@ TEST_CASE(
   auto defaults = parse_topology(one(service_json("orders", "")));
   REQUIRE(defaults.ok());
   CHECK(describe_outage(defaults.topology->services[0].outage) ==
-        "breaker: opens after 5 unavailable in a row; probes every 5s; ramps from 2, doubling "
-        "every 2s");
+        "breaker: opens after 5 unavailable in a row; probes every 5s; ramps from an eighth of the "
+        "concurrency (at least 2), doubling every 2s");
   nlohmann::json json = outage_json(defaults.topology->services[0].outage);
   CHECK(json["consecutive_unavailable"] == 5);
   CHECK(json["failure_rate"].is_null());
@@ -682,9 +682,11 @@ TEST_CASE(
       "orders", R"("outage": {"consecutive_unavailable": 3, "failure_rate": {"threshold": 0.25},
                    "probe_interval": "1s", "ramp": {"interval": "500ms"}})")));
   REQUIRE(rate.ok());
-  CHECK(describe_outage(rate.topology->services[0].outage) ==
-        "breaker: opens after 3 unavailable in a row or at 25% failed of at least 20 calls in "
-        "10s; probes every 1s; ramps from 2, doubling every 500ms");
+  CHECK(
+      describe_outage(rate.topology->services[0].outage) ==
+      "breaker: opens after 3 unavailable in a row or at 25% failed of at least 20 calls in "
+      "10s; probes every 1s; ramps from an eighth of the concurrency (at least 2), doubling every "
+      "500ms");
   json = outage_json(rate.topology->services[0].outage);
   CHECK(json["failure_rate"]["threshold"] == 0.25);
   CHECK(json["failure_rate"]["window"] == "10s");
