@@ -77,7 +77,8 @@ struct Documented {
   /// verify --exists-only and delete without --yes: nothing on RabbitMQ 3.10 and 4.0, where
   /// anyone may look at an object; read on the objects from 4.2.6 and 4.3 on.
   Permissions look() const { return {"^$", "^$", only(with(loop(), x))}; }
-  Permissions remove() const { return {only(loop()), "^$", "^$"}; }
+  /// delete --yes: the loop, and the shared breaker's objects, which it deletes too.
+  Permissions remove() const { return {only(with(loop(), n + "\\.breaker(\\..*)?")), "^$", "^$"}; }
   /// A consumer with declare_topology false.
   Permissions consumer(topology::RetryMode mode) const {
     std::vector<std::string> write{n + "\\.parking"};
@@ -457,7 +458,9 @@ TEST_CASE(
   Permissions apply_less = d.apply(), delete_less = d.remove();
   // Not the wait exchange, which a new wait queue dead-letters to.
   apply_less.write = only({d.q, d.n + "\\.wait\\..*", d.n + "\\.parking"});
-  delete_less.configure = only({d.q, d.n + "\\.wait", d.n + "\\.wait\\..*"});  // not parking
+  // Not parking.
+  delete_less.configure =
+      only({d.q, d.n + "\\.wait", d.n + "\\.wait\\..*", d.n + "\\.breaker(\\..*)?"});
   enum {
     apply_less_user,
     apply_user,
