@@ -16,6 +16,8 @@ constexpr double slowest_rate = 1.0;
 /// The bucket holds this much of a second's calls: a burst small enough for a limiter that
 /// counts per second.
 constexpr double burst_seconds = 0.02;
+/// What was accepted is counted per slice of this many milliseconds, ten slices a second.
+constexpr int64_t slice_ms = 100;
 /// Intervals in a row in which the pace held nothing back, after which it is lifted.
 constexpr int idle_intervals_to_lift = 2;
 
@@ -37,8 +39,10 @@ bool Pacer::try_take(std::chrono::milliseconds now) {
 
 void Pacer::accepted(std::chrono::milliseconds now) {
   if (!measuring_since_) measuring_since_ = now;
-  accepted_.push_back(now);
-  forget_before(now - std::chrono::seconds(1));
+  const int64_t index = now.count() / slice_ms;
+  Slice& slice = accepted_[size_t(index % int64_t(accepted_.size()))];
+  if (slice.index != index) slice = Slice{index, 0};
+  ++slice.count;
 }
 
 bool Pacer::overloaded(std::chrono::milliseconds now) {
@@ -80,7 +84,7 @@ void Pacer::reset() {
   growth_ = 0;
   held_back_ = false;
   idle_intervals_ = 0;
-  accepted_.clear();
+  accepted_.fill(Slice{});
   measuring_since_.reset();
 }
 
@@ -91,19 +95,19 @@ void Pacer::refill(std::chrono::milliseconds now) {
   refilled_at_ = now;
 }
 
-void Pacer::forget_before(std::chrono::milliseconds at) {
-  while (!accepted_.empty() && accepted_.front() < at)
-    accepted_.pop_front();
-}
-
 double Pacer::accepted_per_second(std::chrono::milliseconds now) {
-  forget_before(now - std::chrono::seconds(1));
-  const size_t count = accepted_.size();
-  if (count == 0 || !measuring_since_) return 0;
-  // Measured over the last second, or since the first accepted call when that is more recent
+  if (!measuring_since_) return 0;
+  const int64_t current = now.count() / slice_ms;
+  const int64_t oldest = current - int64_t(accepted_.size()) + 1;
+  uint64_t count = 0;
+  for (const Slice& slice : accepted_)
+    if (slice.index >= oldest && slice.index <= current) count += slice.count;
+  if (count == 0) return 0;
+  // Measured over the slices counted, or since the first accepted call when that is more recent
   // (a ramp that began a moment ago), but never over less than a tenth of a second.
-  const auto span = std::clamp(now - *measuring_since_, std::chrono::milliseconds(100),
-                               std::chrono::milliseconds(1000));
+  const auto counted_from =
+      std::max(std::chrono::milliseconds(oldest * slice_ms), *measuring_since_);
+  const auto span = std::max(now - counted_from, std::chrono::milliseconds(100));
   return double(count) * 1000.0 / double(span.count());
 }
 

@@ -97,6 +97,22 @@ bool all_of(const std::vector<std::shared_ptr<consumer::Consumer>>& instances,
   return true;
 }
 
+/// Restarts the broker (stop_app, start_app) and waits until every instance has reconnected and
+/// shares its breaker again.
+void restart_broker(TestLoop& loop,
+                    const std::vector<std::shared_ptr<consumer::Consumer>>& instances) {
+  std::string output;
+  expect_ok(ctl_async(loop, {"stop_app"}, &output), output);
+  expect_ok(ctl_async(loop, {"start_app"}, &output), output);
+  REQUIRE(loop.run_until(
+      [&] {
+        return all_of(instances, [](const consumer::Consumer& c) {
+          return c.metrics().reconnects >= 1 && c.breaker_shared();
+        });
+      },
+      60s));
+}
+
 size_t count(const std::string& text, const std::string& what) {
   size_t found = 0;
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1))
@@ -131,13 +147,7 @@ TEST_CASE("A service paused by hand stays paused through a broker restart, and r
   REQUIRE(loop.run_until(
       [&] { return all([](auto& c) { return c.breaker_state() == State::paused; }); }, 5s));
 
-  expect_ok(ctl_async(loop, {"stop_app"}, &output), output);
-  expect_ok(ctl_async(loop, {"start_app"}, &output), output);
-  REQUIRE(loop.run_until(
-      [&] {
-        return all([](auto& c) { return c.metrics().reconnects >= 1 && c.breaker_shared(); });
-      },
-      60s));
+  restart_broker(loop, instances);
   CHECK(all([](auto& c) { return c.breaker_state() == State::paused; }));
   {
     TestLoop publishing;
@@ -200,14 +210,7 @@ TEST_CASE(
   }
   REQUIRE(loop.run_until([&] { return all(held); }, 10s));
 
-  std::string output;
-  expect_ok(ctl_async(loop, {"stop_app"}, &output), output);
-  expect_ok(ctl_async(loop, {"start_app"}, &output), output);
-  REQUIRE(loop.run_until(
-      [&] {
-        return all([](auto& c) { return c.metrics().reconnects >= 1 && c.breaker_shared(); });
-      },
-      60s));
+  restart_broker(loop, instances);
   // The state queue kept the trip: nobody starts at full concurrency into a dependency still down.
   CHECK(all(held));
   loop.run_for(1s);

@@ -1,7 +1,8 @@
 #pragma once
 
+#include <array>
 #include <chrono>
-#include <deque>
+#include <cstdint>
 #include <optional>
 
 namespace retryloop::outage {
@@ -48,11 +49,15 @@ class Pacer {
  private:
   void refill(std::chrono::milliseconds now);
   double accepted_per_second(std::chrono::milliseconds now);
-  void forget_before(std::chrono::milliseconds at);
 
   std::chrono::milliseconds interval_;
-  /// When each call of the last second was accepted, oldest first.
-  std::deque<std::chrono::milliseconds> accepted_;
+  /// Calls accepted per tenth of a second, over the last second: constant work per call, as
+  /// every call of a consumer passes here, paced or not.
+  struct Slice {
+    int64_t index = -1;
+    uint32_t count = 0;
+  };
+  std::array<Slice, 10> accepted_{};
   std::optional<std::chrono::milliseconds> measuring_since_;
   double rate_ = 0;
   double tokens_ = 0;
