@@ -12,12 +12,8 @@
 #include <cstring>
 #include <iostream>
 
+#include "command_line.hpp"
 #include "common.hpp"
-#include "outbox_command.hpp"
-#include "parking_command.hpp"
-#include "schedule_command.hpp"
-#include "service_command.hpp"
-#include "topology_command.hpp"
 
 namespace {
 
@@ -46,17 +42,9 @@ int checked_output(int exit_code) {
 int main(int argc, char** argv) {
   using namespace retryloop::cli;
   std::signal(SIGPIPE, SIG_IGN);  // a closed stdout is reported by checked_output instead
-  CLI::App app{"retryloop: delayed retries on RabbitMQ, done by the broker itself.", "retryloop"};
-  describe_command(app);
-  app.require_subcommand(1);
-  app.get_formatter()->column_width(32);
-
+  CLI::App app;
   int exit_code = exit_ok;
-  add_topology_commands(app, exit_code);
-  add_parking_commands(app, exit_code);
-  add_outbox_commands(app, exit_code);
-  add_schedule_commands(app, exit_code);
-  add_service_commands(app, exit_code);
+  build_command_line(app, exit_code);
 
   if (argc < 2) {
     std::cout << app.help();

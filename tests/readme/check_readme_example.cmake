@@ -3,6 +3,8 @@
 # leaves to the application (looks_valid, charge, CustomerGone, page_someone).
 #
 #   cmake -DREADME=... -DWORK_DIR=... -DCOMPILER=... -DINCLUDE_DIR=... "-DFLAGS=..." -P <this>
+#   cmake -DREADME=... -DWORK_DIR=... -DSOURCE_ONLY=ON -P <this>   only write the program, as
+#                                    WORK_DIR/readme_example.cpp (to build it elsewhere)
 file(READ "${README}" text)
 string(FIND "${text}" "## The retry consumer" section)
 if(section EQUAL -1)
@@ -48,6 +50,9 @@ int main() {
 ${body}  return 0;
 }
 ")
+if(SOURCE_ONLY)
+  return()
+endif()
 separate_arguments(flags UNIX_COMMAND "${FLAGS}")
 execute_process(COMMAND "${COMPILER}" -std=c++17 -fsyntax-only ${flags} -Werror "-I${INCLUDE_DIR}"
                         "${source}"
