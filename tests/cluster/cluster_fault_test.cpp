@@ -178,7 +178,12 @@ TEST_CASE("On a cluster, SIGKILL of the node leading the service's queues loses 
        " s after the kill; the consumers reconnected " +
        std::to_string(run.consumers.front()->get().metrics().reconnects) + " time(s)");
   node_script(run.loop, "restart", leader);  // before the clean-up, as above
-  run.finish("cluster: queue leader SIGKILL");
+  // The consumers keep their connections (on 4.3, their sessions too), so the prefetch allowance
+  // per lost session does not cover this fault: a leader killed between a consumer's ack and its
+  // commit hands the message out again from the new leader. That is at-least-once, not a loss:
+  // allowed up to the deliveries in flight at the kill (the prefetch), and counted in the table.
+  run.finish("cluster: queue leader SIGKILL",
+             std::vector<size_t>(run.lanes.size(), consumer_prefetch));
 }
 
 TEST_CASE(
