@@ -18,30 +18,26 @@ a message's history timeline, the audit trail of a replay and a purge, edit-and-
 end, a note on a cause, each role's refusals, and a console of every service of the file with
 its summary and switcher.
 
-Environment: RETRYLOOP_TEST_URL (the broker; scripts/with-broker sets it).
-             RETRYLOOP_CONSOLE_SCREENSHOT=PATH also saves a screenshot of the console there.
+Environment: RETRYLOOP_TEST_URL (the broker; scripts/with-broker sets it). The documentation's
+pictures of the console are made by scripts/screenshots, not by this test; what the two share
+(the broker's channel, the console's process, the browser) is in console_driver.py.
 """
 
 import argparse
 import datetime
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.error
 import urllib.request
 
 import pika
-from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
+
+import console_driver
+from console_driver import Failure, check, chromium, click, listed_ids, log, wait_for
 
 HOSTILE_BODY = ('<script>window.__xss = "script";</script>'
                 '<img src=x onerror="window.__xss = \'img\'">')
@@ -53,27 +49,9 @@ TIMEOUT_ERROR = 'Timeout talking to payments after 5000 ms'
 PERMANENT_ERROR = 'customer 42 does not exist'
 
 
-class Failure(Exception):
-    pass
-
-
-def check(condition, message):
-    if not condition:
-        raise Failure(message)
-
-
-def log(message):
-    print(f'[{time.strftime("%H:%M:%S")}] {message}', flush=True)
-
-
 # ---- the broker -------------------------------------------------------------------------------
 
-class Broker:
-    def __init__(self, url):
-        self.connection = pika.BlockingConnection(pika.URLParameters(url))
-        self.channel = self.connection.channel()
-        self.channel.confirm_delivery()
-
+class Broker(console_driver.Broker):
     def park(self, exchange, message_id, body, reason, error, routing_key, parked_at,
              extra_headers=None, content_type='application/json'):
         """Publishes a message to the parking exchange with the headers the consumer sets."""
@@ -98,117 +76,18 @@ class Broker:
     def depth(self, queue):
         return self.channel.queue_declare(queue, passive=True).method.message_count
 
-    def take_all(self, queue):
-        """Takes every message out of `queue`: [(properties, body)]."""
-        out = []
-        while True:
-            method, properties, body = self.channel.basic_get(queue, auto_ack=False)
-            if method is None:
-                return out
-            self.channel.basic_ack(method.delivery_tag)
-            out.append((properties, body))
-
-    def close(self):
-        try:
-            self.connection.close()
-        except Exception:  # pylint: disable=broad-except
-            pass
-
 
 # ---- the console ------------------------------------------------------------------------------
 
-class Console:
-    """`retryloop parking serve` on a free loopback port."""
+class Console(console_driver.Console):
+    """`retryloop parking serve` on a free loopback port, counting again 1 s after a change."""
 
     def __init__(self, retryloop, topology_file, service, url, work, extra=()):
-        self.errors = open(os.path.join(work, f'console{len(extra)}.err'), 'w+', encoding='utf-8')
-        self.process = subprocess.Popen(
-            [retryloop, 'parking', 'serve', '-t', topology_file, *([service] if service else []),
-             '--url', url, '--listen', '127.0.0.1:0', '--rescan-after', '1s', *extra],
-            stdout=subprocess.PIPE, stderr=self.errors, text=True)
-        self.output = []
-        started = threading.Event()
-        self.reader = threading.Thread(target=self.read, args=(started,), daemon=True)
-        self.reader.start()
-        started.wait(30)
-        if not hasattr(self, 'token'):
-            self.process.kill()
-            self.process.wait()
-            raise Failure('the console did not start: ' + self.printed())
-
-    def read(self, started):
-        for line in self.process.stdout:
-            self.output.append(line)
-            match = re.search(r'open  (http://127\.0\.0\.1:(\d+)/)(?:#token=([0-9a-f]+))?', line)
-            if match:
-                self.base, self.port, self.token = match.group(1), match.group(2), match.group(3)
-                started.set()
-        started.set()
-
-    def printed(self):
-        self.errors.seek(0)
-        return ''.join(self.output) + self.errors.read()
-
-    def request(self, method, path, body=None, headers=None):
-        """An HTTP request straight to the console: (status, JSON answer). A `body` that is a
-        string is sent as it is. The answer's headers are left in self.headers."""
-        if body is None or isinstance(body, str):
-            data = body.encode() if body is not None else None
-        else:
-            data = json.dumps(body).encode()
-        request = urllib.request.Request(self.base.rstrip('/') + path, data=data, method=method)
-        for name, value in (headers or {}).items():
-            request.add_header(name, value)
-        if data is not None and 'Content-Type' not in (headers or {}):
-            request.add_header('Content-Type', 'application/json')
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                self.headers = response.headers
-                return response.status, json.loads(response.read() or b'null')
-        except urllib.error.HTTPError as error:
-            self.headers = error.headers
-            text = error.read()
-            try:
-                return error.code, json.loads(text)
-            except ValueError:
-                return error.code, text.decode(errors='replace')
-
-    def stop(self):
-        """SIGTERM; returns the exit status and everything it printed."""
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            raise Failure('the console did not stop within 20 s of SIGTERM:\n' + self.printed())
-        self.reader.join(5)
-        return self.process.returncode, self.printed()
+        super().__init__(retryloop, topology_file, service, url, ['--rescan-after', '1s', *extra],
+                         os.path.join(work, f'console{len(extra)}.err'))
 
 
 # ---- the browser ------------------------------------------------------------------------------
-
-def browser():
-    options = webdriver.ChromeOptions()
-    options.binary_location = '/usr/bin/chromium'
-    for argument in ('--headless=new', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage',
-                     '--window-size=1400,1250', '--lang=en-US', '--force-device-scale-factor=1'):
-        options.add_argument(argument)
-    return webdriver.Chrome(service=Service('/usr/bin/chromedriver'), options=options)
-
-
-def wait_for(driver, what, condition, timeout=20):
-    """Waits until condition(driver) is truthy; its value, or a Failure naming `what`."""
-    def attempt(d):
-        try:
-            return condition(d)
-        except StaleElementReferenceException:
-            return False
-    try:
-        return WebDriverWait(driver, timeout, poll_frequency=0.1).until(attempt)
-    except Exception as error:  # pylint: disable=broad-except
-        raise Failure(f'timed out waiting for {what}: {error.__class__.__name__}') from None
-
 
 def group_counts(driver, table):
     """{key: count} of a group table (#reason-groups or #error-groups), read in one go."""
@@ -235,20 +114,6 @@ def table_values(driver, table_id):
           if (cells.length === 2) out[cells[0].textContent] = cells[1].textContent;
         }
         return out;""", table_id)
-
-
-def listed_ids(driver):
-    return driver.execute_script("""
-        return [...document.querySelectorAll('#messages tbody tr.message')]
-            .map((row) => row.dataset.id);""")
-
-
-def click(driver, selector):
-    """Clicks the element, again if the page replaced it meanwhile."""
-    def attempt(d):
-        d.find_element(By.CSS_SELECTOR, selector).click()
-        return True
-    wait_for(driver, selector, attempt)
 
 
 def open_message(driver, message_id):
@@ -320,9 +185,7 @@ def xss_ran(driver):
 def run(args):
     url = os.environ.get('RETRYLOOP_TEST_URL')
     check(url, 'RETRYLOOP_TEST_URL is not set: run this through scripts/with-broker')
-    screenshot = os.environ.get('RETRYLOOP_CONSOLE_SCREENSHOT')
-    # A screenshot is taken on a broker of its own: it shows a plain service name.
-    service = 'orders' if screenshot else f'console-{os.getpid()}-{int(time.time() * 1000) % 1000000}'
+    service = f'console-{os.getpid()}-{int(time.time() * 1000) % 1000000}'
     parking = f'{service}.parking'
     work = tempfile.mkdtemp(prefix='retryloop-console-')
     topology_file = os.path.join(work, 'topology.json')
@@ -370,7 +233,7 @@ def run(args):
     driver = None
     try:
         log(f'console at {console.base}')
-        driver = browser()
+        driver = chromium(1400, 1250)
         driver.set_script_timeout(10)
 
         # -- the page, the groups and their counts
@@ -447,11 +310,6 @@ def run(args):
         note = text(driver, 'detail-history-note')
         check(note == '(2 older events not kept)', f'the history note is {note!r}')
         log('a message shows its properties, headers, history timeline and indented body')
-        if screenshot:
-            driver.set_window_size(1500, 960)
-            time.sleep(0.5)
-            check(driver.save_screenshot(screenshot), f'cannot write the screenshot {screenshot}')
-            log(f'screenshot saved to {screenshot}')
 
         # -- reading costs no parked message, even past RabbitMQ 4's default delivery limit (20)
         token = {'X-Retryloop-Token': console.token}
