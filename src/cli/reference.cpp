@@ -253,15 +253,12 @@ std::map<std::string, std::pair<std::string, std::set<std::string>>> environment
 }
 
 std::string see_also(const CLI::App& app, const std::string& except) {
+  std::vector<std::string> pages{"retryloop"};
+  for (const CLI::App* group : subcommands_of(app))
+    pages.push_back(page_name(*group));
   std::string text;
-  for (const std::string& page : [&] {
-         std::vector<std::string> pages{"retryloop"};
-         for (const CLI::App* group : subcommands_of(app))
-           pages.push_back(page_name(*group));
-         return pages;
-       }()) {
-    if (page == except) continue;
-    text += (text.empty() ? "" : ",\n") + bold(page) + "(1)";
+  for (const std::string& page : pages) {
+    if (page != except) text += (text.empty() ? "" : ",\n") + bold(page) + "(1)";
   }
   return text + "\n";
 }

@@ -20,7 +20,6 @@
 #include "cluster_support.hpp"
 #include "fault_harness.hpp"
 #include "retryloop/client/uri.hpp"
-#include "retryloop/management/management.hpp"
 #include "retryloop/schedule/scheduler.hpp"
 #include "retryloop/topology/delay_levels.hpp"
 #include "retryloop/topology/plan.hpp"
@@ -60,28 +59,13 @@ void node_script(TestLoop& loop, const std::string& command, const std::string& 
             output);
 }
 
-/// The cluster's URL with its hosts in another order: the hosts at `first` and on come first.
-std::string url_starting_at(size_t first) {
-  client::Uri uri = client::parse_uri(test::broker_url());
-  std::vector<client::Endpoint> hosts = uri.hosts();
-  std::rotate(hosts.begin(), hosts.begin() + static_cast<std::ptrdiff_t>(first), hosts.end());
-  std::string text;
-  for (const auto& host : hosts)
-    text += (text.empty() ? "" : ",") + host.text();
-  return "amqp://" + uri.user + ":" + uri.password + "@" + text + "/";
-}
-
-/// The directory of the node that leads `queue`, asked of the management API (the first node that
-/// answers).
+/// The directory of the node that leads `queue`.
 std::string leader_of(const std::string& queue) {
-  management::ManagementClient api(management::parse_api_url(test::management_url(), "", ""), 5s);
-  management::ApiError error;
-  auto members = api.queue("/", queue, error);
-  INFO(error.message);
-  REQUIRE(members);
-  REQUIRE(members->leader.rfind("rl-", 0) == 0);  // rl-PORT@localhost (scripts/broker)
+  const std::string leader = test::queue_leader(queue);
+  INFO(leader);
+  REQUIRE(leader.rfind("rl-", 0) == 0);  // rl-PORT@localhost (scripts/broker)
   return test::node_on_port(
-      static_cast<uint16_t>(std::stoi(members->leader.substr(3, members->leader.find('@') - 3))));
+      static_cast<uint16_t>(std::stoi(leader.substr(3, leader.find('@') - 3))));
 }
 
 /// Waits until every consumer of `run` has reconnected and consumes again; returns how long that
@@ -163,8 +147,9 @@ TEST_CASE("On a cluster, SIGKILL of the node leading the service's queues loses 
   // The queues were declared through the first node, which leads them; the consumers connect
   // to the second, so that what fails over is the queues' leadership, not the connections.
   const std::string leader = leader_of(run.lanes.front()->input_queue());
-  run.start(url_starting_at(1));
-  const std::string consumers_node = test::node_on_port(client::parse_uri(url_starting_at(1)).port);
+  run.start(test::url_starting_at(1));
+  const std::string consumers_node =
+      test::node_on_port(client::parse_uri(test::url_starting_at(1)).port);
   REQUIRE(leader != consumers_node);
   run.wait_flowing(0.15);
   const auto killed = Clock::now();
@@ -313,7 +298,7 @@ TEST_CASE(
   const std::string leader = leader_of(top_level);
 
   // Scheduled through another node, so that the kill does not cut the publisher off.
-  auto connection = test::connect(loop, url_starting_at(1));
+  auto connection = test::connect(loop, test::url_starting_at(1));
   auto channel = test::open_channel(loop, *connection);
   REQUIRE_FALSE(test::wait(loop, [&](auto done) { return channel->confirm_select(done); }));
   schedule::Scheduler scheduler(*channel, *file.schedule);
@@ -337,7 +322,7 @@ TEST_CASE(
   const auto killed = Clock::now();
   node_script(loop, "kill", leader);
 
-  Probe reader(loop, url_starting_at(1));
+  Probe reader(loop, test::url_starting_at(1));
   std::map<std::string, int64_t> arrived;
   size_t early = 0;
   while (arrived.size() < due.size() && Clock::now() < killed + 120s) {

@@ -2,10 +2,13 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <sstream>
 
+#include "retryloop/client/uri.hpp"
+#include "retryloop/management/management.hpp"
 #include "support/process.hpp"
 
 namespace retryloop::test {
@@ -57,6 +60,26 @@ std::string management_url() {
   if (url == nullptr)
     FAIL("RETRYLOOP_TEST_MANAGEMENT_URL is not set: run through scripts/with-broker --nodes 3");
   return url;
+}
+
+std::string url_starting_at(size_t first, const std::string& query) {
+  client::Uri uri = client::parse_uri(broker_url());
+  std::vector<client::Endpoint> hosts = uri.hosts();
+  std::rotate(hosts.begin(), hosts.begin() + static_cast<std::ptrdiff_t>(first), hosts.end());
+  std::string text;
+  for (const auto& host : hosts)
+    text += (text.empty() ? "" : ",") + host.text();
+  return "amqp://" + uri.user + ":" + uri.password + "@" + text + "/" +
+         (query.empty() ? "" : "?" + query);
+}
+
+std::string queue_leader(const std::string& queue) {
+  management::ManagementClient api(management::parse_api_url(management_url(), "", ""), 5s);
+  management::ApiError error;
+  auto members = api.queue("/", queue, error);
+  INFO(error.message);
+  REQUIRE(members);
+  return members->leader;
 }
 
 }  // namespace retryloop::test

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -20,5 +21,13 @@ int broker_script(TestLoop& loop, const std::string& command, const std::string&
 
 /// Every node's management API in one URL (RETRYLOOP_TEST_MANAGEMENT_URL).
 std::string management_url();
+
+/// The cluster's URL (broker_url(), every node) with its hosts in another order: the hosts at
+/// `first` and on come first. `query` (such as "heartbeat=5"), when given, is appended.
+std::string url_starting_at(size_t first, const std::string& query = {});
+
+/// The name of the node that leads `queue` in vhost "/", asked of the management API (the first
+/// node that answers); fails the test when it cannot be asked.
+std::string queue_leader(const std::string& queue);
 
 }  // namespace retryloop::test

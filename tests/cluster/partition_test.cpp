@@ -12,7 +12,6 @@
 // and DIR/cluster.env in the environment, with RETRYLOOP_TEST_NETNS_DIR=DIR (scripts/test runs
 // them as its partition stage).
 
-#include <signal.h>
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -28,8 +27,6 @@
 
 #include "cluster_support.hpp"
 #include "fault_harness.hpp"
-#include "retryloop/client/uri.hpp"
-#include "retryloop/management/management.hpp"
 
 using namespace retryloop;
 using namespace retryloop::test::fault;
@@ -64,18 +61,6 @@ void nemesis(TestLoop& loop, const std::string& verb, const std::string& arg = {
   expect_ok(run_async(loop, argv, 60s, &output), output);
 }
 
-/// The cluster's URL with the hosts from `first` on first, and the consumers' heartbeat.
-std::string url_starting_at(size_t first, int heartbeat_s) {
-  client::Uri uri = client::parse_uri(test::broker_url());
-  std::vector<client::Endpoint> hosts = uri.hosts();
-  std::rotate(hosts.begin(), hosts.begin() + static_cast<std::ptrdiff_t>(first), hosts.end());
-  std::string text;
-  for (const auto& host : hosts)
-    text += (text.empty() ? "" : ",") + host.text();
-  return "amqp://" + uri.user + ":" + uri.password + "@" + text +
-         "/?heartbeat=" + std::to_string(heartbeat_s);
-}
-
 /// Node K's own URL (1-based), from RETRYLOOP_TEST_NODE_URLS.
 std::string node_url(size_t k) {
   const char* urls = std::getenv("RETRYLOOP_TEST_NODE_URLS");
@@ -88,17 +73,13 @@ std::string node_url(size_t k) {
   return url;
 }
 
-/// The number (1-3) of the node that leads `queue`, asked of the management API (rabbit@PREFIX-nK).
+/// The number (1-3) of the node that leads `queue` (rabbit@PREFIX-nK, scripts/netns-cluster).
 int leader_of(const std::string& queue) {
-  management::ManagementClient api(management::parse_api_url(test::management_url(), "", ""), 5s);
-  management::ApiError error;
-  auto members = api.queue("/", queue, error);
-  INFO(error.message);
-  REQUIRE(members);
-  INFO(members->leader);
-  const size_t n = members->leader.rfind("-n");
+  const std::string leader = test::queue_leader(queue);
+  INFO(leader);
+  const size_t n = leader.rfind("-n");
   REQUIRE(n != std::string::npos);
-  return std::stoi(members->leader.substr(n + 2));
+  return std::stoi(leader.substr(n + 2));
 }
 
 /// Keeps node K cut for cut_length, and then until pause_minority has paused it (up to 60 s): a
@@ -179,7 +160,8 @@ TEST_CASE(
   const int first_leader = leader_of(run.lanes.front()->input_queue());
   // The consumers start on another node, so that the first cut moves the queues' leadership, not
   // the connections.
-  run.start(url_starting_at(first_leader % 3, consumer_heartbeat_s));
+  run.start(
+      test::url_starting_at(first_leader % 3, "heartbeat=" + std::to_string(consumer_heartbeat_s)));
   run.wait_flowing(0.1);
 
   // Cut 1: the leader isolated from the other nodes and from every client.
@@ -294,19 +276,9 @@ TEST_CASE(
                       }});
   }
   CHECK(wait_quiet(loop, probe, checks));
+  // What the consumer had handled but not yet settled when its connection went silent comes
+  // back: at most the prefetch.
   std::vector<Ledger> ledgers(lanes.size());
-  for (size_t i = 0; i < lanes.size(); ++i) {
-    consumers[i]->signal(SIGTERM);
-    INFO(consumers[i]->err());
-    CHECK(consumers[i]->wait() == 0);
-    add_demo_output(ledgers[i], consumers[i]->out());
-  }
-  const double seconds = seconds_since(started);
-  for (size_t i = 0; i < lanes.size(); ++i) {
-    Tally tally = classify(probe, *lanes[i], ledgers[i].acks());
-    // What the consumer had handled but not yet settled when its connection went silent comes
-    // back: at most the prefetch.
-    report("partition: consumer black-holed", *lanes[i], tally, seconds, consumer_prefetch);
-  }
-  tear_down(probe, lanes);
+  finish_demo_consumers(probe, lanes, consumers, ledgers, "partition: consumer black-holed",
+                        started, consumer_prefetch);
 }

@@ -1018,6 +1018,22 @@ void park_everything(TestLoop& loop, Probe& probe,
     c->stop();
 }
 
+namespace {
+
+/// Classifies and reports every lane against `acks[i]`, then deletes the lanes' objects.
+void report_lanes(Probe& probe, const std::vector<std::unique_ptr<Lane>>& lanes,
+                  const std::vector<std::multiset<std::string>>& acks, const std::string& fault,
+                  Clock::time_point started, size_t allowed_duplicates) {
+  const double seconds = seconds_since(started);
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    Tally tally = classify(probe, *lanes[i], acks[i]);
+    report(fault, *lanes[i], tally, seconds, allowed_duplicates);
+  }
+  tear_down(probe, lanes);
+}
+
+}  // namespace
+
 void drain_and_report(TestLoop& loop, Probe& probe, const std::vector<std::unique_ptr<Lane>>& lanes,
                       const std::string& fault, Clock::time_point started,
                       size_t allowed_duplicates) {
@@ -1036,12 +1052,25 @@ void drain_and_report(TestLoop& loop, Probe& probe, const std::vector<std::uniqu
   CHECK(wait_quiet(loop, probe, checks));
   for (const auto& c : consumers)
     c->stop();
-  const double seconds = seconds_since(started);
+  std::vector<std::multiset<std::string>> acks;
+  for (const auto& ledger : ledgers)
+    acks.push_back(ledger->acks());
+  report_lanes(probe, lanes, acks, fault, started, allowed_duplicates);
+}
+
+void finish_demo_consumers(Probe& probe, const std::vector<std::unique_ptr<Lane>>& lanes,
+                           const std::vector<std::unique_ptr<ChildProcess>>& consumers,
+                           std::vector<Ledger>& ledgers, const std::string& fault,
+                           Clock::time_point started, size_t allowed_duplicates) {
+  std::vector<std::multiset<std::string>> acks;
   for (size_t i = 0; i < lanes.size(); ++i) {
-    Tally tally = classify(probe, *lanes[i], ledgers[i]->acks());
-    report(fault, *lanes[i], tally, seconds, allowed_duplicates);
+    consumers[i]->signal(SIGTERM);
+    INFO(consumers[i]->err());
+    CHECK(consumers[i]->wait() == 0);  // a graceful stop
+    add_demo_output(ledgers[i], consumers[i]->out());
+    acks.push_back(ledgers[i].acks());
   }
-  tear_down(probe, lanes);
+  report_lanes(probe, lanes, acks, fault, started, allowed_duplicates);
 }
 
 // ---- a run with in-process consumers

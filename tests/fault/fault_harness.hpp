@@ -349,6 +349,15 @@ void drain_and_report(TestLoop& loop, Probe& probe, const std::vector<std::uniqu
                       const std::string& fault, Clock::time_point started,
                       size_t allowed_duplicates);
 
+/// Stops each lane's demo consumer process gracefully (SIGTERM; each must exit 0) and adds what
+/// it printed to the lane's ledger (`ledgers[i]` may already hold an earlier process's acks); then
+/// every lane is classified and reported (at most `allowed_duplicates` duplicates each), and its
+/// objects deleted.
+void finish_demo_consumers(Probe& probe, const std::vector<std::unique_ptr<Lane>>& lanes,
+                           const std::vector<std::unique_ptr<ChildProcess>>& consumers,
+                           std::vector<Ledger>& ledgers, const std::string& fault,
+                           Clock::time_point started, size_t allowed_duplicates);
+
 /// Deletes a lane's objects so that later faults restart a lighter broker.
 void tear_down(Probe& probe, const std::vector<std::unique_ptr<Lane>>& lanes);
 
