@@ -250,6 +250,7 @@ class Load:
         b.run([b.CLI, "outbox", "init", "--db", self.db])
         self.expected = {}  # app id -> "ack" | "park"
         self.confirmed, self.resent = set(), 0
+        self.slow_publishes = []  # when each batch that took over 2.5 s began
         self.scheduled = {}  # id -> due (epoch seconds)
         self.orders = set()
         self.replays = []
@@ -314,6 +315,7 @@ class Load:
                                       CONFIRM_TIMEOUT_S).returncode
                 if time.time() - sent > 2.5:
                     first = (first + 1) % 3  # a host timed out, or a confirm: start at the next
+                    self.slow_publishes.append(sent)
                 if exit_code == 0:
                     self.confirmed.update(ids)
                     break
@@ -659,6 +661,8 @@ def partition_fault(load, kind):
     row["whole_s"] = wait_whole()
     row["full_throughput_s"] = recovery(load, baseline, healed)
     row["acks_per_s_during_cut"] = load.acks_between(start, healed) / (healed - start)
+    # What held the publisher back meanwhile: batches whose host or confirm timed out.
+    row["slow_publishes"] = sum(1 for at in list(load.slow_publishes) if start <= at < healed)
     row["healed"] = healed
     return row
 
