@@ -183,13 +183,11 @@ class Proc:
     def __init__(self, name, command):
         self.name, self.command = name, command
         self.out, self.err = [], []
-        self.lives = 0
         self.start()
 
     def start(self):
         self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, text=True, bufsize=1)
-        self.lives += 1
         for stream, into in ((self.process.stdout, self.out), (self.process.stderr, self.err)):
             threading.Thread(target=self.read, args=(stream, into), daemon=True).start()
 
@@ -251,7 +249,7 @@ class Load:
         self.expected = {}  # app id -> "ack" | "park"
         self.confirmed, self.resent = set(), 0
         self.slow_publishes = []  # when each batch that took over 2.5 s began
-        self.scheduled = {}  # id -> due (epoch seconds)
+        self.scheduled = {}  # id -> {"not_before": epoch seconds, "sends": how many it took}
         self.orders = set()
         self.replays = []
         self.stop = threading.Event()
@@ -403,8 +401,8 @@ class Load:
                     text = response.read().decode()
             except Exception:  # noqa: BLE001 - a consumer being restarted
                 continue
-            for m in re.finditer(r'^messaging_process_duration_seconds_bucket\{.*le="([^"]+)"\} (\d+)',
-                                 text, re.M):
+            bucket = r'^messaging_process_duration_seconds_bucket\{.*le="([^"]+)"\} (\d+)'
+            for m in re.finditer(bucket, text, re.M):
                 le = float("inf") if m.group(1) == "+Inf" else float(m.group(1))
                 buckets[le] = buckets.get(le, 0) + int(m.group(2))
         delta = {le: max(0, count - previous.get(le, 0)) for le, count in buckets.items()}
@@ -467,8 +465,9 @@ def quiet(load, timeout=600):
     return False
 
 
-def parked_ids():
-    result = subprocess.run([b.CLI, "parking", "list", "-t", LOAD.topology, APP, "--json",
+def parked_ids(load):
+    """The message id of every message in part.app's parking queue, once per copy."""
+    result = subprocess.run([b.CLI, "parking", "list", "-t", load.topology, APP, "--json",
                              "--url", url_from(0)], capture_output=True, text=True, timeout=300)
     ids = []
     for line in result.stdout.splitlines():
@@ -488,7 +487,7 @@ def check(load):
         if outcome == "ack":
             acks[message_id] = acks.get(message_id, 0) + 1
     parked = {}
-    for message_id in parked_ids():
+    for message_id in parked_ids(load):
         parked[message_id] = parked.get(message_id, 0) + 1
     lost = sorted(i for i in load.confirmed
                   if (load.expected[i] == "ack" and i not in acks)
@@ -560,9 +559,6 @@ def duplicates_by_fault(load, faults):
     return unexplained
 
 
-LOAD = None
-
-
 class Recorder:
     def __init__(self, out, mode):
         self.out, self.mode = out, mode
@@ -593,8 +589,8 @@ def hold_cut(k, start):
 
 
 def recovery(load, baseline, healed, timeout=120):
-    """Seconds from the heal until the acks of the 2 s before reach 90 % of `baseline`: 0 when the service kept its pace through the cut; None when it
-    did not recover within `timeout`."""
+    """Seconds from the heal until the acks of the 2 s before reach 90 % of `baseline`: 0 when
+    the service kept its pace through the cut; None when it did not recover within `timeout`."""
     deadline = healed + timeout
     while time.time() < deadline:
         now = time.time()
@@ -730,10 +726,9 @@ def sample(load, recorder, stop):
 
 
 def run(mode, out):
-    global LOAD
     recorder = Recorder(out, mode)
     work = os.path.join(b.BUILD, f"partitions-{mode}")
-    load = LOAD = Load(work)
+    load = Load(work)
     try:
         measure(mode, load, recorder)
     finally:
@@ -766,11 +761,14 @@ def measure(mode, load, recorder):
             kinds = ["node-kill", "isolate", "split", "blackhole", "memory-alarm",
                      "consumer-kill", "relay-kill"]
             end = start + SOAK_MINUTES * 60
+            bag = []  # drawn without replacement, so that each kind comes once in seven
             while True:
                 time.sleep(random.uniform(60, 180))
                 if time.time() > end - 60:
                     break
-                kind = random.choice(kinds)
+                if not bag:
+                    bag = random.sample(kinds, len(kinds))
+                kind = bag.pop()
                 row = soak_fault(load, kind)
                 recorder.data["faults"].append(row)
                 recorder.save()
