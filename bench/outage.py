@@ -109,12 +109,17 @@ class Dependency:
 
 
 class Lines:
-    """A child process's output lines, each with the time it was read."""
+    """A child process's output lines, each with the time it was read; kept across its lives when
+    it is killed and started again."""
 
-    def __init__(self, command):
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True, bufsize=1)
+    def __init__(self, command, name=""):
+        self.command, self.name = command, name
         self.out, self.err = [], []
+        self.start()
+
+    def start(self):
+        self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, bufsize=1)
         for stream, into in ((self.process.stdout, self.out), (self.process.stderr, self.err)):
             threading.Thread(target=self.read, args=(stream, into), daemon=True).start()
 
@@ -123,19 +128,28 @@ class Lines:
         for line in stream:
             into.append((time.time(), line.rstrip("\n")))
 
+    @property
+    def pid(self):
+        return self.process.pid
+
     def first(self, text, after=0.0):
         for at, line in list(self.err):
             if at >= after and text in line:
                 return at
         return None
 
+    def kill(self):
+        self.process.kill()
+        self.process.wait()
+
     def stop(self):
+        if self.process.poll() is not None:
+            return
         self.process.terminate()
         try:
             self.process.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+            self.kill()
 
 
 def topology(bench, name):

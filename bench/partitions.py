@@ -41,6 +41,7 @@ from datetime import datetime, timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench as b  # noqa: E402
+from outage import Lines  # noqa: E402
 
 NETNS = os.environ.get("BENCH_NETNS_DIR", "")
 PARTITIONS = int(os.environ.get("BENCH_PARTITIONS", "20"))
@@ -176,50 +177,6 @@ def rss_kb(pid):
     return None
 
 
-class Proc:
-    """A child process that may be killed and started again; its output lines, with the time
-    each was read, are kept across its lives."""
-
-    def __init__(self, name, command):
-        self.name, self.command = name, command
-        self.out, self.err = [], []
-        self.start()
-
-    def start(self):
-        self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True, bufsize=1)
-        for stream, into in ((self.process.stdout, self.out), (self.process.stderr, self.err)):
-            threading.Thread(target=self.read, args=(stream, into), daemon=True).start()
-
-    @staticmethod
-    def read(stream, into):
-        for line in stream:
-            into.append((time.time(), line.rstrip("\n")))
-
-    @property
-    def pid(self):
-        return self.process.pid
-
-    def first_err(self, text, after):
-        for at, line in list(self.err):
-            if at >= after and text in line:
-                return at
-        return None
-
-    def kill(self):
-        self.process.kill()
-        self.process.wait()
-
-    def stop(self):
-        if self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-
 class Load:
     """The services, their processes, and the publishers, with what each confirmed."""
 
@@ -254,11 +211,13 @@ class Load:
         self.replays = []
         self.stop = threading.Event()
         self.consumers = [self.consumer(k) for k in range(3)]
-        self.billing = Proc("billing", [ORDERS, "bill", "--db", self.db, "--url",
-                                        url_from(1, f"heartbeat={HEARTBEAT_S}"),
-                                        "--topology", self.topology, "--service", BILL])
-        self.relays = [Proc(f"relay-{k + 1}", [b.CLI, "outbox", "relay", "--db", self.db,
-                                               "--url", url_from(k, f"heartbeat={HEARTBEAT_S}")])
+        self.parsed_lines, self.parsed_calls = [0] * len(self.consumers), []
+        self.parse_lock = threading.Lock()
+        self.billing = Lines([ORDERS, "bill", "--db", self.db, "--url",
+                              url_from(1, f"heartbeat={HEARTBEAT_S}"), "--topology",
+                              self.topology, "--service", BILL], name="billing")
+        self.relays = [Lines([b.CLI, "outbox", "relay", "--db", self.db, "--url",
+                              url_from(k, f"heartbeat={HEARTBEAT_S}")], name=f"relay-{k + 1}")
                        for k in range(2)]
         self.threads = [threading.Thread(target=t, daemon=True)
                         for t in (self.publish_app, self.schedule, self.place_orders,
@@ -271,10 +230,9 @@ class Load:
     def consumer(self, k):
         heartbeat = BLACKHOLE_HEARTBEAT_S if k == 2 else HEARTBEAT_S
         port = free_port()
-        proc = Proc(f"consumer-{k + 1}", [DEMO, "--url", url_from(k, f"heartbeat={heartbeat}"),
-                                          "--topology", self.topology, "--service", APP,
-                                          "--concurrency", "8", "--prefetch", str(PREFETCH),
-                                          "--http", f"127.0.0.1:{port}"])
+        proc = Lines([DEMO, "--url", url_from(k, f"heartbeat={heartbeat}"), "--topology",
+                      self.topology, "--service", APP, "--concurrency", "8", "--prefetch",
+                      str(PREFETCH), "--http", f"127.0.0.1:{port}"], name=f"consumer-{k + 1}")
         proc.metrics_port = port
         return proc
 
@@ -372,19 +330,23 @@ class Load:
     # ---- what happened
 
     def calls(self, since=0.0):
-        """Every handler call of the app consumers: (time, id, outcome)."""
-        out = []
-        for proc in self.consumers:
-            for read_at, line in list(proc.out):
-                if read_at < since:
-                    continue
+        """Every handler call of the app consumers: (time, id, outcome). Each output line is parsed
+        once: the bench shares the CPUs with the nodes it measures."""
+        with self.parse_lock:
+            self.parse_new_lines()
+            return [c for c in self.parsed_calls if c[0] >= since]
+
+    def parse_new_lines(self):
+        for k, proc in enumerate(self.consumers):
+            lines = proc.out[self.parsed_lines[k]:]
+            self.parsed_lines[k] += len(lines)
+            for read_at, line in lines:
                 try:
                     call = json.loads(line)
                 except ValueError:
                     continue
-                out.append((handled_at(call.get("time"), read_at), call.get("id"),
-                            call.get("outcome")))
-        return out
+                self.parsed_calls.append((handled_at(call.get("time"), read_at), call.get("id"),
+                                          call.get("outcome")))
 
     def acks_between(self, start, end):
         return sum(1 for at, _, outcome in self.calls(start - 5)
@@ -638,8 +600,8 @@ def partition_fault(load, kind):
         nemesis("blackhole", proc.pid)
         noticed = resumed = None
         while time.time() - start < 60 and resumed is None:
-            noticed = noticed or proc.first_err("no heartbeat from the broker", start)
-            resumed = proc.first_err("consuming (prefetch", start) if noticed else None
+            noticed = noticed or proc.first("no heartbeat from the broker", start)
+            resumed = proc.first("consuming (prefetch", start) if noticed else None
             time.sleep(0.05)
         row["noticed_s"] = noticed - start if noticed else None
         row["resumed_s"] = resumed - start if resumed else None
