@@ -78,6 +78,9 @@ Error ConnectionImpl::connect(ConnectCallback callback) {
   uint64_t timeout_ms = static_cast<uint64_t>(
       (options().uri.connect_timeout ? *options().uri.connect_timeout : options().connect_timeout)
           .count());
+  // The loop's clock is the one of its last turn: after a while of other work on this thread,
+  // a timeout counted from it would end early by that while.
+  uv_update_time(loop_);
   uv_timer_start(
       &connect_timer_,
       [](uv_timer_t* timer) {
