@@ -78,6 +78,10 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
     /// The retry or parking copy's properties, built once. Apart, so that the record of a
     /// delivery that is acked stays small enough for malloc's fast path.
     std::unique_ptr<amqp::BasicProperties> copy;
+    /// The copy's properties in wire form while the copy awaits its confirm (`copy` is then
+    /// empty): a third of their decoded size, decoded again only if the copy must be published
+    /// again.
+    std::string sent_copy;
     uint32_t publish_tries = 0;
     /// When a nacked or returned copy is published again (uv_now ms); 0: not waiting.
     uint64_t retry_at_ms = 0;

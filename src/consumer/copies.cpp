@@ -1,6 +1,7 @@
 #include <spdlog/spdlog.h>
 
 #include "consumer_impl.hpp"
+#include "retryloop/amqp/buffer.hpp"
 #include "retryloop/retry/history.hpp"
 #include "retryloop/retry/move.hpp"
 
@@ -19,23 +20,34 @@ void ConsumerImpl::publish_copy(const std::shared_ptr<Pending>& pending) {
     abandon(*pending);
     return;
   }
+  Handling& handling = *pending->handling;
   if (blocked_) {
-    pending->handling->paused = true;
+    handling.paused = true;
     return;
   }
-  pending->handling->paused = false;
-  const retry::Decision& decision = pending->handling->decision;
+  handling.paused = false;
+  const retry::Decision& decision = handling.decision;
   const bool to_wait = decision.action == retry::Action::publish_to_wait;
-  if (!pending->handling->copy) {
+  if (!handling.copy && !handling.sent_copy.empty()) {
+    // Published before (nacked, returned or timed out): as it was encoded then.
+    handling.copy = std::make_unique<amqp::BasicProperties>();
+    (void)client::decode_properties(handling.sent_copy, *handling.copy);
+    std::string().swap(handling.sent_copy);
+  } else if (!handling.copy) {
     if (to_wait) {
-      pending->handling->copy = std::make_unique<amqp::BasicProperties>(retry::make_retry_copy(
-          pending->message->properties, pending->handling->info, retry::unix_seconds(),
-          retry::unix_milliseconds() + uint64_t(decision.delay.count())));
+      handling.copy = std::make_unique<amqp::BasicProperties>(
+          retry::make_retry_copy(pending->message->properties, handling.info, retry::unix_seconds(),
+                                 retry::unix_milliseconds() + uint64_t(decision.delay.count())));
     } else {
-      pending->handling->copy = std::make_unique<amqp::BasicProperties>(retry::make_parking_copy(
-          pending->message->properties, pending->handling->info, parking_note(decision)));
+      handling.copy = std::make_unique<amqp::BasicProperties>(retry::make_parking_copy(
+          pending->message->properties, handling.info, parking_note(decision)));
     }
-    record_attempt(*pending->handling);
+    record_attempt(handling);
+    // The copy holds everything of the original's headers that is still wanted (a copy remade
+    // without headers needs none): the handler is done with the message, so they go now, not
+    // when the broker confirms. Decoded, they are the larger part of what a delivery in flight
+    // holds once a message has been retried and replayed a few times.
+    pending->message->properties.headers.reset();
   }
   const std::string exchange = !to_wait ? topology::parking_exchange_name(options_.service.name)
                                : decision.wait_exchange.empty()
@@ -43,11 +55,11 @@ void ConsumerImpl::publish_copy(const std::shared_ptr<Pending>& pending) {
                                    : decision.wait_exchange;
   const std::string& routing_key =
       to_wait ? decision.wait_routing_key : topology::input_queue_name(options_.service);
-  pending->handling->published_at_ms = uv_now(loop_);
+  handling.published_at_ms = uv_now(loop_);
   std::weak_ptr<ConsumerImpl> weak = weak_from_this();
   Error error = retry::move_delivery(
       *session_->publish_channel(), pending->channel, pending->delivery_tag,
-      {exchange, routing_key, *pending->handling->copy, pending->message->body},
+      {exchange, routing_key, *handling.copy, pending->message->body},
       [weak, pending](const client::PublishOutcome& outcome, const Error& ack_error) {
         if (auto self = weak.lock()) self->copy_settled(pending, outcome, ack_error);
       });
@@ -55,6 +67,11 @@ void ConsumerImpl::publish_copy(const std::shared_ptr<Pending>& pending) {
     copy_too_large(pending, error);
   } else if (error) {
     session_failed(error, false);
+  } else {
+    // Until its confirm, the copy is kept in wire form: a third of its decoded size.
+    amqp::Writer writer(handling.sent_copy);
+    handling.copy->encode(writer);
+    handling.copy.reset();
   }
 }
 

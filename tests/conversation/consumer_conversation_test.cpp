@@ -231,6 +231,12 @@ TEST_CASE("A returned parking copy leaves the original unsettled and is publishe
   ack.delivery_tag = peer.last_sequence(first.channel, first.connection);
   peer.send(first.channel, ack, first.connection);
   REQUIRE(loop.run_until([&] { return parking_copies().size() == 2; }));
+  // The same copy, property for property, though it waited in wire form for its confirm.
+  const Received again = parking_copies()[1];
+  REQUIRE(again.properties);
+  CHECK(*again.properties == *first.properties);
+  CHECK(again.body == first.body);
+  CHECK(first.properties->headers->find("retryloop-history") != nullptr);
   CHECK(settlement(peer, at, 1).empty());
   CHECK(c->metrics().publish_failures == 1);
   ack.delivery_tag = peer.last_sequence(first.channel, first.connection);
