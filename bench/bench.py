@@ -25,7 +25,7 @@ PYTHON = "/usr/bin/python3"
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1" if QUICK else "3"))
 ALL_BENCHMARKS = ["consume", "callgrind", "consumer", "publish", "retry", "lateness", "delays",
-                  "schedule", "memory", "replay", "outbox", "scale", "outage"]
+                  "schedule", "memory", "churn", "replay", "outbox", "scale", "outage"]
 ALL_CLIENTS = ["retryloop", "rabbitmq-c", "amqp091-go", "amqplib", "amqp-client.js", "pika"]
 
 
@@ -64,6 +64,9 @@ SIZES = {
     "schedule_min_ms": size("schedule_min_ms", 1000, 1000, 1000),
     "schedule_max_ms": size("schedule_max_ms", 60000, 10000, 3600000),
     "memory": size("memory_n", 10000, 10000, 10000),
+    # Parked messages replayed into a consumer that parks them again, round after round.
+    "churn": size("churn_n", 2000, 1000, 4000),
+    "churn_rounds": size("churn_rounds", 16, 12, 30),
     "replay": size("replay_n", 20000, 5000, 100000),
     "replay_pika": size("replay_pika_n", 1000, 500, 10000),
     "callgrind": size("callgrind_n", 20000, 2000, 20000),
@@ -671,6 +674,64 @@ class Bench:
             log(f"memory round {r + 1}: peak RSS {row['peak_rss_kb'] / 1024:.1f} MB holding "
                 f"{row['held']} unacked messages")
         self.drop_topology(path)
+
+    def churn(self):
+        """The consumer's RSS while the same parked messages come back again and again: each
+        round replays every parked message into a demo_consumer (quorum queues, prefetch 50, 8
+        workers, as in the hour of faults) that parks it once more. Each round adds two entries
+        to every message's retryloop-history (parked, replayed) until it keeps its last 20: from
+        then on no message grows, and the RSS should not either."""
+        import pika
+        count, rounds = SIZES["churn"], SIZES["churn_rounds"]
+        name = "bench.churn"
+        path = self.topology(name, "quorum", "reject", "5s", max_attempts=3)
+        consumer = subprocess.Popen(
+            [os.path.join(BUILD, "examples", "demo_consumer"), "--url", self.url, "--topology",
+             path, "--service", name, "--concurrency", "8", "--prefetch", "50", "--quiet"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        connection = pika.BlockingConnection(pika.URLParameters(self.url))
+        try:
+            channel = connection.channel()
+            channel.confirm_delivery()
+
+            def parked():
+                return channel.queue_declare(name + ".parking", passive=True).method.message_count
+
+            def all_parked():
+                deadline = time.time() + 300
+                while parked() < count:
+                    if time.time() > deadline or consumer.poll() is not None:
+                        raise RuntimeError(f"churn: {parked()} of {count} parked")
+                    time.sleep(0.2)
+                time.sleep(1)  # the last confirms and acks
+
+            def rss_kb():
+                with open(f"/proc/{consumer.pid}/status") as f:
+                    return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+            for i in range(count):
+                channel.basic_publish(name + ".in", name, json.dumps(
+                    {"id": f"churn-{i}", "permanent": "no such account"}))
+            all_parked()
+            row = {"messages": count, "rss_kb": [rss_kb()], "header_bytes": [], "seconds": []}
+            for _ in range(rounds):
+                t0 = time.time()
+                run([CLI, "parking", "replay", "-t", path, name, "--url", self.url], timeout=600)
+                all_parked()
+                row["seconds"].append(round(time.time() - t0, 2))
+                row["rss_kb"].append(rss_kb())
+                method, properties, _ = channel.basic_get(name + ".parking", auto_ack=False)
+                row["header_bytes"].append(len(json.dumps(properties.headers, default=str)))
+                channel.basic_nack(method.delivery_tag, requeue=True)
+        finally:
+            consumer.terminate()
+            consumer.wait(timeout=60)
+            connection.close()
+        self.drop_topology(path)
+        self.record(row, bench="churn", client="retryloop", round=1)
+        log(f"churn: RSS {row['rss_kb'][0]} kB parked once, {row['rss_kb'][1]} kB after the "
+            f"first replay, {row['rss_kb'][-1]} kB after {rounds}; headers of a parked message "
+            f"{row['header_bytes'][0]} -> {row['header_bytes'][-1]} bytes as JSON")
 
     # ---- 6. Replay ----
 

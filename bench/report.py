@@ -703,6 +703,31 @@ class Report:
                     f"headers as owned strings and vectors, and the consumer's record of the "
                     f"delivery")
 
+    def churn(self):
+        rows = self.select("churn")
+        if not rows:
+            return
+        row = rows[-1]
+        rss = [kb / 1024 for kb in row["rss_kb"]]
+        headers = row["header_bytes"]
+        # The round from which a parked message's headers stopped growing (its history is full;
+        # a counter in them may still gain a digit).
+        full = next(k for k in range(len(headers)) if headers[k] * 100 >= headers[-1] * 99)
+        after_full = rss[full + 1:]
+        self.out("### Memory while parked messages come back again and again")
+        self.out()
+        self.out(f"{row['messages']:,} parked messages replayed {len(headers)} times into a "
+                 f"`demo_consumer` (quorum queues, prefetch 50, 8 workers) that parks each again. "
+                 f"Every round adds two entries to each message's `retryloop-history`, up to the "
+                 f"last 20: a parked message's headers grow from {headers[0]:,} to "
+                 f"{headers[-1]:,} bytes (as JSON), and stop growing from round {full + 1}.")
+        self.out()
+        self.out(f"RSS of the consumer: {rss[0]:.1f} MB with every message parked once, "
+                 f"{rss[1]:.1f} MB after the first replay, and {spread(after_full, '{:.2f}')} MB "
+                 f"over the rounds from the one where the headers stopped growing. By round: "
+                 + ", ".join(f"{x:.2f}" for x in rss[1:]) + " MB.")
+        self.out()
+
     def replay(self):
         rows = self.select("replay")
         if not rows:
@@ -954,6 +979,7 @@ class Report:
         self.delays()
         self.schedule()
         self.memory()
+        self.churn()
         self.replay()
         self.outbox()
         self.scale(chart_name)
