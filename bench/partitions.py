@@ -527,10 +527,15 @@ class Recorder:
         self.data = {"mode": mode, "rabbitmq": os.environ.get("RETRYLOOP_TEST_RABBITMQ"),
                      "cut_seconds": CUT_S, "rate": RATE, "faults": [], "samples": []}
 
-    def save(self):
-        with open(self.out + ".tmp", "w") as f:
+    def save(self, final=False):
+        """While the run goes on, to OUT.partial (the faults so far, should it end early: the
+        results of the last whole run stay as they are); at its end, to OUT."""
+        path = self.out if final else self.out + ".partial"
+        with open(path + ".tmp", "w") as f:
             json.dump(self.data, f, indent=1)
-        os.replace(self.out + ".tmp", self.out)
+        os.replace(path + ".tmp", path)
+        if final and os.path.exists(self.out + ".partial"):
+            os.remove(self.out + ".partial")
 
 
 # ---- faults
@@ -697,7 +702,7 @@ def run(mode, out):
         load.stop.set()
         for proc in load.consumers + load.relays + [load.billing]:
             proc.stop()
-    recorder.save()
+    recorder.save(final=True)
     log("verdict: " + json.dumps({k: v for k, v in recorder.data["verdict"].items()
                                    if k != "replays"}))
 
