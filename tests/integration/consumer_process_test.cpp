@@ -158,16 +158,25 @@ TEST_CASE("A consumer killed with SIGKILL mid-stream and started again loses not
   CHECK(missing.empty());
 
   std::map<std::string, std::string> parked;
+  std::map<std::string, size_t> copies_of;
   size_t parked_copies = 0;
   for (const auto& m : test::drain_queue(loop, *connection, parking)) {
     ++parked_copies;
+    ++copies_of[*m.message.properties.message_id];
     parked[*m.message.properties.message_id] =
         std::string(*m.message.properties.headers->find("retryloop-reason")->as_string());
   }
   CHECK(parked == expect_parked);
-  // At-least-once: a message parked just before the kill may be parked twice, never more than
-  // the handlers in flight at the kill.
-  CHECK(parked_copies <= expect_parked.size() + 4);
+  // At-least-once: a message whose parking copy the broker had confirmed but whose ack had not
+  // reached it at the kill is parked again. Its copy outlives its handler, so the bound is what
+  // the consumer held at the kill (its prefetch, 200), not the 4 handlers; and with one kill, no
+  // message is parked more than twice.
+  INFO("parked twice: " << parked_copies - expect_parked.size());
+  CHECK(parked_copies <= expect_parked.size() + 200);
+  for (const auto& [id, copies] : copies_of) {
+    INFO(id);
+    CHECK(copies <= 2);
+  }
   CHECK(test::queue_depth(loop, *connection, queue) == 0);
   test::close(loop, connection);
 }
