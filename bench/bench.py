@@ -145,6 +145,18 @@ def run(command, timeout=1200):
     return json.loads(lines[-1]) if lines else None
 
 
+def rss_kb(pid):
+    """A process's resident set in kB; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
 def rotate(items, k):
     k %= len(items)
     return items[k:] + items[:k]
@@ -185,11 +197,7 @@ class Broker:
         return (int(fields[11]) + int(fields[12])) / self.tick
 
     def rss_kb(self):
-        with open(f"/proc/{self.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-        return 0
+        return rss_kb(self.pid) or 0
 
     def __enter__(self):
         self.samples, self.running = [(time.time(), self.cpu())], True
@@ -705,21 +713,18 @@ class Bench:
                     time.sleep(0.2)
                 time.sleep(1)  # the last confirms and acks
 
-            def rss_kb():
-                with open(f"/proc/{consumer.pid}/status") as f:
-                    return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-
             for i in range(count):
                 channel.basic_publish(name + ".in", name, json.dumps(
                     {"id": f"churn-{i}", "permanent": "no such account"}))
             all_parked()
-            row = {"messages": count, "rss_kb": [rss_kb()], "header_bytes": [], "seconds": []}
+            row = {"messages": count, "rss_kb": [rss_kb(consumer.pid)], "header_bytes": [],
+                   "seconds": []}
             for _ in range(rounds):
                 t0 = time.time()
                 run([CLI, "parking", "replay", "-t", path, name, "--url", self.url], timeout=600)
                 all_parked()
                 row["seconds"].append(round(time.time() - t0, 2))
-                row["rss_kb"].append(rss_kb())
+                row["rss_kb"].append(rss_kb(consumer.pid))
                 method, properties, _ = channel.basic_get(name + ".parking", auto_ack=False)
                 row["header_bytes"].append(len(json.dumps(properties.headers, default=str)))
                 channel.basic_nack(method.delivery_tag, requeue=True)

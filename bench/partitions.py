@@ -166,17 +166,6 @@ def timed_run(command, timeout):
         return subprocess.CompletedProcess(command, -9, "", "")
 
 
-def rss_kb(pid):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
 class Load:
     """The services, their processes, and the publishers, with what each confirmed."""
 
@@ -687,7 +676,7 @@ def sample(load, recorder, stop):
         recorder.data["samples"].append({
             "t": now, "acks_per_s": load.acks_between(last, now) / (now - last),
             "handler_p99_s": p99,
-            "rss_kb": {p.name: rss_kb(p.pid) for p in [load.consumers[0], load.relays[0]]},
+            "rss_kb": {p.name: b.rss_kb(p.pid) for p in [load.consumers[0], load.relays[0]]},
             "depths": queue_depths()})
         last = now
 
