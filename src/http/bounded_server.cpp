@@ -277,12 +277,12 @@ bool BoundedServer::process_and_close_socket(socket_t sock) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!stopping_) open_.insert(sock);
   }
-  std::string bytes;
-  RequestFraming framing;
+  // Each read is framed on from where the last one stopped.
+  RequestFramer framer(limits_.request);
+  const RequestFraming& framing = framer.framing();
   bool continued = false;
   bool stopped = false;
   for (;;) {
-    framing = frame_request(bytes, limits_.request);
     if (framing.status != RequestFraming::Status::incomplete) break;
     if (framing.expects_continue && !continued) {
       continued = true;
@@ -301,7 +301,7 @@ bool BoundedServer::process_and_close_socket(socket_t sock) {
       stopped = true;  // the client went away, or the server is stopping
       break;
     }
-    bytes.append(buffer, size_t(got));
+    framer.feed(std::string_view(buffer, size_t(got)));
   }
   {
     // What is left is bounded by the handler and the write time: a stop waits for it to answer.
@@ -316,7 +316,7 @@ bool BoundedServer::process_and_close_socket(socket_t sock) {
       case RequestFraming::Status::complete: {
         const auto [ip, port] = peer_of(sock);
         const std::function<bool(std::string_view)> writer = write;
-        dispatch(std::string_view(bytes).substr(0, framing.length), ip, port, writer);
+        dispatch(std::string_view(framer.bytes()).substr(0, framing.length), ip, port, writer);
         break;
       }
       case RequestFraming::Status::refused:
@@ -326,7 +326,7 @@ bool BoundedServer::process_and_close_socket(socket_t sock) {
         break;
       case RequestFraming::Status::incomplete:
         // An idle connection is closed without a word; one that began a request is told why.
-        if (!bytes.empty()) {
+        if (!framer.bytes().empty()) {
           write(refusal(
               408, "the request was not complete within " + seconds_text(limits_.request_time)));
         }

@@ -1,5 +1,6 @@
 #include "retryloop/http/request_framing.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 
@@ -51,6 +52,11 @@ bool is_token(std::string_view text) {
     if (!is_token_char(c)) return false;
   }
   return true;
+}
+
+/// A control character other than a tab: not allowed in a header, a chunk line or a trailer.
+bool is_control(char c) {
+  return (static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7f;
 }
 
 std::string_view trim(std::string_view text) {
@@ -137,7 +143,7 @@ std::optional<RequestFraming> parse_head(std::string_view head, Head& out) {
     const std::string_view name = line.substr(0, colon);
     const std::string_view value = trim(line.substr(colon + 1));
     for (char c : value) {
-      if ((static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7f) {
+      if (is_control(c)) {
         return refuse(400, "the header " + std::string(name) + " has a control character");
       }
     }
@@ -163,101 +169,203 @@ std::optional<RequestFraming> parse_head(std::string_view head, Head& out) {
   return std::nullopt;
 }
 
-RequestFraming too_large(const RequestLimits& limits) {
-  return refuse(413, "the request body is larger than " + size_text(limits.max_body_bytes));
-}
-
-/// Frames the chunked body that starts at `start`.
-RequestFraming frame_chunks(std::string_view bytes, size_t start, const RequestLimits& limits) {
-  RequestFraming incomplete;
-  incomplete.head_read = true;
-  // Chunk sizes, extensions and line ends may add as much as the body itself, no more.
-  const size_t max_sent = 2 * limits.max_body_bytes + kMaxChunkLine;
-  uint64_t body = 0;
-  size_t at = start;
-  for (;;) {
-    if (at - start > max_sent) {
-      return refuse(413, "the chunked request body, with its chunk framing, is larger than " +
-                             size_text(2 * limits.max_body_bytes));
-    }
-    const size_t line_end = bytes.find(kLineEnd, at);
-    if (line_end == std::string_view::npos || line_end - at > kMaxChunkLine) {
-      // The longest size line, and the "\r" of its line end, may still be waiting for its "\n".
-      if (bytes.size() - at > kMaxChunkLine + 1) {
-        return refuse(400, "a chunk's size line is longer than " + size_text(kMaxChunkLine));
-      }
-      return incomplete;
-    }
-    std::string_view size_line = bytes.substr(at, line_end - at);
-    size_line = trim(size_line.substr(0, size_line.find(';')));
-    const auto size = hexadecimal(size_line);
-    if (!size) return refuse(400, "a chunk's size is not a hexadecimal number");
-    at = line_end + kLineEnd.size();
-    if (*size == 0) break;
-    body += *size;
-    if (body > limits.max_body_bytes) return too_large(limits);
-    if (bytes.size() - at < *size + kLineEnd.size()) return incomplete;
-    if (bytes.substr(at + *size, kLineEnd.size()) != kLineEnd) {
-      return refuse(400, "a chunk is longer than its size says");
-    }
-    at += *size + kLineEnd.size();
-  }
-  // Trailers, then the empty line.
-  for (const size_t trailers = at;;) {
-    const size_t line_end = bytes.find(kLineEnd, at);
-    if (line_end == std::string_view::npos) {
-      if (bytes.size() - trailers > limits.max_head_bytes) {
-        return refuse(431,
-                      "the request's trailers are larger than " + size_text(limits.max_head_bytes));
-      }
-      return incomplete;
-    }
-    const bool empty_line = line_end == at;
-    at = line_end + kLineEnd.size();
-    // The trailers are held to the head's limit with their empty line, so that a request
-    // refused whole is refused in every start of it too.
-    if (at - trailers > limits.max_head_bytes) {
-      return refuse(431,
-                    "the request's trailers are larger than " + size_text(limits.max_head_bytes));
-    }
-    if (empty_line) {
-      RequestFraming complete;
-      complete.status = RequestFraming::Status::complete;
-      complete.length = at;
-      return complete;
-    }
-  }
+std::string too_large_reason(const RequestLimits& limits) {
+  if (limits.max_body_bytes == 0) return "the request has a body, and none is taken here";
+  return "the request body is larger than " + size_text(limits.max_body_bytes);
 }
 
 }  // namespace
 
-RequestFraming frame_request(std::string_view bytes, const RequestLimits& limits) {
-  const size_t head_end = bytes.substr(0, limits.max_head_bytes).find("\r\n\r\n");
-  if (head_end == std::string_view::npos) {
-    if (bytes.size() >= limits.max_head_bytes) {
-      return refuse(
-          431, "the request line and headers are larger than " + size_text(limits.max_head_bytes));
+RequestFramer::RequestFramer(RequestLimits limits) : limits_(limits) {}
+
+const RequestFraming& RequestFramer::feed(std::string_view more) {
+  bytes_.append(more);
+  // Each phase goes on from `at_` and stops at the end of the bytes, or where the next phase
+  // begins; every byte is gone through once, whatever the bytes fed at a time.
+  for (;;) {
+    const Phase phase = phase_;
+    const size_t at = at_;
+    switch (phase_) {
+      case Phase::head:
+        frame_head();
+        break;
+      case Phase::sized_body:
+        frame_sized_body();
+        break;
+      case Phase::size_line:
+        frame_size_line();
+        break;
+      case Phase::chunk_data:
+        frame_chunk_data();
+        break;
+      case Phase::chunk_end:
+        frame_chunk_end();
+        break;
+      case Phase::trailers:
+        frame_trailers();
+        break;
+      case Phase::done:
+        return framing_;
     }
-    return {};
+    if (phase_ == phase && at_ == at) return framing_;
+  }
+}
+
+void RequestFramer::refuse(int status, std::string reason) {
+  framing_ = RequestFraming{};
+  framing_.status = RequestFraming::Status::refused;
+  framing_.refusal_status = status;
+  framing_.reason = std::move(reason);
+  phase_ = Phase::done;
+}
+
+void RequestFramer::complete(size_t length) {
+  framing_.status = RequestFraming::Status::complete;
+  framing_.length = length;
+  phase_ = Phase::done;
+}
+
+void RequestFramer::frame_head() {
+  constexpr std::string_view head_end = "\r\n\r\n";
+  const size_t end = std::min(bytes_.size(), limits_.max_head_bytes);
+  for (; at_ < end && head_end_matched_ < head_end.size(); ++at_, ++examined_) {
+    const char c = bytes_[at_];
+    if (c == head_end[head_end_matched_]) {
+      ++head_end_matched_;
+    } else {
+      head_end_matched_ = c == '\r' ? 1 : 0;
+    }
+  }
+  if (head_end_matched_ < head_end.size()) {
+    if (at_ >= limits_.max_head_bytes) {
+      refuse(431,
+             "the request line and headers are larger than " + size_text(limits_.max_head_bytes));
+    }
+    return;
   }
   Head head;
-  head.length = head_end + 4;
-  if (auto refusal = parse_head(bytes.substr(0, head.length), head)) return *refusal;
-
-  RequestFraming framing;
-  framing.head_read = true;
-  framing.expects_continue = head.expects_continue;
-  if (head.chunked) {
-    framing = frame_chunks(bytes, head.length, limits);
-    framing.expects_continue = head.expects_continue;
-    return framing;
+  head.length = at_;
+  examined_ += head.length;
+  if (auto refusal = parse_head(std::string_view(bytes_).substr(0, head.length), head)) {
+    return refuse(refusal->refusal_status, std::move(refusal->reason));
   }
-  const uint64_t body = head.content_length.value_or(0);
-  if (body > limits.max_body_bytes) return too_large(limits);
-  if (bytes.size() - head.length < body) return framing;
-  framing.status = RequestFraming::Status::complete;
-  framing.length = head.length + size_t(body);
-  return framing;
+  framing_.head_read = true;
+  framing_.expects_continue = head.expects_continue;
+  body_start_ = head.length;
+  if (head.chunked) {
+    line_start_ = at_;
+    phase_ = Phase::size_line;
+    return;
+  }
+  content_length_ = head.content_length.value_or(0);
+  if (content_length_ > limits_.max_body_bytes) return refuse(413, too_large_reason(limits_));
+  phase_ = Phase::sized_body;
+}
+
+void RequestFramer::frame_sized_body() {
+  const uint64_t left = content_length_ - (at_ - body_start_);
+  const size_t step = size_t(std::min<uint64_t>(left, bytes_.size() - at_));
+  at_ += step;
+  examined_ += step;
+  if (step == left) complete(at_);
+}
+
+void RequestFramer::frame_size_line() {
+  for (; at_ < bytes_.size(); ++at_) {
+    const char c = bytes_[at_];
+    ++examined_;
+    const bool after_cr = at_ > line_start_ && bytes_[at_ - 1] == '\r';
+    if (c == '\n') {
+      if (!after_cr) return refuse(400, "a chunk's size line has a bare LF");
+      break;
+    }
+    if (after_cr || (is_control(c) && c != '\r')) {
+      return refuse(400, "a chunk's size line has a control character");
+    }
+    // The longest size line, and the "\r" of its line end, may still be waiting for its "\n".
+    if (at_ + 1 - line_start_ > kMaxChunkLine + 1) {
+      return refuse(400, "a chunk's size line is longer than " + size_text(kMaxChunkLine));
+    }
+  }
+  if (at_ == bytes_.size()) return;
+  std::string_view size_line = std::string_view(bytes_).substr(line_start_, at_ - 1 - line_start_);
+  examined_ += size_line.size();
+  ++at_;
+  size_line = trim(size_line.substr(0, size_line.find(';')));
+  const auto size = hexadecimal(size_line);
+  if (!size) return refuse(400, "a chunk's size is not a hexadecimal number");
+  if (*size == 0) {
+    line_start_ = trailers_start_ = at_;
+    phase_ = Phase::trailers;
+    return;
+  }
+  chunked_body_ += *size;
+  if (chunked_body_ > limits_.max_body_bytes) return refuse(413, too_large_reason(limits_));
+  chunk_left_ = *size;
+  phase_ = Phase::chunk_data;
+}
+
+void RequestFramer::frame_chunk_data() {
+  const size_t step = size_t(std::min<uint64_t>(chunk_left_, bytes_.size() - at_));
+  at_ += step;
+  examined_ += step;
+  chunk_left_ -= step;
+  if (chunk_left_ == 0) phase_ = Phase::chunk_end;
+}
+
+void RequestFramer::frame_chunk_end() {
+  // The "\r\n" after the chunk's data; `chunk_left_` counts its bytes seen.
+  for (; at_ < bytes_.size() && chunk_left_ < kLineEnd.size(); ++at_, ++chunk_left_) {
+    ++examined_;
+    if (bytes_[at_] != kLineEnd[chunk_left_]) {
+      return refuse(400, "a chunk is longer than its size says");
+    }
+  }
+  if (chunk_left_ < kLineEnd.size()) return;
+  chunk_left_ = 0;
+  // Chunk sizes, extensions and line ends may add as much as the body itself, no more.
+  if (at_ - body_start_ > 2 * limits_.max_body_bytes + kMaxChunkLine) {
+    return refuse(413, "the chunked request body, with its chunk framing, is larger than " +
+                           size_text(2 * limits_.max_body_bytes));
+  }
+  line_start_ = at_;
+  phase_ = Phase::size_line;
+}
+
+void RequestFramer::frame_trailers() {
+  const auto too_large = [this] {
+    refuse(431, "the request's trailers are larger than " + size_text(limits_.max_head_bytes));
+  };
+  for (; at_ < bytes_.size(); ++at_) {
+    const char c = bytes_[at_];
+    ++examined_;
+    const bool after_cr = at_ > line_start_ && bytes_[at_ - 1] == '\r';
+    if (c == '\n') {
+      if (!after_cr) return refuse(400, "a trailer line has a bare LF");
+      // The trailers are held to the head's limit with their empty line, so that a request
+      // refused whole is refused in every start of it too.
+      if (at_ + 1 - trailers_start_ > limits_.max_head_bytes) return too_large();
+      const std::string_view line =
+          std::string_view(bytes_).substr(line_start_, at_ - 1 - line_start_);
+      if (line.empty()) return complete(at_ + 1);
+      const size_t colon = line.find(':');
+      examined_ += colon == std::string_view::npos ? line.size() : colon + 1;
+      if (colon == std::string_view::npos || !is_token(line.substr(0, colon))) {
+        return refuse(400, "a trailer line is not NAME: VALUE");
+      }
+      line_start_ = at_ + 1;
+      continue;
+    }
+    if (after_cr || (is_control(c) && c != '\r')) {
+      return refuse(400, "a trailer line has a control character");
+    }
+    if (at_ + 1 - trailers_start_ > limits_.max_head_bytes) return too_large();
+  }
+}
+
+RequestFraming frame_request(std::string_view bytes, const RequestLimits& limits) {
+  RequestFramer framer(limits);
+  return framer.feed(bytes);
 }
 
 }  // namespace retryloop::http

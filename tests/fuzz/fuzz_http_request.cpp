@@ -1,9 +1,11 @@
 // Reads arbitrary bytes as the start of an HTTP connection, as the parking console and the
 // operations endpoint do: framed against the limits, then, when complete, answered by
 // cpp-httplib's routing. Oracle: it never crashes; a complete request's length lies within the
-// bytes and frames the same alone; a request's shorter start is never complete; a refusal
-// has a status and a reason; every answer is one HTTP response that closes the connection and
-// no handler sees a body over the limit.
+// bytes and frames the same alone; a request's shorter start is never complete; fed in pieces,
+// a byte at a time too, the bytes frame as they do at once, with as many bytes gone through, at
+// most twice as many as were fed; a refusal has a status and a reason; every answer is one HTTP
+// response that closes the connection and no handler sees a body over the limit.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -82,6 +84,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case RequestFraming::Status::incomplete:
       check(size < limits.max_head_bytes || framing.head_read);
       break;
+  }
+  RequestFramer whole(limits);
+  whole.feed(bytes);
+  check(whole.examined() <= 2 * size);
+  // A byte at a time, and in pieces whose sizes the bytes themselves give.
+  for (const bool bytewise : {true, false}) {
+    RequestFramer pieces(limits);
+    for (size_t at = 0;
+         at < size && pieces.framing().status == RequestFraming::Status::incomplete;) {
+      const size_t before = at;
+      at = std::min(size, at + (bytewise ? 1 : 1 + size_t(data[at]) % 64));
+      const RequestFraming& so_far = pieces.feed(bytes.substr(before, at - before));
+      // Complete with the piece that ends it, not before nor after.
+      if (so_far.status == RequestFraming::Status::complete) {
+        check(so_far.length > before && so_far.length <= at);
+      }
+    }
+    const RequestFraming& fed = pieces.framing();
+    check(fed.status == framing.status);
+    check(fed.length == framing.length);
+    check(fed.refusal_status == framing.refusal_status);
+    check(fed.reason == framing.reason);
+    check(fed.head_read == framing.head_read);
+    check(fed.expects_continue == framing.expects_continue);
+    check(pieces.examined() == whole.examined());
   }
   const std::string answer = server().answer(bytes);
   check(answer.rfind("HTTP/1.1 ", 0) == 0);
