@@ -239,7 +239,11 @@ void BoundedServer::dispatch(std::string_view request, const std::string& remote
                              int remote_port, const std::function<bool(std::string_view)>& write) {
   RequestStream stream(request, remote_ip, remote_port, INVALID_SOCKET, write);
   bool connection_closed = false;
-  process_request(stream, true, connection_closed, nullptr);
+  // httplib answers `Expect: 100-continue` with a 100 Continue of its own before routing, but the
+  // request has come whole: the client was told to go on while it was read (or sent its body
+  // unasked), and must not get a second interim answer.
+  const auto no_expectation = [](httplib::Request& parsed) { parsed.headers.erase("Expect"); };
+  process_request(stream, true, connection_closed, no_expectation);
 }
 
 std::string BoundedServer::answer(std::string_view request) {

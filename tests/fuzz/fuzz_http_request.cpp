@@ -4,7 +4,8 @@
 // bytes and frames the same alone; a request's shorter start is never complete; fed in pieces,
 // a byte at a time too, the bytes frame as they do at once, with as many bytes gone through, at
 // most twice as many as were fed; a refusal has a status and a reason; every answer is one HTTP
-// response that closes the connection and no handler sees a body over the limit.
+// response (no 100 Continue before it) that closes the connection and no handler sees a body
+// over the limit.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -112,6 +113,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   const std::string answer = server().answer(bytes);
   check(answer.rfind("HTTP/1.1 ", 0) == 0);
+  check(answer.rfind("HTTP/1.1 100 ", 0) != 0);
   check(answer.find("Connection: close\r\n") != std::string::npos);
   return 0;
 }

@@ -37,7 +37,9 @@ using RefusalWriter =
 
 /// An httplib::Server that reads each request whole, within ServerLimits, before its handlers see
 /// it. Every connection has a thread of its own (at most `max_connections`), so no connection
-/// waits for another; each answers one request and is closed (`Connection: close`). Routes,
+/// waits for another; each answers one request and is closed (`Connection: close`). A client that
+/// sent `Expect: 100-continue` gets one `100 Continue`, from the server, once the head is read and
+/// its body has not come with it (none when it did: httplib's own is not sent). Routes,
 /// handlers and default headers are set as on any httplib::Server; the thread and timeout knobs
 /// of httplib::Server are not used.
 class BoundedServer : public httplib::Server {
