@@ -97,6 +97,8 @@ class HttpEndpointImpl : public std::enable_shared_from_this<HttpEndpointImpl> {
   uint16_t port_ = 0;
   static http::ServerLimits limits(const HttpEndpointOptions& options) {
     http::ServerLimits limits;
+    // Every route is a GET: a request with a body is refused (413) before it is read.
+    limits.request.max_body_bytes = 0;
     limits.request_time = options.request_time;
     limits.max_connections = std::max<size_t>(options.max_connections, 1);
     return limits;

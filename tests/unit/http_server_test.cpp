@@ -1,19 +1,22 @@
-// The bounded HTTP server over a loopback socket: what a client that sends
-// `Expect: 100-continue` gets back.
+// The bounded HTTP server and the operations endpoint over a loopback socket: what a client that
+// sends `Expect: 100-continue` gets back, and the endpoint's refusal of a request body.
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <uv.h>
 #include <catch2/catch.hpp>
 
 #include <chrono>
 #include <cstdint>
+#include <future>
 #include <string>
 #include <thread>
 
 #include "retryloop/http/bounded_server.hpp"
+#include "retryloop/operations/http_endpoint.hpp"
 
 using namespace retryloop;
 using namespace std::chrono_literals;
@@ -132,4 +135,76 @@ TEST_CASE("A request that comes whole with Expect: 100-continue gets its answer 
   INFO(sent_whole);
   CHECK(count(sent_whole, "100 Continue") <= 1);
   CHECK(count(sent_whole, "HTTP/1.1 200 OK\r\n") == 1);
+}
+
+namespace {
+
+/// A libuv loop for the operations endpoint, run while a client waits for its answer.
+class Loop {
+ public:
+  Loop() { REQUIRE(uv_loop_init(&loop_) == 0); }
+  ~Loop() {
+    uv_run(&loop_, UV_RUN_DEFAULT);
+    uv_loop_close(&loop_);
+  }
+  Loop(const Loop&) = delete;
+  Loop& operator=(const Loop&) = delete;
+
+  uv_loop_t* get() { return &loop_; }
+  /// Runs the loop until `done()` or 20 s pass; whether `done()`.
+  template <typename Done>
+  bool run_until(Done done) {
+    const auto deadline = Clock::now() + 20s;
+    while (!done()) {
+      if (Clock::now() > deadline) return false;
+      uv_run(&loop_, UV_RUN_NOWAIT);
+      std::this_thread::sleep_for(1ms);
+    }
+    return true;
+  }
+
+ private:
+  uv_loop_t loop_{};
+};
+
+/// What the endpoint answers `request`, sent at once; the loop runs meanwhile.
+std::string exchange(Loop& loop, uint16_t port, const std::string& request) {
+  auto answer = std::async(std::launch::async, [port, request] {
+    RawClient client(port);
+    client.send(request);
+    return client.read();
+  });
+  REQUIRE(loop.run_until([&] { return answer.wait_for(0s) == std::future_status::ready; }));
+  return answer.get();
+}
+
+}  // namespace
+
+TEST_CASE("The operations endpoint serves GET only: a request with a body is refused with 413",
+          "[http]") {
+  Loop loop;
+  operations::HttpEndpointOptions options;
+  options.listen.port = 0;
+  auto endpoint = operations::HttpEndpoint::create(loop.get(), options);
+  REQUIRE_FALSE(endpoint->start());
+  const uint16_t port = endpoint->port();
+
+  CHECK(exchange(loop, port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+  CHECK(exchange(loop, port, "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+            .rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+  for (const std::string request : {
+           "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
+           "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx",
+           "GET /readyz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
+           "chunked\r\n\r\n1\r\nx\r\n0\r\n\r\n",
+       }) {
+    const std::string answer = exchange(loop, port, request);
+    INFO(request << "\n---\n" << answer);
+    CHECK(answer.rfind("HTTP/1.1 413 Payload Too Large\r\n", 0) == 0);
+  }
+
+  bool closed = false;
+  endpoint->close([&closed] { closed = true; });
+  CHECK(loop.run_until([&] { return closed; }));
 }
