@@ -36,7 +36,6 @@ std::string operator_name() {
   return std::string("operator@") + (host[0] != '\0' ? host : "unknown-host");
 }
 
-/// The breaker's state as the last signal leaves it.
 /// Opens a channel in confirm mode and declares the service's breaker objects, then `next`.
 void with_breaker_channel(const std::shared_ptr<client::Connection>& connection,
                           const std::string& service, const std::function<void(int)>& done,
@@ -56,40 +55,70 @@ void with_breaker_channel(const std::shared_ptr<client::Connection>& connection,
   if (error) done(error_exit(error, "opening a channel"));
 }
 
-/// Publishes the operator's signal (and, for resume, a probe token), waits for the confirms.
+/// Publishes `signal` (and, for a resume, its token), waits for the confirms, says what it did.
+void publish_operator_signal(const ServiceArgs& args,
+                             const std::shared_ptr<client::Channel>& channel,
+                             const outage::Signal& signal, const std::function<void(int)>& done) {
+  auto confirmed = [&args, channel, signal, done](const client::PublishOutcome& outcome) {
+    if (!outcome.ok()) {
+      return done(error_exit(outcome.error, std::string("publishing the ") +
+                                                outage::to_string(signal.kind) + " signal"));
+    }
+    auto finish = [&args, kind = signal.kind, done] {
+      if (kind == outage::SignalKind::paused) {
+        std::cout << "service " << args.service
+                  << " paused: every running instance stops taking deliveries within a "
+                     "second, holds what it has, and stays paused, across restarts of "
+                     "instances and of the broker, until `retryloop service resume`\n";
+      } else {
+        std::cout << "service " << args.service
+                  << " resumed: one instance probes with one call now, then every instance "
+                     "ramps up\n";
+      }
+      done(exit_ok);
+    };
+    if (signal.kind != outage::SignalKind::resumed) return finish();
+    consumer::publish_probe_token(
+        *channel, args.service, outage::Token{signal.outage, true},
+        [finish, done](const client::PublishOutcome& outcome) {
+          if (!outcome.ok()) {
+            return done(error_exit(outcome.error, "publishing a probe token"));
+          }
+          finish();
+        });
+  };
+  consumer::publish_breaker_signal(*channel, args.service, signal, confirmed);
+}
+
+/// Reads the service's state, then publishes the operator's signal (and, for resume, a probe
+/// token) and waits for the confirms. A resume of a service that is not paused publishes nothing:
+/// its token would stop an instance that is handling, for a probe nobody needs.
 int send_signal(const ServiceArgs& args, outage::SignalKind kind) {
   load_topology_or_fail(args.topology_file, {args.service});
-  const outage::Signal signal{kind, int64_t(retry::unix_milliseconds()), operator_name(),
-                              args.reason};
   return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
-    with_breaker_channel(connection, args.service, done, [&, done](auto channel) {
-      auto confirmed = [&, channel, done](const client::PublishOutcome& outcome) {
-        if (!outcome.ok()) {
-          return done(error_exit(
-              outcome.error, std::string("publishing the ") + outage::to_string(kind) + " signal"));
-        }
-        auto finish = [&, done] {
-          if (kind == outage::SignalKind::paused) {
-            std::cout << "service " << args.service
-                      << " paused: every running instance stops taking deliveries within a "
-                         "second, holds what it has, and stays paused, across restarts of "
-                         "instances and of the broker, until `retryloop service resume`\n";
-          } else {
-            std::cout << "service " << args.service
-                      << " resumed: one instance probes with one call now, then every instance "
-                         "ramps up\n";
-          }
-          done(exit_ok);
-        };
-        if (kind != outage::SignalKind::resumed) return finish();
-        consumer::publish_probe_token(
-            *channel, args.service, signal.at_ms,
-            [finish, done](const client::PublishOutcome& outcome) {
-              if (!outcome.ok()) return done(error_exit(outcome.error, "publishing a probe token"));
-              finish();
-            });
-      };
-      consumer::publish_breaker_signal(*channel, args.service, signal, confirmed);
+    with_breaker_channel(connection, args.service, done, [&, connection, done](auto channel) {
+      consumer::read_shared_breaker_state(
+          channel, connection->loop(), args.service,
+          [&, channel, done](const client::Error& error,
+                             const std::optional<outage::Signal>& last) {
+            if (error) return done(error_exit(error, "reading the breaker's state"));
+            const bool paused = last && last->kind == outage::SignalKind::paused;
+            if (kind == outage::SignalKind::resumed && !paused) {
+              std::cout << "service " << args.service << " is not paused (it is "
+                        << consumer::shared_breaker_state(last)
+                        << "): nothing to resume, nothing sent\n";
+              return done(exit_ok);
+            }
+            const int64_t wall = int64_t(retry::unix_milliseconds());
+            const int64_t known = last ? last->outage : 0;
+            // A resume begins an outage of its own, which the probe's `recovered` ends; a pause
+            // names the last one it knew of.
+            const int64_t outage =
+                kind == outage::SignalKind::resumed ? outage::outage_id(wall, known) : known;
+            publish_operator_signal(
+                args, channel, outage::Signal{kind, wall, operator_name(), args.reason, outage},
+                done);
+          });
     });
   });
 }
@@ -99,7 +128,7 @@ int run_status(const ServiceArgs& args) {
   return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
     with_breaker_channel(connection, args.service, done, [&, connection, done](auto channel) {
       consumer::read_shared_breaker_status(
-          channel, args.service,
+          channel, connection->loop(), args.service,
           [&, channel, done](const client::Error& error,
                              const consumer::SharedBreakerStatus& status) {
             if (error) return done(error_exit(error, "reading the breaker's state"));

@@ -24,6 +24,9 @@ using client::Error;
 
 constexpr uint64_t kDepthMaxAgeMs = 2000;
 constexpr uint64_t kRescanDurationFactor = 10;
+/// A breaker watch that failed after the service's breaker was found is started again after this
+/// long.
+constexpr uint64_t kBreakerWatchRetryMs = 30000;
 constexpr uint64_t kReconnectFirstMs = 1000;
 constexpr uint64_t kReconnectMaxMs = 15000;
 constexpr size_t kBodyShownBytes = 1024 * 1024;
@@ -387,6 +390,7 @@ void Core::refresh_depths() {
 void Core::look_up_breaker() {
   if (!connected_ || stopping_) return;
   if (breaker_watch_ && !breaker_watch_->ended()) return breaker_watch_->refresh();
+  if (breaker_watch_ && now_ms() < breaker_watch_retry_ms_) return;
   std::weak_ptr<Core> weak = weak_from_this();
   breaker_watch_ = consumer::SharedBreakerWatch::start(
       connection_, service_.name,
@@ -401,6 +405,11 @@ void Core::look_up_breaker() {
         if (!self) return;
         self->breaker_.reset();
         self->breaker_error_ = error.message();
+        // A service whose breaker is not declared yet fails at its first look-up, before the
+        // state queue is read: that is looked for again at the next poll. A watch that failed
+        // after it found the breaker waits, so that the state queue is not read over and over.
+        const bool found = self->breaker_watch_ && self->breaker_watch_->found();
+        self->breaker_watch_retry_ms_ = found ? self->now_ms() + kBreakerWatchRetryMs : 0;
       });
 }
 

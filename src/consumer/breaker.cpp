@@ -1,5 +1,7 @@
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "consumer_impl.hpp"
 #include "retryloop/amqp/printable.hpp"
 #include "retryloop/consumer/shared_breaker.hpp"
@@ -70,6 +72,8 @@ int64_t wall_ms() {
 
 /// A failed link is tried again after this long, while the session lasts.
 constexpr std::chrono::milliseconds link_retry_delay = std::chrono::seconds(30);
+/// How long a linked consumer waits for the service's state before its handlers start anyway.
+constexpr std::chrono::milliseconds breaker_state_wait = std::chrono::seconds(10);
 
 bool call_probe(const std::function<bool()>& probe) {
   try {
@@ -89,13 +93,19 @@ outage::Stats ConsumerImpl::breaker_stats() const {
   return breaker_.stats(now());
 }
 
+size_t ConsumerImpl::held() const {
+  // Closed, what waits is the ordinary backlog waiting for a worker, except what an unavailable
+  // outcome sent back to wait (it has begun handling).
+  if (breaker_.state() != outage::State::closed || awaiting_breaker_state_until_) {
+    return waiting_.size();
+  }
+  return size_t(std::count_if(waiting_.begin(), waiting_.end(),
+                              [](const auto& pending) { return pending->handling != nullptr; }));
+}
+
 bool ConsumerImpl::holds_unavailable(Pending& pending) const {
-  // While the breaker is not closed, every unavailable outcome is the dependency's. While it
-  // stays closed, the dependency answers other deliveries: this one is run again at once, up to
-  // the breaker's consecutive_unavailable times in a row, and then its failure is taken as its
-  // own and charged like a retry, so that no message loops uncharged for ever.
-  if (breaker_.state() != outage::State::closed) return true;
-  return ++pending.unavailable_while_closed < options_.service.outage.consecutive_unavailable;
+  return outage::holds_unavailable(breaker_.state(), pending.unavailable_while_closed,
+                                   options_.service.outage.consecutive_unavailable);
 }
 
 void ConsumerImpl::hold(const std::shared_ptr<Pending>& pending) {
@@ -111,22 +121,24 @@ void ConsumerImpl::hold(const std::shared_ptr<Pending>& pending) {
   waiting_.push_front(pending);
 }
 
-void ConsumerImpl::run_probe(const outage::Call& call) {
+void ConsumerImpl::run_probe(outage::Call call) {
   ++running_;
   std::weak_ptr<ConsumerImpl> weak = weak_from_this();
   auto answered = std::make_shared<bool>(false);
+  // Shared, for the pool's copyable callbacks; ended on the loop thread, by probe_done.
+  auto started_call = std::make_shared<outage::Call>(std::move(call));
   WorkerPool* pool = pool_ ? pool_.get() : probe_pool_.get();
   pool->post([probe = options_.probe, answered] { *answered = call_probe(probe); },
-             [weak, call, answered](bool started) {
+             [weak, call = started_call, answered](bool started) {
                // Taken back before it ran (a pause, a stop): it said nothing of the dependency.
                const outage::Verdict verdict = !started    ? outage::Verdict::not_counted
                                                : *answered ? outage::Verdict::success
                                                            : outage::Verdict::unavailable;
-               if (auto self = weak.lock()) self->probe_done(call, verdict);
+               if (auto self = weak.lock()) self->probe_done(*call, verdict);
              });
 }
 
-void ConsumerImpl::probe_done(const outage::Call& call, outage::Verdict verdict) {
+void ConsumerImpl::probe_done(outage::Call& call, outage::Verdict verdict) {
   --running_;
   breaker_.finished(call, verdict, now());
   start_handlers();
@@ -160,9 +172,10 @@ void ConsumerImpl::after_breaker() {
                            ": " + because(event, options_.service.outage);
         switch (event.to) {
           case outage::State::open:
-            what += "; holding " + deliveries(waiting_.size()) +
-                    " uncharged, starting none; next probe in " +
-                    label(options_.service.outage.probe_interval);
+            what += "; holding " + deliveries(waiting_.size()) + " uncharged, starting none; " +
+                    (coordinator_.prober()
+                         ? "next probe in " + label(options_.service.outage.probe_interval)
+                         : std::string("the instance holding the probe token probes"));
             break;
           case outage::State::probing:
             what += options_.probe ? "; calling the probe" : "; one delivery is the probe";
@@ -205,6 +218,7 @@ void ConsumerImpl::link_breaker() {
                            amqp::printable(last->sender)
                      : std::string());
     }
+    self->awaiting_breaker_state_until_.reset();
     self->coordinator_.joined(last, self->now(), wall_ms());
     self->start_handlers();
   };
@@ -214,20 +228,22 @@ void ConsumerImpl::link_breaker() {
     self->coordinator_.received(signal, self->now());
     self->start_handlers();
   };
-  events.token = [weak](uint64_t delivery_tag, std::optional<int64_t> opened_at_ms) {
+  events.token = [weak](uint64_t delivery_tag, const std::optional<outage::Token>& token) {
     auto self = weak.lock();
     if (!self) return;
-    self->coordinator_.token(delivery_tag, opened_at_ms, self->now());
+    self->coordinator_.token(delivery_tag, token, self->now(), wall_ms());
     self->start_handlers();
   };
   events.failed = [weak](const client::Error& error) {
     if (auto self = weak.lock()) self->breaker_link_failed(error);
   };
+  awaiting_breaker_state_until_ = now() + breaker_state_wait;
   breaker_link_ = BreakerLink::start(session_->consume_connection(), options_.service.name,
                                      options_.logger, std::move(events));
 }
 
 void ConsumerImpl::unlink_breaker() {
+  awaiting_breaker_state_until_.reset();
   if (!breaker_link_) return;
   breaker_link_->close();
   breaker_link_.reset();
@@ -235,6 +251,7 @@ void ConsumerImpl::unlink_breaker() {
 }
 
 void ConsumerImpl::breaker_link_failed(const client::Error& error) {
+  awaiting_breaker_state_until_.reset();
   breaker_link_.reset();
   coordinator_.left(now());
   // A lost connection ends the session too, which links again when it comes back; anything
@@ -253,9 +270,20 @@ void ConsumerImpl::breaker_link_failed(const client::Error& error) {
 }
 
 void ConsumerImpl::tick_breaker_link() {
+  if (awaiting_breaker_state_until_ && now() >= *awaiting_breaker_state_until_) {
+    awaiting_breaker_state_until_.reset();
+    if (auto* log = options_.logger.get()) {
+      log->warn(
+          "service={} the shared breaker's state is not known after {}; handling with this "
+          "instance's breaker until it is",
+          options_.service.name, label(breaker_state_wait));
+    }
+    start_handlers();
+  }
   if (breaker_link_retry_at_ && now() >= *breaker_link_retry_at_ && state_ == State::running) {
     breaker_link_retry_at_.reset();
     link_breaker();
+    awaiting_breaker_state_until_.reset();  // handling goes on while it links again
   }
   coordinator_.tick(now(), wall_ms());
   coordinator_.can_probe(!waiting_.empty() || running_ > 0 || bool(options_.probe), now());
@@ -276,7 +304,7 @@ void ConsumerImpl::carry_out_coordination() {
     }
     breaker_link_->pass_token(*actions.pass_token);
   }
-  if (actions.signals.empty() && !actions.token_opened_at_ms) return;
+  if (actions.signals.empty() && !actions.token) return;
   const std::shared_ptr<client::Channel> channel =
       session_ && !session_->ended() ? session_->publish_channel() : nullptr;
   if (!channel) return;  // not connected: the coordinator tells the others once it is joined
@@ -295,9 +323,8 @@ void ConsumerImpl::carry_out_coordination() {
     publish_breaker_signal(*channel, options_.service.name, signal,
                            report(outage::to_string(signal.kind)));
   }
-  if (actions.token_opened_at_ms) {
-    publish_probe_token(*channel, options_.service.name, *actions.token_opened_at_ms,
-                        report("probe token"));
+  if (actions.token) {
+    publish_probe_token(*channel, options_.service.name, *actions.token, report("probe token"));
   }
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <spdlog/logger.h>
+#include <uv.h>
 
 #include <cstdint>
 #include <functional>
@@ -18,7 +19,7 @@ struct BreakerLinkEvents {
   /// Set up: signals and tokens come from now on; `last` is the state queue's newest signal.
   std::function<void(const std::optional<outage::Signal>& last)> joined;
   std::function<void(const outage::Signal& signal)> signal;
-  std::function<void(uint64_t delivery_tag, std::optional<int64_t> opened_at_ms)> token;
+  std::function<void(uint64_t delivery_tag, const std::optional<outage::Token>& token)> token;
   /// The link cannot go on (its channel closed, a declaration refused).
   std::function<void(const client::Error& error)> failed;
 };
@@ -63,6 +64,7 @@ class BreakerLink : public std::enable_shared_from_this<BreakerLink> {
   std::string service_;
   std::shared_ptr<spdlog::logger> logger_;
   BreakerLinkEvents events_;
+  uv_loop_t* loop_ = nullptr;
   std::shared_ptr<client::Channel> channel_;
   std::string own_queue_;
   std::string token_consumer_;

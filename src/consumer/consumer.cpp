@@ -4,9 +4,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
+#include <system_error>
 
 #include "consumer_impl.hpp"
 #include "retryloop/amqp/printable.hpp"
+#include "retryloop/consumer/detail/instance_id.hpp"
+#include "retryloop/random/os_random.hpp"
 #include "retryloop/topology/duration.hpp"
 #include "retryloop/topology/plan.hpp"
 
@@ -22,12 +26,6 @@ std::string default_consumer_name() {
   char host[256] = {};
   if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
   return std::string(host[0] != '\0' ? host : "unknown-host") + ":" + std::to_string(getpid());
-}
-
-/// This consumer among the service's instances: host, process, and which consumer of the process.
-std::string instance_id() {
-  static std::atomic<uint64_t> consumers{0};
-  return default_consumer_name() + "#" + std::to_string(++consumers);
 }
 
 SpanEnd begin_span(const SpanStart& start_span, const Message& message,
@@ -51,6 +49,23 @@ Outcome invoke(const Handler& handler, const ExceptionPolicy& exceptions, const 
 }
 
 }  // namespace
+
+namespace detail {
+
+std::string instance_id() {
+  static std::atomic<uint64_t> consumers{0};
+  std::error_code error;
+  std::string random = random::random_id(error);
+  if (error) {
+    // The source failed: the monotonic clock's nanoseconds tell two processes apart as well.
+    char digits[17] = {};
+    std::snprintf(digits, sizeof digits, "%016llx", static_cast<unsigned long long>(uv_hrtime()));
+    random = digits + 8;
+  }
+  return default_consumer_name() + "#" + std::to_string(++consumers) + "." + random.substr(0, 8);
+}
+
+}  // namespace detail
 
 const amqp::FieldTable& Message::headers() const {
   static const amqp::FieldTable empty;
@@ -425,7 +440,7 @@ size_t ConsumerImpl::handler_window() const {
 void ConsumerImpl::start_handlers() {
   if (dispatching_) return;  // the outer call's loop picks up what was added
   dispatching_ = true;
-  while (state_ != State::stopping) {
+  while (state_ != State::stopping && !awaiting_breaker_state_until_) {
     // Closed, the consumer's window bounds what starts (it hands a few more to the worker pool
     // ahead of a free worker); otherwise the breaker's limit does.
     const bool closed = breaker_.state() == outage::State::closed;
@@ -434,23 +449,24 @@ void ConsumerImpl::start_handlers() {
     const bool probe_function = options_.probe && breaker_.state() != outage::State::closed &&
                                 breaker_.state() != outage::State::ramping;
     if (waiting_.empty() && !probe_function) break;
-    const std::optional<outage::Call> call = breaker_.try_start(closed ? 0 : int(running_), now());
+    std::optional<outage::Call> call = breaker_.try_start(closed ? 0 : int(running_), now());
     if (!call) break;
-    if (call->probe && options_.probe) {
-      run_probe(*call);
+    if (call->probe() && options_.probe) {
+      run_probe(std::move(*call));
       continue;
     }
     // Only the probe function starts with nothing waiting, and the breaker gave the probe.
     std::shared_ptr<Pending> pending = std::move(waiting_.front());
     waiting_.pop_front();
-    pending->call = call;
-    run_handler(pending);
+    run_handler(pending, std::move(*call));
   }
   dispatching_ = false;
   after_breaker();
 }
 
-void ConsumerImpl::run_handler(const std::shared_ptr<Pending>& pending) {
+void ConsumerImpl::run_handler(const std::shared_ptr<Pending>& pending, outage::Call call) {
+  // `call` is the pending's only once its handler runs: a delivery parked before that ends it
+  // here, uncounted, and a probe it was lets the next delivery probe.
   if (!pending->handling) {
     if (!begin_handling(pending)) return;
     if (std::string why = over_delivery_limit(pending->handling->info); !why.empty()) {
@@ -458,7 +474,6 @@ void ConsumerImpl::run_handler(const std::shared_ptr<Pending>& pending) {
       decision.action = retry::Action::park;
       decision.reason = ParkReason::delivery_limit;
       decision.error = std::move(why);
-      pending->call.reset();
       carry_out(pending);
       return;
     }
@@ -471,6 +486,7 @@ void ConsumerImpl::run_handler(const std::shared_ptr<Pending>& pending) {
     handling.work_outcome = Outcome{};
     handling.outcome = Outcome{};
   }
+  pending->call = std::move(call);
   ++running_;
   if (async_handler_ || options_.handler_on_loop) {
     pending->handling->started_ns = uv_hrtime();

@@ -61,7 +61,7 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   int breaker_limit() const { return breaker_.limit(); }
   uint32_t parking_alert_threshold() const { return options_.parking_alert_threshold; }
   outage::Stats breaker_stats() const;
-  size_t held() const { return waiting_.size(); }
+  size_t held() const;
   void pause();
   void resume();
 
@@ -152,13 +152,13 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   /// How many handlers may be started or handed to the worker pool at once.
   size_t handler_window() const;
   void start_handlers();
-  void run_handler(const std::shared_ptr<Pending>& pending);
+  void run_handler(const std::shared_ptr<Pending>& pending, outage::Call call);
   /// Whether a delivery whose handler said `unavailable` is kept to run again, uncharged.
   bool holds_unavailable(Pending& pending) const;
   void hold(const std::shared_ptr<Pending>& pending);
   /// Runs options_.probe as the breaker's probe `call`.
-  void run_probe(const outage::Call& call);
-  void probe_done(const outage::Call& call, outage::Verdict verdict);
+  void run_probe(outage::Call call);
+  void probe_done(outage::Call& call, outage::Verdict verdict);
   /// Logs the breaker's changes since the last call, tells options_.on_breaker, and hands them
   /// to the coordinator. The consumer goes on consuming whatever the state: what arrives while
   /// the breaker lets nothing start is held, and the prefetch bounds it (docs/outage.md).
@@ -250,6 +250,9 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   /// After a failed link (permissions, arguments, a queue without a leader): when to try again.
   std::optional<std::chrono::milliseconds> breaker_link_retry_at_;
   bool breaker_link_warned_ = false;
+  /// Linked, the service's state not read yet: no handler starts (an instance started during a
+  /// pause or an outage must not call the dependency first), until joined, failed, or this time.
+  std::optional<std::chrono::milliseconds> awaiting_breaker_state_until_;
   std::shared_ptr<ConsumerImpl> self_;
 };
 

@@ -1,7 +1,10 @@
 #include "retryloop/consumer/shared_breaker.hpp"
 
 #include <spdlog/spdlog.h>
+#include <uv.h>
 
+#include <chrono>
+#include <iterator>
 #include <utility>
 #include <vector>
 
@@ -16,6 +19,9 @@ using client::Error;
 /// How many messages a state read looks at: the queue holds one, and a few more only for the
 /// moment a signal arrives while another instance reads it.
 constexpr int state_read_limit = 16;
+/// How long an empty state read waits before each read again (docs/outage.md: 350 ms in all).
+constexpr std::chrono::milliseconds empty_read_delays[] = {
+    std::chrono::milliseconds(50), std::chrono::milliseconds(100), std::chrono::milliseconds(200)};
 
 amqp::BasicProperties signal_properties(const char* type) {
   amqp::BasicProperties properties;
@@ -39,34 +45,76 @@ void run_steps(const std::shared_ptr<std::vector<Step>>& steps, size_t index,
   if (error) done(error);
 }
 
-/// Reads the state queue one message at a time, keeping the newest signal, then requeues all.
+/// Runs `fn` on `loop` after `delay`; the timer frees itself.
+void after(uv_loop_t* loop, std::chrono::milliseconds delay, std::function<void()> fn) {
+  struct Timer {
+    uv_timer_t handle{};
+    std::function<void()> fn;
+  };
+  auto* timer = new Timer{};
+  timer->fn = std::move(fn);
+  uv_timer_init(loop, &timer->handle);
+  timer->handle.data = timer;
+  uv_timer_start(
+      &timer->handle,
+      [](uv_timer_t* handle) {
+        auto* timer = static_cast<Timer*>(handle->data);
+        std::function<void()> fn = std::move(timer->fn);
+        uv_close(reinterpret_cast<uv_handle_t*>(handle),
+                 [](uv_handle_t* closed) { delete static_cast<Timer*>(closed->data); });
+        fn();
+      },
+      uint64_t(delay.count()), 0);
+}
+
+/// Reads the state queue one message at a time, keeping the last signal in the queue's order (the
+/// newest: the queue keeps one, and more only while a signal arrives during a read), then
+/// requeues all. Another reader holds the message for a round trip, and this one then finds the
+/// queue empty: an empty read is tried again a few times, spaced out, before it is believed.
 struct StateReader : std::enable_shared_from_this<StateReader> {
   std::shared_ptr<client::Channel> channel;
+  uv_loop_t* loop = nullptr;
   std::string queue;
   StateCallback done;
   std::optional<outage::Signal> last;
   uint64_t last_tag = 0;
   int read = 0;
+  size_t empty_reads = 0;
 
   void next() {
-    if (read == state_read_limit) return finish(Error{});
+    if (read == state_read_limit) return finish();
     ++read;
     Error error = channel->get(
         queue, false,
         [self = shared_from_this()](const Error& error, std::optional<client::GetResult>&& got) {
           if (error) return self->done(error, std::nullopt);
-          if (!got) return self->finish(Error{});
+          if (!got) return self->empty();
           self->last_tag = got->delivery_tag;
           std::string why;
           if (auto signal = outage::decode_signal(got->message.body, why)) {
-            if (!self->last || signal->at_ms >= self->last->at_ms) self->last = std::move(signal);
+            self->last = std::move(signal);
           }
           self->next();
         });
     if (error) done(error, std::nullopt);
   }
 
-  void finish(const Error&) {
+  void empty() {
+    if (last_tag != 0 || loop == nullptr || empty_reads == std::size(empty_read_delays)) {
+      return finish();
+    }
+    const std::chrono::milliseconds delay = empty_read_delays[empty_reads++];
+    read = 0;
+    after(loop, delay, [self = shared_from_this()] {
+      if (self->channel->is_open()) {
+        self->next();
+      } else {
+        self->done(Error(client::ClientError::not_open, "the channel closed"), std::nullopt);
+      }
+    });
+  }
+
+  void finish() {
     if (last_tag != 0) {
       if (Error error = channel->nack(last_tag, true, true)) return done(error, std::nullopt);
     }
@@ -108,10 +156,11 @@ void declare_shared_breaker(const std::shared_ptr<client::Channel>& channel,
   run_steps(steps, 0, std::move(done));
 }
 
-void read_shared_breaker_state(const std::shared_ptr<client::Channel>& channel,
+void read_shared_breaker_state(const std::shared_ptr<client::Channel>& channel, uv_loop_t* loop,
                                const std::string& service, StateCallback done) {
   auto reader = std::make_shared<StateReader>();
   reader->channel = channel;
+  reader->loop = loop;
   reader->queue = topology::breaker_state_queue_name(service);
   reader->done = std::move(done);
   reader->next();
@@ -133,7 +182,7 @@ const char* shared_breaker_state(const std::optional<outage::Signal>& last) {
   return "closed";
 }
 
-void read_shared_breaker_status(const std::shared_ptr<client::Channel>& channel,
+void read_shared_breaker_status(const std::shared_ptr<client::Channel>& channel, uv_loop_t* loop,
                                 const std::string& service, StatusCallback done) {
   auto shared = std::make_shared<StatusCallback>(std::move(done));
   auto status = std::make_shared<SharedBreakerStatus>();
@@ -149,7 +198,7 @@ void read_shared_breaker_status(const std::shared_ptr<client::Channel>& channel,
     if (error) (*shared)(error, SharedBreakerStatus{});
   };
   read_shared_breaker_state(
-      channel, service,
+      channel, loop, service,
       [service, status, shared, look_up](const Error& error,
                                          const std::optional<outage::Signal>& last) {
         if (error) return (*shared)(error, SharedBreakerStatus{});
@@ -174,11 +223,11 @@ void publish_breaker_signal(client::Channel& channel, const std::string& service
   if (error && done) done(client::PublishOutcome{client::PublishStatus::failed, 0, error});
 }
 
-void publish_probe_token(client::Channel& channel, const std::string& service, int64_t opened_at_ms,
-                         client::PublishCallback done) {
+void publish_probe_token(client::Channel& channel, const std::string& service,
+                         const outage::Token& token, client::PublishCallback done) {
   Error error = channel.publish("", topology::breaker_token_queue_name(service),
                                 signal_properties("retryloop.breaker.token"),
-                                outage::encode_token(opened_at_ms), client::Mandatory::yes, done);
+                                outage::encode_token(token), client::Mandatory::yes, done);
   if (error && done) done(client::PublishOutcome{client::PublishStatus::failed, 0, error});
 }
 
@@ -200,6 +249,7 @@ class Watch final : public SharedBreakerWatch, public std::enable_shared_from_th
       : service_(std::move(service)), changed_(std::move(changed)), failed_(std::move(failed)) {}
 
   void open(const std::shared_ptr<client::Connection>& connection) {
+    loop_ = connection->loop();
     Error error = connection->open_channel(
         guarded([](Watch& self, const Error& error, std::shared_ptr<client::Channel> channel) {
           if (error) return self.fail(error);
@@ -227,6 +277,7 @@ class Watch final : public SharedBreakerWatch, public std::enable_shared_from_th
   }
 
   bool ended() const override { return ended_; }
+  bool found() const override { return found_; }
 
   void close() override {
     if (ended_) return;
@@ -250,6 +301,7 @@ class Watch final : public SharedBreakerWatch, public std::enable_shared_from_th
     Error error = channel_->exchange_declare(topology::breaker_exchange_name(service_), "fanout",
                                              passive, guarded([](Watch& self, const Error& error) {
                                                if (error) return self.fail(error);
+                                               self.found_ = true;
                                                self.bind_own_queue();
                                              }));
     if (error) fail(error);
@@ -280,7 +332,7 @@ class Watch final : public SharedBreakerWatch, public std::enable_shared_from_th
   // Bound first, read second: a signal sent in between is not missed.
   void read_state() {
     read_shared_breaker_state(
-        channel_, service_,
+        channel_, loop_, service_,
         guarded([](Watch& self, const Error& error, const std::optional<outage::Signal>& last) {
           if (error) return self.fail(error);
           self.status_.last = last;
@@ -325,11 +377,13 @@ class Watch final : public SharedBreakerWatch, public std::enable_shared_from_th
   std::string service_;
   ChangeCallback changed_;
   FailureCallback failed_;
+  uv_loop_t* loop_ = nullptr;
   std::shared_ptr<client::Channel> channel_;
   std::string own_queue_;
   SharedBreakerStatus status_;
   bool listening_ = false;
   bool counting_ = false;
+  bool found_ = false;
   bool ended_ = false;
 };
 
@@ -359,6 +413,7 @@ std::shared_ptr<BreakerLink> BreakerLink::start(
     std::shared_ptr<spdlog::logger> logger, BreakerLinkEvents events) {
   std::shared_ptr<BreakerLink> link(
       new BreakerLink(std::move(service), std::move(logger), std::move(events)));
+  link->loop_ = connection->loop();
   Error error = connection->open_channel(
       link->guarded([](BreakerLink& self, const Error& error, std::shared_ptr<client::Channel> c) {
         if (error) return self.fail(error);
@@ -423,7 +478,7 @@ void BreakerLink::bind_own_queue() {
 void BreakerLink::read_state() {
   // After the bind: a signal sent while the state is read waits in this instance's queue.
   read_shared_breaker_state(
-      channel_, service_,
+      channel_, loop_, service_,
       guarded([](BreakerLink& self, const Error& error, const std::optional<outage::Signal>& last) {
         if (error) return self.fail(error);
         self.consume_signals(last);

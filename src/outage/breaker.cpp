@@ -21,12 +21,43 @@ bool counts_as_open(State state) {
 
 }  // namespace
 
+Call::Call(Call&& other) noexcept
+    : breaker_(std::move(other.breaker_)), generation_(other.generation_), probe_(other.probe_) {
+  other.breaker_.reset();
+}
+
+Call& Call::operator=(Call&& other) noexcept {
+  if (this != &other) {
+    end();
+    breaker_ = std::move(other.breaker_);
+    other.breaker_.reset();
+    generation_ = other.generation_;
+    probe_ = other.probe_;
+  }
+  return *this;
+}
+
+Call::~Call() {
+  end();
+}
+
+void Call::end() {
+  const std::shared_ptr<Breaker*> breaker = breaker_.lock();
+  breaker_.reset();
+  if (breaker && *breaker) (*breaker)->dropped(*this);
+}
+
 Breaker::Breaker(Settings settings, int concurrency, EventHandler on_event)
     : settings_(std::move(settings)),
       concurrency_(std::max(concurrency, 1)),
       on_event_(std::move(on_event)),
       window_(settings_.failure_rate ? settings_.failure_rate->window : std::chrono::seconds(1)),
-      pacer_(settings_.ramp.interval) {}
+      pacer_(settings_.ramp.interval),
+      self_(std::make_shared<Breaker*>(this)) {}
+
+Breaker::~Breaker() {
+  *self_ = nullptr;
+}
 
 int Breaker::limit() const {
   switch (state_) {
@@ -49,12 +80,12 @@ std::optional<Call> Breaker::try_start(int running, std::chrono::milliseconds no
     case State::closed:
     case State::ramping:
       if (running >= limit() || !pacer_.try_take(now)) return std::nullopt;
-      return Call{generation_, false};
+      return Call(self_, generation_, false);
     case State::probing:
       if (probe_running_) return std::nullopt;
       probe_running_ = true;
       ++stats_.probes;
-      return Call{generation_, true};
+      return Call(self_, generation_, true);
     case State::open:
     case State::paused:
       return std::nullopt;
@@ -62,11 +93,13 @@ std::optional<Call> Breaker::try_start(int running, std::chrono::milliseconds no
   return std::nullopt;
 }
 
-void Breaker::finished(const Call& call, Verdict verdict, std::chrono::milliseconds now) {
+void Breaker::finished(Call& call, Verdict verdict, std::chrono::milliseconds now) {
+  if (call.ended()) return;
+  call.breaker_.reset();
   tick(now);
-  if (call.generation < phase_generation_) return;
+  if (call.generation_ < phase_generation_) return;
   if (state_ == State::probing) {
-    if (!call.probe || call.generation != generation_) return;
+    if (!call.probe_ || call.generation_ != generation_) return;
     probe_running_ = false;
     if (verdict == Verdict::success || verdict == Verdict::overloaded) {
       start_ramp(Reason::probe_succeeded, now);
@@ -86,8 +119,15 @@ void Breaker::finished(const Call& call, Verdict verdict, std::chrono::milliseco
   const State before = state_;
   count(verdict, now);
   if (state_ == State::ramping && before == State::ramping && counts_as_failure(verdict) &&
-      call.generation == generation_) {
+      call.generation_ == generation_) {
     step_back(now);
+  }
+}
+
+void Breaker::dropped(const Call& call) {
+  // As finished() with not_counted, without the time: nothing but the probe's slot changes.
+  if (state_ == State::probing && call.probe_ && call.generation_ == generation_) {
+    probe_running_ = false;
   }
 }
 
@@ -238,6 +278,14 @@ void Breaker::move(State to, Reason reason, std::chrono::milliseconds now) {
   }
   state_ = to;
   if (on_event_) on_event_(Event{from, to, reason, limit(), now, pacer_.rate()});
+}
+
+bool holds_unavailable(State state, int& in_a_row, int consecutive_unavailable) {
+  if (state != State::closed) {
+    in_a_row = 0;
+    return true;
+  }
+  return ++in_a_row < consecutive_unavailable;
 }
 
 const char* to_string(State state) {

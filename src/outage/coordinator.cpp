@@ -46,9 +46,15 @@ std::optional<SignalKind> signal_kind_from_string(std::string_view text) {
   return std::nullopt;
 }
 
+int64_t outage_id(int64_t wall_ms, int64_t heard) {
+  return std::max(wall_ms, heard + 1);
+}
+
 std::string encode_signal(const Signal& signal) {
-  nlohmann::json body = {
-      {"signal", to_string(signal.kind)}, {"at_ms", signal.at_ms}, {"sender", signal.sender}};
+  nlohmann::json body = {{"signal", to_string(signal.kind)},
+                         {"at_ms", signal.at_ms},
+                         {"sender", signal.sender},
+                         {"outage", signal.outage}};
   if (!signal.reason.empty()) body["reason"] = signal.reason;
   return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
@@ -77,6 +83,14 @@ std::optional<Signal> decode_signal(std::string_view body, std::string& error) {
     return std::nullopt;
   }
   signal.at_ms = at->get<int64_t>();
+  signal.outage = signal.at_ms;
+  if (auto outage = json.find("outage"); outage != json.end()) {
+    if (!outage->is_number_integer()) {
+      error = "\"outage\" is not an integer";
+      return std::nullopt;
+    }
+    signal.outage = outage->get<int64_t>();
+  }
   if (auto sender = json.find("sender"); sender != json.end() && sender->is_string()) {
     signal.sender = sender->get<std::string>();
   }
@@ -86,60 +100,93 @@ std::optional<Signal> decode_signal(std::string_view body, std::string& error) {
   return signal;
 }
 
-std::string encode_token(int64_t opened_at_ms) {
-  return nlohmann::json{{"opened_at_ms", opened_at_ms}}.dump();
+std::string encode_token(const Token& token) {
+  // opened_at_ms: what an older instance reads.
+  nlohmann::json body = {{"outage", token.outage}, {"opened_at_ms", token.outage}};
+  if (token.resume) body["resume"] = true;
+  return body.dump();
 }
 
-std::optional<int64_t> decode_token(std::string_view body) {
+std::optional<Token> decode_token(std::string_view body) {
   const auto json = nlohmann::json::parse(body, nullptr, false);
   if (json.is_discarded() || !json.is_object()) return std::nullopt;
-  const auto at = json.find("opened_at_ms");
+  auto at = json.find("outage");
+  if (at == json.end()) at = json.find("opened_at_ms");
   if (at == json.end() || !at->is_number_integer()) return std::nullopt;
-  return at->get<int64_t>();
+  Token token;
+  token.outage = at->get<int64_t>();
+  const auto resume = json.find("resume");
+  token.resume = resume != json.end() && resume->is_boolean() && resume->get<bool>();
+  return token;
 }
 
 Coordinator::Coordinator(Breaker& breaker, std::string instance)
     : breaker_(breaker), instance_(std::move(instance)) {}
 
-void Coordinator::joined(const std::optional<Signal>& last, std::chrono::milliseconds now,
+void Coordinator::joined(const std::optional<Signal>& read, std::chrono::milliseconds now,
                          int64_t wall_ms) {
+  const std::optional<Signal> last = heard_while_joining_ ? std::move(heard_while_joining_) : read;
+  heard_while_joining_.reset();
   joined_ = true;
   token_tag_.reset();
   prober_heard_ = now;
   breaker_.set_may_probe(false, now);
+  if (last) {
+    heard(last->outage);
+    if (last->kind == SignalKind::recovered) {
+      ended_ = std::max(ended_, last->outage);
+    } else if (last->kind != SignalKind::paused) {
+      outage_ = std::max(outage_, last->outage);
+    }
+  }
+  // The operator's pause that held this instance is over when the last signal is not that pause:
+  // its resume, or what came after the resume, was sent while this instance was away.
+  const bool pause_over = breaker_.state() == State::paused && paused_by_signal_ &&
+                          (!last || last->kind != SignalKind::paused);
+  if (pause_over) {
+    paused_by_signal_ = false;
+    if (!last) {
+      // Nothing tells how the service stands: this instance finds out with a call of its own.
+      probing_alone_ = true;
+      breaker_.set_may_probe(true, now);
+    }
+    breaker_.resume(now);
+  }
   const bool open_here = is_open(breaker_.state());
   if (!last) {
-    if (open_here) announce_open("tripped while not connected", wall_ms);
-    return;
+    if (open_here && !probing_alone_) announce_open("tripped while not connected", wall_ms);
+  } else {
+    switch (last->kind) {
+      case SignalKind::open:
+      case SignalKind::probing:
+        if (last->outage > ended_) breaker_.opened_elsewhere(now);
+        break;
+      case SignalKind::recovered:
+        if (!open_here) break;
+        if (tripped_alone_) {
+          announce_open("tripped while not connected", wall_ms);
+        } else {
+          breaker_.recovered_elsewhere(now);
+        }
+        break;
+      case SignalKind::paused:
+        pause_by_signal(now);
+        break;
+      case SignalKind::resumed:
+        if (tripped_alone_ && open_here) {
+          announce_open("tripped while not connected", wall_ms);
+        } else if (breaker_.state() != State::paused && !pause_over) {
+          // Resumed, its probe not answered yet (or no instance ran to make it).
+          follow_resume(now);
+        }  // else paused on its own (Consumer::pause), which outlasts a reconnection
+        break;
+    }
   }
-  switch (last->kind) {
-    case SignalKind::open:
-    case SignalKind::probing:
-      if (last->at_ms <= recovered_at_ms_) break;
-      opened_at_ms_ = std::max(opened_at_ms_, last->at_ms);
-      breaker_.opened_elsewhere(now);
-      break;
-    case SignalKind::recovered:
-      recovered_at_ms_ = std::max(recovered_at_ms_, last->at_ms);
-      if (!open_here) break;
-      if (opened_at_ms_ > last->at_ms) {
-        announce_open("tripped while not connected", wall_ms);
-      } else {
-        breaker_.recovered_elsewhere(now);
-      }
-      break;
-    case SignalKind::paused:
-      pause_by_signal(now);
-      break;
-    case SignalKind::resumed:
-      opened_at_ms_ = std::max(opened_at_ms_, last->at_ms);
-      if (breaker_.state() == State::paused) {
-        // A pause of this instance alone (Consumer::pause) outlasts a reconnection.
-        if (paused_by_signal_) breaker_.resume(now);
-      } else if (open_here) {
-        announce_open("tripped while not connected", wall_ms);
-      }
-      break;
+  tripped_alone_ = false;
+  if (early_token_) {
+    EarlyToken early = std::move(*early_token_);
+    early_token_.reset();
+    token(early.delivery_tag, early.token, now, wall_ms);
   }
 }
 
@@ -147,6 +194,8 @@ void Coordinator::left(std::chrono::milliseconds now) {
   joined_ = false;
   probing_alone_ = false;
   token_tag_.reset();  // the broker gives it to another instance
+  early_token_.reset();
+  heard_while_joining_.reset();
   breaker_.set_may_probe(true, now);
 }
 
@@ -162,37 +211,43 @@ void Coordinator::breaker_event(const Event& event, int64_t wall_ms) {
     if (joined_) {
       announce_open(to_string(event.reason), wall_ms);
     } else {
-      opened_at_ms_ = wall_ms;  // told to the others once joined
+      tripped_alone_ = true;  // told to the others once joined
     }
     return;
   }
-  if (!joined_) return;
+  if (!joined_) {
+    if (event.reason == Reason::probe_succeeded) tripped_alone_ = false;
+    return;
+  }
   if (event.to == State::probing) {
-    signal(SignalKind::probing, wall_ms);
+    signal(SignalKind::probing, wall_ms, outage_);
   } else if (event.reason == Reason::probe_succeeded) {
-    recovered_at_ms_ = wall_ms;
-    signal(SignalKind::recovered, wall_ms);
+    ended_ = std::max(ended_, outage_);
+    signal(SignalKind::recovered, wall_ms, outage_);
     drop_token(event.at);
   }
 }
 
 void Coordinator::received(const Signal& signal, std::chrono::milliseconds now) {
+  heard(signal.outage);
   if (signal.sender == instance_) {
     // What this instance said itself: it is in that state already.
     if (signal.kind == SignalKind::probing || signal.kind == SignalKind::open) prober_heard_ = now;
     return;
   }
+  if (!joined_) heard_while_joining_ = signal;
   switch (signal.kind) {
     case SignalKind::open:
     case SignalKind::probing:
-      if (signal.at_ms <= recovered_at_ms_) return;  // an outage that has ended
-      opened_at_ms_ = std::max(opened_at_ms_, signal.at_ms);
+      if (signal.outage <= ended_) return;  // an outage that has ended
+      outage_ = std::max(outage_, signal.outage);
       prober_heard_ = now;
       breaker_.opened_elsewhere(now);
       break;
     case SignalKind::recovered:
-      if (signal.at_ms < opened_at_ms_) return;  // the end of an earlier outage
-      recovered_at_ms_ = std::max(recovered_at_ms_, signal.at_ms);
+      if (signal.outage < outage_) return;  // the end of an earlier outage
+      outage_ = std::max(outage_, signal.outage);
+      ended_ = std::max(ended_, signal.outage);
       breaker_.recovered_elsewhere(now);
       drop_token(now);
       break;
@@ -200,45 +255,72 @@ void Coordinator::received(const Signal& signal, std::chrono::milliseconds now) 
       pause_by_signal(now);
       break;
     case SignalKind::resumed:
-      opened_at_ms_ = std::max(opened_at_ms_, signal.at_ms);
+      outage_ = std::max(outage_, signal.outage);
       prober_heard_ = now;
-      paused_by_signal_ = false;
-      breaker_.resume(now);
+      // A pause of this instance's own (Consumer::pause) lasts until Consumer::resume.
+      if (breaker_.state() == State::paused && paused_by_signal_) {
+        paused_by_signal_ = false;
+        breaker_.resume(now);
+      }
       break;
   }
 }
 
-void Coordinator::token(uint64_t delivery_tag, std::optional<int64_t> opened_at_ms,
-                        std::chrono::milliseconds now) {
-  if (!joined_ || token_tag_ || (opened_at_ms && *opened_at_ms <= recovered_at_ms_)) {
+void Coordinator::token(uint64_t delivery_tag, const std::optional<Token>& token,
+                        std::chrono::milliseconds now, int64_t wall_ms) {
+  if (!joined_) {
+    // Not yet joined: what the service's state says decides what the token is for, once known.
+    early_token_ = EarlyToken{delivery_tag, token};
+    return;
+  }
+  if (token) heard(token->outage);
+  if (token_tag_ || (token && token->outage <= ended_)) {
     actions_.ack_tokens.push_back(delivery_tag);  // one too many, or its outage has ended
     return;
   }
-  if (opened_at_ms) opened_at_ms_ = std::max(opened_at_ms_, *opened_at_ms);
+  const State state = breaker_.state();
+  if (token && token->resume && (state == State::closed || state == State::ramping)) {
+    // An operator's resume of a service this instance finds handling: there is nothing to probe
+    // for. Its resume is over, and the others waiting for its verdict ramp.
+    actions_.ack_tokens.push_back(delivery_tag);
+    outage_ = std::max(outage_, token->outage);
+    ended_ = std::max(ended_, token->outage);
+    signal(SignalKind::recovered, wall_ms, token->outage, "not paused");
+    return;
+  }
+  if (token) outage_ = std::max(outage_, token->outage);
   hold_token(delivery_tag, now);
 }
 
 void Coordinator::resume_here(std::chrono::milliseconds now) {
   paused_by_signal_ = false;
-  if (joined_ && !token_tag_ && opened_at_ms_ <= recovered_at_ms_ &&
-      breaker_.state() == State::paused) {
+  if (joined_ && !token_tag_ && outage_ <= ended_ && breaker_.state() == State::paused) {
     probing_alone_ = true;
     breaker_.set_may_probe(true, now);
   }
   breaker_.resume(now);
 }
 
-void Coordinator::tick(std::chrono::milliseconds now, int64_t wall_ms) {
+void Coordinator::tick(std::chrono::milliseconds now, int64_t /*wall_ms*/) {
   if (!joined_ || token_tag_ || breaker_.state() != State::open) return;
   if (now - prober_heard_ < silence_limit()) return;
+  prober_heard_ = now;
+  if (outage_ <= ended_) {
+    // Open here, though the outage it knows of has ended and it has not tripped since (a trip
+    // is always told): its recovery was missed.
+    breaker_.recovered_elsewhere(now);
+    return;
+  }
   // Nobody probes: the token was lost, or its queue was. Another one; if the old one turns up,
   // the single active consumer acks it as one too many.
-  prober_heard_ = now;
-  actions_.token_opened_at_ms = opened_at_ms_ != 0 ? opened_at_ms_ : wall_ms;
+  actions_.token = Token{outage_, false};
 }
 
 void Coordinator::can_probe(bool can, std::chrono::milliseconds now) {
-  if (can || !token_tag_ || breaker_.state() != State::probing) {
+  const State state = breaker_.state();
+  const bool paused_alone = state == State::paused && !paused_by_signal_;
+  const bool starved = token_tag_ && ((state == State::probing && !can) || paused_alone);
+  if (!starved) {
     starved_since_.reset();
     return;
   }
@@ -270,6 +352,12 @@ void Coordinator::pause_by_signal(std::chrono::milliseconds now) {
   breaker_.pause(now);
 }
 
+void Coordinator::follow_resume(std::chrono::milliseconds now) {
+  paused_by_signal_ = false;
+  breaker_.pause(now);
+  breaker_.resume(now);
+}
+
 void Coordinator::drop_token(std::chrono::milliseconds now) {
   if (!token_tag_) return;
   actions_.ack_tokens.push_back(*token_tag_);
@@ -279,14 +367,20 @@ void Coordinator::drop_token(std::chrono::milliseconds now) {
   breaker_.set_may_probe(false, now);
 }
 
-void Coordinator::announce_open(const std::string& reason, int64_t wall_ms) {
-  opened_at_ms_ = wall_ms;
-  signal(SignalKind::open, wall_ms, reason);
-  actions_.token_opened_at_ms = wall_ms;
+void Coordinator::heard(int64_t outage) {
+  heard_ = std::max(heard_, outage);
 }
 
-void Coordinator::signal(SignalKind kind, int64_t wall_ms, std::string reason) {
-  actions_.signals.push_back(Signal{kind, wall_ms, instance_, std::move(reason)});
+void Coordinator::announce_open(const std::string& reason, int64_t wall_ms) {
+  outage_ = outage_id(wall_ms, std::max(heard_, ended_));
+  tripped_alone_ = false;
+  signal(SignalKind::open, wall_ms, outage_, reason);
+  actions_.token = Token{outage_, false};
+}
+
+void Coordinator::signal(SignalKind kind, int64_t wall_ms, int64_t outage, std::string reason) {
+  heard(outage);
+  actions_.signals.push_back(Signal{kind, wall_ms, instance_, std::move(reason), outage});
 }
 
 std::chrono::milliseconds Coordinator::silence_limit() const {

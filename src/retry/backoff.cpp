@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <system_error>
 
 #include "retryloop/random/os_random.hpp"
@@ -17,10 +18,24 @@ std::chrono::milliseconds Backoff::delay(uint32_t attempt, double random) const 
   return std::chrono::milliseconds(static_cast<int64_t>(std::llround(base * factor)));
 }
 
-std::chrono::milliseconds Backoff::delay(uint32_t attempt) const {
+namespace {
+
+/// A number in [0, 1) from the monotonic clock's nanoseconds, mixed (splitmix64's finalizer).
+double clock_fraction() noexcept {
+  uint64_t x = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return double(x >> 11) * 0x1.0p-53;
+}
+
+}  // namespace
+
+std::chrono::milliseconds Backoff::delay(uint32_t attempt) const noexcept {
   std::error_code error;
-  const double random = random::random_fraction(error);
-  if (error) throw std::system_error(error, "getrandom");
+  double random = random::random_fraction(error);
+  if (error) random = clock_fraction();
   return delay(attempt, random);
 }
 

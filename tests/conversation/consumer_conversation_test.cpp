@@ -607,3 +607,38 @@ TEST_CASE(
   CHECK(c->metrics().retried == 0);
   test::stop(loop, c);
 }
+
+TEST_CASE(
+    "A probe delivery that is parked before its handler runs (its properties cannot be decoded) "
+    "frees the probe: the next delivery probes, and the breaker closes",
+    "[conversation][consumer][outage]") {
+  TestLoop loop;
+  ScriptedPeer peer(loop.get());
+  const auto service =
+      test::make_service("svc", R"("delays": ["5s"], "max_attempts": 3)",
+                         R"("outage": {"probe_interval": "200ms", "ramp": {"interval": "100ms"}})");
+  std::vector<std::string> handled;
+  auto c = test::start(loop, peer_options(peer, service), [&](const consumer::Message& message) {
+    handled.emplace_back(message.message_id());
+    return Outcome::ack();
+  });
+  const Consuming at = consuming(peer);
+  // Paused, the deliveries wait; resumed, the first in line is the probe.
+  c->pause();
+  REQUIRE(c->breaker_state() == outage::State::paused);
+  // flags 0x2000 (headers), then a table of 3 bytes: "k" with the unknown type letter 'Z'.
+  const std::string undecodable("\x20\x00\x00\x00\x00\x03\x01kZ", 9);
+  amqp::BasicDeliver poison;
+  poison.consumer_tag = at.tag;
+  poison.delivery_tag = 1;
+  peer.send_raw_content(at.channel, poison, undecodable, "{}", at.connection);
+  deliver(peer, at, 2, "good");
+  REQUIRE(loop.run_until([&] { return c->metrics().delivered == 2; }));
+  c->resume();
+  REQUIRE(loop.run_until(
+      [&] { return settlement(peer, at, 2) == "ack" && settlement(peer, at, 1) == "ack"; }));
+  CHECK(c->metrics().parked_poison == 1);
+  CHECK(handled == std::vector<std::string>{"good"});
+  REQUIRE(loop.run_until([&] { return c->breaker_state() == outage::State::closed; }));
+  test::stop(loop, c);
+}

@@ -41,11 +41,11 @@ struct Instance {
 struct Service {
   std::vector<std::unique_ptr<Instance>> instances;
   std::optional<Signal> last;
-  std::deque<int64_t> tokens;
+  std::deque<Token> tokens;
   struct Held {
     Instance* holder;
     uint64_t tag;
-    int64_t opened_at;
+    Token token;
   };
   std::optional<Held> held;
   uint64_t next_tag = 1;
@@ -83,7 +83,7 @@ struct Service {
     if (instance.breaker.state() != State::probing || !instance.has_work) return;
     if (auto call = instance.breaker.try_start(0, now)) {
       ++instance.probes;
-      probe_calls.push_back({&instance, *call});
+      probe_calls.emplace_back(&instance, std::move(*call));
     }
     settle();
   }
@@ -109,7 +109,7 @@ struct Service {
   void leave(Instance& instance) {
     instance.coordinator.left(now);
     if (held && held->holder == &instance) {
-      tokens.push_front(held->opened_at);
+      tokens.push_front(held->token);
       held.reset();
     }
     for (auto it = instances.begin(); it != instances.end(); ++it) {
@@ -121,9 +121,47 @@ struct Service {
     settle();
   }
 
-  void operator_says(SignalKind kind, bool with_token = false) {
-    deliver(Signal{kind, wall, "operator", ""});
-    if (with_token) tokens.push_back(wall);
+  /// What `retryloop service pause|resume` sends, from a machine whose clock is `skew` off.
+  /// The instance's connection is lost: it hears nothing until reconnect(), and the broker gives
+  /// its token back.
+  std::unique_ptr<Instance> disconnect(Instance& instance) {
+    instance.coordinator.left(now);
+    if (held && held->holder == &instance) {
+      tokens.push_front(held->token);
+      held.reset();
+    }
+    std::unique_ptr<Instance> away;
+    for (auto it = instances.begin(); it != instances.end(); ++it) {
+      if (it->get() != &instance) continue;
+      away = std::move(*it);
+      instances.erase(it);
+      break;
+    }
+    settle();
+    return away;
+  }
+
+  /// A process that has connected and consumes the signals and the token queue, but has not read
+  /// the state queue yet (not joined): what the broker delivers meanwhile reaches it first.
+  Instance& connect(std::unique_ptr<Instance> instance) {
+    instances.push_back(std::move(instance));
+    settle();
+    return *instances.back();
+  }
+
+  /// It has read the state queue (`read`: what the read found) and joins.
+  void join(Instance& instance, const std::optional<Signal>& read) {
+    instance.coordinator.joined(read, now, wall);
+    settle();
+  }
+
+  void operator_says(SignalKind kind, bool with_token = false,
+                     std::chrono::milliseconds skew = 0ms) {
+    const int64_t at = wall + skew.count();
+    const int64_t known = last ? last->outage : 0;
+    const int64_t outage = kind == SignalKind::resumed ? outage_id(at, known) : known;
+    deliver(Signal{kind, at, "operator", "", outage});
+    if (with_token) tokens.push_back(Token{outage, true});
     settle();
   }
 
@@ -141,8 +179,8 @@ struct Service {
           deliver(signal);
           moved = true;
         }
-        if (actions.token_opened_at_ms) {
-          tokens.push_back(*actions.token_opened_at_ms);
+        if (actions.token) {
+          tokens.push_back(*actions.token);
           moved = true;
         }
         for (uint64_t tag : actions.ack_tokens) {
@@ -152,7 +190,7 @@ struct Service {
         if (actions.pass_token && held && held->tag == *actions.pass_token) {
           // Cancelled, then requeued: the token goes to the next in line, and the passer to the
           // end of the line.
-          tokens.push_front(held->opened_at);
+          tokens.push_front(held->token);
           held.reset();
           passed.push_back(instance.get());
           moved = true;
@@ -172,7 +210,7 @@ struct Service {
         Instance* active = instances.front().get();
         held = Held{active, next_tag++, tokens.front()};
         tokens.pop_front();
-        active->coordinator.token(held->tag, held->opened_at, now);
+        active->coordinator.token(held->tag, held->token, now, wall);
         moved = true;
       }
     }
@@ -339,7 +377,7 @@ TEST_CASE("An open service whose prober is not heard for 3 probe intervals + 2 s
   CHECK_FALSE(service.held);
   service.advance(200ms);
   REQUIRE(service.held);
-  CHECK(service.held->opened_at == service.published.front().at_ms);
+  CHECK(service.held->token.outage == service.published.front().outage);
   service.advance(5s);
   CHECK(service.probes() == 1);
   CHECK(a.probes + b.probes == 1);
@@ -405,7 +443,8 @@ TEST_CASE("An instance that tripped while not connected tells the others once it
 TEST_CASE(
     "A signal round-trips through its JSON body, and a body that is not one is refused by name",
     "[outage]") {
-  const Signal signal{SignalKind::recovered, 1'800'000'000'123, "host:42:ab12", "probe_succeeded"};
+  const Signal signal{SignalKind::recovered, 1'800'000'000'123, "host:42:ab12", "probe_succeeded",
+                      1'800'000'000'100};
   std::string error;
   auto back = decode_signal(encode_signal(signal), error);
   REQUIRE(back);
@@ -413,6 +452,11 @@ TEST_CASE(
   CHECK(back->at_ms == signal.at_ms);
   CHECK(back->sender == signal.sender);
   CHECK(back->reason == signal.reason);
+  CHECK(back->outage == signal.outage);
+  // An older sender's signal has no outage number: its clock's time stands for it.
+  CHECK(decode_signal(R"({"signal":"open","at_ms":5,"sender":"old"})", error)->outage == 5);
+  CHECK_FALSE(decode_signal(R"({"signal":"open","at_ms":5,"outage":"x"})", error));
+  CHECK(error == "\"outage\" is not an integer");
 
   CHECK_FALSE(decode_signal("not json", error));
   CHECK(error == "the body is not a JSON object");
@@ -420,7 +464,10 @@ TEST_CASE(
   CHECK(error == "\"signal\" is not one of open, probing, recovered, paused, resumed");
   CHECK_FALSE(decode_signal(R"({"signal":"open","at_ms":"soon"})", error));
   CHECK(error == "\"at_ms\" is missing or not an integer");
-  CHECK(decode_token(encode_token(77)) == 77);
+  CHECK(decode_token(encode_token(Token{77, true}))->outage == 77);
+  CHECK(decode_token(encode_token(Token{77, true}))->resume);
+  CHECK_FALSE(decode_token(encode_token(Token{78, false}))->resume);
+  CHECK(decode_token(R"({"opened_at_ms": 79})")->outage == 79);  // an older sender's
   CHECK_FALSE(decode_token("{}"));
 }
 
@@ -517,4 +564,180 @@ TEST_CASE("An instance paused alone stays paused when it joins again after the s
   service.settle();
   CHECK(b.breaker.state() != State::paused);
   CHECK(a.breaker.state() == State::paused);
+}
+
+TEST_CASE(
+    "A token delivered before its instance has joined is kept, and probed with once it has: a "
+    "single instance restarted during an outage probes within an interval",
+    "[outage]") {
+  Service service;
+  Instance& a = service.add("a");
+  service.trip(a);
+  service.disconnect(a);  // killed: the broker gives its token back
+  REQUIRE(service.tokens.size() == 1);
+  Instance& restarted = service.connect(std::make_unique<Instance>("a-restarted"));
+  REQUIRE(service.held);
+  CHECK(service.held->holder == &restarted);
+  service.join(restarted, service.last);
+  CHECK(service.held);  // not acked away
+  CHECK(restarted.coordinator.holds_token());
+  CHECK(restarted.breaker.state() == State::open);
+  service.advance(5s);
+  CHECK(restarted.probes == 1);
+  service.answer_probes(true);
+  CHECK(restarted.breaker.state() == State::ramping);
+  CHECK(service.last->kind == SignalKind::recovered);
+  CHECK_FALSE(service.held);
+}
+
+TEST_CASE(
+    "A resume sent while no instance runs is probed with by the first instance that starts, at "
+    "once",
+    "[outage]") {
+  Service service;
+  Instance& a = service.add("a");
+  service.operator_says(SignalKind::paused);
+  service.disconnect(a);
+  service.operator_says(SignalKind::resumed, true);  // nobody hears it: the token waits
+  REQUIRE(service.tokens.size() == 1);
+  Instance& b = service.connect(std::make_unique<Instance>("b"));
+  service.join(b, service.last);
+  CHECK(b.coordinator.holds_token());
+  service.advance(100ms);
+  CHECK(b.probes == 1);
+  service.answer_probes(true);
+  CHECK(b.breaker.state() == State::ramping);
+  CHECK(service.last->kind == SignalKind::recovered);  // `service status` says closed again
+  CHECK_FALSE(service.held);
+  CHECK(service.tokens.empty());
+}
+
+TEST_CASE(
+    "An instance paused by the operator that missed the resume, and the probe's recovered after "
+    "it, runs again when it joins",
+    "[outage]") {
+  Service service;
+  service.add("a");
+  Instance& b = service.add("b");
+  service.operator_says(SignalKind::paused);
+  REQUIRE(b.breaker.state() == State::paused);
+  auto away = service.disconnect(b);
+  service.operator_says(SignalKind::resumed, true);
+  service.advance(100ms);
+  service.answer_probes(true);
+  REQUIRE(service.last->kind == SignalKind::recovered);
+  Instance& back = service.connect(std::move(away));
+  service.join(back, service.last);
+  CHECK(back.breaker.state() == State::ramping);
+}
+
+TEST_CASE(
+    "A resume heard between an instance's state read and its join is not undone by the pause it "
+    "read",
+    "[outage]") {
+  Service service;
+  service.add("a");
+  service.operator_says(SignalKind::paused);
+  Instance& b = service.connect(std::make_unique<Instance>("b"));
+  const std::optional<Signal> read = service.last;  // paused
+  service.operator_says(SignalKind::resumed, true);
+  service.join(b, read);
+  CHECK(b.breaker.state() != State::paused);
+  service.advance(100ms);
+  service.answer_probes(true);
+  CHECK(service.states() == std::vector<State>{State::ramping, State::ramping});
+}
+
+TEST_CASE(
+    "The token's holder paused on its own (Consumer::pause) passes the token after a probe "
+    "interval, and another instance probes",
+    "[outage]") {
+  Service service;
+  Instance& a = service.add("a");
+  Instance& b = service.add("b");
+  service.trip(b);
+  REQUIRE(a.coordinator.holds_token());
+  a.breaker.pause(service.now);
+  service.settle();
+  service.advance(5100ms);
+  CHECK_FALSE(a.coordinator.holds_token());
+  CHECK(b.coordinator.holds_token());
+  service.advance(200ms);
+  CHECK(b.probes == 1);
+  CHECK(a.probes == 0);
+  service.answer_probes(true);
+  CHECK(b.breaker.state() == State::ramping);
+  CHECK(a.breaker.state() == State::paused);  // its own pause lasts until Consumer::resume
+}
+
+TEST_CASE(
+    "An operator's resume of a service that is not paused opens no instance: its token's holder "
+    "finds itself handling and says the resume is over",
+    "[outage]") {
+  Service service;
+  service.add("a");
+  service.add("b");
+  service.operator_says(SignalKind::resumed, true);
+  CHECK(service.states() == std::vector<State>{State::closed, State::closed});
+  CHECK_FALSE(service.held);
+  CHECK(service.tokens.empty());
+  REQUIRE(service.last);
+  CHECK(service.last->kind == SignalKind::recovered);
+  service.advance(20s);
+  CHECK(service.states() == std::vector<State>{State::closed, State::closed});
+  CHECK(service.probes() == 0);
+}
+
+TEST_CASE(
+    "An operator whose clock is a minute ahead pauses and resumes the service, and the prober's "
+    "recovered still ends the resume everywhere",
+    "[outage]") {
+  Service service;
+  Instance& a = service.add("a");
+  service.add("b");
+  Instance& c = service.add("c");
+  service.operator_says(SignalKind::paused, false, 60s);
+  service.operator_says(SignalKind::resumed, true, 60s);
+  const int64_t resume = service.last->outage;
+  service.advance(100ms);
+  CHECK(a.breaker.state() == State::probing);
+  service.answer_probes(true);
+  CHECK(service.states() == std::vector<State>{State::ramping, State::ramping, State::ramping});
+  // The next outage, tripped by an instance whose clock is behind the operator's, is heard too.
+  service.advance(10s);
+  service.trip(c);
+  CHECK(service.states() == std::vector<State>{State::open, State::open, State::open});
+  CHECK(service.last->kind == SignalKind::open);
+  CHECK(service.last->outage > resume);
+}
+
+TEST_CASE("An operator's resume does not end an instance's own pause, as a reconnection does not",
+          "[outage]") {
+  Service service;
+  Instance& a = service.add("a");
+  Instance& b = service.add("b");
+  b.breaker.pause(service.now);  // Consumer::pause
+  service.operator_says(SignalKind::paused);
+  service.operator_says(SignalKind::resumed, true);
+  service.advance(100ms);
+  service.answer_probes(true);
+  CHECK(a.breaker.state() == State::ramping);
+  CHECK(b.breaker.state() == State::paused);
+  b.coordinator.resume_here(service.now);
+  service.settle();
+  CHECK(b.breaker.state() != State::paused);
+}
+
+TEST_CASE(
+    "A delivery's unavailable outcomes count in a row only while the breaker stays closed: an "
+    "outage in between starts the row again",
+    "[outage]") {
+  int row = 0;
+  CHECK(holds_unavailable(State::closed, row, 3));
+  CHECK(holds_unavailable(State::closed, row, 3));
+  CHECK(holds_unavailable(State::open, row, 3));  // the dependency's, whatever the row
+  CHECK(holds_unavailable(State::ramping, row, 3));
+  CHECK(holds_unavailable(State::closed, row, 3));
+  CHECK(holds_unavailable(State::closed, row, 3));
+  CHECK_FALSE(holds_unavailable(State::closed, row, 3));  // 3 in a row with the others answered
 }

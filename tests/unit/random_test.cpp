@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <set>
 #include <string>
@@ -11,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "retryloop/consumer/detail/instance_id.hpp"
 #include "retryloop/random/detail/source.hpp"
 #include "retryloop/random/os_random.hpp"
 #include "retryloop/retry/backoff.hpp"
@@ -117,7 +119,27 @@ TEST_CASE("When the operating system's source fails, a random id is an error, ne
   error.clear();
   CHECK(random::random_fraction(error) == 0.0);
   CHECK(error == std::errc::function_not_supported);
-  CHECK_THROWS_AS(retry::Backoff{}.delay(0), std::system_error);
+}
+
+TEST_CASE(
+    "When the operating system's source fails, a backoff's jitter and a consumer's instance id "
+    "come from the clock: nothing throws in a loop's callback",
+    "[random]") {
+  ScriptedSource source;
+  script.fail_with = ENOSYS;
+  const retry::Backoff backoff{std::chrono::milliseconds(1000), std::chrono::milliseconds(1000),
+                               2.0, 0.25};
+  std::set<int64_t> seen;
+  for (int i = 0; i < 50; ++i) {
+    const auto delay = backoff.delay(0);
+    CHECK(delay >= std::chrono::milliseconds(750));
+    CHECK(delay <= std::chrono::milliseconds(1250));
+    seen.insert(delay.count());
+  }
+  CHECK(seen.size() > 1);
+  const std::string first = consumer::detail::instance_id();
+  const std::string second = consumer::detail::instance_id();
+  CHECK(first.substr(first.rfind('.')) != second.substr(second.rfind('.')));
 }
 
 TEST_CASE("A random fraction takes 53 bits from the operating system and stays below 1",

@@ -326,6 +326,8 @@ class Consumer {
   outage::Stats breaker_stats() const;
   /// Deliveries kept unsettled while the breaker does not let them run (their handlers have not
   /// started, or said the dependency is unavailable): uncharged, and back to the queue on a stop.
+  /// While the breaker is closed, only those an unavailable outcome sent back to wait: the backlog
+  /// waiting for a free handler is not held.
   size_t held() const;
   /// An operator's stop: the consumer takes no deliveries and starts no handler until resume();
   /// what it holds stays unsettled and uncharged. Running handlers finish and settle as usual.

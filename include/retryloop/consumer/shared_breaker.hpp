@@ -1,5 +1,7 @@
 #pragma once
 
+#include <uv.h>
+
 #include <functional>
 #include <memory>
 #include <optional>
@@ -20,10 +22,12 @@ void declare_shared_breaker(const std::shared_ptr<client::Channel>& channel,
                             const std::string& service, client::CompletionCallback done);
 
 /// The state queue's newest signal, read without taking it (every message read is requeued);
-/// nullopt when the queue is empty. A message that is not a signal is skipped.
+/// nullopt when the queue is empty. A message that is not a signal is skipped. Another reader
+/// holds the queue's message for a moment, so an empty queue is read again after 50, 100 and
+/// 200 ms (timers on `loop`, the channel's) before it is believed; with a null `loop`, once.
 using StateCallback =
     std::function<void(const client::Error& error, const std::optional<outage::Signal>& last)>;
-void read_shared_breaker_state(const std::shared_ptr<client::Channel>& channel,
+void read_shared_breaker_state(const std::shared_ptr<client::Channel>& channel, uv_loop_t* loop,
                                const std::string& service, StateCallback done);
 
 /// What the broker knows of a service's shared breaker: what `retryloop service status` prints
@@ -43,7 +47,7 @@ const char* shared_breaker_state(const std::optional<outage::Signal>& last);
 /// objects do not exist yet fails with the broker's NOT_FOUND, which closes the channel.
 using StatusCallback =
     std::function<void(const client::Error& error, const SharedBreakerStatus& status)>;
-void read_shared_breaker_status(const std::shared_ptr<client::Channel>& channel,
+void read_shared_breaker_status(const std::shared_ptr<client::Channel>& channel, uv_loop_t* loop,
                                 const std::string& service, StatusCallback done);
 /// Watches a service's shared breaker without taking part in it, for an operator's view (the
 /// console): it binds an exclusive queue of its own to the breaker's fanout, reads the state queue
@@ -64,6 +68,9 @@ class SharedBreakerWatch {
   virtual ~SharedBreakerWatch() = default;
   virtual void refresh() = 0;
   virtual bool ended() const = 0;
+  /// Whether it found the service's breaker (its exchange): a watch that failed before that read
+  /// nothing; one that failed after it may have read the state queue.
+  virtual bool found() const = 0;
   /// Closes its channel (and so its queue); no callback runs after it.
   virtual void close() = 0;
 };
@@ -72,8 +79,8 @@ class SharedBreakerWatch {
 /// the confirm (the channel must be in confirm mode).
 void publish_breaker_signal(client::Channel& channel, const std::string& service,
                             const outage::Signal& signal, client::PublishCallback done);
-/// Publishes a probe token for the outage that began at `opened_at_ms`.
-void publish_probe_token(client::Channel& channel, const std::string& service, int64_t opened_at_ms,
-                         client::PublishCallback done);
+/// Publishes a probe token into the service's token queue: persistent, mandatory.
+void publish_probe_token(client::Channel& channel, const std::string& service,
+                         const outage::Token& token, client::PublishCallback done);
 
 }  // namespace retryloop::consumer

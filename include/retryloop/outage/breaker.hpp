@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 
 #include "retryloop/outage/pacer.hpp"
@@ -79,12 +80,40 @@ struct Event {
 
 using EventHandler = std::function<void(const Event& event)>;
 
-/// A call the breaker let start; hand it back to finished(). Outcomes of calls started before
-/// the breaker last opened, or before the ramp last stepped back, are not taken as news about the
-/// dependency a second time.
-struct Call {
-  uint64_t generation = 0;
-  bool probe = false;
+class Breaker;
+
+/// A call the breaker let start (try_start). Hand it back to Breaker::finished() with what it
+/// said; a call dropped without that (a delivery parked before its handler ran, a handler taken
+/// back, any exit that forgets it) ends as Verdict::not_counted would, so that a probe never stays
+/// running for good. Outcomes of calls started before the breaker last opened, or before the ramp
+/// last stepped back, are not taken as news about the dependency a second time.
+///
+/// Move-only. Drop it on the breaker's thread; dropping it after its breaker is gone does nothing.
+class Call {
+ public:
+  Call() = default;
+  Call(Call&& other) noexcept;
+  Call& operator=(Call&& other) noexcept;
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+  ~Call();
+
+  /// The breaker's generation when it started.
+  uint64_t generation() const { return generation_; }
+  /// Whether it is the probe (at most one runs at a time).
+  bool probe() const { return probe_; }
+  /// Handed back to finished(), or dropped: it says nothing more.
+  bool ended() const { return breaker_.expired(); }
+
+ private:
+  friend class Breaker;
+  Call(std::weak_ptr<Breaker*> breaker, uint64_t generation, bool probe)
+      : breaker_(std::move(breaker)), generation_(generation), probe_(probe) {}
+  void end();
+
+  std::weak_ptr<Breaker*> breaker_;
+  uint64_t generation_ = 0;
+  bool probe_ = false;
 };
 
 /// Counters for the metrics: trips, probes, and time spent open (open and probing); and the pace.
@@ -114,6 +143,9 @@ class Breaker {
   /// `concurrency`: the consumer's configured concurrency, what the ramp climbs to (at least 1).
   /// `settings` must pass check().
   Breaker(Settings settings, int concurrency, EventHandler on_event = {});
+  Breaker(const Breaker&) = delete;
+  Breaker& operator=(const Breaker&) = delete;
+  ~Breaker();
 
   State state() const { return state_; }
   /// How many calls may run at once now: the concurrency when closed, the ramp's current limit
@@ -123,8 +155,12 @@ class Breaker {
   /// as started and returned. Open: a due probe turns the breaker to probing first (an event), so
   /// the call returned is the probe. At most one probe runs at a time.
   std::optional<Call> try_start(int running, std::chrono::milliseconds now);
-  /// A started call ended with `verdict`.
-  void finished(const Call& call, Verdict verdict, std::chrono::milliseconds now);
+  /// A started call ended with `verdict`; the call has ended after it (a second finished() of the
+  /// same call does nothing).
+  void finished(Call& call, Verdict verdict, std::chrono::milliseconds now);
+  void finished(Call&& call, Verdict verdict, std::chrono::milliseconds now) {
+    finished(call, verdict, now);
+  }
   /// The time the consumer's timer should fire next: the next probe when open, the next ramp step
   /// when ramping, the pace's next growth when paced; nullopt when nothing is due by time alone.
   /// While paced, a call held back for want of a token may start at any later time: the
@@ -162,6 +198,9 @@ class Breaker {
   double pace() const { return pacer_.rate(); }
 
  private:
+  friend class Call;
+  /// A call dropped without an outcome: a probe it was no longer runs.
+  void dropped(const Call& call);
   void move(State to, Reason reason, std::chrono::milliseconds now);
   void trip(Reason reason, std::chrono::milliseconds now);
   void count(Verdict verdict, std::chrono::milliseconds now);
@@ -190,7 +229,18 @@ class Breaker {
   Pacer pacer_;
   Stats stats_;
   std::optional<std::chrono::milliseconds> open_since_;
+  /// What the calls it hands out point at; emptied when the breaker goes.
+  std::shared_ptr<Breaker*> self_;
 };
+
+/// Whether a delivery whose handler said `unavailable` is held to run again, uncharged (true), or
+/// charged as a failure of its own (false). `state` is the breaker's after the outcome was counted;
+/// `in_a_row` is the delivery's own count of unavailable outcomes in a row while the breaker stayed
+/// closed, which this updates. While the breaker is not closed, every unavailable outcome is the
+/// dependency's, and the row starts again. While it stays closed the dependency answers other
+/// deliveries: this one runs again up to `consecutive_unavailable` times in a row, and the next is
+/// its own failure, so that no message loops uncharged for ever.
+bool holds_unavailable(State state, int& in_a_row, int consecutive_unavailable);
 
 const char* to_string(State state);
 const char* to_string(Verdict verdict);

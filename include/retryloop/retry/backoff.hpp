@@ -18,9 +18,10 @@ struct Backoff {
   /// The delay before try `attempt` (0-based). `random` is a number in [0, 1) that picks the
   /// jitter, so the function stays pure and testable.
   std::chrono::milliseconds delay(uint32_t attempt, double random) const;
-  /// The same, with the jitter drawn from the operating system (random::random_fraction); throws
-  /// std::system_error when that source fails.
-  std::chrono::milliseconds delay(uint32_t attempt) const;
+  /// The same, with the jitter drawn from the operating system (random::random_fraction). Never
+  /// throws (it runs in event-loop callbacks): when that source fails, the jitter comes from the
+  /// monotonic clock instead, which spreads retries as well and needs no secret.
+  std::chrono::milliseconds delay(uint32_t attempt) const noexcept;
 };
 
 }  // namespace retryloop::retry

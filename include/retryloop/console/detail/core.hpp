@@ -133,6 +133,9 @@ class Core : public std::enable_shared_from_this<Core> {
   std::optional<consumer::SharedBreakerStatus> breaker_;
   std::string breaker_error_;
   std::shared_ptr<consumer::SharedBreakerWatch> breaker_watch_;
+  /// After a watch that failed once the breaker was found: not before this (now_ms) is another
+  /// started, so that its state queue is not read again on every poll.
+  uint64_t breaker_watch_retry_ms_ = 0;
 
   JobQueue jobs_;
   std::shared_ptr<Job> running_;
