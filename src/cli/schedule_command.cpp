@@ -41,10 +41,11 @@ const char* const schedule_exit_codes_help =
     "  1  usage error (unknown option, missing argument, bad URL, a queue the file does not "
     "schedule for, a body over 128 MiB, a message id or header name over 255 bytes)\n"
     "  2  the topology file is unreadable or invalid, or has no top-level delay_levels\n"
-    "  3  the broker refused a message (returned, nacked, or refused such as a body over its "
-    "max_message_size), or the levels are not applied; the "
-    "database has no retryloop tables (cancel)\n"
-    "  4  cannot connect, or the connection failed before every message was confirmed\n"
+    "  3  the broker refused a message: returned or nacked it, or closed the channel for it (a "
+    "body over its max_message_size, levels not applied) while no other message awaited its "
+    "confirm; the database has no retryloop tables (cancel)\n"
+    "  4  cannot connect, or the channel or the connection ended before every message was "
+    "confirmed: those not confirmed may or may not be held (named on standard error)\n"
     "  6  standard output could not be written (a closed pipe, a full disk)";
 
 struct SendArgs {
@@ -258,43 +259,88 @@ class Sender : public std::enable_shared_from_this<Sender> {
                                         on_result);
       }
       if (error) {
+        // Not published (its callback is never called); those awaiting their confirms are still
+        // reported, each with its outcome, before send ends.
+        --next_;
         stopped_ = true;
-        return finish(error_exit(error, "send"));
+        worst_ = std::max(worst_, error_exit(error, "send"));
       }
     }
+    if (stopped_ && settled_ == next_) end();
   }
 
   void settled(const schedule::ScheduleResult& result) {
+    const bool ended = result.publish.status == client::PublishStatus::failed;
+    // The channel ended: every publish still awaiting its confirm fails now, one after another.
+    if (ended && awaiting_at_end_ == 0) awaiting_at_end_ = next_ - settled_;
     ++settled_;
-    if (result.ok()) {
-      ++scheduled_;
-      print(result);
-    } else {
-      // The broker closes the channel with 403 to 406 when it refuses what was published (a body
-      // over its max_message_size is 406): a refusal, not a lost connection.
-      const uint16_t reply = result.publish.error.reply_code;
-      const bool refused =
-          result.publish.status == client::PublishStatus::failed && reply >= 403 && reply <= 406;
-      const bool lost = result.publish.status == client::PublishStatus::failed && !refused;
-      std::cerr << "retryloop: send: message " << result.message_id << " was not scheduled: "
-                << (result.publish.status == client::PublishStatus::returned
-                        ? "returned by the broker (" + result.publish.error.message() +
-                              "): queue " + args_.queue + " does not exist"
-                    : result.publish.status == client::PublishStatus::nacked
-                        ? std::string("nacked by the broker")
-                    : refused ? "refused by the broker (" + result.publish.error.message() + ")"
-                              : "the connection ended first (" + result.publish.error.message() +
-                                    "); it may or may not be held")
-                << "\n";
-      worst_ = std::max(worst_, lost ? int(exit_connection) : int(exit_broker_refused));
-      if (lost || refused) stopped_ = true;  // a refusal closed the channel too
+    switch (send_outcome(result.publish, awaiting_at_end_)) {
+      case SendOutcome::scheduled:
+        ++scheduled_;
+        print(result);
+        break;
+      case SendOutcome::refused:
+        ++refused_;
+        std::cerr << "retryloop: send: message " << result.message_id << " was not scheduled: "
+                  << (result.publish.status == client::PublishStatus::returned
+                          ? "returned by the broker (" + result.publish.error.message() +
+                                "): queue " + args_.queue + " does not exist"
+                      : result.publish.status == client::PublishStatus::nacked
+                          ? std::string("nacked by the broker")
+                          : "refused by the broker (" + result.publish.error.message() + ")")
+                  << "\n";
+        worst_ = std::max(worst_, int(exit_broker_refused));
+        break;
+      case SendOutcome::unknown:
+        ++unknown_;
+        if (!end_reason_) end_reason_ = result.publish.error;
+        std::cerr << "retryloop: send: message " << result.message_id
+                  << " may or may not be held: " << ended_text(result.publish.error)
+                  << " before it was confirmed\n";
+        worst_ = std::max(worst_, int(exit_connection));
+        break;
     }
+    if (ended) stopped_ = true;  // nothing more can be published on the channel
     progress(false);
-    if (settled_ == next_ && (stopped_ || next_ == bodies_.size())) {
-      progress(true);
-      return finish(worst_);
-    }
+    if (settled_ == next_ && (stopped_ || next_ == bodies_.size())) return end();
     pump();
+  }
+
+  static std::string ended_text(const client::Error& error) {
+    return error.code == client::make_error_code(client::ClientError::channel_closed)
+               ? "the broker closed the channel"
+               : "the connection ended";
+  }
+
+  /// The last progress line; with more than one message, how many were scheduled, refused,
+  /// unknown and not sent; and for those unknown, what to do before sending them again.
+  void end() {
+    progress(true);
+    const size_t not_sent = bodies_.size() - next_;
+    if (bodies_.size() > 1 && scheduled_ < bodies_.size()) {
+      std::cerr << "retryloop: send: " << scheduled_ << " scheduled, " << refused_ << " refused, "
+                << unknown_ << " unknown, " << not_sent << " not sent, of "
+                << plural(bodies_.size(), "message") << "\n";
+    }
+    if (unknown_ > 0) {
+      const bool one = unknown_ == 1;
+      const std::string them = one ? "it" : "them";
+      std::cerr << "retryloop: send: " << plural(unknown_, "message")
+                << " (named above) may or may not be held: " << end_reason_.message() << ", before "
+                << (one ? "it was" : "they were")
+                << " confirmed. A message that is held and sent again is scheduled twice: check "
+                   "by message id whether "
+                << (one ? "it reaches its queue" : "they reach their queue")
+                << " when due before sending " << them << " again, or send " << them
+                << " again with the same message " << (one ? "id" : "ids")
+                << ", which a consumer running through an inbox handles once\n";
+    }
+    if (not_sent > 0 && bodies_.size() > 1) {
+      std::cerr << "retryloop: send: the last " << plural(not_sent, "line") << " of the input "
+                << (not_sent == 1 ? "was" : "were") << " not sent: nothing of "
+                << (not_sent == 1 ? "it" : "them") << " reached the broker\n";
+    }
+    finish(worst_);
   }
 
   void print(const schedule::ScheduleResult& result) {
@@ -341,6 +387,11 @@ class Sender : public std::enable_shared_from_this<Sender> {
   size_t next_ = 0;
   size_t settled_ = 0;
   size_t scheduled_ = 0;
+  size_t refused_ = 0;
+  size_t unknown_ = 0;
+  /// How many publishes awaited their confirms when the channel ended, and why it ended.
+  size_t awaiting_at_end_ = 0;
+  client::Error end_reason_;
   bool stopped_ = false;
   int worst_ = exit_ok;
   std::chrono::steady_clock::time_point started_;
@@ -646,6 +697,25 @@ std::string iso_time_ms(int64_t milliseconds) {
   std::snprintf(fraction, sizeof fraction, ".%03d", int(milliseconds - seconds * 1000));
   if (!text.empty() && text.back() == 'Z') text.insert(text.size() - 1, fraction);
   return text;
+}
+
+SendOutcome send_outcome(const client::PublishOutcome& publish, size_t awaiting) {
+  switch (publish.status) {
+    case client::PublishStatus::acked:
+      return SendOutcome::scheduled;
+    case client::PublishStatus::returned:
+    case client::PublishStatus::nacked:
+      return SendOutcome::refused;
+    case client::PublishStatus::failed:
+      break;
+  }
+  // The broker closes the channel with 403 to 406 for what a publish asked (404: no such
+  // exchange; 406: a body over its max_message_size), and with nothing else on send's channel.
+  const client::Error& error = publish.error;
+  const bool closed_for_a_publish =
+      error.code == client::make_error_code(client::ClientError::channel_closed) &&
+      error.reply_code >= 403 && error.reply_code <= 406;
+  return closed_for_a_publish && awaiting == 1 ? SendOutcome::refused : SendOutcome::unknown;
 }
 
 void add_schedule_commands(CLI::App& app, int& exit_code) {

@@ -1,6 +1,7 @@
 // Scheduled delivery against a real broker: `retryloop send` and the Scheduler through classic and
 // quorum delay levels (nothing arrives before it is due, and the message arrives whole), a queue
-// gone when its message is due, `retryloop schedule stats`, and outbox rows due later.
+// gone when its message is due, a channel closed with messages awaiting their confirms,
+// `retryloop schedule stats`, and outbox rows due later.
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -388,6 +389,98 @@ TEST_CASE(
     test::stop(loop, consumer);
   broker.remove(mail);
   broker.remove(sms);
+}
+
+TEST_CASE(
+    "retryloop send reports the messages awaiting their confirms when the broker closes the "
+    "channel as unknown, with exit 4, not as refused: those before the one it refused are held",
+    "[schedule][integration]") {
+  test::TestLoop loop;
+  test::QueueUnderTest target(loop, "sched.closed");
+  // A base of its own, so that no other test's messages are counted.
+  ScheduleFile file("1190ms", "1h", "classic", {target.queue});
+  apply(loop, target.connection, file.topology);
+  // 1024 units of the base: the messages wait in level 10 alone.
+  const auto delay = std::chrono::milliseconds(1190 * 1024);
+  const std::string level =
+      schedule::make_scheduled_copy(file.schedule(), target.queue, {}, delay, schedule::now_ms())
+          .exchange;
+  REQUIRE(level ==
+          topology::delay_level_name(topology::schedule_target(file.schedule(), target.queue), 10));
+
+  // The broker's limit, lowered for this test (RabbitMQ 4 keeps the 16 MiB it started with).
+  REQUIRE(test::broker_ctl("eval 'application:set_env(rabbit, max_message_size, 1048576).'") == 0);
+  // The level queue, suspended, takes what is routed to it but confirms nothing: the 20 messages
+  // before the one over the limit await their confirms when the broker closes the channel for it.
+  const std::string pid =
+      "element(2, rabbit_amqqueue:lookup(rabbit_misc:r(<<\"/\">>, queue, <<\"" + level + "\">>)))";
+  struct Restore {
+    std::string pid;
+    bool suspended = false;
+    ~Restore() {
+      if (suspended) test::broker_ctl("eval 'sys:resume(amqqueue:get_pid(" + pid + ")).'");
+      test::broker_ctl("eval 'application:set_env(rabbit, max_message_size, 134217728).'");
+    }
+  } restore{pid};
+  std::string out;
+  REQUIRE(test::broker_ctl("eval 'sys:suspend(amqqueue:get_pid(" + pid + ")).'", &out) == 0);
+  INFO(out);
+  restore.suspended = true;
+
+  // 26 lines: 20 small, one over the limit, 5 small. With a window of 23, the last 3 are not sent.
+  const std::string input =
+      (fs::temp_directory_path() / (test::unique_name("lines") + ".txt")).string();
+  {
+    std::ofstream lines(input, std::ios::binary);
+    for (int k = 1; k <= 20; ++k)
+      lines << "small " << k << "\n";
+    lines << std::string(test::broker_is_4x() ? 17u << 20 : 2u << 20, 'x') << "\n";
+    for (int k = 22; k <= 26; ++k)
+      lines << "small " << k << "\n";
+  }
+  Run run = retryloop_command({"send", "-t", file.path, "--queue", target.queue, "--delay",
+                               std::to_string(delay.count()) + "ms", "--message-id", "closed",
+                               "--lines", "--file", input, "--window", "23"});
+  fs::remove(input);
+  INFO(run.err);
+  CHECK(run.exit_code == 4);
+  CHECK(run.out.empty());
+  int unknown = 0;
+  for (int k = 1; k <= 23; ++k) {
+    unknown += run.err.find("message closed-" + std::to_string(k) +
+                            " may or may not be held: the broker closed the channel before it "
+                            "was confirmed\n") != std::string::npos;
+  }
+  CHECK(unknown == 23);
+  CHECK(run.err.find("closed-24") == std::string::npos);
+  CHECK(run.err.find("refused by the broker") == std::string::npos);
+  CHECK_THAT(run.err, Catch::Contains("0 scheduled, 0 refused, 23 unknown, 3 not sent, of 26 "
+                                      "messages"));
+  CHECK_THAT(run.err, Catch::Contains("23 messages (named above) may or may not be held: broker "
+                                      "closed the channel (406 PRECONDITION_FAILED"));
+  CHECK_THAT(run.err, Catch::Contains("max size"));
+  CHECK_THAT(run.err, Catch::Contains("check by message id"));
+  CHECK_THAT(run.err, Catch::Contains("the last 3 lines of the input were not sent"));
+
+  // Resumed, the level holds the 20 sent before the refused one: "refused" would have been
+  // wrong, and sending them again would have scheduled them twice. The broker dropped those
+  // after it (RabbitMQ 4 may hold the refused one too: it routes before it checks the size).
+  REQUIRE(test::broker_ctl("eval 'sys:resume(amqqueue:get_pid(" + pid + ")).'") == 0);
+  restore.suspended = false;
+  // Its mailbox comes before the passive declares and the gets that follow.
+  CHECK(test::eventually(loop,
+                         [&] { return test::queue_depth(loop, *target.connection, level) >= 20; }));
+  const auto held = test::drain_queue(loop, *target.connection, level);
+  std::vector<std::string> ids;
+  for (const auto& message : held)
+    ids.push_back(message.message.properties.message_id.value_or(""));
+  INFO(ids.size() << " held");
+  REQUIRE(ids.size() >= 20);
+  CHECK(ids.size() <= 21);
+  for (int k = 1; k <= 20; ++k)
+    CHECK(std::count(ids.begin(), ids.end(), "closed-" + std::to_string(k)) == 1);
+  for (int k = 22; k <= 26; ++k)
+    CHECK(std::count(ids.begin(), ids.end(), "closed-" + std::to_string(k)) == 0);
 }
 
 TEST_CASE(

@@ -1,5 +1,6 @@
 // Scheduled delivery without a broker: the copy a scheduled message is published as (its route,
-// its due time, the headers it keeps, gains and loses) and the requests it refuses.
+// its due time, the headers it keeps, gains and loses), the requests it refuses, and what
+// `retryloop send` reports of each publish's outcome.
 
 #include <catch2/catch.hpp>
 
@@ -7,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cli/schedule_command.hpp"
 #include "retryloop/retry/headers.hpp"
 #include "retryloop/schedule/scheduler.hpp"
 #include "retryloop/topology/delay_levels.hpp"
@@ -107,4 +109,70 @@ TEST_CASE("Scheduling refuses a queue the file does not name and a delay the lev
   CHECK_THROWS_WITH(schedule::make_scheduled_copy(schedule, "mail", {}, 1h + 1ms, 0),
                     "a delay of 3601s is longer than the delay levels' 1h, so the message would "
                     "arrive early; raise delay_levels.max in the topology file");
+}
+
+namespace {
+
+client::PublishOutcome failed(client::Error error) {
+  client::PublishOutcome outcome;
+  outcome.status = client::PublishStatus::failed;
+  outcome.error = std::move(error);
+  return outcome;
+}
+
+client::Error channel_closed(uint16_t reply_code, const std::string& text) {
+  client::Error error(client::ClientError::channel_closed, text);
+  error.reply_code = reply_code;
+  error.class_id = 60;  // basic.publish
+  error.method_id = 40;
+  return error;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "send reports a message the broker returned or nacked as refused, and one whose channel "
+    "ended before its confirm as unknown, unless it was the only one awaiting a refusal",
+    "[schedule][cli]") {
+  using cli::SendOutcome;
+  client::PublishOutcome outcome;
+  outcome.status = client::PublishStatus::acked;
+  CHECK(cli::send_outcome(outcome, 0) == SendOutcome::scheduled);
+  outcome.status = client::PublishStatus::returned;
+  CHECK(cli::send_outcome(outcome, 0) == SendOutcome::refused);
+  outcome.status = client::PublishStatus::nacked;
+  CHECK(cli::send_outcome(outcome, 0) == SendOutcome::refused);
+
+  // The broker closed the channel for one publish: a body over its max_message_size (406), a
+  // level exchange that is not there (404). Alone, that publish is the one refused.
+  const auto too_large = failed(channel_closed(406,
+                                               "PRECONDITION_FAILED - message size 2097152 "
+                                               "is larger than configured max size 1048576"));
+  const auto no_exchange = failed(channel_closed(404, "NOT_FOUND - no exchange"));
+  CHECK(cli::send_outcome(too_large, 1) == SendOutcome::refused);
+  CHECK(cli::send_outcome(no_exchange, 1) == SendOutcome::refused);
+  CHECK(cli::send_outcome(failed(channel_closed(403, "ACCESS_REFUSED")), 1) ==
+        SendOutcome::refused);
+  // With others awaiting, the one it was for is not known: those before it were most likely
+  // enqueued, those after it dropped. Each may or may not be held.
+  for (size_t awaiting : {2, 20, 1000}) {
+    INFO(awaiting << " awaiting");
+    CHECK(cli::send_outcome(too_large, awaiting) == SendOutcome::unknown);
+    CHECK(cli::send_outcome(no_exchange, awaiting) == SendOutcome::unknown);
+  }
+
+  // The connection ended, or the channel closed for something other than a publish: unknown,
+  // however many awaited.
+  for (size_t awaiting : {1, 2, 1000}) {
+    INFO(awaiting << " awaiting");
+    CHECK(cli::send_outcome(failed(client::Error(client::ClientError::connection_lost)),
+                            awaiting) == SendOutcome::unknown);
+    CHECK(cli::send_outcome(failed(client::Error(client::ClientError::heartbeat_timeout)),
+                            awaiting) == SendOutcome::unknown);
+    client::Error forced(client::ClientError::connection_closed, "CONNECTION_FORCED");
+    forced.reply_code = 320;
+    CHECK(cli::send_outcome(failed(forced), awaiting) == SendOutcome::unknown);
+    CHECK(cli::send_outcome(failed(channel_closed(541, "INTERNAL_ERROR")), awaiting) ==
+          SendOutcome::unknown);
+  }
 }
