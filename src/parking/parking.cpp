@@ -4,21 +4,63 @@
 #include <limits>
 #include <unordered_map>
 
+#include "retryloop/move/error.hpp"
+#include "retryloop/move/queue_walker.hpp"
 #include "retryloop/parking/error.hpp"
 #include "retryloop/parking/parked_json.hpp"
 #include "retryloop/random/os_random.hpp"
 #include "retryloop/retry/headers.hpp"
 #include "retryloop/retry/history.hpp"
 #include "retryloop/topology/delay_levels.hpp"
-#include "walker.hpp"
 
 namespace retryloop::parking {
 namespace {
 
 using client::ClientError;
 using client::Error;
-using detail::Decision;
-using detail::Walker;
+using move::Decision;
+using move::QueueWalker;
+
+/// What a parking operation decides for each message, as the parking tools see it.
+using ParkedVisitor = std::function<Decision(ParkedMessage& parked)>;
+
+/// Walks `queue` (a parking queue, or the unrouted queue of the delay levels) with the move
+/// layer's walker: each message is read as a ParkedMessage, and a queue that does not exist ends
+/// the walk with ParkingError::queue_missing, in the words the parking tools use.
+Error walk_parked(const std::shared_ptr<client::Connection>& connection, std::string queue,
+                  uint16_t window, ParkedVisitor visit, QueueWalker::DoneCallback done,
+                  ProgressHandler on_progress = {},
+                  std::shared_ptr<QueueWalker>* handle = nullptr) {
+  move::WalkOptions options;
+  options.queue = std::move(queue);
+  options.window = window;
+  options.on_progress = std::move(on_progress);
+  options.missing_hint = " (run `retryloop topology apply`)";
+  options.readers = "parking reads";
+  return QueueWalker::start(
+      connection, std::move(options),
+      [visit = std::move(visit)](move::WalkedMessage& walked) {
+        ParkedMessage parked = read_parked(std::move(walked.delivery.message), walked.index);
+        parked.routing_key = std::move(walked.delivery.routing_key);
+        Decision decision = visit(parked);
+        const bool publishes =
+            decision.kind == Decision::Kind::move || decision.kind == Decision::Kind::copy;
+        if (publishes && !decision.body) {
+          walked.delivery.message.body = std::move(parked.message.body);  // what it publishes
+        }
+        return decision;
+      },
+      [done = std::move(done)](const Error& error, const Progress& progress, bool interrupted) {
+        if (!done) return;
+        if (error.code != make_error_code(move::MoveError::queue_missing)) {
+          return done(error, progress, interrupted);
+        }
+        Error missing = error;
+        missing.code = make_error_code(ParkingError::queue_missing);
+        done(missing, progress, interrupted);
+      },
+      handle);
+}
 
 /// Depths by queue name, and the queues the user may not look at.
 using DepthsCallback =
@@ -81,7 +123,7 @@ Error list(const std::shared_ptr<client::Connection>& connection, const topology
   auto messages = std::make_shared<std::vector<ParkedMessage>>();
   auto count = std::make_shared<size_t>(0);
   const size_t limit = options.limit;
-  return Walker::start(
+  return walk_parked(
       connection, topology::parking_queue_name(service.name), options.window,
       [messages, count, limit, on_message = std::move(options.on_message)](ParkedMessage& parked) {
         if (on_message) {
@@ -145,7 +187,7 @@ Error stats(const std::shared_ptr<client::Connection>& connection, const topolog
     }
   }
   const uint64_t now = retry::unix_seconds();
-  return Walker::start(
+  return walk_parked(
       connection, topology::parking_queue_name(service.name), options.window,
       [counts, filter = std::move(options.filter), keep = options.keep,
        kept_body_bytes = options.kept_body_bytes, now](ParkedMessage& parked) {
@@ -253,7 +295,7 @@ class ReplayRun : public Replay {
   uint64_t would_move_count_ = 0;
   Progress progress_;
   ReplayResult result_;
-  std::weak_ptr<Walker> walker_;
+  std::weak_ptr<QueueWalker> walker_;
   bool stopped_ = false;
 };
 
@@ -297,8 +339,8 @@ Error replay(const std::shared_ptr<client::Connection>& connection,
           if (callback) callback(run->result_);
           return;
         }
-        std::shared_ptr<Walker> walker;
-        Error error = Walker::start(
+        std::shared_ptr<QueueWalker> walker;
+        Error error = walk_parked(
             connection, parking, run->options_.window,
             [run](ParkedMessage& parked) { return run->decide(parked); },
             [run, callback](const Error& error, const Progress& progress, bool interrupted) {
@@ -495,7 +537,7 @@ class EditRun : public Edit {
   EditOptions options_;
   EditResult result_;
   std::string target_;
-  std::weak_ptr<Walker> walker_;
+  std::weak_ptr<QueueWalker> walker_;
 };
 
 }  // namespace
@@ -515,8 +557,8 @@ Error edit(const std::shared_ptr<client::Connection>& connection, const topology
   if (no_id) {
     return Error(no_id, "cannot draw the copy's message id from the operating system (getrandom)");
   }
-  std::shared_ptr<Walker> walker;
-  Error error = Walker::start(
+  std::shared_ptr<QueueWalker> walker;
+  Error error = walk_parked(
       connection, topology::parking_queue_name(service.name), 1,
       [run](ParkedMessage& parked) {
         Decision decision;
@@ -579,7 +621,7 @@ Error purge(const std::shared_ptr<client::Connection>& connection, const topolog
   auto count = std::make_shared<Count>();
   const uint64_t now = retry::unix_seconds();
   const bool execute = options.execute;
-  return Walker::start(
+  return walk_parked(
       connection, topology::parking_queue_name(service.name), options.window,
       [count, filter = std::move(options.filter), now, execute](ParkedMessage& parked) {
         Decision decision;

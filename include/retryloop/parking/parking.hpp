@@ -13,6 +13,7 @@
 
 #include "retryloop/client/connection.hpp"
 #include "retryloop/client/error.hpp"
+#include "retryloop/move/queue_walker.hpp"
 #include "retryloop/parking/parked_message.hpp"
 #include "retryloop/topology/topology.hpp"
 
@@ -50,22 +51,17 @@ using ListCallback =
 client::Error list(const std::shared_ptr<client::Connection>& connection,
                    const topology::Service& service, ListOptions options, ListCallback callback);
 
-/// Progress of a read, replay or purge, reported as it goes.
-struct Progress {
-  /// Parking depth at the start: the most messages this run reads.
-  uint64_t total = 0;
-  uint64_t scanned = 0;
-  /// Replay: copies confirmed and their parked originals acked. Purge: deleted.
-  uint64_t moved = 0;
-  /// Did not match the filter (or were past --limit): stay in parking.
-  uint64_t skipped = 0;
-  /// Copies returned or nacked by the broker: their originals stay in parking.
-  uint64_t failed = 0;
-  /// Copies published whose originals stay parked because the channel or connection ended before
-  /// the broker's confirm, or before the original's ack: each may be in the target as well.
-  uint64_t uncertain = 0;
-};
-using ProgressHandler = std::function<void(const Progress& progress)>;
+/// Progress of a read, replay or purge, reported as it goes (the walk of the move layer, which
+/// the parking operations read with). `total`: the parking depth at the start, the most
+/// messages this run reads. `moved`: for a replay, copies confirmed and their parked originals
+/// acked; for a purge, messages deleted (for a dry run, or a purge without execute, what would
+/// be). `skipped`: did not match the filter (or were past the limit), stay in parking. `failed`:
+/// copies returned or nacked by the broker, whose originals stay in parking. `uncertain`: copies
+/// published whose originals stay parked because the channel or connection ended before the
+/// broker's confirm, or before the original's ack; each may be in the target as well.
+/// `duplicates` stays 0.
+using Progress = move::Progress;
+using ProgressHandler = move::ProgressHandler;
 
 /// The most distinct error lines Stats::by_error counts, so that a queue whose every message has
 /// an error of its own (an id or a time in the text) costs bounded memory.

@@ -1,12 +1,13 @@
-#include "walker.hpp"
+#include "queue_walker_impl.hpp"
 
 #include <algorithm>
 
-#include "retryloop/parking/error.hpp"
+#include "retryloop/move/error.hpp"
 #include "retryloop/retry/history.hpp"
 #include "retryloop/retry/move.hpp"
 
-namespace retryloop::parking::detail {
+namespace retryloop::move {
+namespace detail {
 namespace {
 
 using client::ClientError;
@@ -41,19 +42,20 @@ constexpr uint16_t kSpareChannels = 16;
 
 }  // namespace
 
-Walker::Walker(std::shared_ptr<client::Connection> connection, std::string queue, uint16_t window)
+Walker::Walker(std::shared_ptr<client::Connection> connection, WalkOptions options)
     : connection_(std::move(connection)),
-      queue_(std::move(queue)),
-      window_(window == 0 ? 1 : window) {}
+      queue_(std::move(options.queue)),
+      window_(options.window == 0 ? 1 : options.window),
+      missing_hint_(std::move(options.missing_hint)),
+      readers_(std::move(options.readers)),
+      on_progress_(std::move(options.on_progress)) {}
 
-Error Walker::start(const std::shared_ptr<client::Connection>& connection, std::string queue,
-                    uint16_t window, Visitor visitor, DoneCallback done,
-                    ProgressHandler on_progress, std::shared_ptr<Walker>* handle) {
+Error Walker::start(const std::shared_ptr<client::Connection>& connection, WalkOptions options,
+                    Visitor visitor, DoneCallback done, std::shared_ptr<QueueWalker>* handle) {
   if (!connection || !connection->is_open()) return Error(ClientError::not_open);
-  std::shared_ptr<Walker> walker(new Walker(connection, std::move(queue), window));
+  std::shared_ptr<Walker> walker(new Walker(connection, std::move(options)));
   walker->visitor_ = std::move(visitor);
   walker->done_ = std::move(done);
-  walker->on_progress_ = std::move(on_progress);
   std::weak_ptr<Walker> weak = walker;
   Error error = connection->open_channel(
       [weak](const Error& error, std::shared_ptr<client::Channel> channel) {
@@ -114,8 +116,8 @@ void Walker::look_up(std::function<void(const client::QueueInfo& info)> found) {
         if (!self || self->reported_) return;
         if (error.reply_code == 404) {
           return self->fail(
-              Error(ParkingError::queue_missing,
-                    "queue " + self->queue_ + " does not exist (run `retryloop topology apply`)"));
+              Error(MoveError::queue_missing,
+                    "queue " + self->queue_ + " does not exist" + self->missing_hint_));
         }
         if (error.reply_code == 403) {
           // RabbitMQ 4.2.6 and 4.3 refuse a passive declare to a user without any permission
@@ -123,8 +125,8 @@ void Walker::look_up(std::function<void(const client::QueueInfo& info)> found) {
           Error refused = error;
           refused.reply_text +=
               " (looking the queue up with a passive queue.declare, which "
-              "takes any permission on it: read, which parking reads need, "
-              "is enough)";
+              "takes any permission on it: read, which " +
+              self->readers_ + " need, is enough)";
           return self->fail(refused);
         }
         if (error) return self->fail(error);
@@ -237,26 +239,28 @@ void Walker::on_delivery(client::Delivery&& delivery) {
   last_activity_ms_ = uv_now(connection_->loop());
   idle_checks_ = 0;
   if (reading_done_ || reported_) return;  // held: goes back to its place when the channel closes
-  ParkedMessage parked = read_parked(std::move(delivery.message), progress_.scanned++);
-  parked.routing_key = std::move(delivery.routing_key);
-  Decision decision = visitor_(parked);
+  const uint64_t delivery_tag = delivery.delivery_tag;
+  WalkedMessage walked{progress_.scanned++, std::move(delivery)};
+  Decision decision = visitor_(walked);
   switch (decision.kind) {
     case Decision::Kind::keep:
       hold();
       break;
     case Decision::Kind::remove:
-      if (Error error = channel_->ack(delivery.delivery_tag)) return fail(error);
+      if (Error error = channel_->ack(delivery_tag)) return fail(error);
       last_ack_ms_ = uv_now(connection_->loop());
       ++progress_.moved;
       break;
     case Decision::Kind::move: {
-      std::string body = decision.body ? std::move(*decision.body) : std::move(parked.message.body);
-      move(delivery.delivery_tag, std::move(decision), std::move(body));
+      std::string body =
+          decision.body ? std::move(*decision.body) : std::move(walked.delivery.message.body);
+      move(delivery_tag, std::move(decision), std::move(body));
       break;
     }
     case Decision::Kind::copy: {
       hold();
-      std::string body = decision.body ? std::move(*decision.body) : std::move(parked.message.body);
+      std::string body =
+          decision.body ? std::move(*decision.body) : std::move(walked.delivery.message.body);
       copy(std::move(decision), std::move(body));
       break;
     }
@@ -280,10 +284,10 @@ void Walker::move(uint64_t delivery_tag, Decision&& decision, std::string&& body
   ++publishes_in_flight_;
   std::weak_ptr<Walker> weak = weak_from_this();
   Error error = publish_move(weak, delivery_tag, decision, body);
-  // A copy over frame_max gives up its oldest history entries first; one that still does not
-  // fit stays parked, counted as failed.
+  // A copy over frame_max gives up its oldest history entries first (unless the decision keeps
+  // its properties whole); one that still does not fit stays in the queue, counted as failed.
   while (error.code == make_error_code(ClientError::properties_too_large) &&
-         retry::shorten_history(decision.properties)) {
+         decision.shorten_history_to_fit && retry::shorten_history(decision.properties)) {
     error = publish_move(weak, delivery_tag, decision, body);
   }
   if (error.code == make_error_code(ClientError::properties_too_large)) {
@@ -308,7 +312,7 @@ Error Walker::publish_move(const std::weak_ptr<Walker>& weak, uint64_t delivery_
         if (!self) return;
         if (outcome.ok() && ack_error) {
           --self->publishes_in_flight_;
-          ++self->progress_.uncertain;  // confirmed, but its original stays parked
+          ++self->progress_.uncertain;  // confirmed, but its original stays in the queue
           return self->fail(ack_error);
         }
         if (outcome.ok()) self->last_ack_ms_ = uv_now(self->connection_->loop());
@@ -328,7 +332,7 @@ void Walker::copy_settled(const client::PublishOutcome& outcome, bool original_h
                               : Error(ClientError::channel_closed,
                                       "the channel ended before a copy was confirmed"));
   } else {
-    ++progress_.failed;  // returned or nacked: the parked original stays
+    ++progress_.failed;  // returned or nacked: the original stays in the queue
     if (!original_held) hold();
   }
   if (on_progress_) on_progress_(progress_);
@@ -501,4 +505,13 @@ void Walker::check_idle() {
   });
 }
 
-}  // namespace retryloop::parking::detail
+}  // namespace detail
+
+client::Error QueueWalker::start(const std::shared_ptr<client::Connection>& connection,
+                                 WalkOptions options, Visitor visitor, DoneCallback done,
+                                 std::shared_ptr<QueueWalker>* handle) {
+  return detail::Walker::start(connection, std::move(options), std::move(visitor), std::move(done),
+                               handle);
+}
+
+}  // namespace retryloop::move

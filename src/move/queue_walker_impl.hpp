@@ -9,30 +9,12 @@
 #include <vector>
 
 #include "retryloop/client/connection.hpp"
-#include "retryloop/parking/parking.hpp"
+#include "retryloop/move/queue_walker.hpp"
 
-namespace retryloop::parking::detail {
+namespace retryloop::move::detail {
 
-/// What to do with one parked message.
-struct Decision {
-  enum class Kind {
-    keep,    ///< leave it parked, in its place
-    remove,  ///< ack it: it is deleted
-    move,    ///< publish `properties` + its body to `exchange`/`routing_key`, ack after the confirm
-    copy,    ///< publish as `move` does, and keep the original parked
-  };
-  Kind kind = Kind::keep;
-  std::string exchange;
-  std::string routing_key;
-  amqp::BasicProperties properties;
-  /// The body to publish instead of the message's own.
-  std::optional<std::string> body;
-  /// Read no further message after this one.
-  bool stop_after = false;
-};
-
-/// Reads a queue once, from its head to the depth it had at the start, and carries out a
-/// decision per message (the shared rules of parking.hpp). Kept messages are held unacked until
+/// The QueueWalker. Reads a queue once, from its head to the depth it had at the start, and
+/// carries out a decision per message (queue_walker.hpp). Kept messages are held unacked until
 /// the channel closes; when they fill half the window, the consumer is restarted, so that held
 /// messages never stall the reading (prefetch counts per consumer). Once a channel holds
 /// kHeldPerChannel messages, the next consumer reads on a new channel and the old one keeps its
@@ -43,27 +25,21 @@ struct Decision {
 /// only once no copy is in flight, and the new one starts once none is, so that at most `window`
 /// copies ever await their confirms. A channel that holds kept messages closes no sooner than a
 /// grace period after its last ack: RabbitMQ 3.10 quorum queues can drop acks that the close
-/// overtakes, which would leave a moved message parked as well. `done` fires once the queue counts
-/// the kept messages back (or after a few seconds in which the count did not grow), so that a read
-/// that follows sees them.
-class Walker : public std::enable_shared_from_this<Walker> {
+/// overtakes, which would leave a moved message in the queue as well. `done` fires once the queue
+/// counts the kept messages back (or after a few seconds in which the count did not grow), so that
+/// a read that follows sees them.
+class Walker : public QueueWalker, public std::enable_shared_from_this<Walker> {
  public:
-  using Visitor = std::function<Decision(ParkedMessage& message)>;
-  /// Progress counts scanned, moved (removed, or moved and confirmed) and failed.
-  using DoneCallback =
-      std::function<void(const client::Error& error, const Progress& progress, bool interrupted)>;
-
+  /// QueueWalker::start.
   static client::Error start(const std::shared_ptr<client::Connection>& connection,
-                             std::string queue, uint16_t window, Visitor visitor, DoneCallback done,
-                             ProgressHandler on_progress = {},
-                             std::shared_ptr<Walker>* handle = nullptr);
+                             WalkOptions options, Visitor visitor, DoneCallback done,
+                             std::shared_ptr<QueueWalker>* handle);
 
-  /// Reads no more; what is in flight settles, then `done` fires with interrupted = true.
-  void stop();
-  const Progress& progress() const { return progress_; }
+  void stop() override;
+  const Progress& progress() const override { return progress_; }
 
  private:
-  Walker(std::shared_ptr<client::Connection> connection, std::string queue, uint16_t window);
+  Walker(std::shared_ptr<client::Connection> connection, WalkOptions options);
 
   void on_channel(std::shared_ptr<client::Channel> channel);
   /// Counts the queue to walk; a count of 0 is looked at again a few times first (see
@@ -91,7 +67,8 @@ class Walker : public std::enable_shared_from_this<Walker> {
   void on_delivery(client::Delivery&& delivery);
   void move(uint64_t delivery_tag, Decision&& decision, std::string&& body);
   void copy(Decision&& decision, std::string&& body);
-  /// A move's or copy's publish ended; `original_held`: a copy's original stays parked anyway.
+  /// A move's or copy's publish ended; `original_held`: a copy's original stays in the queue
+  /// anyway.
   void copy_settled(const client::PublishOutcome& outcome, bool original_held);
   client::Error publish_move(const std::weak_ptr<Walker>& weak, uint64_t delivery_tag,
                              const Decision& decision, const std::string& body);
@@ -110,6 +87,9 @@ class Walker : public std::enable_shared_from_this<Walker> {
   std::shared_ptr<client::Connection> connection_;
   std::string queue_;
   uint16_t window_;
+  /// WalkOptions::missing_hint and readers.
+  std::string missing_hint_;
+  std::string readers_;
   Visitor visitor_;
   DoneCallback done_;
   ProgressHandler on_progress_;
@@ -153,4 +133,4 @@ class Walker : public std::enable_shared_from_this<Walker> {
   std::shared_ptr<Walker> self_;
 };
 
-}  // namespace retryloop::parking::detail
+}  // namespace retryloop::move::detail
