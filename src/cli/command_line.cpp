@@ -3,6 +3,7 @@
 #include <string>
 
 #include "common.hpp"
+#include "migrate_command.hpp"
 #include "outbox_command.hpp"
 #include "parking_command.hpp"
 #include "schedule_command.hpp"
@@ -30,6 +31,7 @@ void build_command_line(CLI::App& app, int& exit_code) {
                        "Print the version and exit");
   app.get_formatter()->column_width(32);
   add_topology_commands(app, exit_code);
+  add_migrate_command(*app.get_subcommand("topology"), exit_code);
   add_parking_commands(app, exit_code);
   add_outbox_commands(app, exit_code);
   add_schedule_commands(app, exit_code);

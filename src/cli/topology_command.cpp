@@ -564,8 +564,9 @@ std::string summary(const Report& report,
 }
 
 constexpr const char* drift_hint =
-    "retryloop: RabbitMQ cannot change the arguments of an existing queue or exchange; to make it "
-    "match, move its messages away, delete it and apply again (docs/topology.md, \"Drift\")\n";
+    "retryloop: RabbitMQ cannot change the arguments of an existing queue or exchange; `retryloop "
+    "topology migrate FILE --dry-run` shows how migrate changes the queues with every message "
+    "kept (docs/migrate.md)\n";
 
 int run_report(const TopologyArgs& args, const std::string& command) {
   auto t = load_topology_or_fail(args.file, args.services);

@@ -154,8 +154,8 @@ std::string delivery_limit_problem(const topology::Report& report, const std::st
                                  ", the broker has " + result.drift->actual
                            : result.error.reply_text) +
              "), so its delivery limit may be one that repeated scans reach, and drop parked "
-             "messages. Move its messages away, delete it and run `retryloop topology apply` "
-             "(docs/topology.md, \"Drift\")";
+             "messages. `retryloop topology migrate` makes it again with the file's arguments, "
+             "every parked message kept (docs/migrate.md)";
     default:
       if (result.exists.value_or(false) && result.error.reply_code == 403) {
         return "cannot check the delivery limit of queue " + queue +

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "breaker_link.hpp"
+#include "retryloop/client/timer.hpp"
 #include "retryloop/topology/topology.hpp"
 
 namespace retryloop::consumer {
@@ -43,28 +44,6 @@ void run_steps(const std::shared_ptr<std::vector<Step>>& steps, size_t index,
     run_steps(steps, index + 1, done);
   });
   if (error) done(error);
-}
-
-/// Runs `fn` on `loop` after `delay`; the timer frees itself.
-void after(uv_loop_t* loop, std::chrono::milliseconds delay, std::function<void()> fn) {
-  struct Timer {
-    uv_timer_t handle{};
-    std::function<void()> fn;
-  };
-  auto* timer = new Timer{};
-  timer->fn = std::move(fn);
-  uv_timer_init(loop, &timer->handle);
-  timer->handle.data = timer;
-  uv_timer_start(
-      &timer->handle,
-      [](uv_timer_t* handle) {
-        auto* timer = static_cast<Timer*>(handle->data);
-        std::function<void()> fn = std::move(timer->fn);
-        uv_close(reinterpret_cast<uv_handle_t*>(handle),
-                 [](uv_handle_t* closed) { delete static_cast<Timer*>(closed->data); });
-        fn();
-      },
-      uint64_t(delay.count()), 0);
 }
 
 /// Reads the state queue one message at a time, keeping the last signal in the queue's order (the
@@ -105,7 +84,7 @@ struct StateReader : std::enable_shared_from_this<StateReader> {
     }
     const std::chrono::milliseconds delay = empty_read_delays[empty_reads++];
     read = 0;
-    after(loop, delay, [self = shared_from_this()] {
+    client::run_after(loop, delay, [self = shared_from_this()] {
       if (self->channel->is_open()) {
         self->next();
       } else {

@@ -48,6 +48,7 @@ std::string encode_record(const Record& record) {
                         {"started_at_ms", record.started_at_ms},
                         {"updated_at_ms", record.updated_at_ms},
                         {"moved", record.moved},
+                        {"holding", record.holding},
                         {"finished", record.finished}};
   if (record.draining_since_ms) out["draining_since_ms"] = *record.draining_since_ms;
   return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -77,6 +78,9 @@ std::optional<Record> decode_record(std::string_view body, std::string& error) {
   auto parsed = survey_from_json(*survey, error);
   if (!parsed) return std::nullopt;
   record.survey = std::move(*parsed);
+  if (auto holding = json.find("holding"); holding != json.end() && holding->is_string()) {
+    record.holding = holding->get<std::string>();
+  }
   if (auto since = json.find("draining_since_ms");
       since != json.end() && since->is_number_integer()) {
     record.draining_since_ms = since->get<int64_t>();
@@ -84,9 +88,11 @@ std::optional<Record> decode_record(std::string_view body, std::string& error) {
   return record;
 }
 
-Migration::Migration(MigrationPlan plan, std::string id, int64_t wall_ms) : plan_(std::move(plan)) {
+Migration::Migration(MigrationPlan plan, std::string id, Survey survey, int64_t wall_ms)
+    : plan_(std::move(plan)) {
   record_.service = plan_.service;
   record_.id = std::move(id);
+  record_.survey = std::move(survey);
   record_.digest = digest(plan_);
   record_.started_at_ms = wall_ms;
   record_.updated_at_ms = wall_ms;
@@ -124,6 +130,8 @@ const Step* Migration::current() const {
 
 void Migration::done(int64_t wall_ms) {
   if (record_.next_step >= plan_.steps.size()) return;
+  const Step& step = plan_.steps[record_.next_step];
+  if (step.kind == StepKind::announce) record_.holding = step.queue;
   ++record_.next_step;
   record_.updated_at_ms = wall_ms;
   record_.draining_since_ms.reset();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <string_view>
 #include <utility>
 
 #include "retryloop/topology/duration.hpp"
@@ -125,7 +126,7 @@ class Planner {
       add_object(service_queue(), "the service queue is missing");
     } else if (survey_.service_queue.found == Found::differs) {
       make_again(service_queue(), survey_.service_queue, true,
-                 "the service queue's " + survey_.service_queue.argument + " changes");
+                 "the service queue differs from the file" + first(survey_.service_queue));
     }
     for (const ObjectFound& wait : survey_.wait_queues) {
       if (wait.found == Found::differs) replace_level(wait);
@@ -136,13 +137,18 @@ class Planner {
       add_object(survey_.parking_queue.name, "the parking queue is missing");
     } else if (survey_.parking_queue.found == Found::differs) {
       make_again(survey_.parking_queue.name, survey_.parking_queue, false,
-                 "the parking queue's " + survey_.parking_queue.argument + " changes");
+                 "the parking queue differs from the file" + first(survey_.parking_queue));
     }
     return std::move(plan_);
   }
 
  private:
   std::string service_queue() const { return topology::input_queue_name(service_); }
+
+  /// The broker compares arguments one at a time and names the first that differs.
+  static std::string first(const ObjectFound& found) {
+    return found.argument.empty() ? std::string() : " (first: " + found.argument + ")";
+  }
 
   std::string level_of(const std::string& queue) const {
     const std::string prefix = topology::wait_exchange_name(service_.name) + ".";
@@ -165,6 +171,22 @@ class Planner {
       }
     }
     return out;
+  }
+
+  static bool is_quorum(const topology::Action& declaration) {
+    const amqp::FieldValue* type = declaration.arguments.find("x-queue-type");
+    return type != nullptr && type->as_string() == std::string_view("quorum");
+  }
+
+  /// Whether the broker's `queue` is a quorum queue: the file's type, unless the type is what
+  /// differs.
+  bool broker_quorum(const std::string& queue, const ObjectFound& found) const {
+    return is_quorum(declaration(queue)) != (found.argument == "x-queue-type");
+  }
+
+  void push_delete(const std::string& queue, bool quorum, std::string why) {
+    push_queue(StepKind::delete_queue, queue, std::move(why));
+    plan_.steps.back().quorum = quorum;
   }
 
   static topology::Action renamed(topology::Action action, const std::string& name) {
@@ -211,19 +233,19 @@ class Planner {
       push(StepKind::bind_queue, renamed(binding, holding), why);
     for (const topology::Action& binding : binds)
       push(StepKind::unbind_queue, binding, why);
-    if (service) push_queue(StepKind::announce, holding, why);
+    if (service) push_queue(StepKind::announce, holding, why, queue);
     push_queue(StepKind::move, queue, why, holding);
     push_queue(StepKind::drain, queue, why);
-    push_queue(StepKind::delete_queue, queue, why);
+    push_delete(queue, broker_quorum(queue, found), why);
     push(StepKind::declare_queue, declaration(queue), why);
     for (const topology::Action& binding : binds)
       push(StepKind::bind_queue, binding, why);
     for (const topology::Action& binding : binds)
       push(StepKind::unbind_queue, renamed(binding, holding), why);
-    if (service) push_queue(StepKind::announce, queue, why);
+    if (service) push_queue(StepKind::announce, std::string(), why, queue);
     push_queue(StepKind::move, holding, why, queue);
     push_queue(StepKind::drain, holding, why);
-    push_queue(StepKind::delete_queue, holding, why);
+    push_delete(holding, is_quorum(declaration(queue)), why);
     // Moved out, and moved back with what came meanwhile.
     plan_.messages_to_move += 2 * found.messages;
   }
@@ -236,7 +258,7 @@ class Planner {
   /// at its due time; a holding queue with the new arguments takes the new retries meanwhile.
   void replace_level(const ObjectFound& found) {
     const std::string why =
-        "delay level " + level_of(found.name) + "'s " + found.argument + " changes";
+        "delay level " + level_of(found.name) + " differs from the file" + first(found);
     const std::string holding = holding_queue_name(found.name);
     const std::vector<topology::Action> binds = bindings(found.name);
     const std::chrono::milliseconds delay = delay_of(found.name);
@@ -246,14 +268,14 @@ class Planner {
     for (const topology::Action& binding : binds)
       push(StepKind::unbind_queue, binding, why);
     push_queue(StepKind::drain, found.name, why, {}, delay);
-    push_queue(StepKind::delete_queue, found.name, why);
+    push_delete(found.name, broker_quorum(found.name, found), why);
     push(StepKind::declare_queue, declaration(found.name), why);
     for (const topology::Action& binding : binds)
       push(StepKind::bind_queue, binding, why);
     for (const topology::Action& binding : binds)
       push(StepKind::unbind_queue, renamed(binding, holding), why);
     push_queue(StepKind::drain, holding, why, {}, delay);
-    push_queue(StepKind::delete_queue, holding, why);
+    push_delete(holding, is_quorum(declaration(found.name)), why);
     plan_.drain_time += 2 * delay;
   }
 
@@ -272,7 +294,11 @@ class Planner {
     binding.routing_key = level_of(found.name);
     push(StepKind::unbind_queue, binding, why);
     push_queue(StepKind::drain, found.name, why, {}, delay);
-    push_queue(StepKind::delete_queue, found.name, why);
+    // Wait queues are of the service's type; when the type is what changes, the old one's.
+    push_delete(found.name,
+                (service_.queue_type == topology::QueueType::quorum) !=
+                    (survey_.service_queue.argument == "x-queue-type"),
+                why);
     plan_.drain_time += delay;
   }
 
@@ -364,7 +390,8 @@ std::string describe(const Step& step) {
       return "unbind " + step.action.exchange + " -> " + step.action.name +
              (step.action.routing_key.empty() ? "" : " (" + step.action.routing_key + ")");
     case StepKind::announce:
-      return "the instances consume " + step.queue;
+      return step.queue.empty() ? "the instances consume " + step.target + " alone again"
+                                : "the instances consume " + step.queue + " beside " + step.target;
     case StepKind::move:
       return "move " + step.queue + " -> " + step.target;
     case StepKind::drain:

@@ -13,6 +13,8 @@
 #include <sstream>
 #include <thread>
 
+#include "support/harness.hpp"
+
 extern char** environ;
 
 namespace retryloop::test {
@@ -113,6 +115,17 @@ std::string ChildProcess::err() const {
 
 std::string built_program(const std::string& relative) {
   return (std::filesystem::path(RETRYLOOP_BINARY_DIR) / relative).string();
+}
+
+CommandRun run_retryloop(const std::vector<std::string>& args, int timeout_ms) {
+  std::vector<std::string> argv{built_program("retryloop")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  ChildProcess child(argv, {"RETRYLOOP_URL=" + broker_url(), "RETRYLOOP_TOPOLOGY="});
+  CommandRun run;
+  run.exit_code = child.wait(timeout_ms);
+  run.out = child.out();
+  run.err = child.err();
+  return run;
 }
 
 int console_port(ChildProcess& console) {

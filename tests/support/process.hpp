@@ -43,4 +43,14 @@ int console_port(ChildProcess& console);
 /// Path of a program the build made, relative to the build tree (`examples/demo_consumer`).
 std::string built_program(const std::string& relative);
 
+/// What a run of the retryloop command printed, and its exit code.
+struct CommandRun {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+/// Runs the retryloop command the build made with `args` against the test broker (RETRYLOOP_URL
+/// set, RETRYLOOP_TOPOLOGY unset), waiting up to `timeout_ms` for it to end.
+CommandRun run_retryloop(const std::vector<std::string>& args, int timeout_ms = 60000);
+
 }  // namespace retryloop::test

@@ -81,7 +81,7 @@ TEST_CASE(
                                "unbind orders.in -> orders (order.*)",
                                "unbind orders.in -> orders (refund.*)",
                                "unbind orders.wait -> orders (orders)",
-                               "the instances consume orders.migrating",
+                               "the instances consume orders.migrating beside orders",
                                "move orders -> orders.migrating",
                                "wait until orders is empty and has no consumer",
                                "delete queue orders",
@@ -92,7 +92,7 @@ TEST_CASE(
                                "unbind orders.in -> orders.migrating (order.*)",
                                "unbind orders.in -> orders.migrating (refund.*)",
                                "unbind orders.wait -> orders.migrating (orders)",
-                               "the instances consume orders",
+                               "the instances consume orders alone again",
                                "move orders.migrating -> orders",
                                "wait until orders.migrating is empty and has no consumer",
                                "delete queue orders.migrating",
@@ -103,7 +103,7 @@ TEST_CASE(
   CHECK(topology::format_value(*holding.action.arguments.find("x-queue-type")) == "quorum");
   CHECK(plan.messages_to_move == 600);
   CHECK(plan.drain_time == 0ms);
-  CHECK(plan.steps[0].why == "the service queue's x-queue-type changes");
+  CHECK(plan.steps[0].why == "the service queue differs from the file (first: x-queue-type)");
   // Bindings and unbindings go the holding queue's way before anything is moved: a publish in
   // between reaches one queue or both, never none.
   size_t first_unbind = 0, first_move = 0;
@@ -113,6 +113,9 @@ TEST_CASE(
   }
   CHECK(first_unbind == 4);
   CHECK(first_move == 8);
+  // The old queue is deleted as the classic queue it is, the holding queue as a quorum queue.
+  CHECK_FALSE(plan.steps[10].quorum);
+  CHECK(plan.steps[21].quorum);
 }
 
 TEST_CASE(
@@ -190,17 +193,17 @@ TEST_CASE(
   Survey survey = matching();
   survey.service_queue = found("orders", Found::differs, 300, "x-queue-type");
   const MigrationPlan plan = make_migration_plan(orders(), survey);
-  Migration migration(plan, "m-1234", 1'800'000'000'000);
+  Migration migration(plan, "m-1234", survey, 1'800'000'000'000);
   REQUIRE(migration.current());
   CHECK(migration.current()->kind == StepKind::declare_queue);
   for (int i = 0; i < 9; ++i)
     migration.done(1'800'000'000'000 + i);
   migration.moved(300);
   REQUIRE(migration.current()->kind == StepKind::drain);
+  CHECK(migration.record().holding == "orders.migrating");  // announced at step 8
 
   // Killed here: what was recorded last is what the rerun reads.
-  Record record = migration.record();
-  record.survey = survey;
+  const Record& record = migration.record();
   std::string error;
   auto decoded = decode_record(encode_record(record), error);
   INFO(error);
@@ -215,9 +218,11 @@ TEST_CASE(
   REQUIRE(resumed);
   CHECK(resumed->current_index() == 9);
   CHECK(resumed->current()->queue == "orders");
+  CHECK(resumed->record().holding == "orders.migrating");
   while (resumed->current())
     resumed->done(1'800'000'001'000);
   CHECK(resumed->record().finished);
+  CHECK(resumed->record().holding.empty());  // back to the service queue alone
 
   // Another file makes another plan: refused, with what to do.
   auto other = Migration::resume(
@@ -235,7 +240,7 @@ TEST_CASE(
   Survey survey = matching();
   survey.stale_wait_queues = {found("orders.wait.1m", Found::matches, 7)};
   const MigrationPlan plan = make_migration_plan(orders(), survey);
-  Migration migration(plan, "m-1", 0);
+  Migration migration(plan, "m-1", survey, 0);
   migration.done(0);  // unbound
   REQUIRE(migration.current()->kind == StepKind::drain);
   CHECK_FALSE(migration.wake_at());

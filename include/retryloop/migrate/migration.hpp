@@ -36,6 +36,10 @@ struct Record {
   int64_t updated_at_ms = 0;
   /// Messages the movers have moved so far.
   uint64_t moved = 0;
+  /// The holding queue the service's instances consume beside the service queue while it is made
+  /// again (from its first announce step to its second); empty otherwise. Instances that hear the
+  /// record, or read it when they start, follow it.
+  std::string holding;
   /// A drain under way: since when (wall clock) its queue has been waited for.
   std::optional<int64_t> draining_since_ms;
   /// Every step is done.
@@ -52,8 +56,8 @@ std::optional<Record> decode_record(std::string_view body, std::string& error);
 /// timers; `wall_ms`: the wall clock, for the record).
 class Migration {
  public:
-  /// A new migration: `id` stamps what it moves.
-  Migration(MigrationPlan plan, std::string id, int64_t wall_ms);
+  /// A new migration of `plan`, made from `survey`: `id` stamps what it moves.
+  Migration(MigrationPlan plan, std::string id, Survey survey, int64_t wall_ms);
   /// Goes on with a recorded migration. nullopt, with `error` saying why, when the record is of
   /// another plan (another file, another survey) or another service.
   static std::optional<Migration> resume(MigrationPlan plan, Record record, std::string& error);

@@ -57,9 +57,9 @@ enum class StepKind {
   bind_queue,
   /// queue.unbind of `action`'s binding: the queue no longer receives what it routed.
   unbind_queue,
-  /// Tells the service's instances, through its breaker exchange, to consume `queue` beside the
-  /// service queue (a holding queue), or to consume the service queue alone again (`queue` is the
-  /// service queue).
+  /// Tells the service's instances (the record, published after the step) to consume `queue` (a
+  /// holding queue) beside the service queue `target`, or, with `queue` empty, `target` alone
+  /// again.
   announce,
   /// The mover: every message of `queue` into `target`, published with confirms in a window, each
   /// stamped with the migration's id, each original acked once its copy is confirmed.
@@ -81,10 +81,14 @@ struct Step {
   topology::Action action;
   /// announce, move, drain, delete_queue: the queue.
   std::string queue;
-  /// move: the queue the messages go to (through the default exchange).
+  /// move: the queue the messages go to (through the default exchange); announce: the service
+  /// queue.
   std::string target;
   /// drain of a wait queue: its delay, the longest its messages still wait.
   std::chrono::milliseconds delay{0};
+  /// delete_queue: the queue is a quorum queue, which RabbitMQ deletes only without if-empty and
+  /// if-unused (it refuses them, closing the connection): the driver looks it up just before.
+  bool quorum = false;
   /// For people: "the service queue becomes quorum", "delay level 30s is removed".
   std::string why;
 };
