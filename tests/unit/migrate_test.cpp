@@ -119,8 +119,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "A delay level added is declared and bound; one removed is unbound and deleted once what "
-    "waits in it has come due; one changed waits out its delay twice, nothing moved",
+    "A delay level added is declared and bound, one removed is unbound and deleted once what "
+    "waits in it has come due, and one changed waits out its delay twice, nothing moved",
     "[migrate]") {
   Survey survey = matching();
   survey.wait_queues[0] = found("orders.wait.5s", Found::missing);
