@@ -48,6 +48,13 @@ std::string node_on_port(uint16_t port) {
   return {};
 }
 
+uint16_t node_port(const std::string& dir) {
+  const std::string port = node_variable(dir, "RETRYLOOP_TEST_AMQP_PORT");
+  INFO("the AMQP port of the node in " << dir << ": '" << port << "'");
+  REQUIRE(!port.empty());
+  return static_cast<uint16_t>(std::stoi(port));
+}
+
 int broker_script(TestLoop& loop, const std::string& command, const std::string& dir) {
   ChildProcess script({std::string(RETRYLOOP_SOURCE_DIR) + "/scripts/broker", command, dir});
   REQUIRE(loop.run_until([&] { return !script.running(); }, 180s));

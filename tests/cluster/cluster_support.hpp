@@ -16,6 +16,9 @@ std::vector<std::string> node_dirs();
 /// The directory of the node listening for AMQP on `port`.
 std::string node_on_port(uint16_t port);
 
+/// The AMQP port of the node in `dir`.
+uint16_t node_port(const std::string& dir);
+
 /// Runs `scripts/broker COMMAND DIR` (kill, stop, restart, ...) and returns its exit code.
 int broker_script(TestLoop& loop, const std::string& command, const std::string& dir);
 

@@ -667,6 +667,52 @@ size_t Probe::publish(const std::string& exchange, const std::string& routing_ke
   return counts->ok;
 }
 
+// ---- the alarm witness
+// ---------------------------------------------------------------------------
+
+AlarmWitness::AlarmWitness(TestLoop& loop, const std::string& url) : loop_(loop) {
+  client::ConnectionOptions options;
+  options.uri = client::parse_uri(url);
+  options.connection_name = "fault suite alarm witness";
+  connection_ = test::connect(loop_, std::move(options));
+  connection_->set_blocked_handler([state = state_](bool blocked, const std::string&) {
+    state->blocked = blocked;
+    if (blocked && !state->blocked_at) state->blocked_at = Clock::now();
+    if (!blocked && state->blocked_at && !state->unblocked_at) state->unblocked_at = Clock::now();
+  });
+  channel_ = test::open_channel(loop_, *connection_);
+}
+
+AlarmWitness::~AlarmWitness() {
+  channel_.reset();
+  auto closed = std::make_shared<bool>(false);
+  connection_->close([closed](const Error&) { *closed = true; });
+  loop_.run_until([closed] { return *closed; }, 10s);
+}
+
+std::optional<Clock::time_point> AlarmWitness::wait_blocked(std::chrono::milliseconds timeout) {
+  poll_until(
+      loop_, timeout,
+      [&] {
+        if (state_->blocked_at) return true;
+        // To the default exchange, with a routing key no queue has: the broker drops it.
+        (void)channel_->publish("", "retryloop.fault.alarm-witness", {}, "witness");
+        return false;
+      },
+      100ms);
+  return state_->blocked_at;
+}
+
+std::optional<Clock::time_point> AlarmWitness::wait_unblocked(std::chrono::milliseconds timeout) {
+  poll_until(
+      loop_, timeout, [&] { return state_->unblocked_at.has_value(); }, 20ms);
+  return state_->unblocked_at;
+}
+
+bool AlarmWitness::blocked() const {
+  return state_->blocked;
+}
+
 // ---- consumers
 // -----------------------------------------------------------------------------------
 
@@ -719,8 +765,17 @@ void LaneConsumer::start() {
       &watch_->timer,
       [](uv_timer_t* timer) {
         auto* watch = static_cast<Watch*>(timer->data);
-        if (*watch->ready && !watch->lost_at && !watch->consumer->is_consuming())
-          watch->lost_at = Clock::now();
+        if (!*watch->ready) return;
+        const bool consuming = watch->consumer->is_consuming();
+        if (watch->consuming && !consuming) {
+          const auto now = Clock::now();
+          if (!watch->lost_at) watch->lost_at = now;
+          watch->last_lost_at = now;
+          ++watch->losses;
+        } else if (!watch->consuming && consuming && watch->losses > 0) {
+          watch->last_resumed_at = Clock::now();
+        }
+        watch->consuming = consuming;
       },
       2, 2);
   uv_unref(reinterpret_cast<uv_handle_t*>(&watch_->timer));
@@ -1146,13 +1201,57 @@ void InProcessRun::wait_flowing(double fraction) {
       5ms));
 }
 
-void InProcessRun::check_mid_stream() {
-  // A fault that cost a consumer its connection counts from when the consumer saw it, not from
-  // when the command that made it returned (rabbitmqctl may take seconds on a loaded machine).
-  // Others (a frozen link, an alarm) count from now.
+void InProcessRun::hold() {
+  for (auto& gate : gates) {
+    REQUIRE(gate != nullptr);  // InProcessRun::Options::gated
+    gate->close();
+  }
+}
+
+void InProcessRun::hold_settled() {
+  hold();
+  const bool settled = poll_until(
+      loop, 60s,
+      [&] {
+        for (size_t i = 0; i < lanes.size(); ++i) {
+          const auto& c = consumers[i]->get();
+          const auto metrics = c.metrics();
+          const uint64_t outcomes = metrics.acked + metrics.retried + metrics.parked() +
+                                    metrics.dropped + metrics.abandoned;
+          // Every handler still running waits at the gate, and every outcome is settled.
+          if (c.handlers_running() != size_t(gates[i]->waiting()) || outcomes != ledgers[i]->size())
+            return false;
+        }
+        return true;
+      },
+      5ms);
+  INFO("the handlers' outcomes were not all settled within 60 s of closing the gates");
+  REQUIRE(settled);
+}
+
+void InProcessRun::release() {
+  for (auto& gate : gates) {
+    if (gate) gate->open();
+  }
+}
+
+void InProcessRun::check_mid_stream(std::optional<Clock::time_point> observed_at) {
+  if (!observed_at) {
+    const bool seen = poll_until(
+        loop, 60s,
+        [&] {
+          for (const auto& c : consumers) {
+            if (!c->lost_at()) return false;
+          }
+          return true;
+        },
+        5ms);
+    INFO("a consumer did not lose its connection within 60 s of the fault");
+    CHECK(seen);
+  }
   const auto now = Clock::now();
   for (size_t i = 0; i < lanes.size(); ++i) {
-    const auto fault_at = consumers[i]->lost_at().value_or(now);
+    const auto fault_at = observed_at ? *observed_at : consumers[i]->lost_at().value_or(now);
     std::set<std::string> acked;
     for (const auto& call : ledgers[i]->calls()) {
       if (call.outcome == consumer::OutcomeKind::ack && call.at < fault_at) acked.insert(call.id);

@@ -41,8 +41,9 @@ inline constexpr std::chrono::milliseconds retry_delay{200};
 inline constexpr int max_attempts = 3;
 inline constexpr uint16_t consumer_prefetch = 20;
 inline constexpr uint32_t consumer_concurrency = 2;
-/// Each handler call sleeps this long, so that a first pass over a lane takes a few seconds and a
-/// fault lands mid-stream (starting rabbitmqctl alone takes a second or two).
+/// Each handler call sleeps this long, so that a first pass over a lane takes a few seconds. A
+/// fault made by a command (rabbitmqctl, scripts/broker: seconds to start on a loaded machine)
+/// holds the stream until it is in place (InProcessRun::hold), so that it still lands mid-stream.
 inline constexpr int handler_sleep_ms = 25;
 
 /// Where a message should end up once the loop is quiet.
@@ -249,6 +250,38 @@ class Probe {
   std::shared_ptr<client::Connection> connection_;
 };
 
+/// Observes a resource alarm (memory, disk) as the broker's clients meet it. RabbitMQ blocks a
+/// connection, and tells it so (connection.blocked), when it publishes while an alarm is in place;
+/// an alarm closes no connection and leaves connections that do not publish alone. The witness is
+/// a connection of its own that publishes a message routed nowhere every 100 ms until the broker
+/// blocks it.
+class AlarmWitness {
+ public:
+  AlarmWitness(TestLoop& loop, const std::string& url);
+  /// Closes the connection (the broker reads its close only once the alarm is over).
+  ~AlarmWitness();
+  AlarmWitness(const AlarmWitness&) = delete;
+  AlarmWitness& operator=(const AlarmWitness&) = delete;
+
+  /// When the broker blocked the witness, waiting up to `timeout`; nullopt when it did not.
+  std::optional<Clock::time_point> wait_blocked(std::chrono::milliseconds timeout = 60s);
+  /// When the broker unblocked it again, waiting up to `timeout`; nullopt when it did not.
+  std::optional<Clock::time_point> wait_unblocked(std::chrono::milliseconds timeout = 60s);
+  /// Whether the broker blocks it now.
+  bool blocked() const;
+
+ private:
+  struct State {
+    bool blocked = false;
+    std::optional<Clock::time_point> blocked_at;
+    std::optional<Clock::time_point> unblocked_at;
+  };
+  TestLoop& loop_;
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+  std::shared_ptr<client::Connection> connection_;
+  std::shared_ptr<client::Channel> channel_;
+};
+
 // ---- consumers ---------------------------------------------------------------------------------
 
 /// A retry consumer in this process, on the test loop, whose handler runs the lane's scripts on
@@ -267,6 +300,11 @@ class LaneConsumer {
   bool idle() const { return consumer_->is_consuming() && consumer_->in_flight() == 0; }
   /// When it first stopped consuming after it was ready (a fault seen), if it has.
   std::optional<Clock::time_point> lost_at() const { return watch_->lost_at; }
+  /// How many times it stopped consuming after it was ready, and when it last did.
+  int losses() const { return watch_->losses; }
+  std::optional<Clock::time_point> last_lost_at() const { return watch_->last_lost_at; }
+  /// When it last consumed again after a loss, if it has.
+  std::optional<Clock::time_point> last_resumed_at() const { return watch_->last_resumed_at; }
 
  private:
   /// Checks every 2 ms whether the consumer still consumes; owned by the loop once closed.
@@ -274,7 +312,11 @@ class LaneConsumer {
     uv_timer_t timer{};
     const consumer::Consumer* consumer = nullptr;
     std::shared_ptr<bool> ready;
+    bool consuming = false;
+    int losses = 0;
     std::optional<Clock::time_point> lost_at;
+    std::optional<Clock::time_point> last_lost_at;
+    std::optional<Clock::time_point> last_resumed_at;
   };
   TestLoop& loop_;
   std::shared_ptr<consumer::Consumer> consumer_;
@@ -395,8 +437,23 @@ struct InProcessRun {
   void start(const std::string& url);
   /// Waits until every lane's handler has been called for `fraction` of its messages.
   void wait_flowing(double fraction);
-  /// Checks that the fault has hit every lane mid-stream: some messages are not yet done.
-  void check_mid_stream();
+  /// Holds the stream (a gated run): closes every gate, so that handlers that have not started
+  /// wait there until release(). A test holds it before the command that makes its fault and
+  /// releases it once it has observed the fault in place: starting rabbitmqctl or scripts/broker
+  /// can take longer than the whole stream on a loaded machine, and the fault must still land
+  /// mid-stream.
+  void hold();
+  /// hold(), then waits until every handler that had passed its gate has returned and its
+  /// outcome is settled (acked, rejected, its copy confirmed): from then on nothing of the lanes
+  /// moves, and no copy is on its way, until release().
+  void hold_settled();
+  void release();
+  /// Checks that the fault hit every lane mid-stream: some of its messages were not yet acked
+  /// when the fault was observed. `observed_at`: that moment, for a fault that costs no consumer
+  /// its connection (an alarm the broker reported, a frozen link). Without it, each lane counts
+  /// from when its consumer was seen to lose its connection, waited for (up to 60 s; the test
+  /// fails if one never does), not from when the command that made the fault returned.
+  void check_mid_stream(std::optional<Clock::time_point> observed_at = std::nullopt);
   bool wait_quiet(std::chrono::milliseconds timeout = 120s, std::chrono::milliseconds stable = 8s);
   /// After a broker restart: waits until every consumer consumes again and the loops are quiet.
   /// When RabbitMQ has restarted a quorum queue without a leader (a broker bug), it gets an

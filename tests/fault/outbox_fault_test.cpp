@@ -307,8 +307,13 @@ TEST_CASE("Outbox on PostgreSQL: PostgreSQL killed with SIGKILL and started mid-
           "[fault][outbox]") {
   postgres_lane("PostgreSQL SIGKILL + start", [](OutboxRun& run) {
     std::string output;
+    const uint64_t errors = run.writer.errors();
     expect_ok(postgres_async(run.loop, "kill", &output), output);
-    run.loop.run_for(500ms);  // down for a while: the application and the relay notice
+    // Down until the application has noticed (a loaded machine may take a while to run it).
+    const bool noticed = poll_until(
+        run.loop, 60s, [&] { return run.writer.errors() > errors; }, 20ms);
+    INFO("the application saw no error within 60 s of the kill");
+    CHECK(noticed);
     expect_ok(postgres_async(run.loop, "start", &output), output);
   });
 }
@@ -407,16 +412,32 @@ TEST_CASE(
         return held && held->rows.at(0).integer(0) > 0;
       },
       50ms));
-  // A second relay: its claims skip the key, held by the victim.
+  // A second relay: its claims skip the key, held by the victim. It is waited for until its
+  // connection has listened, claimed and gone idle (a loaded machine may take a while to start
+  // it): a connection of PostgreSQL's that is new, idle, and did something after its LISTEN.
+  auto before = run.db.query("SELECT pid FROM pg_stat_activity");
+  REQUIRE(before);
+  std::string known = "pg_backend_pid()";
+  for (const auto& row : before->rows)
+    known += ", " + std::to_string(row.integer(0));
   ChildProcess& second = run.start_relay();
-  run.loop.run_for(2s);
+  REQUIRE(poll_until(
+      run.loop, 60s,
+      [&] {
+        auto idle = run.db.query(
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' AND query NOT LIKE "
+            "'LISTEN %' AND pid NOT IN (" +
+            known + ")");
+        return idle && idle->rows.at(0).integer(0) > 0;
+      },
+      50ms));
   // A row wakes it; while its claim scans the backlog, the victim dies and its batch rolls back.
   REQUIRE(run.db.query(
       "INSERT INTO retryloop_outbox (exchange, routing_key, message_id) VALUES ($1, 'key', 'wake')",
       {run.lane->exchange()}));
   const auto woken = Clock::now();
   bool scanning = false;
-  while (!scanning && Clock::now() - woken < 5s) {
+  while (!scanning && Clock::now() - woken < 60s) {
     auto active = run.db.query(
         "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE 'SELECT%FROM "
         "retryloop_outbox o%' AND pid <> pg_backend_pid()");
