@@ -325,7 +325,11 @@ TEST_CASE(
   const std::string killed_output = instances[prober]->out();
 
   // Another instance takes the token over and probes, still once per interval for the service.
+  // The calls are counted from the kill to 2 s after the takeover is seen, a window whose length
+  // depends on the machine: the bound is one call per 500 ms interval of the window as it was,
+  // plus 6 (what the bound of 10 allowed over the 2 s it used to assume).
   const int before = calls_while_down;
+  const auto killed_at = std::chrono::steady_clock::now();
   size_t next = instances.size();
   REQUIRE(wait_for(
       [&] {
@@ -333,11 +337,13 @@ TEST_CASE(
           if (i != prober && count(instances[i]->err(), probing) >= 2) next = i;
         return next != instances.size();
       },
-      20s));
+      60s));
   std::this_thread::sleep_for(2s);
-  const int over_two_seconds = calls_while_down - before;
-  INFO("calls while down after the kill: " << over_two_seconds);
-  CHECK(over_two_seconds <= 2 * (2000 / 500) + 2);
+  const int after_kill = calls_while_down - before;
+  const auto window = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - killed_at);
+  INFO("calls while down after the kill: " << after_kill << " in " << window.count() << " ms");
+  CHECK(after_kill <= int(window / 500ms) + 6);
 
   up = true;
   auto acked_by_all = [&] {

@@ -132,11 +132,23 @@ TEST_CASE(
   REQUIRE(loop.run_until([&] { return c->handlers_running() == 0; }, 10s));
   const int at_trip = dependency.calls_while_down;
   CHECK(dependency.calls_after(*opened) <= 8 + int(c->breaker_stats().probes));
-  loop.run_for(2000ms);
+  // It probes: for at least 2 s, and until it has probed twice (its timers run late on a loaded
+  // machine), at most once per interval of the window as it was.
+  const auto open_from = std::chrono::steady_clock::now();
+  const bool probed = test::eventually(
+      loop,
+      [&] {
+        return dependency.calls_while_down - at_trip >= 2 &&
+               std::chrono::steady_clock::now() - open_from >= 2000ms;
+      },
+      60s);
   const int while_open = dependency.calls_while_down - at_trip;
-  INFO("calls while open: " << while_open);
-  CHECK(while_open >= 2);  // it probes
-  CHECK(while_open <= 2000 / 400 + 1);
+  const auto window = std::chrono::steady_clock::now() - open_from;
+  INFO("calls while open: " << while_open << " in "
+                            << std::chrono::duration_cast<std::chrono::milliseconds>(window).count()
+                            << " ms");
+  CHECK(probed);
+  CHECK(while_open <= int(window / 400ms) + 1);
   CHECK(c->metrics().parked() == 0);
   CHECK(c->metrics().retried == 0);
   // Held by the consumer, or never delivered: the breaker opened before the broker sent them.
@@ -201,8 +213,11 @@ TEST_CASE(
   CHECK(has_event(events, State::open, outage::Reason::failure_rate));
   REQUIRE(loop.run_until([&] { return c->metrics().parked_poison == 1; }, 10s));
   const int at_trip = calls_while_down;
+  const auto open_from = std::chrono::steady_clock::now();
   loop.run_for(1600ms);
-  CHECK(calls_while_down - at_trip <= 1600 / 400 + 1);
+  // At most once per interval of the window as it was (a loaded machine may stretch it).
+  CHECK(calls_while_down - at_trip <=
+        int((std::chrono::steady_clock::now() - open_from) / 400ms) + 1);
 
   up = true;
   REQUIRE(loop.run_until([&] { return c->metrics().acked == 10; }, 20s));
@@ -234,10 +249,16 @@ TEST_CASE(
     broker.publish(service.input.exchange, "key", "m-" + std::to_string(i));
   REQUIRE(loop.run_until([&] { return c->breaker_state() != State::closed; }, 10s));
   const int at_trip = dependency.calls_while_down;
-  loop.run_for(1500ms);
+  // For at least 1.5 s, and until it has probed twice (its timers run late on a loaded machine):
+  // no handler call, and at most one probe per interval of the window as it was.
+  const auto open_from = std::chrono::steady_clock::now();
+  const bool probed = test::eventually(
+      loop, [&] { return probes >= 2 && std::chrono::steady_clock::now() - open_from >= 1500ms; },
+      60s);
+  const auto window = std::chrono::steady_clock::now() - open_from;
+  CHECK(probed);
   CHECK(dependency.calls_while_down == at_trip);
-  CHECK(probes >= 2);
-  CHECK(probes <= 1500 / 300 + 1);
+  CHECK(probes <= int(window / 300ms) + 1);
 
   dependency.up = true;
   REQUIRE(loop.run_until([&] { return c->metrics().acked == 5; }, 10s));
@@ -268,9 +289,18 @@ TEST_CASE(
   CHECK(c->breaker_state() == State::paused);
   for (int i = 0; i < 6; ++i)
     broker.publish(service.input.exchange, "key", "m-" + std::to_string(i));
-  loop.run_for(1000ms);
+  const auto published = std::chrono::steady_clock::now();
+  // Held, unsettled, by the consumer (up to its prefetch), or still in the queue: waited for, as
+  // a delivery on its way is neither yet.
+  CHECK(test::eventually(
+      loop, [&] { return c->held() + broker.depth(topology::input_queue_name(service)) == 6; }));
+  // And none reaches the handler, over a second at least.
+  const auto second = published + 1000ms;
+  if (std::chrono::steady_clock::now() < second) {
+    loop.run_for(std::chrono::duration_cast<std::chrono::milliseconds>(
+        second - std::chrono::steady_clock::now()));
+  }
   CHECK(calls.size() == 0);
-  // Held, unsettled, by the consumer (up to its prefetch), or still in the queue.
   CHECK(c->held() + broker.depth(topology::input_queue_name(service)) == 6);
 
   c->resume();
@@ -344,7 +374,12 @@ TEST_CASE(
       std::this_thread::sleep_for(10ms);
     }
     REQUIRE(first->err().find("breaker closed -> open") != std::string::npos);
-    std::this_thread::sleep_for(700ms);  // a probe or two
+    // Killed once it has probed (a loaded machine may take a while to).
+    while (first->err().find("open -> probing") == std::string::npos &&
+           std::chrono::steady_clock::now() < until + 30s) {
+      std::this_thread::sleep_for(10ms);
+    }
+    REQUIRE(first->err().find("open -> probing") != std::string::npos);
     first->signal(SIGKILL);
     CHECK(first->wait() == 128 + SIGKILL);
   }
@@ -508,15 +543,27 @@ TEST_CASE(
     }
   }
 
-  // The whole dependency is down now: for 4 s, one probe per second for the whole service.
+  // The whole dependency is down now: for at least 4 s, and until the service has probed twice
+  // (the probes' timers run late on a loaded machine), one probe per second of the window as it
+  // was, for the whole service.
   dependency.up = false;
   first_cut = false;
   const int at_trip = calls_while_down;
-  loop.run_for(4000ms);
+  const auto open_from = std::chrono::steady_clock::now();
+  const bool probed_twice = test::eventually(
+      loop,
+      [&] {
+        return calls_while_down - at_trip >= 2 &&
+               std::chrono::steady_clock::now() - open_from >= 4000ms;
+      },
+      60s);
   const int while_open = calls_while_down - at_trip;
-  INFO("calls while open, all instances together: " << while_open);
-  CHECK(while_open >= 2);
-  CHECK(while_open <= 4 + 1);
+  const auto window = std::chrono::steady_clock::now() - open_from;
+  INFO("calls while open, all instances together: "
+       << while_open << " in "
+       << std::chrono::duration_cast<std::chrono::milliseconds>(window).count() << " ms");
+  CHECK(probed_twice);
+  CHECK(while_open <= int(window / 1000ms) + 1);
   int probing_instances = 0;
   for (const auto& events : instances.events)
     if (has_event(events, State::probing, outage::Reason::probe_due)) ++probing_instances;
