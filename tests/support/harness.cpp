@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <optional>
 
+#include "retryloop/client/timer.hpp"
+
 namespace retryloop::test {
 
 std::string broker_url() {
@@ -67,6 +69,7 @@ TestLoop::TestLoop() {
 }
 
 TestLoop::~TestLoop() {
+  client::close_timers(&loop_);
   uv_walk(
       &loop_,
       [](uv_handle_t* handle, void*) {
