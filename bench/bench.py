@@ -25,7 +25,8 @@ PYTHON = "/usr/bin/python3"
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1" if QUICK else "3"))
 ALL_BENCHMARKS = ["consume", "callgrind", "consumer", "publish", "retry", "lateness", "delays",
-                  "schedule", "memory", "churn", "replay", "outbox", "scale", "outage"]
+                  "schedule", "memory", "churn", "replay", "migrate", "outbox", "scale",
+                  "outage"]
 ALL_CLIENTS = ["retryloop", "rabbitmq-c", "amqp091-go", "amqplib", "amqp-client.js", "pika"]
 
 
@@ -93,6 +94,14 @@ SCALE_SIZES = {
     "services": [int(x) for x in env_list("BENCH_SCALE_SERVICES", ["1", "30", "300"])],
     "concurrency": [int(x) for x in env_list("BENCH_SCALE_CONCURRENCY", ["1", "8", "64", "256"])],
 }
+# topology migrate's curve: the messages waiting in the service queue it makes again. The
+# one-at-a-time mover it is compared with runs the sizes up to BENCH_MIGRATE_PIKA_N only (it moves
+# a few hundred a second: 1,000,000 would take it hours).
+MIGRATE_SIZES = [int(x) for x in env_list(
+    "BENCH_MIGRATE_N", {"quick": ["10000"], "default": ["10000", "100000"],
+                        "full": ["10000", "100000", "1000000"]}[PROFILE])]
+MIGRATE_PIKA_N = int(os.environ.get("BENCH_MIGRATE_PIKA_N", {"quick": "2000", "default": "10000",
+                                                              "full": "10000"}[PROFILE]))
 PREFETCHES = [int(x) for x in env_list("BENCH_PREFETCH", ["1", "10", "100", "300"])]
 QUEUE_TYPES = env_list("BENCH_QUEUE_TYPES", ["classic", "quorum"])
 # RabbitMQ 4.3's delayed retry for quorum queues (x-delayed-retry-*) is measured beside the wait
@@ -766,6 +775,65 @@ class Bench:
                 self.record(row, bench="replay", client=contender, round=r + 1)
                 if "failed" not in row:
                     log(f"replay round {r + 1}: {contender:10s} {row['rate']:8.0f} msg/s")
+
+    # ---- 6b. topology migrate ----
+
+    def migrate(self):
+        """A service queue made again with another type while N messages wait in it: the wall
+        time of `retryloop topology migrate`, start to exit (it moves each message twice: into
+        the holding queue and back), its peak RSS and CPU, the broker's CPU; beside pika doing
+        what NServiceBus's migrate-to-quorum does, one message and one confirm at a time."""
+        for count in MIGRATE_SIZES:
+            for source, target in (("classic", "quorum"), ("quorum", "classic")):
+                for r in range(ROUNDS):
+                    contenders = ["retryloop"] + (["pika-loop"] if count <= MIGRATE_PIKA_N
+                                                  else [])
+                    for contender in rotate(contenders, r):
+                        name = "bench.migrate"
+                        path = self.topology(name, source, "reject", "30s")
+                        self.tool("fill", "--queue", name, "--count", count, timeout=7200)
+                        if contender == "retryloop":
+                            row = self.migrate_retryloop(name, path, target, count)
+                        else:
+                            row = self.timed([PYTHON, os.path.join(HERE, "peers", "pika_bench.py"),
+                                              "migrate", self.url, name, target, str(count)],
+                                             2 * count)
+                        self.drop_topology(path)
+                        self.tool("reset", "--queue", name + ".pika-holding", "--delete-only")
+                        self.record(row, bench="migrate", client=contender, messages=count,
+                                    source=source, target=target, round=r + 1)
+                        if "failed" not in row:
+                            log(f"migrate {count} {source}->{target} round {r + 1}: "
+                                f"{contender:10s} {row['rate']:8.0f} msg/s")
+
+    def migrate_retryloop(self, name, path, target, count):
+        with open(path) as f:
+            topology = json.load(f)
+        topology["services"][0]["queue_type"] = target
+        new_path = path + ".new.json"
+        with open(new_path, "w") as f:
+            json.dump(topology, f)
+        quiet_wait = self.broker.wait_quiet()
+        with self.broker:
+            t0 = time.time()
+            p = subprocess.Popen([CLI, "topology", "migrate", new_path, "--url", self.url],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            peak = 0
+            while p.poll() is None:
+                peak = max(peak, rss_kb(p.pid) or 0)
+                time.sleep(0.05)
+            t1 = time.time()
+        err = p.stderr.read()
+        if p.returncode != 0:
+            log(f"FAILED: topology migrate exited {p.returncode}: {err[:300]}")
+            return {"failed": err[:300], "messages": count}
+        return {"client": "retryloop", "messages": count, "moved": 2 * count,
+                "seconds": round(t1 - t0, 4), "rate": round(count / (t1 - t0), 1),
+                "moved_rate": round(2 * count / (t1 - t0), 1), "rss_kb": peak,
+                "t0": t0, "t1": t1, "broker_cpu_seconds": round(self.broker.cpu_between(t0, t1), 4),
+                "broker_quiet_wait_seconds": quiet_wait,
+                "note": "wall time of `retryloop topology migrate`, start to exit; rate is "
+                        "messages migrated a second (each moved twice)"}
 
     # ---- 7. The outbox and the inbox ----
 

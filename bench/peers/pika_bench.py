@@ -260,6 +260,39 @@ def replay(url, source, target, count):
     window.report("pika-loop", "replay", count)
 
 
+def move_one_at_a_time(channel, source, target, count):
+    for _ in range(count):
+        method, properties, body = channel.basic_get(source)
+        if method is None:
+            raise SystemExit(f"{source} is empty after fewer than {count} messages")
+        channel.basic_publish("", target, body, properties, mandatory=True)  # waits its confirm
+        channel.basic_ack(method.delivery_tag)
+
+
+def migrate(url, queue, queue_type, count):
+    """What NServiceBus's `queue migrate-to-quorum` does, with the endpoint stopped: every
+    message into a holding queue of the new type, one at a time (basic.get, publish, wait for the
+    confirm, ack), the queue deleted and declared again with the new type, and every message
+    moved back the same way. The queue's bindings are left to the caller (the benchmark binds
+    none)."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    arguments = {"x-queue-type": queue_type}
+    holding = queue + ".pika-holding"
+    window = Window()
+    window.start()
+    channel.queue_declare(holding, durable=True, arguments=arguments)
+    move_one_at_a_time(channel, queue, holding, count)
+    channel.queue_delete(queue)
+    channel.queue_declare(queue, durable=True, arguments=arguments)
+    move_one_at_a_time(channel, holding, queue, count)
+    channel.queue_delete(holding)
+    window.stop()
+    connection.close()
+    window.report("pika-loop", "migrate", count, moved=2 * count)
+
+
 def main():
     mode, url, args = sys.argv[1], sys.argv[2], sys.argv[3:]
     if mode in ("consume", "handle"):
@@ -275,6 +308,8 @@ def main():
         seed(url, args[0], int(args[1]), int(args[2]), int(args[3]), ttl_ms)
     elif mode == "replay":
         replay(url, args[0], args[1], int(args[2]))
+    elif mode == "migrate":
+        migrate(url, args[0], args[1], int(args[2]))
     elif mode == "delayed-setup":
         delayed_setup(url, args[0], int(args[1]))
     elif mode == "delayed":

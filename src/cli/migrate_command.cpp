@@ -17,6 +17,7 @@
 #include "retryloop/migrate/driver.hpp"
 #include "retryloop/topology/duration.hpp"
 #include "retryloop/topology/topology_json.hpp"
+#include "schedule_command.hpp"
 
 namespace retryloop::cli {
 namespace {
@@ -301,6 +302,63 @@ void add_migrate_command(CLI::App& topology_group, int& exit_code) {
   command->add_flag("--json", args->json, "Print the plan or the result as JSON");
   add_connection_option(*command, args->connection);
   command->callback([args, &exit_code] { exit_code = run_migrate(*args); });
+}
+
+namespace {
+
+/// Reads the services' records one after another.
+struct UnfinishedReader : std::enable_shared_from_this<UnfinishedReader> {
+  std::shared_ptr<client::Connection> connection;
+  std::vector<std::string> services;
+  std::map<std::string, migrate::Record> unfinished;
+  UnfinishedCallback done;
+  size_t next = 0;
+
+  void read_next() {
+    if (next == services.size()) {
+      UnfinishedCallback finished = std::move(done);
+      return finished(std::move(unfinished));
+    }
+    const std::string service = services[next++];
+    const client::Error error = migrate::read_record(
+        connection, service,
+        [self = shared_from_this(), service](const client::Error& error,
+                                             const std::optional<migrate::Record>& record) {
+          if (!error && record && !record->finished) self->unfinished[service] = *record;
+          self->read_next();
+        });
+    if (error) read_next();
+  }
+};
+
+}  // namespace
+
+void read_unfinished_migrations(const std::shared_ptr<client::Connection>& connection,
+                                std::vector<std::string> services, UnfinishedCallback done) {
+  auto reader = std::make_shared<UnfinishedReader>();
+  reader->connection = connection;
+  reader->services = std::move(services);
+  reader->done = std::move(done);
+  reader->read_next();
+}
+
+std::string unfinished_text(const migrate::Record& record, const std::string& file) {
+  std::string text = "migration " + record.id + " of " + record.service + ", at step " +
+                     std::to_string(record.next_step + 1) + ", begun " +
+                     iso_time_ms(record.started_at_ms);
+  if (!record.holding.empty()) text += ", the instances consuming " + record.holding;
+  return text + ": run `retryloop topology migrate " + file + " --service " + record.service +
+         "` to finish it";
+}
+
+nlohmann::json unfinished_json(const migrate::Record& record) {
+  return {{"id", record.id},
+          {"next_step", record.next_step},
+          {"started_at", iso_time_ms(record.started_at_ms)},
+          {"updated_at", iso_time_ms(record.updated_at_ms)},
+          {"moved", record.moved},
+          {"holding",
+           record.holding.empty() ? nlohmann::json(nullptr) : nlohmann::json(record.holding)}};
 }
 
 }  // namespace retryloop::cli

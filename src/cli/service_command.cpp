@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common.hpp"
+#include "migrate_command.hpp"
 #include "retryloop/amqp/printable.hpp"
 #include "retryloop/client/channel.hpp"
 #include "retryloop/consumer/shared_breaker.hpp"
@@ -123,49 +124,65 @@ int send_signal(const ServiceArgs& args, outage::SignalKind kind) {
   });
 }
 
+void print_status(const ServiceArgs& args, const consumer::SharedBreakerStatus& status,
+                  const std::optional<migrate::Record>& migration);
+
 int run_status(const ServiceArgs& args) {
   load_topology_or_fail(args.topology_file, {args.service});
   return with_connection(parse_url(args.connection), [&](const auto& connection, auto done) {
     with_breaker_channel(connection, args.service, done, [&, connection, done](auto channel) {
       consumer::read_shared_breaker_status(
           channel, connection->loop(), args.service,
-          [&, channel, done](const client::Error& error,
-                             const consumer::SharedBreakerStatus& status) {
+          [&args, channel, connection, done](const client::Error& error,
+                                             const consumer::SharedBreakerStatus& status) {
             if (error) return done(error_exit(error, "reading the breaker's state"));
-            const std::string state = consumer::shared_breaker_state(status.last);
-            const std::optional<outage::Signal>& last = status.last;
-            if (args.json) {
-              nlohmann::json out = {{"service", args.service},
-                                    {"state", state},
-                                    {"instances", status.instances},
-                                    {"tokens_waiting", status.tokens_waiting},
-                                    {"last_signal", nullptr}};
-              if (last) {
-                out["last_signal"] = {{"signal", outage::to_string(last->kind)},
-                                      {"at", iso_time_ms(last->at_ms)},
-                                      {"at_ms", last->at_ms},
-                                      {"sender", last->sender},
-                                      {"reason", last->reason}};
-              }
-              std::cout << dump(out) << "\n";
-              return done(exit_ok);
-            }
-            std::cout << "service " << args.service << ": " << state;
-            if (last) {
-              const int64_t age_ms =
-                  std::max<int64_t>(0, int64_t(retry::unix_milliseconds()) - last->at_ms);
-              std::cout << " since " << iso_time_ms(last->at_ms) << " ("
-                        << age_text(uint64_t(age_ms / 1000)) << " ago), "
-                        << outage::to_string(last->kind) << " from "
-                        << amqp::printable(last->sender);
-              if (!last->reason.empty()) std::cout << ": " << amqp::printable(last->reason);
-            }
-            std::cout << "\n  instances connected: " << status.instances
-                      << "\n  probe tokens waiting: " << status.tokens_waiting << "\n";
-            done(exit_ok);
+            read_unfinished_migrations(
+                connection, {args.service},
+                [&args, status, done](std::map<std::string, migrate::Record> unfinished) {
+                  print_status(args, status,
+                               unfinished.empty() ? std::nullopt
+                                                  : std::optional(unfinished.begin()->second));
+                  done(exit_ok);
+                });
           });
     });
   });
+}
+
+void print_status(const ServiceArgs& args, const consumer::SharedBreakerStatus& status,
+                  const std::optional<migrate::Record>& migration) {
+  const std::string state = consumer::shared_breaker_state(status.last);
+  const std::optional<outage::Signal>& last = status.last;
+  if (args.json) {
+    nlohmann::json out = {
+        {"service", args.service},       {"state", state},
+        {"instances", status.instances}, {"tokens_waiting", status.tokens_waiting},
+        {"last_signal", nullptr},        {"migrating", migration.has_value()},
+        {"migration", nullptr}};
+    if (migration) out["migration"] = unfinished_json(*migration);
+    if (last) {
+      out["last_signal"] = {{"signal", outage::to_string(last->kind)},
+                            {"at", iso_time_ms(last->at_ms)},
+                            {"at_ms", last->at_ms},
+                            {"sender", last->sender},
+                            {"reason", last->reason}};
+    }
+    std::cout << dump(out) << "\n";
+    return;
+  }
+  std::cout << "service " << args.service << ": " << state;
+  if (last) {
+    const int64_t age_ms = std::max<int64_t>(0, int64_t(retry::unix_milliseconds()) - last->at_ms);
+    std::cout << " since " << iso_time_ms(last->at_ms) << " (" << age_text(uint64_t(age_ms / 1000))
+              << " ago), " << outage::to_string(last->kind) << " from "
+              << amqp::printable(last->sender);
+    if (!last->reason.empty()) std::cout << ": " << amqp::printable(last->reason);
+  }
+  std::cout << "\n  instances connected: " << status.instances
+            << "\n  probe tokens waiting: " << status.tokens_waiting << "\n";
+  if (migration) {
+    std::cout << "  migrating: " << unfinished_text(*migration, args.topology_file) << "\n";
+  }
 }
 
 const char* const service_exit_codes_help =

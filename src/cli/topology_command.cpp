@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common.hpp"
+#include "migrate_command.hpp"
 #include "retryloop/management/management.hpp"
 #include "retryloop/topology/declarer.hpp"
 #include "retryloop/topology/definitions.hpp"
@@ -595,10 +596,20 @@ int run_report(const TopologyArgs& args, const std::string& command) {
     std::cout << "\n";
   }
   Report result;
+  // verify: the services' unfinished migrations, read once the report is in.
+  std::map<std::string, migrate::Record> migrations;
   int code = with_connection(uri, [&](const auto& connection, auto done) {
-    client::Error immediate = runner(connection, plan, [&result, done](const Report& report) {
+    client::Error immediate = runner(connection, plan, [&, connection, done](const Report& report) {
       result = report;
-      done(exit_ok);
+      if (command != "verify" || report.connection_error) return done(exit_ok);
+      std::vector<std::string> names;
+      for (const auto& s : t.services)
+        names.push_back(s.name);
+      read_unfinished_migrations(connection, names,
+                                 [&, done](std::map<std::string, migrate::Record> found) {
+                                   migrations = std::move(found);
+                                   done(exit_ok);
+                                 });
     });
     if (immediate) {
       result.connection_error = immediate;
@@ -608,7 +619,12 @@ int run_report(const TopologyArgs& args, const std::string& command) {
   if (code != exit_ok) return code;
   if (args.json) {
     nlohmann::json out = report_json(command, args.file, uri, result);
-    if (command == "verify") out["outage"] = outage_by_service(t);
+    if (command == "verify") {
+      out["outage"] = outage_by_service(t);
+      out["migrating"] = nlohmann::json::object();
+      for (const auto& [service, record] : migrations)
+        out["migrating"][service] = unfinished_json(record);
+    }
     if (members) {
       out["members"] = nlohmann::json::array();
       if (!check_quorum_members(api, uri, plan, &out["members"])) out["ok"] = false;
@@ -654,6 +670,9 @@ int run_report(const TopologyArgs& args, const std::string& command) {
     if (args.exists_only) {
       std::cout << "Arguments were not compared (--exists-only): drift is not detected.\n";
     }
+    for (const auto& [service, record] : migrations)
+      std::cerr << "retryloop: service " << service
+                << " is migrating: " << unfinished_text(record, args.file) << "\n";
     if (!members_ok) {
       std::cerr << "retryloop: quorum queues have fewer members online than " << args.file
                 << " asks for, or their members could not be read (see above)\n";

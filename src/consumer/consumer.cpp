@@ -233,6 +233,17 @@ void ConsumerImpl::connect_session() {
   events.blocked = [weak](bool blocked, const std::string& reason) {
     if (auto self = weak.lock()) self->on_blocked(blocked, reason);
   };
+  events.left = [weak](const void* mark) {
+    if (auto self = weak.lock()) self->give_back(mark);
+  };
+  events.drifted = [weak](const std::string& text) {
+    auto self = weak.lock();
+    if (!self || self->drift_logged_) return;
+    self->drift_logged_ = true;
+    if (auto* log = self->options_.logger.get()) {
+      log->warn("service={} {}", self->options_.service.name, text);
+    }
+  };
   session_ = Session::start(loop_, options_, ++generation_, std::move(events));
 }
 
@@ -340,6 +351,7 @@ void ConsumerImpl::on_delivery(client::Delivery&& delivery) {
   pending->generation = session_->generation();
   pending->channel = session_->consume_channel();
   pending->delivery_tag = delivery.delivery_tag;
+  pending->mark = session_->mark_of(delivery.consumer_tag);
   if (state_ == State::stopping) {  // arrived between basic.cancel and cancel-ok
     (void)pending->channel->nack(pending->delivery_tag, false, true);
     return;
@@ -355,6 +367,23 @@ void ConsumerImpl::on_delivery(client::Delivery&& delivery) {
   arrived.redelivered = delivery.redelivered;
   waiting_.push_back(std::move(pending));
   start_handlers();
+}
+
+void ConsumerImpl::give_back(const void* mark) {
+  size_t given = 0;
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if ((*it)->mark.get() != mark) {
+      ++it;
+      continue;
+    }
+    if (is_live(**it)) (void)(*it)->channel->nack((*it)->delivery_tag, false, true);
+    it = waiting_.erase(it);
+    ++given;
+  }
+  if (auto* log = options_.logger.get(); log && given > 0) {
+    log->info("service={} gave back {} deliveries waiting for a handler to the queue it left",
+              options_.service.name, given);
+  }
 }
 
 std::string ConsumerImpl::over_delivery_limit(const retry::AttemptInfo& info) const {

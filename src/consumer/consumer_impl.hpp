@@ -118,6 +118,8 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
     uint64_t generation = 0;
     /// The consume channel it came from: its tag is acked there or nowhere.
     std::shared_ptr<client::Channel> channel;
+    /// Its consumer's mark (Session::mark_of), let go when it is settled.
+    std::shared_ptr<void> mark;
     uint64_t delivery_tag = 0;
     /// Moved into `message` when its handler starts.
     Arrived arrived;
@@ -143,6 +145,8 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   void schedule_reconnect(bool at_once = false);
 
   void on_delivery(client::Delivery&& delivery);
+  /// The session left a queue (following a migration): what waits from it goes back.
+  void give_back(const void* mark);
   /// Makes the delivery's message and handling record. Returns false when its properties cannot
   /// be decoded: then it is parked as poison.
   bool begin_handling(const std::shared_ptr<Pending>& pending);
@@ -220,6 +224,8 @@ class ConsumerImpl : public std::enable_shared_from_this<ConsumerImpl> {
   uint64_t generation_ = 0;
   uint32_t reconnect_attempt_ = 0;
   bool ever_ready_ = false;
+  /// The topology drift a migration made was logged (once per process).
+  bool drift_logged_ = false;
   bool blocked_ = false;
   bool dispatching_ = false;
   uint64_t next_pending_id_ = 1;

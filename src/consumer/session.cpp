@@ -2,7 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include "retryloop/client/timer.hpp"
 #include "retryloop/consumer/error.hpp"
+#include "retryloop/migrate/driver.hpp"
 #include "retryloop/topology/declarer.hpp"
 #include "retryloop/topology/plan.hpp"
 
@@ -78,7 +80,10 @@ std::shared_ptr<Session> Session::start(uv_loop_t* loop, const ConsumerOptions& 
 }
 
 Session::Session(const ConsumerOptions& options, uint64_t generation, SessionEvents events)
-    : options_(options), generation_(generation), events_(std::move(events)) {}
+    : options_(options),
+      generation_(generation),
+      events_(std::move(events)),
+      follower_(options.service.name, topology::input_queue_name(options.service)) {}
 
 template <class Next>
 auto Session::guarded(Next next) {
@@ -117,6 +122,7 @@ void Session::watch(const std::shared_ptr<client::Channel>& channel) {
 
 void Session::close(std::function<void()> done) {
   ended_ = true;
+  if (migration_watch_) migration_watch_->close();
   auto remaining = std::make_shared<int>(2);
   auto closed = [remaining, done = std::move(done)](const Error&) {
     if (--*remaining == 0 && done) done();
@@ -146,10 +152,52 @@ void Session::connect(uv_loop_t* loop) {
     connection->set_lost_handler(
         guarded([](Session& self, const Error& error) { self.fail(error); }));
     Error error = connection->connect(then([](Session& self) {
-      if (++self.connected_ == 2) self.declare();
+      if (++self.connected_ != 2) return;
+      if (!self.options_.follow_migrations) return self.declare();
+      self.watch_migration();
     }));
     if (error) return fail(error, true);  // the options cannot work (a CA file, say)
   }
+}
+
+void Session::watch_migration() {
+  MigrationWatchEvents events;
+  events.read =
+      guarded([](Session& self, const Error& error, const std::optional<migrate::Record>& record) {
+        self.migration_read(error, record);
+      });
+  events.heard = guarded([](Session& self, const migrate::Record& record) {
+    if (!self.follower_.heard(record)) return;
+    if (auto* log = self.options_.logger.get()) {
+      log->info("service={} {}: consuming {} from now on", self.options_.service.name,
+                self.follower_.describe(), self.follower_.queue());
+    }
+    self.reconcile();
+  });
+  events.lost = guarded([](Session& self, const Error& error) { self.fail(error); });
+  migration_watch_ =
+      MigrationWatch::start(consume_connection_, options_.service.name, std::move(events));
+}
+
+void Session::migration_read(const Error& error, const std::optional<migrate::Record>& record) {
+  if (error) {
+    // The service's permissions may not cover the migration's objects: it runs as before, and
+    // a migration of its service queue waits for it to be stopped (docs/migrate.md).
+    if (auto* log = options_.logger.get()) {
+      log->warn(
+          "service={} cannot follow a migration of its queue ({}): a migration waits for this "
+          "instance to stop; grant it configure, write and read on {}.migration*",
+          options_.service.name, error.message(), options_.service.name);
+    }
+    migration_watch_.reset();
+  } else if (record) {
+    follower_.heard(*record);
+    if (auto* log = options_.logger.get(); log && follower_.migrating()) {
+      log->info("service={} {} is under way: consuming {}, and the topology is left to it",
+                options_.service.name, follower_.describe(), follower_.queue());
+    }
+  }
+  declare();
 }
 
 void Session::declare() {
@@ -167,18 +215,33 @@ void Session::declare() {
                           version->text()),
                 true);
   }
-  if (!options_.declare_topology) return open_publish_channel();
+  // Mid-migration a queue may be gone until the migration declares it again, with the new file's
+  // arguments: an instance of either file declares nothing then.
+  if (!options_.declare_topology || follower_.migrating()) return open_publish_channel();
   topology::Plan plan = topology::make_plan(topology::Topology{{options_.service}});
   check(topology::apply(
-      consume_connection_, plan, guarded([](Session& self, const topology::Report& report) {
-        if (report.connection_error) return self.fail(report.connection_error);
-        if (!report.ok()) {
-          Error problem = declare_problem(report);
-          return self.fail(problem, is_fatal(problem) || problem.reply_code == 406);
-        }
-        log_declared(self.options_.logger.get(), self.options_.service.name, report);
-        self.open_publish_channel();
-      })));
+      consume_connection_, plan,
+      guarded([](Session& self, const topology::Report& report) { self.declared(report); })));
+}
+
+void Session::declared(const topology::Report& report) {
+  if (report.connection_error) return fail(report.connection_error);
+  if (!report.ok()) {
+    Error problem = declare_problem(report);
+    const bool drift =
+        problem.code == make_error_code(ConsumerError::topology_drift) || problem.reply_code == 406;
+    if (!drift || !follower_.migrated()) {
+      return fail(problem, is_fatal(problem) || problem.reply_code == 406);
+    }
+    // An instance of the file from before a migration: it consumes what the migration made.
+    if (events_.drifted) {
+      events_.drifted(problem.message() + "; the broker has it so since " + follower_.describe() +
+                      ": consuming as it is (update this instance's file)");
+    }
+  } else {
+    log_declared(options_.logger.get(), options_.service.name, report);
+  }
+  open_publish_channel();
 }
 
 void Session::open_publish_channel() {
@@ -233,7 +296,10 @@ void Session::open_consume_channel() {
 void Session::set_prefetch(std::shared_ptr<client::Channel> channel) {
   watch(channel);
   consume_channel_ = channel;
-  check(channel->qos(options_.prefetch, then([](Session& self) { self.consume(); })));
+  check(channel->qos(options_.prefetch, then([](Session& self) {
+                       self.consume_channel_ready_ = true;
+                       self.reconcile();
+                     })));
 }
 
 void Session::stop_consuming(std::function<void()> done) {
@@ -245,8 +311,11 @@ void Session::stop_consuming(std::function<void()> done) {
 
 void Session::reconcile() {
   if (ended_ || consume_changing_) return;
+  // A record heard while the session sets itself up waits for the consume channel.
+  if (want_consuming_ && !consume_channel_ready_) return;
   const bool consuming = !consumer_tag_.empty();
   if (want_consuming_ && !consuming) return consume();
+  if (want_consuming_ && consumed_queue_ != follower_.queue()) return switch_queue();
   if (!want_consuming_ && consuming) return cancel();
   if (!consuming && stopped_consuming_) {
     std::function<void()> done = std::move(stopped_consuming_);
@@ -264,25 +333,109 @@ void Session::cancel() {
                                  })));
 }
 
-void Session::consume() {
-  consume_changing_ = true;
-  const std::string& queue = topology::input_queue_name(options_.service);
-  client::ConsumeOptions consume_options;
+client::ConsumeOptions Session::consume_options(const std::string& queue) {
+  client::ConsumeOptions options;
   // Up to the prefetch wait for a handler: their properties stay in wire form until it starts.
-  consume_options.raw_properties = true;
-  consume_options.on_cancel = guarded([queue](Session& self, const std::string&) {
+  options.raw_properties = true;
+  options.on_cancel = guarded([queue](Session& self, const std::string&) {
     self.fail(Error(ClientError::consumer_cancelled, "was queue " + queue + " deleted?"));
   });
+  return options;
+}
+
+void Session::consume() {
+  consume_changing_ = true;
+  const std::string queue = follower_.queue();
+  check(consume_channel_->consume(queue, consume_options(queue),
+                                  guarded([](Session& self, client::Delivery&& delivery) {
+                                    self.events_.delivery(std::move(delivery));
+                                  }),
+                                  then([queue](Session& self, const std::string& tag) {
+                                    self.consumed_queue_ = queue;
+                                    self.consuming(tag);
+                                  })));
+}
+
+void Session::switch_queue() {
+  consume_changing_ = true;
+  const std::string queue = follower_.queue();
   check(consume_channel_->consume(
-      queue, std::move(consume_options), guarded([](Session& self, client::Delivery&& delivery) {
+      queue, consume_options(queue), guarded([](Session& self, client::Delivery&& delivery) {
         self.events_.delivery(std::move(delivery));
       }),
-      then([](Session& self, const std::string& tag) { self.consuming(tag); })));
+      then([queue](Session& self, const std::string& tag) {
+        if (auto* log = self.options_.logger.get()) {
+          log->info("service={} queue={} consuming; leaving {} once its deliveries are settled",
+                    self.options_.service.name, queue, self.consumed_queue_);
+        }
+        const std::string left = std::move(self.consumer_tag_);
+        std::shared_ptr<DeliveryMark> mark = std::move(self.mark_);
+        self.consumer_tag_ = tag;
+        self.consumed_queue_ = queue;
+        self.mark_ = std::make_shared<DeliveryMark>();
+        self.leave(left, std::move(mark));
+      })));
+}
+
+void Session::leave(const std::string& consumer_tag, std::shared_ptr<DeliveryMark> mark) {
+  // While a delivery from the queue it leaves is unsettled, the session consumes the settling
+  // queue: the migration deletes a queue only once nobody does (its drain waits).
+  struct Settling {
+    std::string tag;
+    bool settled = false;
+  };
+  auto settling = std::make_shared<Settling>();
+  auto end_settling = [](Session& self, Settling& settling) {
+    if (settling.tag.empty()) return;
+    self.check(self.consume_channel_->cancel(settling.tag, self.then([](Session&) {})));
+    settling.tag.clear();
+  };
+  mark->settled = [weak = weak_from_this(), settling, end_settling,
+                   loop = consume_connection_->loop()] {
+    // Run from the last delivery's destructor: the cancel goes out on the loop's next turn.
+    client::run_after(loop, std::chrono::milliseconds(0), [weak, settling, end_settling] {
+      settling->settled = true;
+      auto self = weak.lock();
+      if (self && !self->ended_) end_settling(*self, *settling);
+    });
+  };
+  leaving_[consumer_tag] = mark;
+  const std::string queue = migrate::settling_queue_name(options_.service.name);
+  check(consume_channel_->queue_declare(
+      queue, client::QueueOptions{},
+      then([queue, consumer_tag, settling, end_settling](Session& self, const client::QueueInfo&) {
+        client::ConsumeOptions options;
+        options.no_ack = true;
+        self.check(self.consume_channel_->consume(
+            queue, std::move(options), [](client::Delivery&&) {},
+            self.then(
+                [consumer_tag, settling, end_settling](Session& self, const std::string& tag) {
+                  settling->tag = tag;
+                  if (settling->settled) end_settling(self, *settling);
+                  self.check(self.consume_channel_->cancel(
+                      consumer_tag, self.then([consumer_tag](Session& self) {
+                        auto it = self.leaving_.find(consumer_tag);
+                        std::shared_ptr<DeliveryMark> mark = std::move(it->second);
+                        self.leaving_.erase(it);
+                        if (self.events_.left) self.events_.left(mark.get());
+                        mark.reset();  // the last reference, when nothing from it is unsettled
+                        self.consume_changing_ = false;
+                        self.reconcile();
+                      })));
+                })));
+      })));
+}
+
+std::shared_ptr<void> Session::mark_of(const std::string& consumer_tag) const {
+  if (consumer_tag == consumer_tag_) return mark_;
+  if (auto it = leaving_.find(consumer_tag); it != leaving_.end()) return it->second;
+  return nullptr;
 }
 
 void Session::consuming(const std::string& consumer_tag) {
   consume_changing_ = false;
   consumer_tag_ = consumer_tag;
+  mark_ = std::make_shared<DeliveryMark>();
   if (!ready_sent_) {
     ready_sent_ = true;
     if (events_.ready) events_.ready();

@@ -3,12 +3,17 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
+#include "migration_watch.hpp"
 #include "retryloop/client/channel.hpp"
 #include "retryloop/client/connection.hpp"
 #include "retryloop/consumer/consumer.hpp"
+#include "retryloop/migrate/follower.hpp"
+#include "retryloop/topology/declarer.hpp"
 
 namespace retryloop::consumer::detail {
 
@@ -22,6 +27,12 @@ struct SessionEvents {
   std::function<void(client::Delivery&& delivery)> delivery;
   /// The broker blocked (true) or unblocked publishing on the publish connection.
   std::function<void(bool blocked, const std::string& reason)> blocked;
+  /// The session no longer consumes the queue it left for another (it follows a migration): the
+  /// deliveries from it that wait for a handler go back now. `mark` is theirs (mark_of).
+  std::function<void(const void* mark)> left;
+  /// What the consumer should log once per process: the service's objects differ from its file
+  /// since a migration, and the session went on without declaring them.
+  std::function<void(const std::string& text)> drifted;
 };
 
 /// One connected attempt of a consumer: a connection that consumes and acks, and one that
@@ -69,7 +80,24 @@ class Session : public std::enable_shared_from_this<Session> {
   /// this session any more, or at once when it had none.
   void stop_consuming(std::function<void()> done);
 
+  /// The mark of the deliveries of `consumer_tag`, held by each until it is settled: once the
+  /// session has left that consumer's queue (following a migration) and the last delivery from
+  /// it lets its mark go, the session tells the migration (docs/migrate.md, "The instances
+  /// follow"). Null for a tag the session does not know.
+  std::shared_ptr<void> mark_of(const std::string& consumer_tag) const;
+  /// The queue it consumes, or last asked to: the service queue, or a migration's holding queue.
+  const std::string& queue() const { return follower_.queue(); }
+
  private:
+  /// What each delivery holds until it is settled (mark_of); tells the session once the last one
+  /// let it go, if the session left its queue by then.
+  struct DeliveryMark {
+    std::function<void()> settled;
+    ~DeliveryMark() {
+      if (settled) settled();
+    }
+  };
+
   Session(const ConsumerOptions& options, uint64_t generation, SessionEvents events);
 
   template <class Next>
@@ -82,7 +110,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void watch(const std::shared_ptr<client::Channel>& channel);
 
   void connect(uv_loop_t* loop);
+  /// Starts the migration watch; declare() follows once it has read the service's record.
+  void watch_migration();
+  void migration_read(const client::Error& error, const std::optional<migrate::Record>& record);
   void declare();
+  void declared(const topology::Report& report);
   void open_publish_channel();
   void select_confirms(std::shared_ptr<client::Channel> channel);
   void open_consume_channel();
@@ -90,6 +122,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void consume();
   void consuming(const std::string& consumer_tag);
   void cancel();
+  /// Follows the migration to the queue it names: consumes it, consumes the settling queue, then
+  /// cancels the consumer of the queue it leaves, whose deliveries settle meanwhile.
+  void switch_queue();
+  void leave(const std::string& consumer_tag, std::shared_ptr<DeliveryMark> mark);
+  client::ConsumeOptions consume_options(const std::string& queue);
   /// Issues the consume or cancel that brings the session to what was asked, when none is under
   /// way; runs the stop's `done` once nothing consumes.
   void reconcile();
@@ -103,11 +140,20 @@ class Session : public std::enable_shared_from_this<Session> {
   std::shared_ptr<client::Channel> publish_channel_;
   std::vector<std::shared_ptr<client::Channel>> replaced_channels_;
   bool renewing_ = false;
+  std::shared_ptr<MigrationWatch> migration_watch_;
+  migrate::Follower follower_;
+  /// The queue the consumer consumes (consumer_tag_), and the mark of its deliveries.
+  std::string consumed_queue_;
+  std::shared_ptr<DeliveryMark> mark_;
+  /// Consumers being cancelled for a migration (their cancel-ok has not come), and their marks.
+  std::unordered_map<std::string, std::shared_ptr<DeliveryMark>> leaving_;
   /// The broker's consumer tag while it consumes; empty when it does not.
   std::string consumer_tag_;
   bool want_consuming_ = true;
   /// A basic.consume or basic.cancel awaits its reply.
   bool consume_changing_ = false;
+  /// The consume channel is open with its prefetch set.
+  bool consume_channel_ready_ = false;
   bool ready_sent_ = false;
   bool stopping_consuming_ = false;
   std::function<void()> stopped_consuming_;

@@ -3,6 +3,7 @@
 #include <uv.h>
 
 #include <chrono>
+#include <iterator>
 #include <optional>
 #include <utility>
 
@@ -103,40 +104,40 @@ class DriverImpl final : public Driver {
     Error error = channel_->queue_declare(
         lock_queue_name(service_.name), lock,
         guarded([](DriverImpl& self, const Error& error, const client::QueueInfo&) {
-          if (error.reply_code == resource_locked) {
-            return self.finish(Error(client::ClientError::channel_closed,
-                                     "another `retryloop topology migrate` of " +
-                                         self.service_.name + " is running (it holds " +
-                                         lock_queue_name(self.service_.name) + ")"));
-          }
+          if (error.reply_code == resource_locked) return self.locked();
           if (error) return self.finish(error);
           self.declare_record_objects();
         }));
     if (error) finish(error);
   }
 
+  /// Another connection holds the lock. A run that has just ended (killed, or its connection
+  /// lost) frees it once the broker has seen its connection close, a moment later on RabbitMQ 4:
+  /// looked at again every 250 ms, for options_.lock_wait.
+  void locked() {
+    if (!lock_wait_until_) lock_wait_until_ = now() + options_.lock_wait;
+    if (now() >= *lock_wait_until_) {
+      return finish(Error(client::ClientError::channel_closed,
+                          "another `retryloop topology migrate` of " + service_.name +
+                              " is running (it holds " + lock_queue_name(service_.name) +
+                              ", and has for " + topology::duration_label(options_.lock_wait) +
+                              ")"));
+    }
+    client::run_after(connection_->loop(), std::chrono::milliseconds(250),
+                      [weak = std::weak_ptr<DriverImpl>(self_)] {
+                        auto self = weak.lock();
+                        if (!self || self->ended_) return;
+                        // The refusal closed the channel.
+                        self->reopen([](DriverImpl& self) { self.take_lock(); });
+                      });
+  }
+
   void declare_record_objects() {
-    const std::string name = record_queue_name(service_.name);
-    Error error = channel_->exchange_declare(
-        name, "fanout", client::ExchangeOptions{},
-        guarded([name](DriverImpl& self, const Error& error) {
-          if (error) return self.finish(error);
-          client::QueueOptions options;
-          options.arguments.append("x-max-length", amqp::FieldValue(int64_t(1)));
-          options.arguments.append("x-overflow", amqp::FieldValue(std::string("drop-head")));
-          Error declared = self.channel_->queue_declare(
-              name, options,
-              self.guarded([name](DriverImpl& self, const Error& error, const client::QueueInfo&) {
-                if (error) return self.finish(error);
-                Error bound = self.channel_->queue_bind(
-                    name, name, "", {}, self.guarded([](DriverImpl& self, const Error& error) {
-                      if (error) return self.finish(error);
-                      self.read_existing_record();
-                    }));
-                if (bound) self.finish(bound);
-              }));
-          if (declared) self.finish(declared);
-        }));
+    Error error = migrate::declare_record_objects(channel_, service_.name,
+                                                  guarded([](DriverImpl& self, const Error& error) {
+                                                    if (error) return self.finish(error);
+                                                    self.read_existing_record();
+                                                  }));
     if (error) finish(error);
   }
 
@@ -255,9 +256,33 @@ class DriverImpl final : public Driver {
         error = channel_->queue_unbind(step.queue, step.action.exchange, step.action.routing_key,
                                        step.action.arguments, completed);
         break;
-      case StepKind::announce:
-        // The record published after the step says it (Record::holding).
-        return step_done();
+      case StepKind::move_binding: {
+        // The unbind goes out as soon as the bind is confirmed: no record in between.
+        auto unbind = [completed](DriverImpl& self) {
+          const Step& step = *self.migration_->current();
+          Error error = self.channel_->queue_unbind(
+              step.target, step.action.exchange, step.action.routing_key, step.action.arguments,
+              [completed](const Error& error) { completed(error); });
+          if (error) self.finish(error);
+        };
+        error = channel_->queue_bind(step.queue, step.action.exchange, step.action.routing_key,
+                                     step.action.arguments,
+                                     guarded([unbind](DriverImpl& self, const Error& error) {
+                                       if (error) return self.finish(error);
+                                       unbind(self);
+                                     }));
+        break;
+      }
+      case StepKind::announce: {
+        // The record published after the step says it (Record::holding). The instances that
+        // follow it consume the settling queue while they settle what they took from the queue
+        // they leave, so it is there first.
+        client::QueueOptions settling;
+        error = channel_->queue_declare(
+            settling_queue_name(service_.name), settling,
+            [completed](const Error& error, const client::QueueInfo&) { completed(error); });
+        break;
+      }
       case StepKind::move:
         return move(step.queue, step.target);
       case StepKind::drain:
@@ -304,30 +329,59 @@ class DriverImpl final : public Driver {
           }
           if (error) return self.finish(error);
           if (info.message_count == 0 && info.consumer_count == 0) {
-            if (step.kind == StepKind::drain) return self.step_done();
-            return self.delete_queue(step);
+            if (step.kind == StepKind::delete_queue) return self.delete_queue(step);
+            if (step.delay.count() > 0) return self.step_done();
+            return self.look_up_settling();
           }
           self.busy(step, info.message_count, info.consumer_count);
         }));
     if (error) finish(error);
   }
 
-  /// A queue to drain or delete still holds messages or has consumers.
-  void busy(const Step& step, uint64_t messages, uint32_t consumers) {
+  /// A service queue drained of messages and consumers: done once no instance that left it still
+  /// settles what it took from it (each consumes the settling queue until then).
+  void look_up_settling() {
+    client::QueueOptions passive;
+    passive.passive = true;
+    Error error = channel_->queue_declare(
+        settling_queue_name(service_.name), passive,
+        guarded([](DriverImpl& self, const Error& error, const client::QueueInfo& info) {
+          if (error.reply_code == not_found) {
+            // No instance has followed an announce (none runs, or the plan has none).
+            return self.reopen([](DriverImpl& self) { self.step_done(); });
+          }
+          if (error) return self.finish(error);
+          if (info.consumer_count == 0) return self.step_done();
+          self.busy(*self.migration_->current(), 0, info.consumer_count, true);
+        }));
+    if (error) finish(error);
+  }
+
+  /// A queue to drain or delete still holds messages or has consumers; `settling`: it has neither,
+  /// and `consumers` instances still settle deliveries they took from it.
+  void busy(const Step& step, uint64_t messages, uint32_t consumers, bool settling = false) {
     const size_t index = migration_->current_index();
     const Step* before = index > 0 ? &migration_->plan().steps[index - 1] : nullptr;
-    if (step.kind == StepKind::drain && consumers == 0 && messages > 0 && before != nullptr &&
-        before->kind == StepKind::move && before->queue == step.queue) {
+    if (step.kind == StepKind::drain && !settling && consumers == 0 && messages > 0 &&
+        before != nullptr && before->kind == StepKind::move && before->queue == step.queue) {
       // Messages its consumers gave back after the move read it: moved again.
       return move_leftovers(before->queue, before->target);
     }
     if (events_.waiting) events_.waiting(*migration_, step, messages, consumers);
     if (migration_->overdue(wall_ms(), options_.consumers_grace)) {
+      const std::string waited = topology::duration_label(migration_->draining_for(wall_ms()));
+      if (settling) {
+        return finish(Error(client::ClientError::invalid_argument,
+                            std::to_string(consumers) + " instances still settle deliveries " +
+                                "they took from " + step.queue + " after " + waited +
+                                " (each consumes " + settling_queue_name(service_.name) +
+                                " until it has): run the migration again once their handlers " +
+                                "have returned"));
+      }
       return finish(Error(
           client::ClientError::invalid_argument,
           step.queue + " still has " + std::to_string(messages) + " messages and " +
-              std::to_string(consumers) + " consumers after " +
-              topology::duration_label(migration_->draining_for(wall_ms())) +
+              std::to_string(consumers) + " consumers after " + waited +
               (step.delay.count() > 0
                    ? ": something else still routes to it"
                    : ": instances that do not follow the migration consume it; stop them, then "
@@ -409,16 +463,25 @@ class DriverImpl final : public Driver {
   std::optional<Migration> migration_;
   bool stopping_ = false;
   bool ended_ = false;
+  /// Set at the first refusal of the lock: when to stop waiting for it.
+  std::optional<std::chrono::milliseconds> lock_wait_until_;
 };
 
 /// Reads the record queue on a channel of its own: the newest record, requeued.
+/// How long an empty read of the record queue waits before it reads again: another reader (an
+/// instance starting, `service status`) holds its message for a round trip.
+constexpr std::chrono::milliseconds empty_read_delays[] = {
+    std::chrono::milliseconds(50), std::chrono::milliseconds(100), std::chrono::milliseconds(200)};
+
 struct RecordReader : std::enable_shared_from_this<RecordReader> {
   std::shared_ptr<client::Channel> channel;
+  uv_loop_t* loop = nullptr;
   std::string queue;
   RecordCallback done;
   std::optional<Record> last;
   uint64_t last_tag = 0;
   int read = 0;
+  size_t empty_reads = 0;
 
   void next() {
     if (read++ == 8) return finish();
@@ -427,13 +490,24 @@ struct RecordReader : std::enable_shared_from_this<RecordReader> {
         [self = shared_from_this()](const Error& error, std::optional<client::GetResult>&& got) {
           if (error.reply_code == not_found) return self->end(Error{});
           if (error) return self->end(error);
-          if (!got) return self->finish();
+          if (!got) return self->empty();
           self->last_tag = got->delivery_tag;
           std::string why;
           if (auto record = decode_record(got->message.body, why)) self->last = std::move(record);
           self->next();
         });
     if (error) end(error);
+  }
+
+  void empty() {
+    if (last_tag != 0 || empty_reads == std::size(empty_read_delays)) return finish();
+    client::run_after(loop, empty_read_delays[empty_reads++], [self = shared_from_this()] {
+      if (!self->channel->is_open()) {
+        return self->end(Error(client::ClientError::not_open, "the channel closed"));
+      }
+      self->read = 0;
+      self->next();
+    });
   }
 
   void finish() {
@@ -544,10 +618,31 @@ std::shared_ptr<Driver> Driver::start(const std::shared_ptr<client::Connection>&
   return driver;
 }
 
+client::Error declare_record_objects(const std::shared_ptr<client::Channel>& channel,
+                                     const std::string& service_name,
+                                     client::CompletionCallback done) {
+  const std::string name = record_queue_name(service_name);
+  return channel->exchange_declare(
+      name, "fanout", client::ExchangeOptions{}, [channel, name, done](const Error& error) {
+        if (error) return done(error);
+        client::QueueOptions options;
+        options.arguments.append("x-max-length", amqp::FieldValue(int64_t(1)));
+        options.arguments.append("x-overflow", amqp::FieldValue(std::string("drop-head")));
+        Error declared = channel->queue_declare(
+            name, options, [channel, name, done](const Error& error, const client::QueueInfo&) {
+              if (error) return done(error);
+              Error bound = channel->queue_bind(name, name, "", {}, done);
+              if (bound) done(bound);
+            });
+        if (declared) done(declared);
+      });
+}
+
 client::Error read_record(const std::shared_ptr<client::Connection>& connection,
                           const std::string& service_name, RecordCallback done) {
   auto reader = std::make_shared<RecordReader>();
   reader->queue = record_queue_name(service_name);
+  reader->loop = connection->loop();
   reader->done = std::move(done);
   return connection->open_channel(
       [reader](const client::Error& error, std::shared_ptr<client::Channel> channel) {

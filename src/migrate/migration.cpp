@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "retryloop/topology/topology.hpp"
+
 namespace retryloop::migrate {
 namespace {
 
@@ -32,11 +34,15 @@ bool read(const nlohmann::json& json, const char* key, T& out, std::string& erro
 }  // namespace
 
 std::string record_queue_name(std::string_view service_name) {
-  return std::string(service_name) + ".migration";
+  return topology::migration_record_name(service_name);
 }
 
 std::string lock_queue_name(std::string_view service_name) {
   return std::string(service_name) + ".migration.lock";
+}
+
+std::string settling_queue_name(std::string_view service_name) {
+  return topology::migration_settling_queue_name(service_name);
 }
 
 std::string encode_record(const Record& record) {

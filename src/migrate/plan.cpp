@@ -203,6 +203,13 @@ class Planner {
     plan_.steps.push_back(std::move(step));
   }
 
+  /// `binding` (of its queue) passes from `from` to it: bound, then unbound from `from` at once.
+  void push_binding_move(const topology::Action& binding, const std::string& from,
+                         const std::string& why) {
+    push(StepKind::move_binding, binding, why);
+    plan_.steps.back().target = from;
+  }
+
   void push_queue(StepKind kind, const std::string& queue, std::string why, std::string target = {},
                   std::chrono::milliseconds delay = {}) {
     Step step;
@@ -230,18 +237,14 @@ class Planner {
     const std::vector<topology::Action> binds = bindings(queue);
     push(StepKind::declare_queue, renamed(declaration(queue), holding), why);
     for (const topology::Action& binding : binds)
-      push(StepKind::bind_queue, renamed(binding, holding), why);
-    for (const topology::Action& binding : binds)
-      push(StepKind::unbind_queue, binding, why);
+      push_binding_move(renamed(binding, holding), queue, why);
     if (service) push_queue(StepKind::announce, holding, why, queue);
     push_queue(StepKind::move, queue, why, holding);
     push_queue(StepKind::drain, queue, why);
     push_delete(queue, broker_quorum(queue, found), why);
     push(StepKind::declare_queue, declaration(queue), why);
     for (const topology::Action& binding : binds)
-      push(StepKind::bind_queue, binding, why);
-    for (const topology::Action& binding : binds)
-      push(StepKind::unbind_queue, renamed(binding, holding), why);
+      push_binding_move(binding, holding, why);
     if (service) push_queue(StepKind::announce, std::string(), why, queue);
     push_queue(StepKind::move, holding, why, queue);
     push_queue(StepKind::drain, holding, why);
@@ -264,16 +267,12 @@ class Planner {
     const std::chrono::milliseconds delay = delay_of(found.name);
     push(StepKind::declare_queue, renamed(declaration(found.name), holding), why);
     for (const topology::Action& binding : binds)
-      push(StepKind::bind_queue, renamed(binding, holding), why);
-    for (const topology::Action& binding : binds)
-      push(StepKind::unbind_queue, binding, why);
+      push_binding_move(renamed(binding, holding), found.name, why);
     push_queue(StepKind::drain, found.name, why, {}, delay);
     push_delete(found.name, broker_quorum(found.name, found), why);
     push(StepKind::declare_queue, declaration(found.name), why);
     for (const topology::Action& binding : binds)
-      push(StepKind::bind_queue, binding, why);
-    for (const topology::Action& binding : binds)
-      push(StepKind::unbind_queue, renamed(binding, holding), why);
+      push_binding_move(binding, holding, why);
     push_queue(StepKind::drain, holding, why, {}, delay);
     push_delete(holding, is_quorum(declaration(found.name)), why);
     plan_.drain_time += 2 * delay;
@@ -354,7 +353,7 @@ std::optional<Survey> survey_from_json(const nlohmann::json& json, std::string& 
 }
 
 std::string holding_queue_name(const std::string& queue) {
-  return queue + ".migrating";
+  return topology::holding_queue_name(queue);
 }
 
 const char* to_string(StepKind kind) {
@@ -365,6 +364,8 @@ const char* to_string(StepKind kind) {
       return "bind_queue";
     case StepKind::unbind_queue:
       return "unbind_queue";
+    case StepKind::move_binding:
+      return "move_binding";
     case StepKind::announce:
       return "announce";
     case StepKind::move:
@@ -389,6 +390,10 @@ std::string describe(const Step& step) {
     case StepKind::unbind_queue:
       return "unbind " + step.action.exchange + " -> " + step.action.name +
              (step.action.routing_key.empty() ? "" : " (" + step.action.routing_key + ")");
+    case StepKind::move_binding:
+      return "move binding " + step.action.exchange + " -> " + step.target +
+             (step.action.routing_key.empty() ? "" : " (" + step.action.routing_key + ")") +
+             " to " + step.action.name;
     case StepKind::announce:
       return step.queue.empty() ? "the instances consume " + step.target + " alone again"
                                 : "the instances consume " + step.queue + " beside " + step.target;
@@ -413,7 +418,8 @@ nlohmann::json to_json(const MigrationPlan& plan) {
                           {"what", describe(step)},
                           {"why", step.why}};
     if (!step.target.empty()) out["target"] = step.target;
-    if (step.kind == StepKind::bind_queue || step.kind == StepKind::unbind_queue) {
+    if (step.kind == StepKind::bind_queue || step.kind == StepKind::unbind_queue ||
+        step.kind == StepKind::move_binding) {
       out["exchange"] = step.action.exchange;
       out["routing_key"] = step.action.routing_key;
     }

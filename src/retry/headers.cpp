@@ -4,6 +4,8 @@
 #include <chrono>
 #include <limits>
 
+#include "retryloop/topology/topology.hpp"
+
 namespace retryloop::retry {
 namespace {
 
@@ -33,9 +35,11 @@ void note_malformed(AttemptInfo& info, std::string what) {
   info.malformed += what;
 }
 
-/// Reads the x-death entries for {queue, rejected} and {queue, delivery_limit} into `info`.
+/// Reads the x-death entries for {queue, rejected} and {queue, delivery_limit} into `info`, those
+/// of the queue's holding queue too (a migration's: a message may have been rejected in both).
 void read_x_death(const amqp::FieldValue& x_death, std::string_view queue, AttemptInfo& info,
                   std::string& exchange, std::optional<std::string>& routing_key) {
+  const std::string holding = topology::holding_queue_name(queue);
   const auto* entries = x_death.get_if<amqp::FieldArray>();
   if (entries == nullptr) {
     note_malformed(info,
@@ -43,13 +47,17 @@ void read_x_death(const amqp::FieldValue& x_death, std::string_view queue, Attem
     return;
   }
   bool found = false;
+  bool found_holding = false;
+  bool details_read = false;
   for (size_t i = 0; i < entries->size(); ++i) {
     const auto* entry = (*entries)[i].get_if<amqp::FieldTable>();
     if (entry == nullptr) {
       note_malformed(info, "x-death[" + std::to_string(i) + "] is not a table");
       continue;
     }
-    if (string_field(*entry, "queue") != queue) continue;
+    const auto name = string_field(*entry, "queue");
+    const bool in_holding = name == std::string_view(holding);
+    if (name != queue && !in_holding) continue;
     if (string_field(*entry, "reason") == std::string_view("delivery_limit")) {
       const amqp::FieldValue* count = entry->find("count");
       if (auto n = count != nullptr ? count->as_int64() : std::nullopt; n && *n > 0) {
@@ -57,7 +65,8 @@ void read_x_death(const amqp::FieldValue& x_death, std::string_view queue, Attem
       }
       continue;
     }
-    if (found || string_field(*entry, "reason") != std::string_view("rejected")) continue;
+    bool& seen = in_holding ? found_holding : found;
+    if (seen || string_field(*entry, "reason") != std::string_view("rejected")) continue;
     const amqp::FieldValue* count = entry->find("count");
     std::optional<int64_t> n = count != nullptr ? count->as_int64() : std::nullopt;
     if (!n || *n < 0) {
@@ -65,9 +74,12 @@ void read_x_death(const amqp::FieldValue& x_death, std::string_view queue, Attem
                      "x-death[" + std::to_string(i) + "].count is not a non-negative integer");
       continue;
     }
-    // RabbitMQ keeps one entry per {queue, reason}; the first is the most recent.
-    found = true;
-    info.rejected = *n;
+    // RabbitMQ keeps one entry per {queue, reason}; the first is the most recent. The rest of
+    // the entry is read from the most recent of the two queues'.
+    seen = true;
+    info.rejected = saturating_add(info.rejected, *n);
+    if (details_read) continue;
+    details_read = true;
     if (auto name = string_field(*entry, "exchange")) exchange = std::string(*name);
     if (const amqp::FieldValue* keys = entry->find("routing-keys")) {
       if (const auto* list = keys->get_if<amqp::FieldArray>(); list && !list->empty()) {

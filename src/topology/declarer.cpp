@@ -6,6 +6,11 @@ namespace retryloop::topology {
 
 namespace {
 
+/// The shared breaker's and a migration's objects: what they hold is not the service's messages.
+bool holds_nothing_precious(Role role) {
+  return role == Role::breaker || role == Role::migration;
+}
+
 using client::Channel;
 using client::Connection;
 using client::Error;
@@ -392,7 +397,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
     for (auto& r : results) {
       if (r.outcome == Outcome::failed && r.error.reply_code != access_refused) refuse = true;
       if (options_.force || r.outcome != Outcome::would_delete) continue;
-      if (r.messages.value_or(0) > 0 && r.action.role != Role::breaker) {
+      if (r.messages.value_or(0) > 0 && !holds_nothing_precious(r.action.role)) {
         r.outcome = Outcome::not_empty;
         refuse = true;
       } else if (r.consumers.value_or(0) > 0) {
@@ -456,7 +461,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
     bool careful = !options_.force && !quorum;
     if (a.kind == ActionKind::delete_queue) {
       immediate = channel_->queue_delete(
-          a.name, careful, careful && a.role != Role::breaker,
+          a.name, careful, careful && !holds_nothing_precious(a.role),
           [on_result](const Error& error, uint32_t count) { on_result(error, &count); });
     } else {
       immediate = channel_->exchange_delete(

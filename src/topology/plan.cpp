@@ -365,6 +365,10 @@ Plan make_delete_plan(const Topology& topology) {
     plan.actions.back().arguments.append("x-queue-type", "quorum");
     remove(ActionKind::delete_queue, Role::breaker, breaker_state_queue_name(s.name));
     remove(ActionKind::delete_exchange, Role::breaker, breaker_exchange_name(s.name));
+    // The settling queue first: an instance consumes it while it leaves a queue mid-migration.
+    remove(ActionKind::delete_queue, Role::migration, migration_settling_queue_name(s.name));
+    remove(ActionKind::delete_queue, Role::migration, migration_record_name(s.name));
+    remove(ActionKind::delete_exchange, Role::migration, migration_record_name(s.name));
     remove(ActionKind::delete_queue, Role::parking_queue, parking_queue_name(s.name));
     remove(ActionKind::delete_exchange, Role::parking_exchange, parking_exchange_name(s.name));
   }
@@ -417,6 +421,8 @@ const char* to_string(Role role) {
       return "audit stream";
     case Role::breaker:
       return "breaker";
+    case Role::migration:
+      return "migration";
   }
   return "?";
 }

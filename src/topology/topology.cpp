@@ -736,6 +736,18 @@ std::string parking_queue_name(std::string_view service_name) {
   return std::string(service_name) + ".parking";
 }
 
+std::string migration_record_name(std::string_view service_name) {
+  return std::string(service_name) + ".migration";
+}
+
+std::string migration_settling_queue_name(std::string_view service_name) {
+  return std::string(service_name) + ".migration.settling";
+}
+
+std::string holding_queue_name(std::string_view queue) {
+  return std::string(queue) + ".migrating";
+}
+
 std::string breaker_exchange_name(std::string_view service_name) {
   return std::string(service_name) + ".breaker";
 }

@@ -36,9 +36,11 @@ consumer::ConsumerOptions peer_options(const ScriptedPeer& peer, const topology:
   options.connection.uri = client::parse_uri(peer.url());
   options.handler_on_loop = true;
   options.recovery = consumer::Backoff{100ms, 1000ms, 2.0, 0.1};
-  // The conversations here are about one consumer's own channels; sharing the breaker opens
-  // another (tested against real brokers in tests/integration/outage_test.cpp).
+  // The conversations here are about one consumer's own channels; sharing the breaker and
+  // following migrations open others (tested against real brokers in
+  // tests/integration/outage_test.cpp and migrate_test.cpp).
   options.share_breaker = false;
+  options.follow_migrations = false;
   return options;
 }
 

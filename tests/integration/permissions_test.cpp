@@ -77,8 +77,12 @@ struct Documented {
   /// verify --exists-only and delete without --yes: nothing on RabbitMQ 3.10 and 4.0, where
   /// anyone may look at an object; read on the objects from 4.2.6 and 4.3 on.
   Permissions look() const { return {"^$", "^$", only(with(loop(), x))}; }
-  /// delete --yes: the loop, and the shared breaker's objects, which it deletes too.
-  Permissions remove() const { return {only(with(loop(), n + "\\.breaker(\\..*)?")), "^$", "^$"}; }
+  /// delete --yes: the loop, and the shared breaker's and a migration's objects, which it deletes
+  /// too.
+  Permissions remove() const {
+    return {only(with(with(loop(), n + "\\.breaker(\\..*)?"), n + "\\.migration(\\..*)?")), "^$",
+            "^$"};
+  }
   /// A consumer with declare_topology false.
   Permissions consumer(topology::RetryMode mode) const {
     std::vector<std::string> write{n + "\\.parking"};
@@ -459,8 +463,8 @@ TEST_CASE(
   // Not the wait exchange, which a new wait queue dead-letters to.
   apply_less.write = only({d.q, d.n + "\\.wait\\..*", d.n + "\\.parking"});
   // Not parking.
-  delete_less.configure =
-      only({d.q, d.n + "\\.wait", d.n + "\\.wait\\..*", d.n + "\\.breaker(\\..*)?"});
+  delete_less.configure = only({d.q, d.n + "\\.wait", d.n + "\\.wait\\..*",
+                                d.n + "\\.breaker(\\..*)?", d.n + "\\.migration(\\..*)?"});
   enum {
     apply_less_user,
     apply_user,

@@ -10,6 +10,7 @@
 
 #include "retryloop/client/connection.hpp"
 #include "retryloop/consumer/shared_breaker.hpp"
+#include "retryloop/migrate/driver.hpp"
 #include "retryloop/topology/declarer.hpp"
 #include "retryloop/topology/definitions.hpp"
 #include "retryloop/topology/plan.hpp"
@@ -729,6 +730,20 @@ void declare_breaker(TestLoop& loop, client::Connection& connection, const std::
   (void)channel->close();
 }
 
+/// What a consumer that follows migrations declares (the objects of Role::migration), with a
+/// record in the record queue as a migration leaves it.
+void declare_migration(TestLoop& loop, client::Connection& connection, const std::string& service) {
+  auto channel = test::open_channel(loop, connection);
+  REQUIRE_FALSE(test::wait(loop, [&](client::CompletionCallback cb) {
+    return migrate::declare_record_objects(channel, service, cb);
+  }));
+  test::declare_queue(loop, *channel, migrate::settling_queue_name(service), {});
+  REQUIRE_FALSE(
+      test::wait(loop, [&](client::CompletionCallback cb) { return channel->confirm_select(cb); }));
+  publish(loop, *channel, migrate::record_queue_name(service), "", "a record");
+  (void)channel->close();
+}
+
 void check_delete_refuses(const std::string& queue_type) {
   TestLoop loop;
   auto connection = test::connect(loop, test::broker_url());
@@ -737,6 +752,7 @@ void check_delete_refuses(const std::string& queue_type) {
                                   R"("queue_type": ")" + queue_type + R"(")"));
   REQUIRE(run_apply(loop, connection, make_plan(t)).ok());
   declare_breaker(loop, *connection, name);
+  declare_migration(loop, *connection, name);
   Plan plan = make_delete_plan(t);
 
   // Without --yes: nothing goes.
@@ -777,9 +793,11 @@ void check_delete_refuses(const std::string& queue_type) {
   CHECK(again.ok());
   CHECK(again.count(Outcome::absent) == plan.actions.size());
 
-  // Empty queues go without --force, and so do the breaker's, whatever they hold.
+  // Empty queues go without --force, and so do the breaker's and a migration's, whatever they
+  // hold.
   REQUIRE(run_apply(loop, connection, make_plan(t)).ok());
   declare_breaker(loop, *connection, name);
+  declare_migration(loop, *connection, name);
   Report empty = run_delete(loop, connection, plan, {true, false});
   INFO(dump(empty));
   CHECK(empty.ok());

@@ -93,6 +93,26 @@ TEST_CASE("The attempt counts the x-death entry of this queue and reason rejecte
   CHECK(info.malformed.empty());
 }
 
+TEST_CASE(
+    "The attempt counts the rejections in the queue's holding queue too, which stood in for it "
+    "during a migration",
+    "[retry]") {
+  FieldTable headers;
+  headers.append("x-death",
+                 FieldArray{FieldValue(death("orders.migrating", "rejected", int64_t(2),
+                                             "orders.wait", "orders")),
+                            FieldValue(death("orders.migrating.other", "rejected", int64_t(9))),
+                            FieldValue(death("orders", "rejected", int64_t(3)))});
+  AttemptInfo info = read_attempt_info(with_headers(headers), "orders", "", "orders");
+  CHECK(info.rejected == 5);
+  CHECK(info.attempt == 6);
+  // The most recent entry of the two says where the message was published.
+  CHECK(info.original_exchange == "orders.wait");
+  CHECK(info.original_routing_key == "orders");
+  CHECK(info.malformed.empty());
+  CHECK(read_attempt_info(with_headers(headers), "orders.migrating", "", "q").attempt == 3);
+}
+
 TEST_CASE("An x-death header as RabbitMQ 3.10 wrote it after two loops gives attempt 3",
           "[retry]") {
   amqp::ContentHeader header;

@@ -75,23 +75,17 @@ TEST_CASE(
   REQUIRE(plan.refused.empty());
   CHECK(described(plan) == std::vector<std::string>{
                                "queue orders.migrating",
-                               "binding orders.in -> orders.migrating (order.*)",
-                               "binding orders.in -> orders.migrating (refund.*)",
-                               "binding orders.wait -> orders.migrating (orders)",
-                               "unbind orders.in -> orders (order.*)",
-                               "unbind orders.in -> orders (refund.*)",
-                               "unbind orders.wait -> orders (orders)",
+                               "move binding orders.in -> orders (order.*) to orders.migrating",
+                               "move binding orders.in -> orders (refund.*) to orders.migrating",
+                               "move binding orders.wait -> orders (orders) to orders.migrating",
                                "the instances consume orders.migrating beside orders",
                                "move orders -> orders.migrating",
                                "wait until orders is empty and has no consumer",
                                "delete queue orders",
                                "queue orders",
-                               "binding orders.in -> orders (order.*)",
-                               "binding orders.in -> orders (refund.*)",
-                               "binding orders.wait -> orders (orders)",
-                               "unbind orders.in -> orders.migrating (order.*)",
-                               "unbind orders.in -> orders.migrating (refund.*)",
-                               "unbind orders.wait -> orders.migrating (orders)",
+                               "move binding orders.in -> orders.migrating (order.*) to orders",
+                               "move binding orders.in -> orders.migrating (refund.*) to orders",
+                               "move binding orders.wait -> orders.migrating (orders) to orders",
                                "the instances consume orders alone again",
                                "move orders.migrating -> orders",
                                "wait until orders.migrating is empty and has no consumer",
@@ -104,18 +98,19 @@ TEST_CASE(
   CHECK(plan.messages_to_move == 600);
   CHECK(plan.drain_time == 0ms);
   CHECK(plan.steps[0].why == "the service queue differs from the file (first: x-queue-type)");
-  // Bindings and unbindings go the holding queue's way before anything is moved: a publish in
-  // between reaches one queue or both, never none.
-  size_t first_unbind = 0, first_move = 0;
+  // Each binding passes to the holding queue, bound there before it is unbound here, before
+  // anything is moved: a publish in between reaches one queue or both, never none.
+  size_t first_move = 0;
   for (size_t i = 0; i < plan.steps.size(); ++i) {
-    if (plan.steps[i].kind == StepKind::unbind_queue && first_unbind == 0) first_unbind = i;
     if (plan.steps[i].kind == StepKind::move && first_move == 0) first_move = i;
   }
-  CHECK(first_unbind == 4);
-  CHECK(first_move == 8);
+  CHECK(plan.steps[1].kind == StepKind::move_binding);
+  CHECK(plan.steps[1].action.name == "orders.migrating");
+  CHECK(plan.steps[1].target == "orders");
+  CHECK(first_move == 5);
   // The old queue is deleted as the classic queue it is, the holding queue as a quorum queue.
-  CHECK_FALSE(plan.steps[10].quorum);
-  CHECK(plan.steps[21].quorum);
+  CHECK_FALSE(plan.steps[7].quorum);
+  CHECK(plan.steps[15].quorum);
 }
 
 TEST_CASE(
@@ -131,14 +126,14 @@ TEST_CASE(
                                "queue orders.wait.5s",
                                "binding orders.wait -> orders.wait.5s (5s)",
                                "queue orders.wait.30s.migrating",
-                               "binding orders.wait -> orders.wait.30s.migrating (30s)",
-                               "unbind orders.wait -> orders.wait.30s (30s)",
+                               "move binding orders.wait -> orders.wait.30s (30s) to "
+                               "orders.wait.30s.migrating",
                                "wait until orders.wait.30s is empty (its retries come due "
                                "within 30s)",
                                "delete queue orders.wait.30s",
                                "queue orders.wait.30s",
-                               "binding orders.wait -> orders.wait.30s (30s)",
-                               "unbind orders.wait -> orders.wait.30s.migrating (30s)",
+                               "move binding orders.wait -> orders.wait.30s.migrating (30s) to "
+                               "orders.wait.30s",
                                "wait until orders.wait.30s.migrating is empty (its retries "
                                "come due within 30s)",
                                "delete queue orders.wait.30s.migrating",
@@ -159,11 +154,11 @@ TEST_CASE("A parking queue whose arguments change keeps every parked message, mo
   const MigrationPlan plan = make_migration_plan(
       orders(R"("queue_type": "quorum", "parking": {"max_length": 5000})"), survey);
   const auto steps = described(plan);
-  REQUIRE(steps.size() == 12);
+  REQUIRE(steps.size() == 10);
   CHECK(steps[0] == "queue orders.parking.migrating");
-  CHECK(steps[1] == "binding orders.parking -> orders.parking.migrating");
-  CHECK(steps[3] == "move orders.parking -> orders.parking.migrating");
-  CHECK(steps[9] == "move orders.parking.migrating -> orders.parking");
+  CHECK(steps[1] == "move binding orders.parking -> orders.parking to orders.parking.migrating");
+  CHECK(steps[2] == "move orders.parking -> orders.parking.migrating");
+  CHECK(steps[7] == "move orders.parking.migrating -> orders.parking");
   for (const Step& step : plan.steps)
     CHECK(step.kind != StepKind::announce);  // no instance consumes parking
   CHECK(plan.messages_to_move == 24);
@@ -196,11 +191,11 @@ TEST_CASE(
   Migration migration(plan, "m-1234", survey, 1'800'000'000'000);
   REQUIRE(migration.current());
   CHECK(migration.current()->kind == StepKind::declare_queue);
-  for (int i = 0; i < 9; ++i)
+  for (int i = 0; i < 6; ++i)
     migration.done(1'800'000'000'000 + i);
   migration.moved(300);
   REQUIRE(migration.current()->kind == StepKind::drain);
-  CHECK(migration.record().holding == "orders.migrating");  // announced at step 8
+  CHECK(migration.record().holding == "orders.migrating");  // announced at step 5
 
   // Killed here: what was recorded last is what the rerun reads.
   const Record& record = migration.record();
@@ -208,7 +203,7 @@ TEST_CASE(
   auto decoded = decode_record(encode_record(record), error);
   INFO(error);
   REQUIRE(decoded);
-  CHECK(decoded->next_step == 9);
+  CHECK(decoded->next_step == 6);
   CHECK(decoded->moved == 300);
   CHECK(decoded->id == "m-1234");
 
@@ -216,7 +211,7 @@ TEST_CASE(
   // recorded survey, not from what it finds now.
   auto resumed = Migration::resume(make_migration_plan(orders(), decoded->survey), *decoded, error);
   REQUIRE(resumed);
-  CHECK(resumed->current_index() == 9);
+  CHECK(resumed->current_index() == 6);
   CHECK(resumed->current()->queue == "orders");
   CHECK(resumed->record().holding == "orders.migrating");
   while (resumed->current())

@@ -455,10 +455,14 @@ TEST_CASE("The delete plan removes queues and derived exchanges, never the input
                 "delete_queue orders.wait.1m", "delete_exchange orders.wait",
                 "delete_queue orders.breaker.instances", "delete_queue orders.breaker.token",
                 "delete_queue orders.breaker.state", "delete_exchange orders.breaker",
-                "delete_queue orders.parking", "delete_exchange orders.parking"});
+                "delete_queue orders.migration.settling", "delete_queue orders.migration",
+                "delete_exchange orders.migration", "delete_queue orders.parking",
+                "delete_exchange orders.parking"});
   for (const auto& a : plan.actions) {
     const bool breaker = a.name.rfind("orders.breaker", 0) == 0;
+    const bool migration = a.name.rfind("orders.migration", 0) == 0;
     CHECK((a.role == Role::breaker) == breaker);
+    CHECK((a.role == Role::migration) == migration);
   }
   // The token queue is a quorum queue whatever the service's queues are.
   CHECK(format_value(*plan.actions[5].arguments.find("x-queue-type")) == "quorum");
@@ -469,7 +473,8 @@ TEST_CASE("A delete plan knows which queues are quorum queues", "[topology]") {
       parse_valid_topology(one(service_json("orders", R"("queue_type": "quorum")"))));
   for (const auto& a : plan.actions) {
     INFO(describe(a));
-    if (a.role == Role::breaker) continue;  // the breaker's own types, whatever the service's
+    // The breaker's and a migration's own types, whatever the service's.
+    if (a.role == Role::breaker || a.role == Role::migration) continue;
     if (a.kind == ActionKind::delete_queue) {
       REQUIRE(a.arguments.find("x-queue-type") != nullptr);
       CHECK(format_value(*a.arguments.find("x-queue-type")) == "quorum");
@@ -479,7 +484,9 @@ TEST_CASE("A delete plan knows which queues are quorum queues", "[topology]") {
   }
   Plan classic = make_delete_plan(parse_valid_topology(one(service_json("orders", ""))));
   for (const auto& a : classic.actions) {
-    if (a.role != Role::breaker) CHECK(a.arguments.find("x-queue-type") == nullptr);
+    if (a.role != Role::breaker && a.role != Role::migration) {
+      CHECK(a.arguments.find("x-queue-type") == nullptr);
+    }
   }
 }
 

@@ -244,6 +244,13 @@ struct ConsumerOptions {
   /// `N.breaker`, `N.breaker.state` and `N.breaker.token`; without them the consumer logs a
   /// warning once and keeps a breaker of its own. false: a breaker of its own.
   bool share_breaker = true;
+  /// Follows a live migration of the service queue (`retryloop topology migrate`, docs/migrate.md,
+  /// "The instances follow"): consumes the holding queue the migration names while the service
+  /// queue is made again, and declares nothing meanwhile. Needs configure and read permission on
+  /// `N.migration` and `N.migration.settling` (and a server-named queue); without them the consumer
+  /// logs a warning once and consumes the service queue only. false: the service queue only, and a
+  /// migration of it waits until this instance has stopped.
+  bool follow_migrations = true;
 };
 
 /// The retry consumer: consumes the service's input queue, runs the handler, and carries out

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "retryloop/client/channel.hpp"
 #include "retryloop/client/connection.hpp"
 #include "retryloop/client/error.hpp"
 #include "retryloop/migrate/migration.hpp"
@@ -53,6 +54,9 @@ struct DriverOptions {
   /// How long a drain of the service queue waits for its consumers to leave before the driver
   /// says which consumers hold it (they do not follow the migration).
   std::chrono::milliseconds consumers_grace = std::chrono::seconds(60);
+  /// How long the driver waits for the service's lock when another connection holds it (a run
+  /// that has just ended frees it once the broker has seen its connection close).
+  std::chrono::milliseconds lock_wait = std::chrono::seconds(5);
   /// A new migration's id (random when empty).
   std::string id;
 };
@@ -95,8 +99,18 @@ class Driver : public std::enable_shared_from_this<Driver> {
   Driver() = default;
 };
 
-/// Reads a service's migration record without taking it (nullopt: none), for `topology verify`
-/// and `service status`. `done` fires once on the loop thread unless an error is returned.
+/// Declares the objects that carry a service's migration record: the fanout exchange
+/// `N.migration` and the queue of the same name bound to it, which keeps one message, the newest.
+/// The migrator and the instances that follow a migration declare them alike. `done` fires once
+/// unless an error is returned.
+client::Error declare_record_objects(const std::shared_ptr<client::Channel>& channel,
+                                     const std::string& service_name,
+                                     client::CompletionCallback done);
+
+/// Reads a service's migration record without taking it (nullopt: none), for the migrator, the
+/// instances, `topology verify` and `service status`. An empty read is read again after 50, 100
+/// and 200 ms, since another reader holds the message for a round trip. `done` fires once on the
+/// loop thread unless an error is returned.
 using RecordCallback =
     std::function<void(const client::Error& error, const std::optional<Record>& record)>;
 client::Error read_record(const std::shared_ptr<client::Connection>& connection,

@@ -15,6 +15,11 @@ std::string record_queue_name(std::string_view service_name);
 /// The exclusive queue a running migration holds, so that a second one of the same service is
 /// refused (405 RESOURCE_LOCKED) and a killed one releases it: `N.migration.lock`.
 std::string lock_queue_name(std::string_view service_name);
+/// The queue an instance that leaves a queue it consumed (following an announce) consumes until
+/// every delivery it took from it is settled: `N.migration.settling`. Nothing is published to it;
+/// its consumers tell the migration that deliveries are still out, so that a queue is deleted
+/// only once none is (a drain waits until it has no consumer).
+std::string settling_queue_name(std::string_view service_name);
 /// The header the mover stamps each moved message with: `<migration id>:<sequence>`. A message
 /// moved twice (a kill between its copy's confirm and its original's ack) carries one stamp in
 /// both copies, and the move back keeps only the first.

@@ -57,6 +57,10 @@ enum class StepKind {
   bind_queue,
   /// queue.unbind of `action`'s binding: the queue no longer receives what it routed.
   unbind_queue,
+  /// queue.bind as `action` says, then at once queue.unbind of the same binding from `target`:
+  /// the binding passes from `target` to `action`'s queue. A publish in the round trip between
+  /// the two reaches both queues (a duplicate, never a loss); nothing else comes between them.
+  move_binding,
   /// Tells the service's instances (the record, published after the step) to consume `queue` (a
   /// holding queue) beside the service queue `target`, or, with `queue` empty, `target` alone
   /// again.
@@ -77,12 +81,13 @@ const char* to_string(StepKind kind);
 /// One step of a migration. Each can be run again after a kill with the same effect.
 struct Step {
   StepKind kind = StepKind::declare_queue;
-  /// declare_queue, bind_queue, unbind_queue: the broker operation, as `topology apply` sends it.
+  /// declare_queue, bind_queue, unbind_queue, move_binding: the broker operation, as `topology
+  /// apply` sends it.
   topology::Action action;
   /// announce, move, drain, delete_queue: the queue.
   std::string queue;
   /// move: the queue the messages go to (through the default exchange); announce: the service
-  /// queue.
+  /// queue; move_binding: the queue the binding is taken from.
   std::string target;
   /// drain of a wait queue: its delay, the longest its messages still wait.
   std::chrono::milliseconds delay{0};

@@ -41,6 +41,11 @@ enum class Role {
   /// consumers declare them, and only a delete plan names them. What they hold is never precious
   /// (the last signal, a probe token), so a careful delete refuses only while they have consumers.
   breaker,
+  /// The objects through which a service's instances follow a migration (docs/migrate.md): the
+  /// record's exchange and queue and the settling queue. The consumers declare them, and only a
+  /// delete plan names them; as for the breaker's, a careful delete refuses only while they have
+  /// consumers.
+  migration,
 };
 
 /// One broker operation with everything it sends. Integer arguments are AMQP `l` (int64), the

@@ -221,6 +221,16 @@ std::string wait_queue_name(std::string_view service_name, std::chrono::millisec
 std::string parking_exchange_name(std::string_view service_name);
 /// `N.parking`, the parking queue (same name as its exchange).
 std::string parking_queue_name(std::string_view service_name);
+/// `N.migration`: the fanout exchange through which a migration of the service tells its
+/// instances each step, and the queue of the same name that keeps its newest record
+/// (docs/migrate.md).
+std::string migration_record_name(std::string_view service_name);
+/// `N.migration.settling`: consumed by an instance while it settles what it took from a queue it
+/// left, following a migration.
+std::string migration_settling_queue_name(std::string_view service_name);
+/// `<queue>.migrating`: the holding queue that stands in for `queue` while a migration makes it
+/// again (docs/migrate.md); a retry counts the rejections of a message in either.
+std::string holding_queue_name(std::string_view queue);
 /// `N.breaker`, the fanout on which a service's instances share their breaker (docs/outage.md).
 std::string breaker_exchange_name(std::string_view service_name);
 /// `N.breaker.state`: holds the last breaker signal (an operator's pause, an open outage).

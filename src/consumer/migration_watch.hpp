@@ -1,0 +1,62 @@
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "retryloop/client/channel.hpp"
+#include "retryloop/client/connection.hpp"
+#include "retryloop/migrate/migration.hpp"
+
+namespace retryloop::consumer::detail {
+
+/// What a migration watch tells its session. Nothing fires after close().
+struct MigrationWatchEvents {
+  /// Once: the watch is set up and has read the service's record (nullopt: none), or it could
+  /// not be set up (`error`).
+  std::function<void(const client::Error& error, const std::optional<migrate::Record>& record)>
+      read;
+  /// A record the migration published since.
+  std::function<void(const migrate::Record& record)> heard;
+  /// The watch's channel closed after it was set up.
+  std::function<void(const client::Error& error)> lost;
+};
+
+/// Listens to a service's migration (docs/migrate.md, "The instances follow"): on a channel of
+/// its own it declares the record's exchange and queue as the migrator does, binds an exclusive
+/// queue of its own to the exchange and consumes it, then reads the record the queue keeps. So a
+/// record published after the read is heard, and one published before it is read: none is
+/// missed. Callbacks hold it weakly; its session holds it.
+class MigrationWatch : public std::enable_shared_from_this<MigrationWatch> {
+ public:
+  static std::shared_ptr<MigrationWatch> start(
+      const std::shared_ptr<client::Connection>& connection, std::string service,
+      MigrationWatchEvents events);
+
+  /// Stops listening; the channel closes with its connection or now.
+  void close();
+
+ private:
+  MigrationWatch(std::shared_ptr<client::Connection> connection, std::string service,
+                 MigrationWatchEvents events);
+
+  template <class Next>
+  auto then(Next next);
+  void fail(const client::Error& error);
+  void declare_listener();
+  void listen(const std::string& queue);
+  void read_record();
+
+  std::shared_ptr<client::Connection> connection_;
+  std::string service_;
+  MigrationWatchEvents events_;
+  std::shared_ptr<client::Channel> channel_;
+  /// Heard before the read came back: told after it.
+  std::vector<migrate::Record> early_;
+  bool read_ = false;
+  bool closed_ = false;
+};
+
+}  // namespace retryloop::consumer::detail
