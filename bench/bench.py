@@ -799,7 +799,8 @@ class Bench:
                                               "migrate", self.url, name, target, str(count)],
                                              2 * count)
                         self.drop_topology(path)
-                        self.tool("reset", "--queue", name + ".pika-holding", "--delete-only")
+                        for leftover in (".pika-holding", ".migrating"):  # after a failed run
+                            self.tool("reset", "--queue", name + leftover, "--delete-only")
                         self.record(row, bench="migrate", client=contender, messages=count,
                                     source=source, target=target, round=r + 1)
                         if "failed" not in row:

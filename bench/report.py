@@ -789,9 +789,24 @@ class Report:
                     gains.append(med(ours) / med(loop))
         self.table(["change", "messages", "retryloop msg/s", "pika loop msg/s", "ratio",
                     "retryloop RSS MB"], table, left=1)
-        if gains:
-            self.target("migrate ≥ 10x the one-at-a-time mover", f"{min(gains):.1f}x (lowest)",
-                        min(gains) >= 10)
+        loop_rate = med(self.values("migrate", client="pika-loop"))
+        largest = max(r["messages"] for r in rows)
+        at_largest = self.values("migrate", client="retryloop", messages=largest)
+        if gains and loop_rate and at_largest:
+            # The loop's rate is steady (one confirm at a time, whatever the depth), so the largest
+            # size is compared with it too.
+            large_gain = min(at_largest) / loop_rate
+            self.target("migrate ≥ 10x the one-at-a-time mover",
+                        f"{min(gains):.1f}x at the same size, {large_gain:.1f}x at {largest:,}",
+                        min(gains) >= 10,
+                        "" if min(gains) >= 10 else
+                        "the command migrates the service's wait and parking queues as well as its "
+                        "queue (3 queues made again, 32 steps, each recorded with a confirm), and "
+                        "the move of a queue found empty waits about a second to be sure of it (a "
+                        "quorum queue without a reachable leader answers 0): a few seconds whatever "
+                        "the depth, which the one-queue loop does not pay; its rate against the "
+                        f"loop's steady {loop_rate:.0f} msg/s at {largest:,} messages is "
+                        f"{large_gain:.1f}x")
 
     # ---- 7. Outbox and inbox ----
 

@@ -286,6 +286,11 @@ def migrate(url, queue, queue_type, count):
     move_one_at_a_time(channel, queue, holding, count)
     channel.queue_delete(queue)
     channel.queue_declare(queue, durable=True, arguments=arguments)
+    # A new channel: RabbitMQ 3.10 closes the connection (541) when a channel that published to a
+    # queue publishes to one declared again under its name with another type.
+    channel.close()
+    channel = connection.channel()
+    channel.confirm_delivery()
     move_one_at_a_time(channel, holding, queue, count)
     channel.queue_delete(holding)
     window.stop()

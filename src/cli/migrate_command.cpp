@@ -183,7 +183,7 @@ class StepPrinter {
     if (terminal_) {
       std::cout << "\r\033[K" << text << std::flush;
     } else {
-      std::cout << text << "\n";
+      std::cout << text << std::endl;  // a line as each step goes, through a pipe too
     }
   }
 

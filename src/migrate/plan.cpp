@@ -180,8 +180,15 @@ class Planner {
 
   /// Whether the broker's `queue` is a quorum queue: the file's type, unless the type is what
   /// differs.
+  /// Whether the broker's `queue` is, or may be, a quorum queue. Only a refusal that names
+  /// x-queue-type tells that the type differs: RabbitMQ compares one argument at a time, and a
+  /// queue declared without x-queue-type may be refused for another one first (a quorum queue
+  /// that the file makes classic, say). A classic queue is deleted with if-empty and if-unused,
+  /// which RabbitMQ refuses for a quorum queue by closing the connection: so a queue is taken for
+  /// classic only when that is known.
   bool broker_quorum(const std::string& queue, const ObjectFound& found) const {
-    return is_quorum(declaration(queue)) != (found.argument == "x-queue-type");
+    if (found.argument == "x-queue-type") return !is_quorum(declaration(queue));
+    return true;
   }
 
   void push_delete(const std::string& queue, bool quorum, std::string why) {
@@ -293,11 +300,12 @@ class Planner {
     binding.routing_key = level_of(found.name);
     push(StepKind::unbind_queue, binding, why);
     push_queue(StepKind::drain, found.name, why, {}, delay);
-    // Wait queues are of the service's type; when the type is what changes, the old one's.
-    push_delete(found.name,
-                (service_.queue_type == topology::QueueType::quorum) !=
-                    (survey_.service_queue.argument == "x-queue-type"),
-                why);
+    // Wait queues are of the service's type as the broker has it: classic when its service
+    // queue is known to be.
+    const bool file_quorum = service_.queue_type == topology::QueueType::quorum;
+    const bool known_classic = (!file_quorum && survey_.service_queue.found == Found::matches) ||
+                               (file_quorum && survey_.service_queue.argument == "x-queue-type");
+    push_delete(found.name, !known_classic, why);
     plan_.drain_time += delay;
   }
 

@@ -1,6 +1,7 @@
 // `retryloop topology` on a real 3-node cluster: apply is idempotent, a quorum service's
-// "replicas" decides how many nodes hold each of its queues, and verify --management reports a
-// queue with fewer members online than the file asks for while a node is down.
+// "replicas" decides how many nodes hold each of its queues, verify --management reports a
+// queue with fewer members online than the file asks for while a node is down, and migrate makes
+// a classic service quorum on 3 nodes while an instance follows it.
 
 #include <catch2/catch.hpp>
 
@@ -10,11 +11,14 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "cluster_support.hpp"
+#include "retryloop/consumer/consumer.hpp"
+#include "support/consumer_fixture.hpp"
 #include "support/harness.hpp"
 #include "support/process.hpp"
 
@@ -147,4 +151,62 @@ TEST_CASE(
 
   CHECK(retryloop_cli({"topology", "delete", file.string(), "--yes", "--force"}).exit_code == 0);
   fs::remove(file);
+}
+
+TEST_CASE(
+    "On a cluster, topology migrate makes a classic service quorum on 3 nodes while an instance "
+    "of the old file follows it, and every message is handled",
+    "[cluster]") {
+  test::TestLoop loop;
+  const std::string name = test::unique_name("migrate3");
+  const std::string retry = R"("mode": "republish", "delays": ["1s", "5s"], "max_attempts": 4)";
+  const auto classic = test::make_service(name, retry, R"("queue_type": "classic")");
+  test::Broker broker(loop);
+  broker.apply(classic);
+  const int count = 400;
+  for (int i = 0; i < count; ++i)
+    broker.publish(classic.input.exchange, "key", "m-" + std::to_string(i));
+  const fs::path file = fs::temp_directory_path() / (name + ".json");
+  std::ofstream(file) << R"({"services": [)" << service_json(name, 3) << "]}";
+
+  // 5 ms a message: most still wait in the queue when the migration moves it.
+  test::Recorder handled;
+  consumer::ConsumerOptions options = test::options_for(classic);
+  options.handler_on_loop = false;
+  options.prefetch = 10;
+  auto instance = test::start(loop, options, [&handled](const consumer::Message& message) {
+    handled.add(message);
+    std::this_thread::sleep_for(5ms);
+    return consumer::Outcome::ack();
+  });
+
+  // The command runs in a process of its own while this loop keeps the instance going.
+  test::ChildProcess migrate({test::built_program("retryloop"), "topology", "migrate",
+                              file.string(), "--url", test::broker_url()});
+  REQUIRE(loop.run_until([&] { return !migrate.running(); }, 180s));
+  INFO(migrate.out() << migrate.err());
+  REQUIRE(migrate.wait(1000) == 0);
+  CHECK_THAT(migrate.out(), Catch::Contains("migrated"));
+
+  REQUIRE(loop.run_until(
+      [&] {
+        std::set<std::string> ids;
+        for (const auto& call : handled.calls())
+          ids.insert(call.id);
+        return ids.size() == size_t(count);
+      },
+      120s));
+  CHECK(instance->metrics().parked() == 0);
+  CHECK(instance->state() == consumer::ConsumerState::consuming);
+  test::stop(loop, instance);
+
+  const std::string management = "--management=" + test::management_url();
+  Run verified = retryloop_cli({"topology", "verify", file.string(), "--json", management});
+  CHECK(verified.exit_code == 0);
+  for (const auto& [queue, row] : members_by_queue(verified)) {
+    INFO(row.dump());
+    CHECK(row.at("members").size() == 3);
+  }
+  fs::remove(file);
+  test::Broker(loop).remove(test::make_service(name, retry, R"("queue_type": "quorum")"));
 }

@@ -114,6 +114,34 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "A queue whose refusal names another argument than x-queue-type may be a quorum queue, and "
+    "is deleted without if-empty and if-unused, which RabbitMQ refuses for those",
+    "[migrate]") {
+  // A quorum service made classic: declared without x-queue-type, it was refused for another
+  // argument first.
+  Survey survey = matching();
+  survey.service_queue = found("orders", Found::differs, 10, "x-delivery-limit");
+  survey.stale_wait_queues = {found("orders.wait.1m", Found::matches, 0)};
+  const MigrationPlan plan = make_migration_plan(orders(R"("queue_type": "classic")"), survey);
+  size_t deletes = 0;
+  for (const Step& step : plan.steps) {
+    if (step.kind != StepKind::delete_queue) continue;
+    ++deletes;
+    INFO(step.queue);
+    // The holding queue is classic, as the file says: the only one known.
+    CHECK(step.quorum == (step.queue != "orders.migrating"));
+  }
+  CHECK(deletes == 3);
+  // Classic made quorum: the refusal named the type, so the old queue is known to be classic.
+  survey.service_queue = found("orders", Found::differs, 10, "x-queue-type");
+  const MigrationPlan back = make_migration_plan(orders(), survey);
+  for (const Step& step : back.steps) {
+    if (step.kind == StepKind::delete_queue)
+      CHECK(step.quorum == (step.queue == "orders.migrating"));
+  }
+}
+
+TEST_CASE(
     "A delay level added is declared and bound, one removed is unbound and deleted once what "
     "waits in it has come due, and one changed waits out its delay twice, nothing moved",
     "[migrate]") {

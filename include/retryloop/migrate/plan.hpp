@@ -91,8 +91,9 @@ struct Step {
   std::string target;
   /// drain of a wait queue: its delay, the longest its messages still wait.
   std::chrono::milliseconds delay{0};
-  /// delete_queue: the queue is a quorum queue, which RabbitMQ deletes only without if-empty and
-  /// if-unused (it refuses them, closing the connection): the driver looks it up just before.
+  /// delete_queue: the queue is, or may be, a quorum queue, which RabbitMQ deletes only without
+  /// if-empty and if-unused (it refuses them, closing the connection): the driver relies on the
+  /// look-up it makes just before.
   bool quorum = false;
   /// For people: "the service queue becomes quorum", "delay level 30s is removed".
   std::string why;
