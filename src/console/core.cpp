@@ -9,6 +9,7 @@
 
 #include "retryloop/amqp/printable.hpp"
 #include "retryloop/console/detail/api.hpp"
+#include "retryloop/migrate/driver.hpp"
 #include "retryloop/parking/parked_json.hpp"
 #include "retryloop/random/os_random.hpp"
 #include "retryloop/retry/headers.hpp"
@@ -24,6 +25,8 @@ using client::Error;
 
 constexpr uint64_t kDepthMaxAgeMs = 2000;
 constexpr uint64_t kRescanDurationFactor = 10;
+/// How often the service's migration record is read (for the breaker's badge).
+constexpr uint64_t kMigrationReadMs = 5000;
 /// A breaker watch that failed after the service's breaker was found is started again after this
 /// long.
 constexpr uint64_t kBreakerWatchRetryMs = 30000;
@@ -382,6 +385,7 @@ void Core::refresh_depths() {
                                   self->input_consumers_ = info.consumer_count;
                                 }
                                 self->look_up_breaker();
+                                self->look_up_migration();
                                 self->maybe_rescan();
                               });
                         });
@@ -411,6 +415,36 @@ void Core::look_up_breaker() {
         const bool found = self->breaker_watch_ && self->breaker_watch_->found();
         self->breaker_watch_retry_ms_ = found ? self->now_ms() + kBreakerWatchRetryMs : 0;
       });
+}
+
+void Core::look_up_migration() {
+  if (!connected_ || stopping_ || migration_reading_) return;
+  if (migration_read_ms_ != 0 && now_ms() - migration_read_ms_ < kMigrationReadMs) return;
+  migration_reading_ = true;
+  std::weak_ptr<Core> weak = weak_from_this();
+  const Error error = migrate::read_record(
+      connection_, service_.name,
+      [weak](const Error& error, const std::optional<migrate::Record>& record) {
+        auto self = weak.lock();
+        if (!self) return;
+        self->migration_reading_ = false;
+        self->migration_read_ms_ = self->now_ms();
+        // Unreadable (no read permission on N.migration, say): shown as none.
+        if (error || !record || record->finished) {
+          self->migration_.reset();
+        } else {
+          self->migration_ = record;
+        }
+      });
+  if (error) migration_reading_ = false;
+}
+
+nlohmann::json Core::migration_json() const {
+  if (!migration_) return nullptr;
+  return {{"id", migration_->id},
+          {"next_step", migration_->next_step},
+          {"started_at_ms", migration_->started_at_ms},
+          {"holding", migration_->holding}};
 }
 
 nlohmann::json Core::breaker_json() const {
@@ -783,6 +817,7 @@ Reply Core::state() {
       {"input_depth", input_depth_ ? nlohmann::json(*input_depth_) : nlohmann::json(nullptr)},
       {"breaker", breaker_json()},
       {"breaker_error", breaker_error_},
+      {"migrating", migration_json()},
       {"depth_error", depth_error_},
       {"scan_error", scan_error_},
       {"now", retry::unix_seconds()},
@@ -1142,7 +1177,8 @@ nlohmann::json Core::summary() {
                         {"parking_queue", parking_queue_},
                         {"connected", connected_},
                         {"depth", depth_ ? nlohmann::json(*depth_) : nlohmann::json(nullptr)},
-                        {"breaker", breaker_json()}};
+                        {"breaker", breaker_json()},
+                        {"migrating", migration_json()}};
   const bool whole = shown_scan_ && shown_scan_->filter.empty();
   nlohmann::json reasons = nlohmann::json::object();
   if (whole) {

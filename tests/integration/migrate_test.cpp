@@ -4,6 +4,7 @@
 // stopped mid-way and run again; a second migration refused while one runs; a change that is
 // refused.
 
+#include <httplib.h>
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
@@ -625,6 +626,28 @@ TEST_CASE(
       test::CommandRun verified = test::run_retryloop({"topology", "verify", file});
       INFO(verified.out << verified.err);
       CHECK_THAT(verified.err, Catch::Contains("service " + name + " is migrating"));
+      // The console's breaker badge says so too.
+      const std::string token = "migrate-token-0123456789abcdef";
+      const std::string token_file = file + ".token";
+      std::ofstream(token_file) << token << "\n";
+      test::ChildProcess console(
+          {test::built_program("retryloop"), "parking", "serve", "-t", file, name, "--url",
+           test::broker_url(), "--listen", "127.0.0.1:0", "--token-file", token_file,
+           "--allow-counted-reads"},  // mid-migration its parking queue is the old one
+          {"RETRYLOOP_CONSOLE_TOKEN="});
+      const int port = test::console_port(console);
+      INFO(console.out() + console.err());
+      REQUIRE(port != 0);
+      httplib::Client http("127.0.0.1", port);
+      nlohmann::json migrating;
+      CHECK(test::eventually(loop, [&] {
+        auto state = http.Get("/api/state", {{"X-Retryloop-Token", token}});
+        if (!state || state->status != 200) return false;
+        migrating = nlohmann::json::parse(state->body).value("migrating", nlohmann::json());
+        return migrating.is_object();
+      }));
+      CHECK(migrating["next_step"] == 5);  // cut as its step 6 began, twice
+      std::filesystem::remove(token_file);
     }
   }
   CHECK(steps > 10);

@@ -196,7 +196,18 @@
 
   // The shared breaker in a few words, and what the badge looks like: closed is fine; open,
   // paused and resuming are not.
-  function breakerText(b) {
+  function breakerText(b, migrating) {
+    const shown = breakerState(b);
+    if (migrating) {
+      // topology migrate is making the service's queues again; the instances follow it.
+      shown.text += ' · migrating';
+      shown.title += `; migration ${migrating.id} at step ${migrating.next_step + 1}` +
+          (migrating.holding ? `, the instances consuming ${migrating.holding}` : '');
+    }
+    return shown;
+  }
+
+  function breakerState(b) {
     if (!b) return {text: 'breaker –', title: 'not shared yet: no instance has declared it', cls: ''};
     let text = `breaker ${b.state}`;
     let title = `${b.instances} instance${b.instances === 1 ? '' : 's'} connected`;
@@ -219,10 +230,10 @@
     badge.textContent = s.connected ? 'connected' : 'reconnecting';
     badge.className = `badge ${s.connected ? 'ok' : 'bad'}`;
     badge.title = s.connection_error || '';
-    const breaker = breakerText(s.breaker);
+    const breaker = breakerText(s.breaker, s.migrating);
     const shown = $('breaker');
     shown.textContent = breaker.text;
-    shown.title = s.breaker ? breaker.title : (s.breaker_error || breaker.title);
+    shown.title = s.breaker || s.migrating ? breaker.title : (s.breaker_error || breaker.title);
     shown.className = `badge ${breaker.cls}`;
   }
 
@@ -354,7 +365,7 @@
     for (const s of ui.services) {
       const reasons = s.by_reason === null ? 'not counted yet'
           : Object.entries(s.by_reason).map(([reason, n]) => `${reason} ${n}`).join(', ') || 'nothing parked';
-      const breaker = breakerText(s.breaker);
+      const breaker = breakerText(s.breaker, s.migrating);
       body.append(el('tr', {'data-service': s.service, class: s.service === shown ? 'shown' : ''},
         el('td', {class: 'key', text: s.service}),
         el('td', {class: 'breaker', title: breaker.title},

@@ -15,6 +15,7 @@
 #include "retryloop/console/detail/audit_trail.hpp"
 #include "retryloop/console/detail/jobs.hpp"
 #include "retryloop/consumer/shared_breaker.hpp"
+#include "retryloop/migrate/migration.hpp"
 #include "retryloop/parking/parking.hpp"
 
 namespace retryloop::console::detail {
@@ -84,7 +85,11 @@ class Core : public std::enable_shared_from_this<Core> {
   void refresh_depths();
   /// Starts watching the shared breaker, or counts its instances again when already watching.
   void look_up_breaker();
+  /// Reads the service's migration record, unless it was read in the last few seconds.
+  void look_up_migration();
   nlohmann::json breaker_json() const;
+  /// The unfinished migration as the page shows it; null when there is none.
+  nlohmann::json migration_json() const;
   void maybe_rescan();
   void run_next();
   void start_job(const std::shared_ptr<Job>& job);
@@ -136,6 +141,11 @@ class Core : public std::enable_shared_from_this<Core> {
   /// After a watch that failed once the breaker was found: not before this (now_ms) is another
   /// started, so that its state queue is not read again on every poll.
   uint64_t breaker_watch_retry_ms_ = 0;
+  /// The service's unfinished migration (docs/migrate.md), read with the breaker at most every
+  /// few seconds; nullopt when there is none, or its record cannot be read.
+  std::optional<migrate::Record> migration_;
+  uint64_t migration_read_ms_ = 0;
+  bool migration_reading_ = false;
 
   JobQueue jobs_;
   std::shared_ptr<Job> running_;
