@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -145,6 +146,15 @@ class StepPrinter {
     if (quiet_) return;
     line(migration, step, "...");
   }
+  /// On a terminal, the move's line with a bar, redrawn at most 10 times a second.
+  void moving(const migrate::Migration& migration, const migrate::Step& step, uint64_t moved,
+              uint64_t total) {
+    if (quiet_ || !terminal_) return;
+    const int64_t now = now_ms();
+    if (now - last_drawn_ms_ < 100 && moved < total) return;
+    last_drawn_ms_ = now;
+    line(migration, step, progress_bar(moved, total, 30));
+  }
   void moved(const migrate::Migration& migration, const migrate::Step& step, uint64_t moved) {
     if (quiet_) return;
     line(migration, step, "moved " + std::to_string(moved));
@@ -190,6 +200,7 @@ class StepPrinter {
   bool quiet_;
   bool terminal_;
   int64_t last_waited_ = -1;
+  int64_t last_drawn_ms_ = 0;
 };
 
 int run(const MigrateArgs& args, const topology::Service& service, nlohmann::json& out) {
@@ -208,6 +219,9 @@ int run(const MigrateArgs& args, const topology::Service& service, nlohmann::jso
   };
   events.moved = [&](const auto& migration, const auto& step, uint64_t moved) {
     printer.moved(migration, step, moved);
+  };
+  events.moving = [&](const auto& migration, const auto& step, uint64_t moved, uint64_t total) {
+    printer.moving(migration, step, moved, total);
   };
   events.waiting = [&](const auto& migration, const auto& step, uint64_t messages,
                        uint32_t consumers) {
@@ -340,6 +354,17 @@ void read_unfinished_migrations(const std::shared_ptr<client::Connection>& conne
   reader->services = std::move(services);
   reader->done = std::move(done);
   reader->read_next();
+}
+
+std::string progress_bar(uint64_t done, uint64_t total, int width) {
+  width = std::max(width, 1);
+  const uint64_t shown = total == 0 ? 0 : std::min(done, total);
+  const int filled = total == 0 ? 0 : int(shown * uint64_t(width) / total);
+  const int percent = total == 0 ? 0 : int(shown * 100 / total);
+  std::string bar = "[" + std::string(size_t(filled), '#') +
+                    std::string(size_t(width - filled), '.') + "] " + std::to_string(percent) +
+                    "% " + std::to_string(done) + " of " + std::to_string(total);
+  return bar;
 }
 
 std::string unfinished_text(const migrate::Record& record, const std::string& file) {

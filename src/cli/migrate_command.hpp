@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json_fwd.hpp>
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -28,6 +29,11 @@ void read_unfinished_migrations(const std::shared_ptr<client::Connection>& conne
 /// "migration 3f2a… of orders, at step 5, begun 2026-12-05T11:02:03Z: run `retryloop topology
 /// migrate FILE --service orders` to finish it (the instances follow it meanwhile)".
 std::string unfinished_text(const migrate::Record& record, const std::string& file);
+/// "[#########.....] 64% 6400 of 10000": a move's progress on a terminal, the bar `width` wide.
+/// A move may count past the depth it began with (messages that came meanwhile): the bar stops
+/// full.
+std::string progress_bar(uint64_t done, uint64_t total, int width);
+
 /// The record as `service status --json` and `topology verify --json` give it.
 nlohmann::json unfinished_json(const migrate::Record& record);
 

@@ -74,9 +74,7 @@ class DriverImpl final : public Driver {
         service_(std::move(service)),
         options_(std::move(options)),
         events_(std::move(events)),
-        done_(std::move(done)) {
-    if (!options_.move) options_.move = mover();
-  }
+        done_(std::move(done)) {}
 
   void begin() {
     Error error = connection_->open_channel(
@@ -292,10 +290,20 @@ class DriverImpl final : public Driver {
     if (error) finish(error);
   }
 
+  /// options_.move, or the move layer's, telling events_.moving how far it is.
+  MoveFunction move_function() {
+    if (options_.move) return options_.move;
+    return mover([weak = std::weak_ptr<DriverImpl>(self_)](uint64_t moved, uint64_t total) {
+      auto self = weak.lock();
+      if (!self || self->ended_ || !self->events_.moving || !self->migration_->current()) return;
+      self->events_.moving(*self->migration_, *self->migration_->current(), moved, total);
+    });
+  }
+
   void move(const std::string& from, const std::string& to) {
     // Back into a queue the migration made again, a stamp seen twice is moved once.
     const bool back = from == holding_queue_name(to);
-    Error error = options_.move(
+    Error error = move_function()(
         connection_, from, to, migration_->record().id, back,
         guarded([](DriverImpl& self, const Error& error, const MoveResult& result) {
           self.migration_->moved(result.moved);
@@ -394,13 +402,13 @@ class DriverImpl final : public Driver {
   void move_leftovers(const std::string& from, const std::string& to) {
     const bool back = from == holding_queue_name(to);
     Error error =
-        options_.move(connection_, from, to, migration_->record().id, back,
-                      guarded([](DriverImpl& self, const Error& error, const MoveResult& result) {
-                        self.migration_->moved(result.moved);
-                        if (error) return self.finish(error);
-                        self.migration_->not_yet(self.now(), wall_ms());
-                        self.run_next();
-                      }));
+        move_function()(connection_, from, to, migration_->record().id, back,
+                        guarded([](DriverImpl& self, const Error& error, const MoveResult& result) {
+                          self.migration_->moved(result.moved);
+                          if (error) return self.finish(error);
+                          self.migration_->not_yet(self.now(), wall_ms());
+                          self.run_next();
+                        }));
     if (error) finish(error);
   }
 
@@ -524,29 +532,36 @@ struct RecordReader : std::enable_shared_from_this<RecordReader> {
 
 }  // namespace
 
-MoveFunction mover() {
-  return [](const std::shared_ptr<client::Connection>& connection, const std::string& from,
-            const std::string& to, const std::string& stamp_prefix, bool deduplicate,
-            std::function<void(const client::Error& error, const MoveResult& result)> done) {
-    move::MoveOptions options;
-    options.from = from;
-    options.routing_key = to;
-    options.stamp_header = std::string(stamp_header);
-    // A prefix of its own per run of a move: the count restarts with each run, and
-    // deduplication must never take two messages for one. (A message a killed run copied but did
-    // not ack is copied again by the rerun under another stamp: docs/migrate.md, "Resuming".)
-    std::error_code random_error;
-    std::string run = random::random_id(random_error).substr(0, 8);
-    if (random_error)
-      run = std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
-    options.stamp_prefix = stamp_prefix + "/" + from + "/" + run;
-    options.deduplicate = deduplicate;
-    return move::move_queue(
-        connection, std::move(options),
-        [done](const client::Error& error, const move::Progress& progress, bool) {
-          done(error, MoveResult{progress.moved, progress.failed});
-        });
-  };
+MoveFunction mover(MoveProgress progress) {
+  return
+      [progress](const std::shared_ptr<client::Connection>& connection, const std::string& from,
+                 const std::string& to, const std::string& stamp_prefix, bool deduplicate,
+                 std::function<void(const client::Error& error, const MoveResult& result)> done) {
+        move::MoveOptions options;
+        if (progress) {
+          options.on_progress = [progress](const move::Progress& at) {
+            progress(at.moved + at.duplicates, at.total);
+          };
+        }
+        options.from = from;
+        options.routing_key = to;
+        options.stamp_header = std::string(stamp_header);
+        // A prefix of its own per run of a move: the count restarts with each run, and
+        // deduplication must never take two messages for one. (A message a killed run copied but
+        // did not ack is copied again by the rerun under another stamp: docs/migrate.md,
+        // "Resuming".)
+        std::error_code random_error;
+        std::string run = random::random_id(random_error).substr(0, 8);
+        if (random_error)
+          run = std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+        options.stamp_prefix = stamp_prefix + "/" + from + "/" + run;
+        options.deduplicate = deduplicate;
+        return move::move_queue(
+            connection, std::move(options),
+            [done](const client::Error& error, const move::Progress& progress, bool) {
+              done(error, MoveResult{progress.moved, progress.failed});
+            });
+      };
 }
 
 client::Error survey(const std::shared_ptr<client::Connection>& connection,

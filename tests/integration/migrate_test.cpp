@@ -47,6 +47,9 @@ struct Run {
   size_t steps_done = 0;
   size_t steps = 0;
   uint64_t moved = 0;
+  /// DriverEvents::moving: how often it came, and what it said last of each move.
+  size_t moving_calls = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> last_moving;
 };
 
 Run run_driver(TestLoop& loop, Broker& broker, const topology::Service& service,
@@ -55,8 +58,17 @@ Run run_driver(TestLoop& loop, Broker& broker, const topology::Service& service,
   migrate::DriverOptions options;
   options.move = std::move(mover);
   options.consumers_grace = 5s;
+  migrate::DriverEvents events;
+  events.moving = [&run](const migrate::Migration&, const migrate::Step&, uint64_t moved,
+                         uint64_t total) {
+    if (run.moving_calls++ == 0 || moved < run.last_moving.back().first) {
+      run.last_moving.emplace_back(moved, total);
+    } else {
+      run.last_moving.back() = {moved, total};
+    }
+  };
   migrate::Driver::start(
-      broker.connection, service, std::move(options), {},
+      broker.connection, service, std::move(options), std::move(events),
       [&](const client::Error& error, const migrate::Migration* migration, bool refused) {
         run.error = error;
         run.refused = refused;
@@ -340,11 +352,18 @@ TEST_CASE(
                    parked_properties);
   }
 
-  const Run run = run_driver(loop, broker, quorum, migrate::mover());
+  // The driver's own mover, which tells how far each move is.
+  const Run run = run_driver(loop, broker, quorum, migrate::MoveFunction{});
   INFO(run.error.message());
   REQUIRE_FALSE(run.error);
   CHECK(run.steps_done == run.steps);
   CHECK(run.moved >= 2 * waiting);
+  CHECK(run.moving_calls >= 2 * size_t(waiting));
+  // Out of the service queue and back: each move ends with all it found at its start.
+  bool whole_moves = false;
+  for (const auto& [moved, total] : run.last_moving)
+    whole_moves = whole_moves || (total >= size_t(waiting) && moved >= total);
+  CHECK(whole_moves);
 
   const std::string queue = topology::input_queue_name(quorum);
   CHECK(declared_with(loop, broker, queue, declared_arguments(quorum, queue)));
@@ -510,10 +529,17 @@ TEST_CASE(
   CHECK(parsed["services"][0]["steps"].size() > 10);
   CHECK(broker.depth(topology::input_queue_name(classic)) == 30);  // nothing changed
 
-  test::CommandRun run = test::run_retryloop({"topology", "migrate", file}, 120000);
-  INFO(run.out << run.err);
-  REQUIRE(run.exit_code == 0);
-  CHECK_THAT(run.out, Catch::Contains("migrated"));
+  // On a terminal (script(1) gives it one) the move's line carries a bar as it goes.
+  test::ChildProcess on_terminal({"/usr/bin/script", "-qec",
+                                  test::built_program("retryloop") + " topology migrate " + file +
+                                      " --url '" + test::broker_url() + "'",
+                                  "/dev/null"});
+  const int code = on_terminal.wait(120000);
+  INFO(on_terminal.out() << on_terminal.err());
+  REQUIRE(code == 0);
+  CHECK_THAT(on_terminal.out(), Catch::Contains("migrated"));
+  CHECK_THAT(on_terminal.out(), Catch::Contains("] 100% 30 of 30"));
+  CHECK_THAT(on_terminal.out(), Catch::Contains("\r\033[K"));
   test::CommandRun verified = test::run_retryloop({"topology", "verify", file});
   INFO(verified.out << verified.err);
   CHECK(verified.exit_code == 0);

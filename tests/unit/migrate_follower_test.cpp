@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "cli/migrate_command.hpp"
 #include "retryloop/migrate/follower.hpp"
 #include "retryloop/migrate/migration.hpp"
 
@@ -86,4 +87,17 @@ TEST_CASE("A finished record with a holding queue left in it does not send an in
   CHECK(follower.queue() == "orders");
   CHECK(follower.migrated());
   CHECK_FALSE(follower.migrating());
+}
+
+TEST_CASE("A move's progress bar fills with what is moved and stops full past the depth",
+          "[migrate]") {
+  using retryloop::cli::progress_bar;
+  CHECK(progress_bar(0, 10000, 10) == "[..........] 0% 0 of 10000");
+  CHECK(progress_bar(6400, 10000, 10) == "[######....] 64% 6400 of 10000");
+  CHECK(progress_bar(10000, 10000, 10) == "[##########] 100% 10000 of 10000");
+  // Messages that came while it moved: counted, the bar full.
+  CHECK(progress_bar(10200, 10000, 10) == "[##########] 100% 10200 of 10000");
+  // An empty queue's move, and a width that makes no sense.
+  CHECK(progress_bar(0, 0, 10) == "[..........] 0% 0 of 0");
+  CHECK(progress_bar(1, 2, 0) == "[.] 50% 1 of 2");
 }

@@ -43,11 +43,15 @@ using MoveFunction = std::function<client::Error(
     const std::string& to, const std::string& stamp_prefix, bool deduplicate,
     std::function<void(const client::Error& error, const MoveResult& result)> done)>;
 
-/// The move layer's mover, as a MoveFunction.
-MoveFunction mover();
+/// How far a move is: messages moved (or, deduplicated, left out) of the queue's depth at its
+/// start.
+using MoveProgress = std::function<void(uint64_t moved, uint64_t total)>;
+
+/// The move layer's mover, as a MoveFunction; `progress` hears it as it goes.
+MoveFunction mover(MoveProgress progress = {});
 
 struct DriverOptions {
-  /// mover() unless set (tests put a failing one in its place).
+  /// The move layer's (mover()) unless set (tests put a failing one in its place).
   MoveFunction move;
   /// The delays the service had, to find the levels a new migration retires (see survey).
   std::vector<std::chrono::milliseconds> old_delays;
@@ -72,8 +76,12 @@ struct DriverEvents {
   std::function<void(const Migration& migration, const Step& step, uint64_t messages,
                      uint32_t consumers)>
       waiting;
-  /// A move's progress.
+  /// A move is done: the messages it moved.
   std::function<void(const Migration& migration, const Step& step, uint64_t moved)> moved;
+  /// A move under way (the move layer's, when DriverOptions::move is not set): messages moved of
+  /// the queue's depth at its start, as each is.
+  std::function<void(const Migration& migration, const Step& step, uint64_t moved, uint64_t total)>
+      moving;
 };
 
 /// How the run ended: `error` is empty when every step is done. `refused`: the plan refused a
