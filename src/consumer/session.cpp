@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "retryloop/client/timer.hpp"
 #include "retryloop/consumer/error.hpp"
 #include "retryloop/migrate/driver.hpp"
@@ -123,6 +125,9 @@ void Session::watch(const std::shared_ptr<client::Channel>& channel) {
 void Session::close(std::function<void()> done) {
   ended_ = true;
   if (migration_watch_) migration_watch_->close();
+  for (const auto& weak : marks_) {
+    if (auto mark = weak.lock()) mark->settled = nullptr;
+  }
   auto remaining = std::make_shared<int>(2);
   auto closed = [remaining, done = std::move(done)](const Error&) {
     if (--*remaining == 0 && done) done();
@@ -372,7 +377,7 @@ void Session::switch_queue() {
         std::shared_ptr<DeliveryMark> mark = std::move(self.mark_);
         self.consumer_tag_ = tag;
         self.consumed_queue_ = queue;
-        self.mark_ = std::make_shared<DeliveryMark>();
+        self.mark_ = self.new_mark();
         self.leave(left, std::move(mark));
       })));
 }
@@ -426,6 +431,15 @@ void Session::leave(const std::string& consumer_tag, std::shared_ptr<DeliveryMar
       })));
 }
 
+std::shared_ptr<Session::DeliveryMark> Session::new_mark() {
+  auto mark = std::make_shared<DeliveryMark>();
+  marks_.erase(std::remove_if(marks_.begin(), marks_.end(),
+                              [](const std::weak_ptr<DeliveryMark>& m) { return m.expired(); }),
+               marks_.end());
+  marks_.push_back(mark);
+  return mark;
+}
+
 std::shared_ptr<void> Session::mark_of(const std::string& consumer_tag) const {
   if (consumer_tag == consumer_tag_) return mark_;
   if (auto it = leaving_.find(consumer_tag); it != leaving_.end()) return it->second;
@@ -435,7 +449,7 @@ std::shared_ptr<void> Session::mark_of(const std::string& consumer_tag) const {
 void Session::consuming(const std::string& consumer_tag) {
   consume_changing_ = false;
   consumer_tag_ = consumer_tag;
-  mark_ = std::make_shared<DeliveryMark>();
+  mark_ = new_mark();
   if (!ready_sent_) {
     ready_sent_ = true;
     if (events_.ready) events_.ready();

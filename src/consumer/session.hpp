@@ -126,6 +126,7 @@ class Session : public std::enable_shared_from_this<Session> {
   /// cancels the consumer of the queue it leaves, whose deliveries settle meanwhile.
   void switch_queue();
   void leave(const std::string& consumer_tag, std::shared_ptr<DeliveryMark> mark);
+  std::shared_ptr<DeliveryMark> new_mark();
   client::ConsumeOptions consume_options(const std::string& queue);
   /// Issues the consume or cancel that brings the session to what was asked, when none is under
   /// way; runs the stop's `done` once nothing consumes.
@@ -147,6 +148,9 @@ class Session : public std::enable_shared_from_this<Session> {
   std::shared_ptr<DeliveryMark> mark_;
   /// Consumers being cancelled for a migration (their cancel-ok has not come), and their marks.
   std::unordered_map<std::string, std::shared_ptr<DeliveryMark>> leaving_;
+  /// Every mark it made: close() disarms those still held, so that one let go later (by a
+  /// worker thread that outlived the consumer's stop) tells nobody.
+  std::vector<std::weak_ptr<DeliveryMark>> marks_;
   /// The broker's consumer tag while it consumes; empty when it does not.
   std::string consumer_tag_;
   bool want_consuming_ = true;

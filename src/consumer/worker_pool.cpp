@@ -39,14 +39,22 @@ WorkerPool::WorkerPool(uv_loop_t* loop, size_t max_threads)
 void WorkerPool::collect(Handle* handle) {
   // Two vectors trade places, so that neither thread allocates for them once they have grown.
   std::vector<Task>& finished = handle->collecting;
+  bool closing = false;
   bool closed_and_idle = false;
   {
     std::lock_guard<std::mutex> lock(handle->shared->mutex);
     finished.swap(handle->shared->finished);
     handle->shared->unsettled.store(0, std::memory_order_relaxed);
-    closed_and_idle = handle->shared->closing && handle->shared->active == 0;
+    closing = handle->shared->closing;
+    closed_and_idle = closing && handle->shared->active == 0;
   }
-  if (closed_and_idle) return finish_close(handle);
+  if (closing) {
+    // A closing pool reports nothing more (close() dropped what had finished): what ran while it
+    // closed is only destroyed, here on the loop thread.
+    finished.clear();
+    if (closed_and_idle) finish_close(handle);
+    return;
+  }
   for (auto& task : finished)
     task.done(true);
   finished.clear();
@@ -105,11 +113,16 @@ void WorkerPool::run_worker(const std::shared_ptr<Shared>& shared) {
     --shared->active;
     if (shared->active == 0) shared->idle_changed.notify_all();
     if (shared->closing) {
-      lock.unlock();
-      task = Task{};
-      lock.lock();
-      // Tells a closing pool that waits for its jobs; null once it has stopped waiting.
-      if (shared->async != nullptr) uv_async_send(shared->async);
+      if (shared->async != nullptr) {
+        // The pool still waits for its jobs: the task goes back to be destroyed on the loop
+        // thread, with what it holds of the loop's objects (a delivery's breaker call).
+        shared->finished.push_back(std::move(task));
+        uv_async_send(shared->async);
+      } else {
+        lock.unlock();
+        task = Task{};
+        lock.lock();
+      }
       break;
     }
     shared->finished.push_back(std::move(task));

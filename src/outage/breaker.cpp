@@ -42,9 +42,11 @@ Call::~Call() {
 }
 
 void Call::end() {
-  const std::shared_ptr<Breaker*> breaker = breaker_.lock();
+  const std::shared_ptr<std::atomic<Breaker*>> anchor = breaker_.lock();
   breaker_.reset();
-  if (breaker && *breaker) (*breaker)->dropped(*this);
+  // A call dropped after its breaker (with the worker job that held it) finds it null.
+  Breaker* breaker = anchor ? anchor->load() : nullptr;
+  if (breaker != nullptr) breaker->dropped(*this);
 }
 
 Breaker::Breaker(Settings settings, int concurrency, EventHandler on_event)
@@ -53,10 +55,10 @@ Breaker::Breaker(Settings settings, int concurrency, EventHandler on_event)
       on_event_(std::move(on_event)),
       window_(settings_.failure_rate ? settings_.failure_rate->window : std::chrono::seconds(1)),
       pacer_(settings_.ramp.interval),
-      self_(std::make_shared<Breaker*>(this)) {}
+      self_(std::make_shared<std::atomic<Breaker*>>(this)) {}
 
 Breaker::~Breaker() {
-  *self_ = nullptr;
+  self_->store(nullptr);
 }
 
 int Breaker::limit() const {

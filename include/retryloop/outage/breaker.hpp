@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -107,11 +108,11 @@ class Call {
 
  private:
   friend class Breaker;
-  Call(std::weak_ptr<Breaker*> breaker, uint64_t generation, bool probe)
+  Call(std::weak_ptr<std::atomic<Breaker*>> breaker, uint64_t generation, bool probe)
       : breaker_(std::move(breaker)), generation_(generation), probe_(probe) {}
   void end();
 
-  std::weak_ptr<Breaker*> breaker_;
+  std::weak_ptr<std::atomic<Breaker*>> breaker_;
   uint64_t generation_ = 0;
   bool probe_ = false;
 };
@@ -230,7 +231,7 @@ class Breaker {
   Stats stats_;
   std::optional<std::chrono::milliseconds> open_since_;
   /// What the calls it hands out point at; emptied when the breaker goes.
-  std::shared_ptr<Breaker*> self_;
+  std::shared_ptr<std::atomic<Breaker*>> self_;
 };
 
 /// Whether a delivery whose handler said `unavailable` is held to run again, uncharged (true), or
