@@ -243,30 +243,26 @@ def delayed(url, name, count, fail, prefetch, min_ms=None):
                   **extra)
 
 
+def move_one_at_a_time(channel, source, target, count):
+    for _ in range(count):
+        method, properties, body = channel.basic_get(source)
+        if method is None:
+            raise SystemExit(f"{source} is empty after fewer than {count} messages")
+        # Waits for its confirm; raises if it was returned.
+        channel.basic_publish("", target, body, properties, mandatory=True)
+        channel.basic_ack(method.delivery_tag)
+
+
 def replay(url, source, target, count):
     connection = pika.BlockingConnection(pika.URLParameters(url))
     channel = connection.channel()
     channel.confirm_delivery()
     window = Window()
     window.start()
-    for _ in range(count):
-        method, properties, body = channel.basic_get(source)
-        if method is None:
-            raise SystemExit(f"{source} is empty")
-        channel.basic_publish("", target, body, properties, mandatory=True)  # raises if returned
-        channel.basic_ack(method.delivery_tag)
+    move_one_at_a_time(channel, source, target, count)
     window.stop()
     connection.close()
     window.report("pika-loop", "replay", count)
-
-
-def move_one_at_a_time(channel, source, target, count):
-    for _ in range(count):
-        method, properties, body = channel.basic_get(source)
-        if method is None:
-            raise SystemExit(f"{source} is empty after fewer than {count} messages")
-        channel.basic_publish("", target, body, properties, mandatory=True)  # waits its confirm
-        channel.basic_ack(method.delivery_tag)
 
 
 def migrate(url, queue, queue_type, count):

@@ -39,7 +39,6 @@ void note_malformed(AttemptInfo& info, std::string what) {
 /// of the queue's holding queue too (a migration's: a message may have been rejected in both).
 void read_x_death(const amqp::FieldValue& x_death, std::string_view queue, AttemptInfo& info,
                   std::string& exchange, std::optional<std::string>& routing_key) {
-  const std::string holding = topology::holding_queue_name(queue);
   const auto* entries = x_death.get_if<amqp::FieldArray>();
   if (entries == nullptr) {
     note_malformed(info,
@@ -56,7 +55,7 @@ void read_x_death(const amqp::FieldValue& x_death, std::string_view queue, Attem
       continue;
     }
     const auto name = string_field(*entry, "queue");
-    const bool in_holding = name == std::string_view(holding);
+    const bool in_holding = name && topology::is_holding_queue_of(*name, queue);
     if (name != queue && !in_holding) continue;
     if (string_field(*entry, "reason") == std::string_view("delivery_limit")) {
       const amqp::FieldValue* count = entry->find("count");

@@ -744,8 +744,17 @@ std::string migration_settling_queue_name(std::string_view service_name) {
   return std::string(service_name) + ".migration.settling";
 }
 
+namespace {
+constexpr std::string_view holding_suffix = ".migrating";
+}  // namespace
+
 std::string holding_queue_name(std::string_view queue) {
-  return std::string(queue) + ".migrating";
+  return std::string(queue).append(holding_suffix);
+}
+
+bool is_holding_queue_of(std::string_view name, std::string_view queue) {
+  return name.size() == queue.size() + holding_suffix.size() &&
+         name.substr(0, queue.size()) == queue && name.substr(queue.size()) == holding_suffix;
 }
 
 std::string breaker_exchange_name(std::string_view service_name) {

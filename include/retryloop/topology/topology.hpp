@@ -231,6 +231,9 @@ std::string migration_settling_queue_name(std::string_view service_name);
 /// `<queue>.migrating`: the holding queue that stands in for `queue` while a migration makes it
 /// again (docs/migrate.md); a retry counts the rejections of a message in either.
 std::string holding_queue_name(std::string_view queue);
+/// Whether `name` is holding_queue_name(queue), without making it (a delivery's headers are read
+/// with it).
+bool is_holding_queue_of(std::string_view name, std::string_view queue);
 /// `N.breaker`, the fanout on which a service's instances share their breaker (docs/outage.md).
 std::string breaker_exchange_name(std::string_view service_name);
 /// `N.breaker.state`: holds the last breaker signal (an operator's pause, an open outage).
