@@ -3,6 +3,7 @@
 #include <utility>
 #include <vector>
 
+#include "retryloop/client/timer.hpp"
 #include "retryloop/migrate/driver.hpp"
 
 namespace retryloop::consumer::detail {
@@ -36,12 +37,16 @@ std::shared_ptr<MigrationWatch> MigrationWatch::start(
         self.channel_->set_close_handler(self.then([](MigrationWatch& self) {
           self.fail(Error(client::ClientError::not_open, "the channel closed"));
         }));
-        Error declared = migrate::declare_record_objects(
-            self.channel_, self.service_,
+        Error declared = self.channel_->exchange_declare(
+            migrate::record_queue_name(self.service_), "fanout", client::ExchangeOptions{},
             self.then([](MigrationWatch& self) { self.declare_listener(); }));
         if (declared) self.fail(declared);
       }));
   if (error) watch->fail(error);
+  client::run_after(connection->loop(), read_deadline, [weak = watch->weak_from_this()] {
+    auto self = weak.lock();
+    if (self && !self->closed_ && !self->read_) self->read_late();
+  });
   return watch;
 }
 
@@ -103,18 +108,37 @@ void MigrationWatch::listen(const std::string& queue) {
 }
 
 void MigrationWatch::read_record() {
+  std::weak_ptr<MigrationWatch> weak = weak_from_this();
   Error error = migrate::read_record(
       connection_, service_,
-      then([](MigrationWatch& self, const std::optional<migrate::Record>& record) {
-        self.read_ = true;
-        if (self.events_.read) self.events_.read(Error{}, record);
-        std::vector<migrate::Record> early = std::move(self.early_);
-        for (const migrate::Record& heard : early) {
-          if (self.closed_) return;
-          if (self.events_.heard) self.events_.heard(heard);
+      [weak](const Error& error, const std::optional<migrate::Record>& record) {
+        auto self = weak.lock();
+        if (!self || self->closed_) return;
+        if (!self->read_) {
+          if (error) return self->fail(error);
+          return self->record_read(Error{}, record);
         }
-      }));
+        // A read that came back after the deadline: what it found is news.
+        if (!error && record && self->events_.heard) self->events_.heard(*record);
+      });
   if (error) fail(error);
+}
+
+void MigrationWatch::read_late() {
+  record_read(Error(std::make_error_code(std::errc::timed_out),
+                    "the read of " + migrate::record_queue_name(service_) + " took over " +
+                        std::to_string(read_deadline.count()) + " ms"),
+              std::nullopt);
+}
+
+void MigrationWatch::record_read(const Error& error, const std::optional<migrate::Record>& record) {
+  read_ = true;
+  if (events_.read) events_.read(error, record);
+  std::vector<migrate::Record> early = std::move(early_);
+  for (const migrate::Record& heard : early) {
+    if (closed_) return;
+    if (events_.heard) events_.heard(heard);
+  }
 }
 
 }  // namespace retryloop::consumer::detail

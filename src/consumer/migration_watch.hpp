@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -15,7 +16,8 @@ namespace retryloop::consumer::detail {
 /// What a migration watch tells its session. Nothing fires after close().
 struct MigrationWatchEvents {
   /// Once: the watch is set up and has read the service's record (nullopt: none), or it could
-  /// not be set up (`error`).
+  /// not be set up or read the record within MigrationWatch::read_deadline (`error`). Past the
+  /// deadline the watch goes on, and tells a record it then finds or hears as `heard`.
   std::function<void(const client::Error& error, const std::optional<migrate::Record>& record)>
       read;
   /// A record the migration published since.
@@ -25,10 +27,12 @@ struct MigrationWatchEvents {
 };
 
 /// Listens to a service's migration (docs/migrate.md, "The instances follow"): on a channel of
-/// its own it declares the record's exchange and queue as the migrator does, binds an exclusive
-/// queue of its own to the exchange and consumes it, then reads the record the queue keeps. So a
-/// record published after the read is heard, and one published before it is read: none is
-/// missed. Callbacks hold it weakly; its session holds it.
+/// its own it declares the record's exchange, binds an exclusive queue of its own to it and
+/// consumes it, then reads the record the migrator's record queue keeps. So a record published
+/// after the read is heard, and one published before it is read: none is missed. The record
+/// queue is the migrator's to declare: a classic queue whose node is down holds a declare for a
+/// minute on RabbitMQ 4, and the instance would wait as long to consume again after losing its
+/// node. Callbacks hold it weakly; its session holds it.
 class MigrationWatch : public std::enable_shared_from_this<MigrationWatch> {
  public:
   static std::shared_ptr<MigrationWatch> start(
@@ -37,6 +41,13 @@ class MigrationWatch : public std::enable_shared_from_this<MigrationWatch> {
 
   /// Stops listening; the channel closes with its connection or now.
   void close();
+
+  /// Whether it still sets up or listens: neither failed nor closed.
+  bool open() const { return !closed_; }
+
+  /// How long the set-up and the read of the record may take before `read` fires with an error and
+  /// the instance goes on without it (a record queue whose node is down, say).
+  static constexpr std::chrono::milliseconds read_deadline{5000};
 
  private:
   MigrationWatch(std::shared_ptr<client::Connection> connection, std::string service,
@@ -48,6 +59,8 @@ class MigrationWatch : public std::enable_shared_from_this<MigrationWatch> {
   void declare_listener();
   void listen(const std::string& queue);
   void read_record();
+  void read_late();
+  void record_read(const client::Error& error, const std::optional<migrate::Record>& record);
 
   std::shared_ptr<client::Connection> connection_;
   std::string service_;

@@ -185,14 +185,30 @@ void Session::watch_migration() {
 }
 
 void Session::migration_read(const Error& error, const std::optional<migrate::Record>& record) {
-  if (error) {
+  if (error && migration_watch_ && migration_watch_->open()) {
+    // Slow (a record queue whose node is down): it goes on without the record, and follows
+    // one it reads or hears later.
+    if (auto* log = options_.logger.get()) {
+      log->warn(
+          "service={} has not read its migration record yet ({}): consuming as if no migration "
+          "were under way, and following one as soon as it is read or heard",
+          options_.service.name, error.message());
+    }
+  } else if (error) {
     // The service's permissions may not cover the migration's objects: it runs as before, and
     // a migration of its service queue waits for it to be stopped (docs/migrate.md).
     if (auto* log = options_.logger.get()) {
-      log->warn(
-          "service={} cannot follow a migration of its queue ({}): a migration waits for this "
-          "instance to stop; grant it configure, write and read on {}.migration*",
-          options_.service.name, error.message(), options_.service.name);
+      if (error.reply_code == 403) {
+        log->warn(
+            "service={} cannot follow a migration of its queue ({}): a migration waits for this "
+            "instance to stop; grant it configure, write and read on {}.migration*",
+            options_.service.name, error.message(), options_.service.name);
+      } else {
+        log->warn(
+            "service={} cannot follow a migration of its queue ({}): a migration waits for this "
+            "instance to stop",
+            options_.service.name, error.message());
+      }
     }
     migration_watch_.reset();
   } else if (record) {
