@@ -4,6 +4,7 @@
 
 #include "common.hpp"
 #include "migrate_command.hpp"
+#include "transfer_command.hpp"
 #include "outbox_command.hpp"
 #include "parking_command.hpp"
 #include "schedule_command.hpp"
@@ -32,6 +33,7 @@ void build_command_line(CLI::App& app, int& exit_code) {
   app.get_formatter()->column_width(32);
   add_topology_commands(app, exit_code);
   add_migrate_command(*app.get_subcommand("topology"), exit_code);
+  add_transfer_command(*app.get_subcommand("topology"), exit_code);
   add_parking_commands(app, exit_code);
   add_outbox_commands(app, exit_code);
   add_schedule_commands(app, exit_code);

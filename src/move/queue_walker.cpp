@@ -47,6 +47,7 @@ constexpr uint16_t kSpareChannels = 16;
 
 Walker::Walker(std::shared_ptr<client::Connection> connection, WalkOptions options)
     : connection_(std::move(connection)),
+      publish_connection_(std::move(options.publish_connection)),
       queue_(std::move(options.queue)),
       window_(options.window == 0 ? 1 : options.window),
       missing_hint_(std::move(options.missing_hint)),
@@ -56,6 +57,9 @@ Walker::Walker(std::shared_ptr<client::Connection> connection, WalkOptions optio
 Error Walker::start(const std::shared_ptr<client::Connection>& connection, WalkOptions options,
                     Visitor visitor, DoneCallback done, std::shared_ptr<QueueWalker>* handle) {
   if (!connection || !connection->is_open()) return Error(ClientError::not_open);
+  if (options.publish_connection && !options.publish_connection->is_open()) {
+    return Error(ClientError::not_open, "the connection copies go out on is not open");
+  }
   std::shared_ptr<Walker> walker(new Walker(connection, std::move(options)));
   walker->visitor_ = std::move(visitor);
   walker->done_ = std::move(done);
@@ -82,7 +86,34 @@ Error Walker::start(const std::shared_ptr<client::Connection>& connection, WalkO
 
 void Walker::on_channel(std::shared_ptr<client::Channel> channel) {
   adopt(std::move(channel));
+  if (publish_connection_) return open_publish_channel();
   count_queue();
+}
+
+void Walker::open_publish_channel() {
+  std::weak_ptr<Walker> weak = weak_from_this();
+  Error error = publish_connection_->open_channel(
+      [weak](const Error& error, std::shared_ptr<client::Channel> channel) {
+        auto self = weak.lock();
+        if (!self || self->reported_) return;
+        if (error) return self->fail(error);
+        self->publish_channel_ = std::move(channel);
+        self->publish_channel_->set_close_handler([weak](const Error& error) {
+          if (auto self = weak.lock()) self->fail(error);
+        });
+        Error selected = self->publish_channel_->confirm_select([weak](const Error& error) {
+          auto self = weak.lock();
+          if (!self || self->reported_) return;
+          if (error) return self->fail(error);
+          self->count_queue();
+        });
+        if (selected) self->fail(selected);
+      });
+  if (error) fail(error);
+}
+
+client::Channel& Walker::publishing() {
+  return publish_channel_ ? *publish_channel_ : *channel_;
 }
 
 void Walker::count_queue() {
@@ -308,7 +339,7 @@ void Walker::move(uint64_t delivery_tag, Decision&& decision, std::string&& body
 Error Walker::publish_move(const std::weak_ptr<Walker>& weak, uint64_t delivery_tag,
                            const Decision& decision, const std::string& body) {
   return retry::move_delivery(
-      *channel_, channel_, delivery_tag,
+      publishing(), channel_, delivery_tag,
       {decision.exchange, decision.routing_key, decision.properties, body},
       [weak](const client::PublishOutcome& outcome, const Error& ack_error) {
         auto self = weak.lock();
@@ -347,10 +378,10 @@ void Walker::copy(Decision&& decision, std::string&& body) {
   ++publishes_in_flight_;
   std::weak_ptr<Walker> weak = weak_from_this();
   Error error =
-      channel_->publish(decision.exchange, decision.routing_key, decision.properties, body,
-                        client::Mandatory::yes, [weak](const client::PublishOutcome& outcome) {
-                          if (auto self = weak.lock()) self->copy_settled(outcome, true);
-                        });
+      publishing().publish(decision.exchange, decision.routing_key, decision.properties, body,
+                           client::Mandatory::yes, [weak](const client::PublishOutcome& outcome) {
+                             if (auto self = weak.lock()) self->copy_settled(outcome, true);
+                           });
   if (error) {
     --publishes_in_flight_;
     fail(error);
@@ -398,6 +429,10 @@ void Walker::fail(const Error& error) {
 
 void Walker::report(const Error& error) {
   reported_ = true;
+  if (publish_channel_ && publish_channel_->is_open()) {
+    publish_channel_->set_close_handler({});
+    (void)publish_channel_->close();
+  }
   std::shared_ptr<Walker> self = shared_from_this();
   auto finish = [self, error] {
     DoneCallback done = std::move(self->done_);

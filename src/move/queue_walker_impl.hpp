@@ -42,6 +42,10 @@ class Walker : public QueueWalker, public std::enable_shared_from_this<Walker> {
   Walker(std::shared_ptr<client::Connection> connection, WalkOptions options);
 
   void on_channel(std::shared_ptr<client::Channel> channel);
+  /// With WalkOptions::publish_connection: opens the confirm channel copies go out on.
+  void open_publish_channel();
+  /// The channel copies are published on.
+  client::Channel& publishing();
   /// Counts the queue to walk; a count of 0 is looked at again a few times first (see
   /// kEmptyAnswers), then the walk starts or ends.
   void count_queue();
@@ -85,6 +89,9 @@ class Walker : public QueueWalker, public std::enable_shared_from_this<Walker> {
   void check_idle();
 
   std::shared_ptr<client::Connection> connection_;
+  /// WalkOptions::publish_connection, and the channel on it once open.
+  std::shared_ptr<client::Connection> publish_connection_;
+  std::shared_ptr<client::Channel> publish_channel_;
   std::string queue_;
   uint16_t window_;
   /// WalkOptions::missing_hint and readers.

@@ -32,7 +32,7 @@ offers() {  # offers LINE EXPECTED: what Tab offers at the end of LINE, sorted, 
 
 offers "retryloop " "outbox parking schedule send service topology"
 offers "retryloop to" "topology"
-offers "retryloop topology " "apply delete export migrate plan verify"
+offers "retryloop topology " "apply delete export migrate plan transfer verify"
 offers "retryloop topology apply --s" "--service"
 offers "retryloop --v" "--version"
 offers "retryloop topology apply $topology --service " "audit orders"

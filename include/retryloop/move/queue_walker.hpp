@@ -81,6 +81,10 @@ struct WalkOptions {
   /// Who needs the read permission, in the note added to a refused look-up: "read, which
   /// READERS need, is enough".
   std::string readers = "its reads";
+  /// Where copies are published: a connection to another broker (a transfer), on a confirm
+  /// channel of the walk's own; none: the walk's reading channel. A copy is confirmed there
+  /// before its original is acked here.
+  std::shared_ptr<client::Connection> publish_connection;
 };
 
 /// Reads a queue once, from its head to the depth it had at the start, and carries out the

@@ -1,0 +1,100 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "retryloop/amqp/properties.hpp"
+#include "retryloop/topology/topology.hpp"
+
+namespace retryloop::transfer {
+
+// What `retryloop topology transfer` moves from the old broker to the new one, and where each
+// waiting retry goes so that it comes back when it was due (docs/transfer.md). Pure: no broker,
+// and the time is passed in.
+
+/// A queue a transfer reads on the old broker.
+struct Source {
+  enum class Kind {
+    service_queue,  ///< the service's input queue: its messages go to the same queue, in order
+    wait_queue,     ///< a wait queue: each retry waits out what is left of its delay
+    parking,        ///< the parking queue: moved as it is, reason, error and history intact
+  };
+  Kind kind = Kind::service_queue;
+  std::string queue;
+  /// A wait queue's delay (its `x-message-ttl`).
+  std::chrono::milliseconds delay{0};
+};
+
+/// The queues of `service` a transfer reads, in order: the service queue, its wait queues
+/// (shortest delay first), then its parking queue. A service in `in_queue` mode has no wait
+/// queue (its retries wait in the service queue itself).
+std::vector<Source> transfer_sources(const topology::Service& service);
+
+/// The default precision of the levels the moved retries wait in on the new broker.
+inline constexpr std::chrono::milliseconds default_precision{100};
+
+/// The delay levels a moved retry waits out the rest of its delay in on the new broker: the
+/// service's own (`retry.delay_levels`) when it has them; otherwise a schedule
+/// (topology::Schedule, the machinery of `retryloop send`) whose base is `precision`, reaching
+/// the service's longest wait delay, of the service's queue type, delivering to its queue.
+/// nullopt when the service has its own levels, or no wait queue.
+std::optional<topology::Schedule> transfer_schedule(const topology::Service& service,
+                                                    std::chrono::milliseconds precision);
+
+/// The service whose levels carry the moved retries (topology::delay_route takes it): the service
+/// itself when it has delay levels, else topology::schedule_target of transfer_schedule.
+topology::Service ladder_service(const topology::Service& service,
+                                 std::chrono::milliseconds precision);
+
+/// When a retry waiting in `source` is due back in `service_queue`, in milliseconds since the
+/// epoch, from what it carries; nullopt when it carries nothing that says:
+/// - `retryloop-retry-due` (a republished retry, or one transferred before): that time;
+/// - otherwise its `x-death` entry for `service_queue` with reason `rejected` (a reject-mode retry)
+///   when that entry's count is 1: its `time` (whole seconds, so up to 1 s before the rejection)
+///   plus 1 s plus the wait queue's delay, never before it is due. RabbitMQ keeps the `time` of
+///   the first dead-lettering when it raises a count, so a later retry's entry says nothing of
+///   when it entered the wait queue (measured on 3.10 and 4.3).
+std::optional<int64_t> due_time(const amqp::BasicProperties& properties, const Source& source,
+                                const std::string& service_queue);
+
+/// Where a waiting retry goes on the new broker.
+struct Placement {
+  enum class Kind {
+    service_queue,  ///< due already: straight to the service queue
+    levels,         ///< through the levels, for `delay`
+    leave,          ///< left to come due on the old broker (a transfer that follows moves it then)
+  };
+  Kind kind = Kind::service_queue;
+  std::chrono::milliseconds delay{0};
+  /// When it is due (ms since the epoch): known from the message, or the bound used for it.
+  int64_t due_ms = 0;
+  /// The due time came from the message; false: it waits its whole delay again from `now_ms`
+  /// (never early, up to that delay late).
+  bool due_known = true;
+};
+
+/// The placement of a retry due at `due_ms` (nullopt: not known) that waits in `source`, at
+/// `now_ms`. A retry whose due time is not known waits its whole delay again on the new broker;
+/// with `follow`, it is left where it is, to come due on the old broker, whose service queue the
+/// transfer keeps moving.
+Placement place(const std::optional<int64_t>& due_ms, const Source& source, int64_t now_ms,
+                bool follow);
+
+/// The copy of a message read from `source` for the new broker. A retry (read from a wait queue,
+/// or from the service queue with rejections recorded in `x-death`) becomes a republish-mode
+/// retry: the death headers, which a RabbitMQ 4 broker would not count on, are replaced by
+/// `retryloop-retries` = the attempts made so far, so that its next delivery is the attempt it
+/// would have been on the old broker; the original exchange, routing key and first failure are
+/// recorded; `retryloop-retry-due` is `due_ms` when above 0. Anything else (a parked message, a
+/// message never retried) keeps its properties as they are. `delivery_exchange` and
+/// `delivery_routing_key` are those the message was delivered with.
+amqp::BasicProperties transfer_copy(const amqp::BasicProperties& properties, const Source& source,
+                                    const std::string& service_queue,
+                                    const std::string& delivery_exchange,
+                                    const std::string& delivery_routing_key, uint64_t now_seconds,
+                                    int64_t due_ms);
+
+}  // namespace retryloop::transfer

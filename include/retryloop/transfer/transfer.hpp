@@ -1,0 +1,104 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "retryloop/client/connection.hpp"
+#include "retryloop/client/error.hpp"
+#include "retryloop/move/queue_walker.hpp"
+#include "retryloop/topology/topology.hpp"
+#include "retryloop/transfer/plan.hpp"
+
+namespace retryloop::transfer {
+
+/// The header each moved copy carries: "<run id>:<n>", kept from the first transfer that moved it.
+inline constexpr std::string_view stamp_header = "retryloop-transfer";
+
+/// `N.transfer.lock`: the exclusive queue a running transfer of service N holds on the old broker.
+std::string lock_queue_name(std::string_view service_name);
+
+struct TransferOptions {
+  /// The base of the levels moved retries wait in on the new broker (transfer_schedule).
+  std::chrono::milliseconds precision = default_precision;
+  /// Keep reading the old queues until they have all been empty for `settle`, or stop().
+  bool follow = false;
+  std::chrono::milliseconds settle{10'000};
+  /// Pause between two passes over the old queues when following.
+  std::chrono::milliseconds pass_interval{500};
+  /// Copies awaiting their confirms at once, per queue read.
+  uint16_t window = 500;
+  /// The run's id, which prefixes the stamps; empty: a random one.
+  std::string id;
+  /// Milliseconds since the epoch; the system clock when empty.
+  std::function<int64_t()> now_ms;
+};
+
+/// What one read of one old queue did.
+struct SourceResult {
+  Source source;
+  /// The walk's counts: `moved` copies confirmed on the new broker and acked on the old one.
+  move::Progress progress;
+  /// Of those moved: straight to the service queue (due already, or not a retry).
+  uint64_t to_queue = 0;
+  /// Through the levels, with what was left of their delay.
+  uint64_t to_levels = 0;
+  /// Of those, the retries whose due time the message did not carry: they wait their whole delay
+  /// again.
+  uint64_t due_unknown = 0;
+  /// Left on the old broker to come due there (following, due time unknown).
+  uint64_t left = 0;
+  /// The longest remaining delay given to a moved retry.
+  std::chrono::milliseconds longest_delay{0};
+};
+
+struct TransferEvents {
+  /// A read of an old queue starts (pass counts from 1).
+  std::function<void(const Source& source, int pass)> reading;
+  std::function<void(const SourceResult& result, int pass)> read;
+  /// Following: a pass found every old queue empty; `empty_for` is how long they have been.
+  std::function<void(std::chrono::milliseconds empty_for)> idle;
+};
+
+/// How a transfer of one service ended.
+struct TransferResult {
+  /// Every read, in order.
+  std::vector<SourceResult> reads;
+  int passes = 0;
+  /// stop() ended it.
+  bool interrupted = false;
+  /// The run's id (the stamps' prefix).
+  std::string id;
+  /// What the last pass left on the old broker (retries left to come due there).
+  uint64_t left = 0;
+  uint64_t moved() const;
+};
+using TransferCallback = std::function<void(const client::Error& error, const TransferResult&)>;
+
+/// A running transfer; stop() ends it once what is in flight has settled.
+class Transfer {
+ public:
+  virtual ~Transfer() = default;
+  virtual void stop() = 0;
+};
+
+/// Moves `service`'s messages from the broker of `from` to the broker of `to` (docs/transfer.md):
+/// takes `N.transfer.lock` on the old broker (exclusive: a second transfer of the service is
+/// refused), declares on the new one the levels moved retries wait in (transfer_schedule; the
+/// service's topology must be there already, `topology apply`), then reads the old queues
+/// (transfer_sources) once each, or with `follow` again and again: each message is published to
+/// the new broker with confirms and mandatory, and acked on the old one only once confirmed and
+/// not returned. A retry goes where place() says, with what transfer_copy() makes of it. A copy the
+/// new broker returns or refuses leaves its original where it was. Both connections must be open
+/// and stay the caller's. `done` is called once, on the loop thread; `handle`, when given, gets the
+/// running transfer.
+client::Error transfer_service(const std::shared_ptr<client::Connection>& from,
+                               const std::shared_ptr<client::Connection>& to,
+                               const topology::Service& service, TransferOptions options,
+                               TransferEvents events, TransferCallback done,
+                               std::shared_ptr<Transfer>* handle = nullptr);
+
+}  // namespace retryloop::transfer

@@ -1,0 +1,327 @@
+#include "transfer_command.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <iostream>
+#include <memory>
+#include <vector>
+
+#include "common.hpp"
+#include "retryloop/process/stop_signals.hpp"
+#include "retryloop/topology/declarer.hpp"
+#include "retryloop/topology/duration.hpp"
+#include "retryloop/topology/plan.hpp"
+
+namespace retryloop::cli {
+namespace {
+
+struct TransferArgs {
+  std::string file;
+  std::vector<std::string> services;
+  ConnectionArgs connection;
+  ConnectionArgs to;
+  bool follow = false;
+  std::string settle = "10s";
+  std::string precision = "100ms";
+  bool dry_run = false;
+  bool json = false;
+};
+
+const char* kind_text(transfer::Source::Kind kind) {
+  switch (kind) {
+    case transfer::Source::Kind::service_queue:
+      return "service queue";
+    case transfer::Source::Kind::wait_queue:
+      return "wait queue";
+    case transfer::Source::Kind::parking:
+      return "parking queue";
+  }
+  return "queue";
+}
+
+nlohmann::json read_json(const transfer::SourceResult& read, int pass) {
+  return {{"queue", read.source.queue},
+          {"kind", kind_text(read.source.kind)},
+          {"pass", pass},
+          {"read", read.progress.scanned},
+          {"moved", read.progress.moved},
+          {"to_queue", read.to_queue},
+          {"to_levels", read.to_levels},
+          {"due_unknown", read.due_unknown},
+          {"left", read.left},
+          {"failed", read.progress.failed},
+          {"longest_delay_ms", read.longest_delay.count()}};
+}
+
+/// Connects a second connection, to the new broker, on the loop of the first; runs `work` with
+/// both, then closes it.
+void with_new_broker(const std::shared_ptr<client::Connection>& old_broker, const client::Uri& uri,
+                     std::function<void(int)> done,
+                     std::function<void(const std::shared_ptr<client::Connection>& new_broker,
+                                        std::function<void(int)> done)>
+                         work) {
+  client::ConnectionOptions options;
+  options.uri = uri;
+  options.connection_name = "retryloop command line (transfer target)";
+  options.connect_timeout = uri.connect_timeout.value_or(std::chrono::seconds(10));
+  auto connection = client::Connection::create(old_broker->loop(), options);
+  client::Error error =
+      connection->connect([connection, uri, done, work](const client::Error& error) {
+        if (error) {
+          std::cerr << "retryloop: cannot connect to the new broker " << uri.redacted() << ": "
+                    << error.message() << "\n";
+          return done(exit_connection);
+        }
+        work(connection, [connection, done](int code) {
+          connection->close();
+          done(code);
+        });
+      });
+  if (error) {
+    std::cerr << "retryloop: cannot connect to the new broker " << uri.redacted() << ": "
+              << error.message() << "\n";
+    done(exit_connection);
+  }
+}
+
+/// `topology apply` of the service on the new broker; drift refuses the transfer.
+void apply_on_new(const std::shared_ptr<client::Connection>& connection,
+                  const topology::Service& service, const std::string& file,
+                  std::function<void(int)> refused, std::function<void()> applied) {
+  topology::Topology one;
+  one.services = {service};
+  client::Error error = topology::apply(
+      connection, topology::make_plan(one),
+      [service, file, refused, applied](const topology::Report& report) {
+        if (report.connection_error) {
+          return refused(error_exit(report.connection_error,
+                                    "applying " + service.name + " on the new broker"));
+        }
+        if (report.ok()) return applied();
+        std::cerr << "retryloop: the new broker cannot take " << service.name
+                  << " as FILE has it; nothing was moved:\n";
+        for (const auto& result : report.results) {
+          if (result.outcome == topology::Outcome::drifted ||
+              result.outcome == topology::Outcome::failed ||
+              result.outcome == topology::Outcome::missing) {
+            std::cerr << "  " << result.action.name << ": "
+                      << (result.error ? result.error.message() : std::string("differs")) << "\n";
+          }
+        }
+        std::cerr << "retryloop: to change objects that exist with other arguments, run "
+                     "`retryloop topology migrate "
+                  << file << " --service " << service.name << "` against the new broker first\n";
+        refused(exit_broker_refused);
+      });
+  if (error) refused(error_exit(error, "applying " + service.name + " on the new broker"));
+}
+
+/// The dry run: each old queue's depth and where its messages would go.
+void dry_run(const std::shared_ptr<client::Connection>& connection,
+             const topology::Service& service, const TransferArgs& args, nlohmann::json& out,
+             std::function<void(int)> done) {
+  auto sources =
+      std::make_shared<std::vector<transfer::Source>>(transfer::transfer_sources(service));
+  auto next = std::make_shared<size_t>(0);
+  auto entry = std::make_shared<nlohmann::json>(
+      nlohmann::json{{"service", service.name}, {"queues", nlohmann::json::array()}});
+  auto step = std::make_shared<std::function<void()>>();
+  *step = [connection, sources, next, entry, step, &args, &out, done, service] {
+    if (*next == sources->size()) {
+      if (args.json) out["services"].push_back(*entry);
+      *step = nullptr;  // the cycle ends
+      return done(exit_ok);
+    }
+    const transfer::Source source = (*sources)[(*next)++];
+    client::look_up_queue(
+        connection, source.queue,
+        [source, entry, step, &args](const client::Error& error, const client::QueueInfo& info) {
+          const uint64_t depth = error ? 0 : info.message_count;
+          (*entry)["queues"].push_back({{"queue", source.queue},
+                                        {"kind", kind_text(source.kind)},
+                                        {"messages", depth},
+                                        {"exists", !error}});
+          if (!args.json) {
+            std::cout << source.queue << " (" << kind_text(source.kind) << "): "
+                      << (error ? std::string("not on the old broker")
+                                : plural(depth, "message") + " to move")
+                      << "\n";
+          }
+          auto again = *step;
+          again();
+        });
+  };
+  auto start = *step;
+  start();
+}
+
+int run(const TransferArgs& args, const topology::Service& service, nlohmann::json& out) {
+  const client::Uri new_uri = parse_url(args.to);
+  transfer::TransferOptions options;
+  options.follow = args.follow;
+  options.settle = duration_or_fail("--settle", args.settle);
+  options.precision = duration_or_fail("--precision", args.precision);
+  if (options.precision.count() <= 0) throw Failure(exit_usage, "--precision must be above 0");
+  return with_connection(parse_url(args.connection), [&](const auto& old_broker, auto done) {
+    if (args.dry_run) return dry_run(old_broker, service, args, out, done);
+    with_new_broker(old_broker, new_uri, done, [&](const auto& new_broker, auto finish) {
+      apply_on_new(new_broker, service, args.file, finish, [&, old_broker, new_broker, finish] {
+        auto handle = std::make_shared<std::shared_ptr<transfer::Transfer>>();
+        auto interrupts = std::make_shared<process::StopSignals>(
+            old_broker->loop(),
+            [handle](int) {
+              std::cerr << "\nretryloop: interrupted: letting the copies in flight settle "
+                           "(Ctrl-C again to stop at once)\n";
+              if (*handle) (*handle)->stop();
+            },
+            [old_broker, new_broker] {
+              old_broker->close();
+              new_broker->close();
+            });
+        auto reads = std::make_shared<nlohmann::json>(nlohmann::json::array());
+        transfer::TransferEvents events;
+        events.read = [&args, reads](const transfer::SourceResult& read, int pass) {
+          reads->push_back(read_json(read, pass));
+          if (!args.json && (pass == 1 || read.progress.scanned > 0)) {
+            std::cout << (pass > 1 ? "pass " + std::to_string(pass) + ": " : std::string())
+                      << read_text(read) << std::endl;
+          }
+        };
+        events.idle = [&args](std::chrono::milliseconds empty_for) {
+          if (!args.json && empty_for.count() == 0) {
+            std::cout << "every old queue is empty; following until they have been for "
+                      << args.settle << std::endl;
+          }
+        };
+        client::Error error = transfer::transfer_service(
+            old_broker, new_broker, service, options, std::move(events),
+            [&args, &out, &service, finish, interrupts, reads](
+                const client::Error& error, const transfer::TransferResult& result) {
+              interrupts->close();
+              nlohmann::json entry = {
+                  {"service", service.name}, {"id", result.id},
+                  {"passes", result.passes}, {"moved", result.moved()},
+                  {"left", result.left},     {"interrupted", result.interrupted},
+                  {"reads", *reads}};
+              if (error) {
+                entry["result"] = "unfinished";
+                entry["error"] = error.message();
+                if (args.json) out["services"].push_back(entry);
+                return finish(
+                    error_exit(error, "transferring " + service.name +
+                                          " (run `retryloop topology transfer` again to finish)"));
+              }
+              entry["result"] = result.interrupted ? "interrupted" : "transferred";
+              if (args.json) {
+                out["services"].push_back(entry);
+              } else {
+                std::cout << "service " << service.name
+                          << (result.interrupted ? " interrupted: " : " transferred: ")
+                          << plural(result.moved(), "message") << " moved";
+                if (result.left > 0) {
+                  std::cout << ", " << plural(result.left, "retry", "retries")
+                            << " left on the old broker to come due there (run again, or "
+                               "with --follow, to move them then)";
+                }
+                std::cout << std::endl;
+              }
+              finish(exit_ok);
+            },
+            handle.get());
+        if (error) {
+          interrupts->close();
+          finish(error_exit(error, "transferring " + service.name));
+        }
+      });
+    });
+  });
+}
+
+int run_transfer(const TransferArgs& args) {
+  const topology::Topology topology = load_topology_or_fail(args.file, args.services);
+  nlohmann::json out = {{"services", nlohmann::json::array()}};
+  int code = exit_ok;
+  for (const topology::Service& service : topology.services) {
+    if (!args.services.empty() && std::find(args.services.begin(), args.services.end(),
+                                            service.name) == args.services.end()) {
+      continue;
+    }
+    code = run(args, service, out);
+    if (code != exit_ok) break;
+  }
+  if (args.json) std::cout << dump(out) << "\n";
+  return code;
+}
+
+}  // namespace
+
+std::string read_text(const transfer::SourceResult& read) {
+  std::string text = read.source.queue + ": " + plural(read.progress.moved, "message") + " moved";
+  if (read.source.kind == transfer::Source::Kind::wait_queue && read.progress.moved > 0) {
+    text += " (" + std::to_string(read.to_queue) + " due already, " +
+            std::to_string(read.to_levels) + " through the levels";
+    if (read.to_levels > 0) {
+      text += ", the longest " + topology::duration_label(read.longest_delay);
+    }
+    if (read.due_unknown > 0) {
+      text += "; " + std::to_string(read.due_unknown) +
+              " did not say when they were due and wait their whole delay again";
+    }
+    text += ")";
+  }
+  if (read.left > 0) {
+    text += ", " + std::to_string(read.left) + " left to come due there";
+  }
+  if (read.progress.failed > 0) {
+    text += ", " + std::to_string(read.progress.failed) +
+            " refused by the new broker (left where they were)";
+  }
+  return text;
+}
+
+void add_transfer_command(CLI::App& topology_group, int& exit_code) {
+  auto args = std::make_shared<TransferArgs>();
+  CLI::App* command = topology_group.add_subcommand(
+      "transfer", "Move services' messages to another broker, with their retries' timing kept");
+  command->footer(wrap(
+      "Applies each service of FILE on the new broker (--to), then moves its messages there from "
+      "the old one (--url): the service queue's in order, each waiting retry through delay "
+      "levels for what is left of its delay (never less), and the parking queue's as they are. "
+      "Each copy is confirmed on the new broker before its original is acked on the old one. "
+      "With --follow it keeps moving what still arrives on the old broker until its queues have "
+      "been empty for --settle, or Ctrl-C. A second transfer of a service is refused while one "
+      "runs. See docs/transfer.md."));
+  command->add_option("FILE", args->file, "Topology file (JSON; see docs/topology.md)")
+      ->required()
+      ->type_name("");
+  command->add_option("--to", args->to.url, "The new broker's URL (as --url)")
+      ->required()
+      ->type_name("URL");
+  command
+      ->add_option("--service", args->services,
+                   "Only this service (repeat for several); default: every service in FILE")
+      ->type_name("NAME")
+      ->allow_extra_args(false);
+  command->add_flag("--follow", args->follow,
+                    "Keep moving what arrives on the old broker (publishers not yet switched, "
+                    "retries coming due there) until its queues have been empty for --settle");
+  command
+      ->add_option("--settle", args->settle,
+                   "With --follow: how long the old queues must stay "
+                   "empty before it ends (default 10s)")
+      ->type_name("DURATION");
+  command
+      ->add_option("--precision", args->precision,
+                   "The base of the levels moved retries wait in on the new broker (default "
+                   "100ms): a retry comes back at most this much after it was due, plus the "
+                   "broker's few milliseconds per level")
+      ->type_name("DURATION");
+  command->add_flag("--dry-run", args->dry_run,
+                    "Print each old queue and how many messages it would move; change nothing");
+  command->add_flag("--json", args->json, "Print the result as JSON");
+  add_connection_option(*command, args->connection);
+  command->callback([args, &exit_code] { exit_code = run_transfer(*args); });
+}
+
+}  // namespace retryloop::cli

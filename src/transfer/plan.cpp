@@ -1,0 +1,144 @@
+#include "retryloop/transfer/plan.hpp"
+
+#include <algorithm>
+
+#include "retryloop/retry/headers.hpp"
+#include "retryloop/topology/delay_levels.hpp"
+
+namespace retryloop::transfer {
+namespace {
+
+using std::chrono::milliseconds;
+
+std::optional<int64_t> integer_header(const amqp::BasicProperties& properties,
+                                      std::string_view name) {
+  if (!properties.headers) return std::nullopt;
+  const amqp::FieldValue* value = properties.headers->find(name);
+  return value != nullptr ? value->as_int64() : std::nullopt;
+}
+
+/// The `x-death` entry {queue, rejected}, when there is one: its count and time (seconds).
+struct Rejection {
+  int64_t count = 0;
+  std::optional<uint64_t> time;
+};
+
+std::optional<Rejection> rejection_in(const amqp::BasicProperties& properties,
+                                      const std::string& queue) {
+  if (!properties.headers) return std::nullopt;
+  const amqp::FieldValue* x_death = properties.headers->find("x-death");
+  const auto* entries = x_death != nullptr ? x_death->get_if<amqp::FieldArray>() : nullptr;
+  if (entries == nullptr) return std::nullopt;
+  for (const amqp::FieldValue& value : *entries) {
+    const auto* entry = value.get_if<amqp::FieldTable>();
+    if (entry == nullptr) continue;
+    const amqp::FieldValue* name = entry->find("queue");
+    const amqp::FieldValue* reason = entry->find("reason");
+    if (name == nullptr || reason == nullptr || name->as_string() != std::string_view(queue) ||
+        reason->as_string() != std::string_view("rejected")) {
+      continue;
+    }
+    Rejection found;
+    const amqp::FieldValue* count = entry->find("count");
+    found.count = count != nullptr ? count->as_int64().value_or(0) : 0;
+    if (const amqp::FieldValue* time = entry->find("time")) {
+      if (const auto* stamp = time->get_if<amqp::Timestamp>()) found.time = stamp->seconds;
+    }
+    return found;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::vector<Source> transfer_sources(const topology::Service& service) {
+  std::vector<Source> sources;
+  sources.push_back({Source::Kind::service_queue, topology::input_queue_name(service), {}});
+  if (service.retry.mode != topology::RetryMode::in_queue) {
+    std::vector<milliseconds> delays = topology::wait_delays(service);
+    std::sort(delays.begin(), delays.end());
+    for (milliseconds delay : delays) {
+      sources.push_back(
+          {Source::Kind::wait_queue, topology::wait_queue_name(service.name, delay), delay});
+    }
+  }
+  sources.push_back({Source::Kind::parking, topology::parking_queue_name(service.name), {}});
+  return sources;
+}
+
+std::optional<topology::Schedule> transfer_schedule(const topology::Service& service,
+                                                    milliseconds precision) {
+  if (service.retry.delay_levels) return std::nullopt;
+  if (service.retry.mode == topology::RetryMode::in_queue) return std::nullopt;
+  const std::vector<milliseconds> delays = topology::wait_delays(service);
+  if (delays.empty()) return std::nullopt;
+  const milliseconds longest = *std::max_element(delays.begin(), delays.end());
+  if (precision <= milliseconds(0)) precision = default_precision;
+  topology::Schedule schedule;
+  schedule.levels.base = precision;
+  schedule.levels.levels = topology::levels_for(precision, longest);
+  schedule.levels.max = longest;
+  schedule.queue_type = service.queue_type;
+  schedule.queues = {topology::input_queue_name(service)};
+  return schedule;
+}
+
+topology::Service ladder_service(const topology::Service& service, milliseconds precision) {
+  if (service.retry.delay_levels) return service;
+  auto schedule = transfer_schedule(service, precision);
+  if (!schedule) return service;
+  return topology::schedule_target(*schedule, topology::input_queue_name(service));
+}
+
+std::optional<int64_t> due_time(const amqp::BasicProperties& properties, const Source& source,
+                                const std::string& service_queue) {
+  if (auto due = integer_header(properties, retry::header::retry_due); due && *due > 0) {
+    return due;
+  }
+  if (source.kind != Source::Kind::wait_queue) return std::nullopt;
+  auto rejection = rejection_in(properties, service_queue);
+  if (!rejection || rejection->count != 1 || !rejection->time) return std::nullopt;
+  return (static_cast<int64_t>(*rejection->time) + 1) * 1000 + source.delay.count();
+}
+
+Placement place(const std::optional<int64_t>& due_ms, const Source& source, int64_t now_ms,
+                bool follow) {
+  Placement placement;
+  if (!due_ms) {
+    placement.due_known = false;
+    if (follow) {
+      placement.kind = Placement::Kind::leave;
+      return placement;
+    }
+    placement.due_ms = now_ms + source.delay.count();
+  } else {
+    placement.due_ms = *due_ms;
+  }
+  const int64_t remaining = placement.due_ms - now_ms;
+  if (remaining <= 0) {
+    placement.kind = Placement::Kind::service_queue;
+    return placement;
+  }
+  placement.kind = Placement::Kind::levels;
+  placement.delay = milliseconds(remaining);
+  return placement;
+}
+
+amqp::BasicProperties transfer_copy(const amqp::BasicProperties& properties, const Source& source,
+                                    const std::string& service_queue,
+                                    const std::string& delivery_exchange,
+                                    const std::string& delivery_routing_key, uint64_t now_seconds,
+                                    int64_t due_ms) {
+  if (source.kind == Source::Kind::parking) return properties;
+  retry::AttemptInfo info =
+      retry::read_attempt_info(properties, service_queue, delivery_exchange, delivery_routing_key);
+  const bool retried = info.rejected > 0 || info.retries > 0;
+  if (source.kind == Source::Kind::service_queue && info.rejected == 0) return properties;
+  if (!retried && due_ms <= 0) return properties;
+  // `attempt` is the attempt its next delivery is; make_retry_copy records the attempts made.
+  info.attempt = std::max<int64_t>(info.attempt - 1, 0);
+  return retry::make_retry_copy(properties, info, now_seconds,
+                                due_ms > 0 ? static_cast<uint64_t>(due_ms) : 0);
+}
+
+}  // namespace retryloop::transfer

@@ -1,0 +1,312 @@
+#include "retryloop/transfer/transfer.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "retryloop/client/timer.hpp"
+#include "retryloop/move/error.hpp"
+#include "retryloop/random/os_random.hpp"
+#include "retryloop/retry/headers.hpp"
+#include "retryloop/topology/declarer.hpp"
+#include "retryloop/topology/delay_levels.hpp"
+#include "retryloop/topology/plan.hpp"
+
+namespace retryloop::transfer {
+namespace {
+
+using client::Error;
+using std::chrono::milliseconds;
+
+/// RabbitMQ's reply to a declare of an exclusive queue another connection holds.
+constexpr uint16_t resource_locked = 405;
+
+int64_t system_now_ms() {
+  return std::chrono::duration_cast<milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+class TransferImpl : public Transfer, public std::enable_shared_from_this<TransferImpl> {
+ public:
+  TransferImpl(std::shared_ptr<client::Connection> from, std::shared_ptr<client::Connection> to,
+               topology::Service service, TransferOptions options, TransferEvents events,
+               TransferCallback done)
+      : from_(std::move(from)),
+        to_(std::move(to)),
+        service_(std::move(service)),
+        options_(std::move(options)),
+        events_(std::move(events)),
+        done_(std::move(done)),
+        sources_(transfer_sources(service_)),
+        schedule_(transfer_schedule(service_, options_.precision)),
+        ladder_(ladder_service(service_, options_.precision)),
+        queue_(topology::input_queue_name(service_)) {
+    if (!options_.now_ms) options_.now_ms = system_now_ms;
+    result_.id = options_.id;
+  }
+
+  template <class Next>
+  auto guarded(Next next) {
+    return [weak = weak_from_this(), next](auto&&... args) {
+      auto self = weak.lock();
+      if (!self || self->ended_) return;
+      next(*self, std::forward<decltype(args)>(args)...);
+    };
+  }
+
+  void begin(std::shared_ptr<TransferImpl> self) {
+    self_ = std::move(self);
+    Error error = from_->open_channel(guarded(
+        [](TransferImpl& self, const Error& error, std::shared_ptr<client::Channel> channel) {
+          if (error) return self.finish(error);
+          self.lock_channel_ = std::move(channel);
+          self.take_lock();
+        }));
+    if (error) finish(error);
+  }
+
+  void stop() override {
+    stopping_ = true;
+    if (walker_) walker_->stop();
+  }
+
+ private:
+  void take_lock() {
+    client::QueueOptions lock;
+    lock.durable = false;
+    lock.exclusive = true;
+    lock.auto_delete = true;
+    Error error = lock_channel_->queue_declare(
+        lock_queue_name(service_.name), lock,
+        guarded([](TransferImpl& self, const Error& error, const client::QueueInfo&) {
+          if (error.reply_code == resource_locked) {
+            return self.finish(Error(client::ClientError::channel_closed,
+                                     "another `retryloop topology transfer` of " +
+                                         self.service_.name + " is running (it holds " +
+                                         lock_queue_name(self.service_.name) + ")"));
+          }
+          if (error) return self.finish(error);
+          self.declare_levels();
+        }));
+    if (error) finish(error);
+  }
+
+  /// The levels moved retries wait in, on the new broker (the service's own are declared with
+  /// its topology).
+  void declare_levels() {
+    if (!schedule_) return start_pass();
+    topology::Topology levels;
+    levels.schedule = schedule_;
+    Error error = topology::apply(
+        to_, topology::make_plan(levels),
+        guarded([](TransferImpl& self, const topology::Report& report) {
+          if (report.connection_error) return self.finish(report.connection_error);
+          if (!report.ok()) {
+            std::string problem;
+            for (const auto& result : report.results) {
+              if (result.error) {
+                problem = result.action.name + ": " + result.error.message();
+                break;
+              }
+            }
+            return self.finish(Error(client::ClientError::invalid_argument,
+                                     "the levels moved retries wait in could not be declared on "
+                                     "the new broker (" +
+                                         problem + ")"));
+          }
+          self.start_pass();
+        }));
+    if (error) finish(error);
+  }
+
+  void start_pass() {
+    ++result_.passes;
+    next_ = 0;
+    pass_seen_ = 0;
+    read_next();
+  }
+
+  void read_next() {
+    if (stopping_) {
+      result_.interrupted = true;
+      return finish(Error{});
+    }
+    if (next_ == sources_.size()) return end_pass();
+    read(sources_[next_]);
+  }
+
+  void read(const Source& source) {
+    if (events_.reading) events_.reading(source, result_.passes);
+    auto current = std::make_shared<SourceResult>();
+    current->source = source;
+    move::WalkOptions walk;
+    walk.queue = source.queue;
+    walk.window = options_.window;
+    walk.publish_connection = to_;
+    walk.readers = "a transfer's reads";
+    std::weak_ptr<TransferImpl> weak = weak_from_this();
+    auto visitor = [weak, current](move::WalkedMessage& message) {
+      auto self = weak.lock();
+      if (!self) return move::Decision{};
+      return self->decide(message, *current);
+    };
+    Error error = move::QueueWalker::start(
+        from_, std::move(walk), std::move(visitor),
+        guarded([current](TransferImpl& self, const Error& error, const move::Progress& progress,
+                          bool interrupted) {
+          self.walker_.reset();
+          current->progress = progress;
+          // A queue the old broker lacks (a delay it never had) has nothing to move.
+          if (error && error.code != make_error_code(move::MoveError::queue_missing)) {
+            self.result_.reads.push_back(*current);
+            return self.finish(error);
+          }
+          self.pass_seen_ += progress.scanned;
+          self.result_.reads.push_back(*current);
+          if (self.events_.read) self.events_.read(*current, self.result_.passes);
+          if (interrupted) self.stopping_ = true;
+          ++self.next_;
+          self.read_next();
+        }),
+        &walker_);
+    if (error) finish(error);
+  }
+
+  move::Decision decide(move::WalkedMessage& message, SourceResult& current) {
+    move::Decision decision;
+    const client::Delivery& delivery = message.delivery;
+    if (delivery.message.properties_error) return decision;  // kept: counted as scanned only
+    const Source& source = current.source;
+    const int64_t now = options_.now_ms();
+    int64_t due = 0;
+    if (source.kind == Source::Kind::wait_queue) {
+      const Placement placement = place(due_time(delivery.message.properties, source, queue_),
+                                        source, now, options_.follow);
+      if (placement.kind == Placement::Kind::leave) {
+        ++current.left;
+        return decision;
+      }
+      due = placement.due_ms;
+      if (placement.kind == Placement::Kind::levels) {
+        const topology::DelayRoute route = topology::delay_route(ladder_, placement.delay);
+        decision.exchange = route.exchange;
+        decision.routing_key = route.routing_key;
+        ++current.to_levels;
+        current.longest_delay = std::max(current.longest_delay, route.delay);
+        if (!placement.due_known) ++current.due_unknown;
+      } else {
+        decision.routing_key = queue_;
+        ++current.to_queue;
+      }
+    } else {
+      decision.routing_key =
+          source.kind == Source::Kind::parking ? source.queue : std::string(queue_);
+      ++current.to_queue;
+    }
+    decision.kind = move::Decision::Kind::move;
+    decision.properties =
+        transfer_copy(delivery.message.properties, source, queue_, delivery.exchange,
+                      delivery.routing_key, static_cast<uint64_t>(now / 1000), due);
+    stamp(decision.properties);
+    return decision;
+  }
+
+  void stamp(amqp::BasicProperties& properties) {
+    if (!properties.headers) properties.headers = amqp::FieldTable{};
+    if (properties.headers->find(stamp_header) != nullptr) return;
+    properties.headers->set(std::string(stamp_header),
+                            result_.id + ":" + std::to_string(++stamps_));
+  }
+
+  void end_pass() {
+    if (!options_.follow) return finish(Error{});
+    const int64_t now = options_.now_ms();
+    if (pass_seen_ == 0) {
+      if (!empty_since_) empty_since_ = now;
+      const milliseconds empty_for(now - *empty_since_);
+      if (events_.idle) events_.idle(empty_for);
+      if (empty_for >= options_.settle) return finish(Error{});
+    } else {
+      empty_since_.reset();
+    }
+    client::run_after(from_->loop(), options_.pass_interval,
+                      guarded([](TransferImpl& self) { self.read_next_pass(); }));
+  }
+
+  void read_next_pass() {
+    if (stopping_) {
+      result_.interrupted = true;
+      return finish(Error{});
+    }
+    start_pass();
+  }
+
+  void finish(const Error& error) {
+    if (ended_) return;
+    ended_ = true;
+    if (lock_channel_ && lock_channel_->is_open()) (void)lock_channel_->close();
+    const size_t last_pass = result_.reads.size() - std::min(result_.reads.size(), next_);
+    for (size_t i = last_pass; i < result_.reads.size(); ++i)
+      result_.left += result_.reads[i].left;
+    TransferCallback done = std::move(done_);
+    std::shared_ptr<TransferImpl> keep = std::move(self_);
+    if (done) done(error, result_);
+  }
+
+  std::shared_ptr<client::Connection> from_;
+  std::shared_ptr<client::Connection> to_;
+  topology::Service service_;
+  TransferOptions options_;
+  TransferEvents events_;
+  TransferCallback done_;
+  std::vector<Source> sources_;
+  std::optional<topology::Schedule> schedule_;
+  topology::Service ladder_;
+  std::string queue_;
+  std::shared_ptr<client::Channel> lock_channel_;
+  std::shared_ptr<move::QueueWalker> walker_;
+  size_t next_ = 0;
+  /// Messages read in this pass, left ones included: 0 means every old queue was empty.
+  uint64_t pass_seen_ = 0;
+  std::optional<int64_t> empty_since_;
+  uint64_t stamps_ = 0;
+  bool stopping_ = false;
+  bool ended_ = false;
+  TransferResult result_;
+  std::shared_ptr<TransferImpl> self_;
+};
+
+}  // namespace
+
+std::string lock_queue_name(std::string_view service_name) {
+  return std::string(service_name) + ".transfer.lock";
+}
+
+uint64_t TransferResult::moved() const {
+  uint64_t total = 0;
+  for (const SourceResult& read : reads)
+    total += read.progress.moved;
+  return total;
+}
+
+Error transfer_service(const std::shared_ptr<client::Connection>& from,
+                       const std::shared_ptr<client::Connection>& to,
+                       const topology::Service& service, TransferOptions options,
+                       TransferEvents events, TransferCallback done,
+                       std::shared_ptr<Transfer>* handle) {
+  if (!from || !from->is_open()) return Error(client::ClientError::not_open, "the old broker");
+  if (!to || !to->is_open()) return Error(client::ClientError::not_open, "the new broker");
+  if (options.id.empty()) {
+    std::error_code random_error;
+    options.id = random::random_id(random_error);
+    if (random_error) return Error(random_error, "no random id for the transfer's stamps");
+  }
+  auto transfer = std::make_shared<TransferImpl>(from, to, service, std::move(options),
+                                                 std::move(events), std::move(done));
+  if (handle != nullptr) *handle = transfer;
+  transfer->begin(transfer);
+  return {};
+}
+
+}  // namespace retryloop::transfer

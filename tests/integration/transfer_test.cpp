@@ -1,0 +1,223 @@
+// `retryloop topology transfer` between two brokers: the test broker (old) and the one
+// RETRYLOOP_TARGET_URL names (new), which `scripts/with-broker --as-target` starts.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "retryloop/retry/headers.hpp"
+#include "retryloop/topology/topology.hpp"
+#include "retryloop/transfer/transfer.hpp"
+#include "support/harness.hpp"
+#include "support/process.hpp"
+
+using namespace retryloop;
+using namespace std::chrono_literals;
+using retryloop::test::TestLoop;
+
+namespace {
+
+std::string target_url() {
+  const char* url = std::getenv("RETRYLOOP_TARGET_URL");
+  INFO(
+      "the transfer tests need a second broker: scripts/with-broker --as-target ... -- "
+      "scripts/with-broker ... -- CMD");
+  REQUIRE(url != nullptr);
+  return url;
+}
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+/// A topology file with one reject-mode service of `delay`.
+std::string service_file(const std::string& name, const std::string& delay) {
+  const std::string file = (std::filesystem::temp_directory_path() / (name + ".json")).string();
+  std::ofstream(file) << R"({"services": [{"name": ")" << name << R"(", "input": {"exchange": ")"
+                      << name << R"(.in", "type": "direct", "bindings": ["key"]},
+      "retry": {"mode": "reject", "delays": [")"
+                      << delay << R"("], "max_attempts": 5}}]})";
+  return file;
+}
+
+amqp::BasicProperties with_id(const std::string& id) {
+  amqp::BasicProperties properties;
+  properties.message_id = id;
+  properties.delivery_mode = 2;
+  return properties;
+}
+
+/// Takes `count` messages from `queue` with basic.get and rejects each (requeue=false): in a
+/// reject-mode service queue, each dead-letters into the wait queue.
+void reject(TestLoop& loop, client::Channel& channel, const std::string& queue, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    std::optional<client::GetResult> got;
+    REQUIRE_FALSE(test::wait(loop, [&](client::CompletionCallback done) {
+      return channel.get(
+          queue, false,
+          [&, done](const client::Error& error, std::optional<client::GetResult>&& r) {
+            got = std::move(r);
+            done(error);
+          });
+    }));
+    REQUIRE(got);
+    REQUIRE_FALSE(channel.reject(got->delivery_tag, false));
+  }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "topology transfer moves a reject-mode service to another broker: nothing lost, no "
+    "retry back early, the parking queue intact",
+    "[transfer]") {
+  TestLoop loop;
+  const std::string name = test::unique_name("transfer");
+  const std::string file = service_file(name, "6s");
+  const std::string queue = name;
+  const std::string wait = topology::wait_queue_name(name, 6s);
+  const std::string parking = topology::parking_queue_name(name);
+  const std::string new_url = target_url();
+  REQUIRE(test::run_retryloop({"topology", "apply", file}).exit_code == 0);
+
+  auto old_broker = test::connect(loop, test::broker_url());
+  auto channel = test::open_channel(loop, *old_broker);
+  REQUIRE_FALSE(test::wait(loop, [&](auto done) { return channel->confirm_select(done); }));
+  for (int i = 0; i < 40; ++i)
+    test::publish_confirmed(loop, *channel, name + ".in", "key", with_id("m" + std::to_string(i)),
+                            "{}");
+  // m0..m4 round the loop once and are back in the service queue, behind m39, with an x-death.
+  reject(loop, *channel, queue, 5);
+  REQUIRE(test::eventually(
+      loop, [&] { return test::queue_depth(loop, *old_broker, queue) == 40; }, 30s));
+  // m5..m34 wait; m35..m39 and m0..m4 stay in the service queue.
+  reject(loop, *channel, queue, 30);
+  REQUIRE(test::queue_depth(loop, *old_broker, wait) == 30);
+  amqp::FieldTable parked_headers;
+  parked_headers.append(std::string(retry::header::reason), std::string("exhausted"));
+  parked_headers.append(std::string(retry::header::error), std::string("it broke"));
+  amqp::BasicProperties parked = with_id("p1");
+  parked.headers = parked_headers;
+  test::publish_confirmed(loop, *channel, "", parking, parked, "parked body");
+
+  test::CommandRun run =
+      test::run_retryloop({"topology", "transfer", file, "--to", new_url, "--json"}, 120000);
+  INFO(run.out << run.err);
+  REQUIRE(run.exit_code == 0);
+  const nlohmann::json result = nlohmann::json::parse(run.out);
+  const nlohmann::json& service = result["services"][0];
+  CHECK(service["result"] == "transferred");
+  CHECK(service["moved"] == 41);
+  std::map<std::string, nlohmann::json> reads;
+  for (const auto& read : service["reads"])
+    reads[read["queue"].get<std::string>()] = read;
+  CHECK(reads[queue]["moved"] == 10);  // m35..m39 and m0..m4 were back in the service queue
+  CHECK(reads[wait]["moved"] == 30);
+  // Through the levels, or straight back when the move came after their due time.
+  CHECK(reads[wait]["to_levels"].get<int>() + reads[wait]["to_queue"].get<int>() == 30);
+  CHECK(reads[wait]["due_unknown"] == 0);
+  CHECK(reads[parking]["moved"] == 1);
+
+  // The old broker holds nothing more.
+  for (const std::string& q : {queue, wait, parking})
+    CHECK(test::queue_depth(loop, *old_broker, q) == 0);
+
+  // On the new broker: the service queue's 10 at once, then each retry at its due time.
+  auto new_broker = test::connect(loop, new_url);
+  std::map<std::string, int64_t> arrived;
+  std::map<std::string, amqp::BasicProperties> properties;
+  REQUIRE(test::eventually(
+      loop,
+      [&] {
+        for (auto& got : test::drain_queue(loop, *new_broker, queue)) {
+          arrived[*got.message.properties.message_id] = now_ms();
+          properties[*got.message.properties.message_id] = got.message.properties;
+        }
+        return arrived.size() >= 40;
+      },
+      60s, 20ms));
+  CHECK(arrived.size() == 40);
+  int64_t latest_lateness = 0;
+  for (int i = 5; i < 35; ++i) {
+    const std::string id = "m" + std::to_string(i);
+    INFO(id);
+    REQUIRE(arrived.count(id) == 1);
+    const auto* due = properties[id].headers->find(retry::header::retry_due);
+    REQUIRE(due != nullptr);
+    // Never early; late by the levels' precision and the broker's hops, not by a whole delay.
+    CHECK(arrived[id] >= *due->as_int64());
+    latest_lateness = std::max(latest_lateness, arrived[id] - *due->as_int64());
+    // One attempt made: the next is the second, on the new broker too.
+    CHECK(retry::read_attempt_info(properties[id], queue, "", queue).attempt == 2);
+  }
+  for (int i = 0; i < 5; ++i) {
+    const std::string id = "m" + std::to_string(i);
+    CHECK(retry::read_attempt_info(properties[id], queue, "", queue).attempt == 2);
+  }
+  WARN("the moved retries came back at most " << latest_lateness << " ms after their due time");
+
+  const auto parked_now = test::drain_queue(loop, *new_broker, parking);
+  REQUIRE(parked_now.size() == 1);
+  CHECK(parked_now[0].message.body == "parked body");
+  CHECK(parked_now[0].message.properties.headers->find(retry::header::error)->as_string() ==
+        std::string_view("it broke"));
+
+  test::close(loop, new_broker);
+  test::close(loop, old_broker);
+  CHECK(test::run_retryloop({"topology", "delete", file, "--yes", "--force"}).exit_code == 0);
+  std::filesystem::remove(file);
+}
+
+TEST_CASE(
+    "A second transfer of a service is refused while one runs, and a new broker that "
+    "differs from the file is refused before anything moves",
+    "[transfer]") {
+  TestLoop loop;
+  const std::string name = test::unique_name("transfer-lock");
+  const std::string file = service_file(name, "5s");
+  const std::string new_url = target_url();
+  REQUIRE(test::run_retryloop({"topology", "apply", file}).exit_code == 0);
+
+  // The new broker has the service queue with another delay: refused, nothing moved.
+  const std::string other = service_file(name + "-other", "9s");
+  {
+    std::ifstream in(other);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string from = name + "-other";
+    for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at))
+      text.replace(at, from.size(), name);
+    std::ofstream(other) << text;
+  }
+  REQUIRE(test::run_retryloop({"topology", "apply", other, "--url", new_url}).exit_code == 0);
+  test::CommandRun drift = test::run_retryloop({"topology", "transfer", file, "--to", new_url});
+  CHECK(drift.exit_code == 3);
+  CHECK(drift.err.find("topology migrate") != std::string::npos);
+  CHECK(test::run_retryloop({"topology", "delete", other, "--yes", "--force", "--url", new_url})
+            .exit_code == 0);
+  std::filesystem::remove(other);
+
+  auto old_broker = test::connect(loop, test::broker_url());
+  auto holder = test::open_channel(loop, *old_broker);
+  client::QueueOptions lock;
+  lock.durable = false;
+  lock.exclusive = true;
+  lock.auto_delete = true;
+  test::declare_queue(loop, *holder, transfer::lock_queue_name(name), lock);
+  test::CommandRun locked = test::run_retryloop({"topology", "transfer", file, "--to", new_url});
+  CHECK(locked.exit_code == 3);
+  CHECK(locked.err.find("another `retryloop topology transfer` of " + name + " is running") !=
+        std::string::npos);
+  test::close(loop, old_broker);
+  CHECK(test::run_retryloop({"topology", "delete", file, "--yes", "--force", "--url", new_url})
+            .exit_code == 0);
+  CHECK(test::run_retryloop({"topology", "delete", file, "--yes", "--force"}).exit_code == 0);
+  std::filesystem::remove(file);
+}

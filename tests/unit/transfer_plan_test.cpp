@@ -1,0 +1,189 @@
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <string>
+
+#include "retryloop/retry/headers.hpp"
+#include "retryloop/topology/delay_levels.hpp"
+#include "retryloop/transfer/plan.hpp"
+
+using namespace std::chrono_literals;
+using retryloop::amqp::BasicProperties;
+using retryloop::amqp::FieldArray;
+using retryloop::amqp::FieldTable;
+using retryloop::amqp::FieldValue;
+using retryloop::amqp::Timestamp;
+using retryloop::topology::QueueType;
+using retryloop::topology::RetryMode;
+using retryloop::topology::Service;
+using retryloop::transfer::Placement;
+using retryloop::transfer::Source;
+
+namespace {
+
+Service service(RetryMode mode, std::vector<std::chrono::milliseconds> delays) {
+  Service s;
+  s.name = "orders";
+  s.queue = "orders";
+  s.retry.mode = mode;
+  s.retry.delays = std::move(delays);
+  s.retry.max_attempts = 5;
+  return s;
+}
+
+/// Properties as RabbitMQ leaves a message it dead-lettered from `queue` (rejected, `count`
+/// times, first at `time`) and, after the first, expired from the wait queue.
+BasicProperties rejected(const std::string& queue, int64_t count, uint64_t time) {
+  FieldTable entry;
+  entry.append("count", FieldValue(count));
+  entry.append("reason", FieldValue("rejected"));
+  entry.append("queue", FieldValue(queue));
+  entry.append("time", FieldValue(Timestamp{time}));
+  entry.append("exchange", FieldValue("orders.in"));
+  entry.append("routing-keys", FieldValue(FieldArray{FieldValue("new")}));
+  FieldArray deaths;
+  deaths.push_back(FieldValue(std::move(entry)));
+  FieldTable headers;
+  headers.append("x-death", FieldValue(std::move(deaths)));
+  headers.append("x-first-death-queue", FieldValue(queue));
+  BasicProperties properties;
+  properties.headers = std::move(headers);
+  properties.message_id = "m1";
+  return properties;
+}
+
+const FieldValue* header(const BasicProperties& properties, std::string_view name) {
+  return properties.headers ? properties.headers->find(name) : nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("A transfer reads the service queue, the wait queues shortest first, then parking",
+          "[transfer]") {
+  auto sources =
+      retryloop::transfer::transfer_sources(service(RetryMode::republish, {30s, 1s, 30s}));
+  REQUIRE(sources.size() == 4);
+  CHECK(sources[0].kind == Source::Kind::service_queue);
+  CHECK(sources[0].queue == "orders");
+  CHECK(sources[1].kind == Source::Kind::wait_queue);
+  CHECK(sources[1].queue == "orders.wait.1s");
+  CHECK(sources[1].delay == 1s);
+  CHECK(sources[2].queue == "orders.wait.30s");
+  CHECK(sources[2].delay == 30s);
+  CHECK(sources[3].kind == Source::Kind::parking);
+  CHECK(sources[3].queue == "orders.parking");
+
+  auto in_queue = retryloop::transfer::transfer_sources(service(RetryMode::in_queue, {1s, 30s}));
+  REQUIRE(in_queue.size() == 2);
+  CHECK(in_queue[1].kind == Source::Kind::parking);
+}
+
+TEST_CASE("Moved retries wait in levels of the transfer's precision that reach the longest delay",
+          "[transfer]") {
+  Service s = service(RetryMode::reject, {37s});
+  s.queue_type = QueueType::quorum;
+  auto schedule = retryloop::transfer::transfer_schedule(s, 100ms);
+  REQUIRE(schedule);
+  CHECK(schedule->levels.base == 100ms);
+  CHECK(schedule->levels.levels == 9);  // 100 ms * (2^9 - 1) = 51.1 s >= 37 s; 2^8 - 1 = 25.5 s
+  CHECK(schedule->queue_type == QueueType::quorum);
+  REQUIRE(schedule->queues.size() == 1);
+  CHECK(schedule->queues[0] == "orders");
+
+  Service ladder = retryloop::transfer::ladder_service(s, 100ms);
+  auto route = retryloop::topology::delay_route(ladder, 36'950ms);
+  CHECK(route.delay == 37s);  // rounded up to the precision, never down
+  CHECK_FALSE(route.capped);
+  CHECK(route.routing_key.substr(route.routing_key.size() - 7) == ".orders");
+
+  // A service with levels of its own uses them.
+  Service levelled = service(RetryMode::republish, {5s});
+  levelled.retry.delay_levels = retryloop::topology::DelayLevels{1s, 6, std::nullopt};
+  CHECK_FALSE(retryloop::transfer::transfer_schedule(levelled, 100ms));
+  CHECK(retryloop::topology::delay_set_name(retryloop::transfer::ladder_service(levelled, 100ms)) ==
+        retryloop::topology::delay_set_name(levelled));
+}
+
+TEST_CASE("A retry's due time comes from retryloop-retry-due, or a first rejection's x-death time",
+          "[transfer]") {
+  const Source wait{Source::Kind::wait_queue, "orders.wait.30s", 30s};
+
+  BasicProperties republished;
+  FieldTable headers;
+  headers.append(std::string(retryloop::retry::header::retry_due),
+                 FieldValue(int64_t(1'700'000'012'345)));
+  republished.headers = headers;
+  CHECK(retryloop::transfer::due_time(republished, wait, "orders") == 1'700'000'012'345);
+
+  // Rejected once at second 1,700,000,000: in the wait queue from then to a second later, so due
+  // no earlier than 1,700,000,031 s.
+  CHECK(retryloop::transfer::due_time(rejected("orders", 1, 1'700'000'000), wait, "orders") ==
+        1'700'000'031'000);
+  // Rejected a third time: the entry keeps the first rejection's time, which says nothing of now.
+  CHECK_FALSE(retryloop::transfer::due_time(rejected("orders", 3, 1'700'000'000), wait, "orders"));
+  // Another queue's rejection, and no history at all.
+  CHECK_FALSE(retryloop::transfer::due_time(rejected("other", 1, 1'700'000'000), wait, "orders"));
+  CHECK_FALSE(retryloop::transfer::due_time(BasicProperties{}, wait, "orders"));
+  // x-death says nothing of a message in the service queue.
+  const Source queue{Source::Kind::service_queue, "orders", 0ms};
+  CHECK_FALSE(retryloop::transfer::due_time(rejected("orders", 1, 1'700'000'000), queue, "orders"));
+}
+
+TEST_CASE("A waiting retry goes through the levels for what is left of its delay, never less",
+          "[transfer]") {
+  const Source wait{Source::Kind::wait_queue, "orders.wait.30s", 30s};
+  const int64_t now = 1'700'000'000'000;
+
+  Placement later = retryloop::transfer::place(now + 12'345, wait, now, false);
+  CHECK(later.kind == Placement::Kind::levels);
+  CHECK(later.delay == 12'345ms);
+  CHECK(later.due_known);
+
+  Placement due = retryloop::transfer::place(now - 5, wait, now, false);
+  CHECK(due.kind == Placement::Kind::service_queue);
+  CHECK(retryloop::transfer::place(now, wait, now, false).kind == Placement::Kind::service_queue);
+
+  // Not known: its whole delay again (never early), or left to come due where it is.
+  Placement unknown = retryloop::transfer::place(std::nullopt, wait, now, false);
+  CHECK(unknown.kind == Placement::Kind::levels);
+  CHECK(unknown.delay == 30s);
+  CHECK_FALSE(unknown.due_known);
+  CHECK(retryloop::transfer::place(std::nullopt, wait, now, true).kind == Placement::Kind::leave);
+}
+
+TEST_CASE("A moved retry keeps its attempts in retryloop-retries, without the broker's x-death",
+          "[transfer]") {
+  const Source wait{Source::Kind::wait_queue, "orders.wait.30s", 30s};
+  // Rejected three times: its next delivery is attempt 4, on the new broker too.
+  BasicProperties copy =
+      retryloop::transfer::transfer_copy(rejected("orders", 3, 1'700'000'000), wait, "orders", "",
+                                         "orders.wait.30s", 1'700'000'100, 1'700'000'130'000);
+  CHECK(header(copy, "x-death") == nullptr);
+  CHECK(header(copy, "x-first-death-queue") == nullptr);
+  REQUIRE(header(copy, retryloop::retry::header::retries) != nullptr);
+  CHECK(header(copy, retryloop::retry::header::retries)->as_int64() == 3);
+  CHECK(header(copy, retryloop::retry::header::retry_due)->as_int64() == 1'700'000'130'000);
+  CHECK(header(copy, retryloop::retry::header::original_exchange)->as_string() ==
+        std::string_view("orders.in"));
+  CHECK(copy.message_id == "m1");
+  auto info = retryloop::retry::read_attempt_info(copy, "orders", "", "orders");
+  CHECK(info.attempt == 4);
+
+  // Parked: as it is, x-death and all.
+  const Source parking{Source::Kind::parking, "orders.parking", 0ms};
+  BasicProperties parked = rejected("orders", 5, 1'700'000'000);
+  CHECK(retryloop::transfer::transfer_copy(parked, parking, "orders", "orders.parking", "", 0, 0) ==
+        parked);
+  // In the service queue and never retried: as it is.
+  const Source queue{Source::Kind::service_queue, "orders", 0ms};
+  BasicProperties fresh;
+  fresh.message_id = "m2";
+  CHECK(retryloop::transfer::transfer_copy(fresh, queue, "orders", "orders.in", "new", 0, 0) ==
+        fresh);
+  // Back in the service queue after two rejections: attempt 3 next, wherever it is delivered.
+  BasicProperties back = retryloop::transfer::transfer_copy(
+      rejected("orders", 2, 1'700'000'000), queue, "orders", "", "orders", 1'700'000'100, 0);
+  CHECK(header(back, "x-death") == nullptr);
+  CHECK(header(back, retryloop::retry::header::retry_due) == nullptr);
+  CHECK(retryloop::retry::read_attempt_info(back, "orders", "", "orders").attempt == 3);
+}
