@@ -4,12 +4,12 @@
 
 #include "common.hpp"
 #include "migrate_command.hpp"
-#include "transfer_command.hpp"
 #include "outbox_command.hpp"
 #include "parking_command.hpp"
 #include "schedule_command.hpp"
 #include "service_command.hpp"
 #include "topology_command.hpp"
+#include "transfer_command.hpp"
 
 namespace retryloop::cli {
 

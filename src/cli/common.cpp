@@ -197,6 +197,20 @@ topology::Topology load_topology_or_fail(const std::string& path,
   }
 }
 
+int run_per_service(
+    const std::string& path, const std::vector<std::string>& services, bool json,
+    const std::function<int(const topology::Service& service, nlohmann::json& services)>& run) {
+  const topology::Topology topology = load_topology_or_fail(path, services);
+  nlohmann::json results = nlohmann::json::array();
+  int code = exit_ok;
+  for (const topology::Service& service : topology.services) {
+    code = run(service, results);
+    if (code != exit_ok) break;
+  }
+  if (json) std::cout << dump(nlohmann::json{{"services", results}}) << "\n";
+  return code;
+}
+
 namespace {
 
 /// Columns a cell takes: UTF-8 continuation bytes take none.

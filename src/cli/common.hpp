@@ -88,6 +88,13 @@ CLI::Validator whole_number(int64_t min, int64_t max);
 topology::Topology load_topology_or_fail(const std::string& path,
                                          const std::vector<std::string>& services);
 
+/// Runs `run` for each service of the file that `services` selects (load_topology_or_fail), in
+/// file order, until one gives an exit code other than exit_ok, and returns the last code. With
+/// `json`, prints {"services": [...]} once done: each run appends its result to `services`.
+int run_per_service(
+    const std::string& path, const std::vector<std::string>& services, bool json,
+    const std::function<int(const topology::Service& service, nlohmann::json& services)>& run);
+
 /// Rows of text printed with aligned columns (the last column is not padded).
 class Table {
  public:

@@ -113,7 +113,7 @@ int dry_run(const MigrateArgs& args, const topology::Service& service, nlohmann:
             const migrate::MigrationPlan plan =
                 migrate::make_migration_plan(service, record->survey);
             if (args.json) {
-              out["services"].push_back(plan_json(plan, true, record->next_step));
+              out.push_back(plan_json(plan, true, record->next_step));
             } else {
               print_plan(plan, true, record->next_step);
             }
@@ -125,7 +125,7 @@ int dry_run(const MigrateArgs& args, const topology::Service& service, nlohmann:
                 if (error) return done(error_exit(error, "looking at " + service.name));
                 const migrate::MigrationPlan plan = migrate::make_migration_plan(service, survey);
                 if (args.json) {
-                  out["services"].push_back(plan_json(plan, false, 0));
+                  out.push_back(plan_json(plan, false, 0));
                 } else {
                   print_plan(plan, false, 0);
                 }
@@ -240,7 +240,7 @@ int run(const MigrateArgs& args, const topology::Service& service, nlohmann::jso
           if (refused) {
             if (args.json) {
               result["result"] = "refused";
-              out["services"].push_back(result);
+              out.push_back(result);
             } else if (migration != nullptr) {
               print_refusals(migration->plan());
             }
@@ -249,7 +249,7 @@ int run(const MigrateArgs& args, const topology::Service& service, nlohmann::jso
           if (error) {
             result["result"] = "unfinished";
             result["error"] = error.message();
-            if (args.json) out["services"].push_back(result);
+            if (args.json) out.push_back(result);
             return done(
                 error_exit(error, "migrating " + service.name +
                                       " (run `retryloop topology migrate` again to finish)"));
@@ -257,7 +257,7 @@ int run(const MigrateArgs& args, const topology::Service& service, nlohmann::jso
           result["result"] =
               migration != nullptr && !migration->plan().empty() ? "migrated" : "nothing to do";
           if (args.json) {
-            out["services"].push_back(result);
+            out.push_back(result);
           } else if (migration != nullptr && !migration->plan().empty()) {
             std::cout << "service " << service.name << " migrated: " << migration->record().moved
                       << " messages moved\n";
@@ -268,19 +268,11 @@ int run(const MigrateArgs& args, const topology::Service& service, nlohmann::jso
 }
 
 int run_migrate(const MigrateArgs& args) {
-  const topology::Topology topology = load_topology_or_fail(args.file, args.services);
-  nlohmann::json out = {{"services", nlohmann::json::array()}};
-  int code = exit_ok;
-  for (const topology::Service& service : topology.services) {
-    if (!args.services.empty() && std::find(args.services.begin(), args.services.end(),
-                                            service.name) == args.services.end()) {
-      continue;
-    }
-    code = args.dry_run ? dry_run(args, service, out) : run(args, service, out);
-    if (code != exit_ok) break;
-  }
-  if (args.json) std::cout << dump(out) << "\n";
-  return code;
+  return run_per_service(args.file, args.services, args.json,
+                         [&args](const topology::Service& service, nlohmann::json& out) {
+                           return args.dry_run ? dry_run(args, service, out)
+                                               : run(args, service, out);
+                         });
 }
 
 }  // namespace

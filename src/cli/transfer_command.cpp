@@ -51,6 +51,7 @@ nlohmann::json read_json(const transfer::SourceResult& read, int pass) {
           {"due_unknown", read.due_unknown},
           {"left", read.left},
           {"failed", read.progress.failed},
+          {"undecodable", read.undecodable},
           {"longest_delay_ms", read.longest_delay.count()}};
 }
 
@@ -117,44 +118,43 @@ void apply_on_new(const std::shared_ptr<client::Connection>& connection,
   if (error) refused(error_exit(error, "applying " + service.name + " on the new broker"));
 }
 
-/// The dry run: each old queue's depth and where its messages would go.
-void dry_run(const std::shared_ptr<client::Connection>& connection,
-             const topology::Service& service, const TransferArgs& args, nlohmann::json& out,
-             std::function<void(int)> done) {
-  auto sources =
-      std::make_shared<std::vector<transfer::Source>>(transfer::transfer_sources(service));
-  auto next = std::make_shared<size_t>(0);
-  auto entry = std::make_shared<nlohmann::json>(
-      nlohmann::json{{"service", service.name}, {"queues", nlohmann::json::array()}});
-  auto step = std::make_shared<std::function<void()>>();
-  *step = [connection, sources, next, entry, step, &args, &out, done, service] {
-    if (*next == sources->size()) {
-      if (args.json) out["services"].push_back(*entry);
-      *step = nullptr;  // the cycle ends
-      return done(exit_ok);
-    }
-    const transfer::Source source = (*sources)[(*next)++];
+/// The dry run: looks each old queue up, one after another, and prints its depth.
+struct DryRun : std::enable_shared_from_this<DryRun> {
+  std::shared_ptr<client::Connection> connection;
+  std::vector<transfer::Source> sources;
+  bool json = false;
+  nlohmann::json queues = nlohmann::json::array();
+  std::function<void(int)> done;
+  size_t next = 0;
+
+  void look_up_next() {
+    if (next == sources.size()) return done(exit_ok);
+    const transfer::Source source = sources[next++];
     client::look_up_queue(
         connection, source.queue,
-        [source, entry, step, &args](const client::Error& error, const client::QueueInfo& info) {
-          const uint64_t depth = error ? 0 : info.message_count;
-          (*entry)["queues"].push_back({{"queue", source.queue},
-                                        {"kind", kind_text(source.kind)},
-                                        {"messages", depth},
-                                        {"exists", !error}});
-          if (!args.json) {
-            std::cout << source.queue << " (" << kind_text(source.kind) << "): "
-                      << (error ? std::string("not on the old broker")
-                                : plural(depth, "message") + " to move")
-                      << "\n";
+        [self = shared_from_this(), source](const client::Error& error,
+                                            const client::QueueInfo& info) {
+          if (error && error.reply_code != 404) {
+            return self->done(
+                error_exit(error, "looking " + source.queue + " up on the old broker"));
           }
-          auto again = *step;
-          again();
+          self->found(source, error ? std::nullopt : std::optional<uint64_t>(info.message_count));
         });
-  };
-  auto start = *step;
-  start();
-}
+  }
+
+  void found(const transfer::Source& source, std::optional<uint64_t> depth) {
+    queues.push_back({{"queue", source.queue},
+                      {"kind", kind_text(source.kind)},
+                      {"messages", depth.value_or(0)},
+                      {"exists", depth.has_value()}});
+    if (!json) {
+      std::cout << source.queue << " (" << kind_text(source.kind) << "): "
+                << (depth ? plural(*depth, "message") + " to move" : "not on the old broker")
+                << "\n";
+    }
+    look_up_next();
+  }
+};
 
 int run(const TransferArgs& args, const topology::Service& service, nlohmann::json& out) {
   const client::Uri new_uri = parse_url(args.to);
@@ -164,7 +164,17 @@ int run(const TransferArgs& args, const topology::Service& service, nlohmann::js
   options.precision = duration_or_fail("--precision", args.precision);
   if (options.precision.count() <= 0) throw Failure(exit_usage, "--precision must be above 0");
   return with_connection(parse_url(args.connection), [&](const auto& old_broker, auto done) {
-    if (args.dry_run) return dry_run(old_broker, service, args, out, done);
+    if (args.dry_run) {
+      auto dry_run = std::make_shared<DryRun>();
+      dry_run->connection = old_broker;
+      dry_run->sources = transfer::transfer_sources(service);
+      dry_run->json = args.json;
+      dry_run->done = [dry_run = dry_run.get(), &out, &service, done](int code) {
+        out.push_back({{"service", service.name}, {"queues", dry_run->queues}});
+        done(code);
+      };
+      return dry_run->look_up_next();
+    }
     with_new_broker(old_broker, new_uri, done, [&](const auto& new_broker, auto finish) {
       apply_on_new(new_broker, service, args.file, finish, [&, old_broker, new_broker, finish] {
         auto handle = std::make_shared<std::shared_ptr<transfer::Transfer>>();
@@ -199,22 +209,32 @@ int run(const TransferArgs& args, const topology::Service& service, nlohmann::js
             [&args, &out, &service, finish, interrupts, reads](
                 const client::Error& error, const transfer::TransferResult& result) {
               interrupts->close();
-              nlohmann::json entry = {
-                  {"service", service.name}, {"id", result.id},
-                  {"passes", result.passes}, {"moved", result.moved()},
-                  {"left", result.left},     {"interrupted", result.interrupted},
-                  {"reads", *reads}};
-              if (error) {
+              nlohmann::json entry = {{"service", service.name},
+                                      {"id", result.id},
+                                      {"passes", result.passes},
+                                      {"moved", result.moved()},
+                                      {"left", result.left},
+                                      {"stuck", result.stuck},
+                                      {"interrupted", result.interrupted},
+                                      {"reads", *reads}};
+              if (error || result.stuck > 0) {
                 entry["result"] = "unfinished";
-                entry["error"] = error.message();
-                if (args.json) out["services"].push_back(entry);
-                return finish(
-                    error_exit(error, "transferring " + service.name +
-                                          " (run `retryloop topology transfer` again to finish)"));
+                if (error) entry["error"] = error.message();
+                if (args.json) out.push_back(entry);
+                if (error) {
+                  return finish(error_exit(
+                      error, "transferring " + service.name +
+                                 " (run `retryloop topology transfer` again to finish)"));
+                }
+                std::cerr << "retryloop: transferring " << service.name << ": "
+                          << plural(result.stuck, "message")
+                          << " stayed on the old broker: the new broker refused their copies, or "
+                             "their properties could not be read (see each queue's line)\n";
+                return finish(exit_broker_refused);
               }
               entry["result"] = result.interrupted ? "interrupted" : "transferred";
               if (args.json) {
-                out["services"].push_back(entry);
+                out.push_back(entry);
               } else {
                 std::cout << "service " << service.name
                           << (result.interrupted ? " interrupted: " : " transferred: ")
@@ -239,19 +259,10 @@ int run(const TransferArgs& args, const topology::Service& service, nlohmann::js
 }
 
 int run_transfer(const TransferArgs& args) {
-  const topology::Topology topology = load_topology_or_fail(args.file, args.services);
-  nlohmann::json out = {{"services", nlohmann::json::array()}};
-  int code = exit_ok;
-  for (const topology::Service& service : topology.services) {
-    if (!args.services.empty() && std::find(args.services.begin(), args.services.end(),
-                                            service.name) == args.services.end()) {
-      continue;
-    }
-    code = run(args, service, out);
-    if (code != exit_ok) break;
-  }
-  if (args.json) std::cout << dump(out) << "\n";
-  return code;
+  return run_per_service(args.file, args.services, args.json,
+                         [&args](const topology::Service& service, nlohmann::json& out) {
+                           return run(args, service, out);
+                         });
 }
 
 }  // namespace
@@ -276,6 +287,10 @@ std::string read_text(const transfer::SourceResult& read) {
   if (read.progress.failed > 0) {
     text += ", " + std::to_string(read.progress.failed) +
             " refused by the new broker (left where they were)";
+  }
+  if (read.undecodable > 0) {
+    text += ", " + std::to_string(read.undecodable) +
+            " whose properties could not be read (left where they were)";
   }
   return text;
 }

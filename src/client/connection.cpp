@@ -7,6 +7,7 @@
 #include <cctype>
 #include <vector>
 
+#include "retryloop/client/timer.hpp"
 #include "retryloop/random/os_random.hpp"
 #include "tls_session.hpp"
 
@@ -671,6 +672,52 @@ void look_up_queue(const std::shared_ptr<Connection>& connection, const std::str
         if (e) (*shared)(e, QueueInfo{});
       });
   if (error) (*shared)(error, QueueInfo{});
+}
+
+namespace {
+
+/// RabbitMQ's reply to a declare of an exclusive queue another connection holds.
+constexpr uint16_t kResourceLocked = 405;
+
+void try_queue_lock(const std::shared_ptr<Connection>& connection, const std::string& queue,
+                    uint64_t give_up_at_ms, std::shared_ptr<CompletionCallback> callback) {
+  std::weak_ptr<Connection> weak = connection;
+  Error error = connection->open_channel(
+      [weak, queue, give_up_at_ms, callback](const Error& error, std::shared_ptr<Channel> channel) {
+        if (error) return (*callback)(error);
+        QueueOptions lock;
+        lock.durable = false;
+        lock.exclusive = true;
+        lock.auto_delete = true;
+        Error e = channel->queue_declare(
+            queue, lock,
+            [weak, queue, give_up_at_ms, callback, channel](const Error& error, const QueueInfo&) {
+              auto connection = weak.lock();
+              if (error.reply_code != kResourceLocked || !connection ||
+                  uv_now(connection->loop()) >= give_up_at_ms) {
+                if (!error) (void)channel->close();  // the connection holds the queue
+                return (*callback)(error);
+              }
+              run_after(connection->loop(), std::chrono::milliseconds(250),
+                        [weak, queue, give_up_at_ms, callback] {
+                          auto connection = weak.lock();
+                          if (!connection || !connection->is_open()) {
+                            return (*callback)(Error(ClientError::not_open));
+                          }
+                          try_queue_lock(connection, queue, give_up_at_ms, callback);
+                        });
+            });
+        if (e) (*callback)(e);
+      });
+  if (error) (*callback)(error);
+}
+
+}  // namespace
+
+void take_queue_lock(const std::shared_ptr<Connection>& connection, const std::string& queue,
+                     std::chrono::milliseconds wait, CompletionCallback callback) {
+  auto shared = std::make_shared<CompletionCallback>(std::move(callback));
+  try_queue_lock(connection, queue, uv_now(connection->loop()) + uint64_t(wait.count()), shared);
 }
 
 }  // namespace retryloop::client

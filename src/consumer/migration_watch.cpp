@@ -3,7 +3,6 @@
 #include <utility>
 #include <vector>
 
-#include "retryloop/client/timer.hpp"
 #include "retryloop/migrate/driver.hpp"
 
 namespace retryloop::consumer::detail {
@@ -37,22 +36,52 @@ std::shared_ptr<MigrationWatch> MigrationWatch::start(
         self.channel_->set_close_handler(self.then([](MigrationWatch& self) {
           self.fail(Error(client::ClientError::not_open, "the channel closed"));
         }));
-        Error declared = self.channel_->exchange_declare(
-            migrate::record_queue_name(self.service_), "fanout", client::ExchangeOptions{},
+        Error declared = migrate::declare_record_exchange(
+            self.channel_, self.service_,
             self.then([](MigrationWatch& self) { self.declare_listener(); }));
         if (declared) self.fail(declared);
       }));
-  if (error) watch->fail(error);
-  client::run_after(connection->loop(), read_deadline, [weak = watch->weak_from_this()] {
-    auto self = weak.lock();
-    if (self && !self->closed_ && !self->read_) self->read_late();
-  });
+  if (error) {
+    watch->fail(error);
+  } else {
+    watch->start_deadline(connection->loop());
+  }
   return watch;
+}
+
+MigrationWatch::~MigrationWatch() {
+  stop_deadline();
+}
+
+void MigrationWatch::start_deadline(uv_loop_t* loop) {
+  deadline_ = new uv_timer_t;
+  uv_timer_init(loop, deadline_);
+  deadline_->data = new std::weak_ptr<MigrationWatch>(weak_from_this());
+  uv_timer_start(
+      deadline_,
+      [](uv_timer_t* timer) {
+        auto self = static_cast<std::weak_ptr<MigrationWatch>*>(timer->data)->lock();
+        if (!self) return;
+        self->stop_deadline();
+        if (!self->closed_ && !self->read_) self->read_late();
+      },
+      uint64_t(read_deadline.count()), 0);
+}
+
+void MigrationWatch::stop_deadline() {
+  if (deadline_ == nullptr) return;
+  uv_timer_stop(deadline_);
+  uv_close(reinterpret_cast<uv_handle_t*>(deadline_), [](uv_handle_t* handle) {
+    delete static_cast<std::weak_ptr<MigrationWatch>*>(handle->data);
+    delete reinterpret_cast<uv_timer_t*>(handle);
+  });
+  deadline_ = nullptr;
 }
 
 void MigrationWatch::fail(const Error& error) {
   if (closed_) return;
   closed_ = true;
+  stop_deadline();
   if (!read_) {
     read_ = true;
     if (events_.read) events_.read(error, std::nullopt);
@@ -63,6 +92,7 @@ void MigrationWatch::fail(const Error& error) {
 
 void MigrationWatch::close() {
   closed_ = true;
+  stop_deadline();
   if (channel_ && channel_->is_open()) {
     channel_->set_close_handler({});
     (void)channel_->close();
@@ -133,6 +163,7 @@ void MigrationWatch::read_late() {
 
 void MigrationWatch::record_read(const Error& error, const std::optional<migrate::Record>& record) {
   read_ = true;
+  stop_deadline();
   if (events_.read) events_.read(error, record);
   std::vector<migrate::Record> early = std::move(early_);
   for (const migrate::Record& heard : early) {

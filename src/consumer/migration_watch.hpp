@@ -1,5 +1,7 @@
 #pragma once
 
+#include <uv.h>
+
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -39,6 +41,8 @@ class MigrationWatch : public std::enable_shared_from_this<MigrationWatch> {
       const std::shared_ptr<client::Connection>& connection, std::string service,
       MigrationWatchEvents events);
 
+  ~MigrationWatch();
+
   /// Stops listening; the channel closes with its connection or now.
   void close();
 
@@ -59,6 +63,10 @@ class MigrationWatch : public std::enable_shared_from_this<MigrationWatch> {
   void declare_listener();
   void listen(const std::string& queue);
   void read_record();
+  /// The read's deadline: a timer of its own, closed once the read is in, so that it never keeps
+  /// the loop running after the consumer has stopped.
+  void start_deadline(uv_loop_t* loop);
+  void stop_deadline();
   void read_late();
   void record_read(const client::Error& error, const std::optional<migrate::Record>& record);
 
@@ -68,6 +76,7 @@ class MigrationWatch : public std::enable_shared_from_this<MigrationWatch> {
   std::shared_ptr<client::Channel> channel_;
   /// Heard before the read came back: told after it.
   std::vector<migrate::Record> early_;
+  uv_timer_t* deadline_ = nullptr;
   bool read_ = false;
   bool closed_ = false;
 };

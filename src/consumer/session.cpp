@@ -179,38 +179,28 @@ void Session::watch_migration() {
     }
     self.reconcile();
   });
-  events.lost = guarded([](Session& self, const Error& error) { self.fail(error); });
+  events.lost = guarded([](Session& self, const Error& error) {
+    // Refused while it was still setting up, past the read's deadline: as before the deadline.
+    if (error.reply_code == 403) return self.stop_following(error);
+    self.fail(error);
+  });
   migration_watch_ =
       MigrationWatch::start(consume_connection_, options_.service.name, std::move(events));
 }
 
 void Session::migration_read(const Error& error, const std::optional<migrate::Record>& record) {
   if (error && migration_watch_ && migration_watch_->open()) {
-    // Slow (a record queue whose node is down): it goes on without the record, and follows
-    // one it reads or hears later.
+    // Slow (a record queue whose node is down): it goes on without the record, and follows one it
+    // reads or hears later. A migration may be under way meanwhile, so it declares nothing.
+    record_unread_ = true;
     if (auto* log = options_.logger.get()) {
       log->warn(
-          "service={} has not read its migration record yet ({}): consuming as if no migration "
-          "were under way, and following one as soon as it is read or heard",
+          "service={} has not read its migration record yet ({}): consuming without declaring "
+          "its topology, and following a migration as soon as its record is read or heard",
           options_.service.name, error.message());
     }
   } else if (error) {
-    // The service's permissions may not cover the migration's objects: it runs as before, and
-    // a migration of its service queue waits for it to be stopped (docs/migrate.md).
-    if (auto* log = options_.logger.get()) {
-      if (error.reply_code == 403) {
-        log->warn(
-            "service={} cannot follow a migration of its queue ({}): a migration waits for this "
-            "instance to stop; grant it configure, write and read on {}.migration*",
-            options_.service.name, error.message(), options_.service.name);
-      } else {
-        log->warn(
-            "service={} cannot follow a migration of its queue ({}): a migration waits for this "
-            "instance to stop",
-            options_.service.name, error.message());
-      }
-    }
-    migration_watch_.reset();
+    stop_following(error);
   } else if (record) {
     follower_.heard(*record);
     if (auto* log = options_.logger.get(); log && follower_.migrating()) {
@@ -219,6 +209,22 @@ void Session::migration_read(const Error& error, const std::optional<migrate::Re
     }
   }
   declare();
+}
+
+void Session::stop_following(const Error& error) {
+  // The service's permissions may not cover the migration's objects: it runs as before, and a
+  // migration of its service queue waits for it to be stopped (docs/migrate.md).
+  if (auto* log = options_.logger.get()) {
+    log->warn(
+        "service={} cannot follow a migration of its queue ({}): a migration waits for this "
+        "instance to stop{}",
+        options_.service.name, error.message(),
+        error.reply_code == 403
+            ? "; grant it configure, write and read on " + options_.service.name + ".migration*"
+            : std::string());
+  }
+  if (migration_watch_) migration_watch_->close();
+  migration_watch_.reset();
 }
 
 void Session::declare() {
@@ -238,7 +244,9 @@ void Session::declare() {
   }
   // Mid-migration a queue may be gone until the migration declares it again, with the new file's
   // arguments: an instance of either file declares nothing then.
-  if (!options_.declare_topology || follower_.migrating()) return open_publish_channel();
+  if (!options_.declare_topology || follower_.migrating() || record_unread_) {
+    return open_publish_channel();
+  }
   topology::Plan plan = topology::make_plan(topology::Topology{{options_.service}});
   check(topology::apply(
       consume_connection_, plan,

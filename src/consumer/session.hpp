@@ -113,6 +113,8 @@ class Session : public std::enable_shared_from_this<Session> {
   /// Starts the migration watch; declare() follows once it has read the service's record.
   void watch_migration();
   void migration_read(const client::Error& error, const std::optional<migrate::Record>& record);
+  /// Logs why it cannot follow migrations and drops the watch; the session runs on without it.
+  void stop_following(const client::Error& error);
   void declare();
   void declared(const topology::Report& report);
   void open_publish_channel();
@@ -143,6 +145,9 @@ class Session : public std::enable_shared_from_this<Session> {
   bool renewing_ = false;
   std::shared_ptr<MigrationWatch> migration_watch_;
   migrate::Follower follower_;
+  /// The migration record's read did not come back in time: the topology is not declared, since a
+  /// migration may be under way.
+  bool record_unread_ = false;
   /// The queue the consumer consumes (consumer_tag_), and the mark of its deliveries.
   std::string consumed_queue_;
   std::shared_ptr<DeliveryMark> mark_;

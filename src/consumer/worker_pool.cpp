@@ -163,11 +163,16 @@ void WorkerPool::close(std::chrono::milliseconds wait, std::function<void()> on_
 }
 
 void WorkerPool::finish_close(Handle* handle) {
+  // Tasks a worker handed back after the last wake-up are destroyed here, on the loop thread, not
+  // with the shared state by whichever thread lets go of it last.
+  std::vector<Task> finished;
   {
     std::lock_guard<std::mutex> lock(handle->shared->mutex);
     if (handle->shared->async == nullptr) return;  // already closing
     handle->shared->async = nullptr;
+    finished.swap(handle->shared->finished);
   }
+  finished.clear();
   auto closed = [](uv_handle_t* h) {
     auto* handle = static_cast<Handle*>(h->data);
     if (--handle->open != 0) return;

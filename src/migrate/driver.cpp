@@ -77,6 +77,25 @@ class DriverImpl final : public Driver {
         done_(std::move(done)) {}
 
   void begin() {
+    client::take_queue_lock(
+        connection_, lock_queue_name(service_.name), options_.lock_wait,
+        guarded([](DriverImpl& self, const Error& error) {
+          if (error.reply_code == resource_locked) {
+            return self.finish(Error(client::ClientError::channel_closed,
+                                     "another `retryloop topology migrate` of " +
+                                         self.service_.name + " is running (it holds " +
+                                         lock_queue_name(self.service_.name) + ", and has for " +
+                                         topology::duration_label(self.options_.lock_wait) + ")"));
+          }
+          if (error) return self.finish(error);
+          self.open_channel();
+        }));
+  }
+
+  void stop() override { stopping_ = true; }
+
+ private:
+  void open_channel() {
     Error error = connection_->open_channel(
         guarded([](DriverImpl& self, const Error& error, std::shared_ptr<client::Channel> channel) {
           if (error) return self.finish(error);
@@ -84,50 +103,11 @@ class DriverImpl final : public Driver {
           Error selected =
               self.channel_->confirm_select(self.guarded([](DriverImpl& self, const Error& error) {
                 if (error) return self.finish(error);
-                self.take_lock();
+                self.declare_record_objects();
               }));
           if (selected) self.finish(selected);
         }));
     if (error) finish(error);
-  }
-
-  void stop() override { stopping_ = true; }
-
- private:
-  void take_lock() {
-    client::QueueOptions lock;
-    lock.durable = false;
-    lock.exclusive = true;
-    lock.auto_delete = true;
-    Error error = channel_->queue_declare(
-        lock_queue_name(service_.name), lock,
-        guarded([](DriverImpl& self, const Error& error, const client::QueueInfo&) {
-          if (error.reply_code == resource_locked) return self.locked();
-          if (error) return self.finish(error);
-          self.declare_record_objects();
-        }));
-    if (error) finish(error);
-  }
-
-  /// Another connection holds the lock. A run that has just ended (killed, or its connection
-  /// lost) frees it once the broker has seen its connection close, a moment later on RabbitMQ 4:
-  /// looked at again every 250 ms, for options_.lock_wait.
-  void locked() {
-    if (!lock_wait_until_) lock_wait_until_ = now() + options_.lock_wait;
-    if (now() >= *lock_wait_until_) {
-      return finish(Error(client::ClientError::channel_closed,
-                          "another `retryloop topology migrate` of " + service_.name +
-                              " is running (it holds " + lock_queue_name(service_.name) +
-                              ", and has for " + topology::duration_label(options_.lock_wait) +
-                              ")"));
-    }
-    client::run_after(connection_->loop(), std::chrono::milliseconds(250),
-                      [weak = std::weak_ptr<DriverImpl>(self_)] {
-                        auto self = weak.lock();
-                        if (!self || self->ended_) return;
-                        // The refusal closed the channel.
-                        self->reopen([](DriverImpl& self) { self.take_lock(); });
-                      });
   }
 
   void declare_record_objects() {
@@ -471,8 +451,6 @@ class DriverImpl final : public Driver {
   std::optional<Migration> migration_;
   bool stopping_ = false;
   bool ended_ = false;
-  /// Set at the first refusal of the lock: when to stop waiting for it.
-  std::optional<std::chrono::milliseconds> lock_wait_until_;
 };
 
 /// Reads the record queue on a channel of its own: the newest record, requeued.
@@ -633,24 +611,30 @@ std::shared_ptr<Driver> Driver::start(const std::shared_ptr<client::Connection>&
   return driver;
 }
 
+client::Error declare_record_exchange(const std::shared_ptr<client::Channel>& channel,
+                                      const std::string& service_name,
+                                      client::CompletionCallback done) {
+  return channel->exchange_declare(record_queue_name(service_name), "fanout",
+                                   client::ExchangeOptions{}, std::move(done));
+}
+
 client::Error declare_record_objects(const std::shared_ptr<client::Channel>& channel,
                                      const std::string& service_name,
                                      client::CompletionCallback done) {
   const std::string name = record_queue_name(service_name);
-  return channel->exchange_declare(
-      name, "fanout", client::ExchangeOptions{}, [channel, name, done](const Error& error) {
-        if (error) return done(error);
-        client::QueueOptions options;
-        options.arguments.append("x-max-length", amqp::FieldValue(int64_t(1)));
-        options.arguments.append("x-overflow", amqp::FieldValue(std::string("drop-head")));
-        Error declared = channel->queue_declare(
-            name, options, [channel, name, done](const Error& error, const client::QueueInfo&) {
-              if (error) return done(error);
-              Error bound = channel->queue_bind(name, name, "", {}, done);
-              if (bound) done(bound);
-            });
-        if (declared) done(declared);
-      });
+  return declare_record_exchange(channel, service_name, [channel, name, done](const Error& error) {
+    if (error) return done(error);
+    client::QueueOptions options;
+    options.arguments.append("x-max-length", amqp::FieldValue(int64_t(1)));
+    options.arguments.append("x-overflow", amqp::FieldValue(std::string("drop-head")));
+    Error declared = channel->queue_declare(
+        name, options, [channel, name, done](const Error& error, const client::QueueInfo&) {
+          if (error) return done(error);
+          Error bound = channel->queue_bind(name, name, "", {}, done);
+          if (bound) done(bound);
+        });
+    if (declared) done(declared);
+  });
 }
 
 client::Error read_record(const std::shared_ptr<client::Connection>& connection,

@@ -48,6 +48,8 @@ void read_x_death(const amqp::FieldValue& x_death, std::string_view queue, Attem
   bool found = false;
   bool found_holding = false;
   bool details_read = false;
+  bool details_from_queue = false;
+  std::optional<std::string_view> death_expiration;
   for (size_t i = 0; i < entries->size(); ++i) {
     const auto* entry = (*entries)[i].get_if<amqp::FieldTable>();
     if (entry == nullptr) {
@@ -73,22 +75,29 @@ void read_x_death(const amqp::FieldValue& x_death, std::string_view queue, Attem
                      "x-death[" + std::to_string(i) + "].count is not a non-negative integer");
       continue;
     }
-    // RabbitMQ keeps one entry per {queue, reason}; the first is the most recent. The rest of
-    // the entry is read from the most recent of the two queues'.
+    // RabbitMQ keeps one entry per {queue, reason}; the first is the most recent.
     seen = true;
     info.rejected = saturating_add(info.rejected, *n);
-    if (details_read) continue;
+    if (auto time = time_field(*entry, "time");
+        time && (!info.first_failure || *time < *info.first_failure)) {
+      info.first_failure = time;
+    }
+    // Where it was published comes from the service queue's entry when there is one: the
+    // holding queue's names the default exchange and the holding queue, where the migration's
+    // mover put the message.
+    if (details_read && (details_from_queue || in_holding)) continue;
     details_read = true;
+    details_from_queue = !in_holding;
     if (auto name = string_field(*entry, "exchange")) exchange = std::string(*name);
     if (const amqp::FieldValue* keys = entry->find("routing-keys")) {
       if (const auto* list = keys->get_if<amqp::FieldArray>(); list && !list->empty()) {
         if (auto key = list->front().as_string()) routing_key = std::string(*key);
       }
     }
-    if (auto time = time_field(*entry, "time")) info.first_failure = time;
-    auto expiration = string_field(*entry, "original-expiration");
-    if (expiration && !info.original_expiration)
-      info.original_expiration = std::string(*expiration);
+    death_expiration = string_field(*entry, "original-expiration");
+  }
+  if (death_expiration && !info.original_expiration) {
+    info.original_expiration = std::string(*death_expiration);
   }
 }
 

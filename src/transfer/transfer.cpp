@@ -41,7 +41,8 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
         sources_(transfer_sources(service_)),
         schedule_(transfer_schedule(service_, options_.precision)),
         ladder_(ladder_service(service_, options_.precision)),
-        queue_(topology::input_queue_name(service_)) {
+        queue_(topology::input_queue_name(service_)),
+        stayed_(sources_.size()) {
     if (!options_.now_ms) options_.now_ms = system_now_ms;
     result_.id = options_.id;
   }
@@ -57,29 +58,9 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
 
   void begin(std::shared_ptr<TransferImpl> self) {
     self_ = std::move(self);
-    Error error = from_->open_channel(guarded(
-        [](TransferImpl& self, const Error& error, std::shared_ptr<client::Channel> channel) {
-          if (error) return self.finish(error);
-          self.lock_channel_ = std::move(channel);
-          self.take_lock();
-        }));
-    if (error) finish(error);
-  }
-
-  void stop() override {
-    stopping_ = true;
-    if (walker_) walker_->stop();
-  }
-
- private:
-  void take_lock() {
-    client::QueueOptions lock;
-    lock.durable = false;
-    lock.exclusive = true;
-    lock.auto_delete = true;
-    Error error = lock_channel_->queue_declare(
-        lock_queue_name(service_.name), lock,
-        guarded([](TransferImpl& self, const Error& error, const client::QueueInfo&) {
+    client::take_queue_lock(
+        from_, lock_queue_name(service_.name), options_.lock_wait,
+        guarded([](TransferImpl& self, const Error& error) {
           if (error.reply_code == resource_locked) {
             return self.finish(Error(client::ClientError::channel_closed,
                                      "another `retryloop topology transfer` of " +
@@ -89,9 +70,14 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
           if (error) return self.finish(error);
           self.declare_levels();
         }));
-    if (error) finish(error);
   }
 
+  void stop() override {
+    stopping_ = true;
+    if (walker_) walker_->stop();
+  }
+
+ private:
   /// The levels moved retries wait in, on the new broker (the service's own are declared with
   /// its topology).
   void declare_levels() {
@@ -123,7 +109,7 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
   void start_pass() {
     ++result_.passes;
     next_ = 0;
-    pass_seen_ = 0;
+    pass_moved_ = 0;
     read_next();
   }
 
@@ -162,7 +148,8 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
             self.result_.reads.push_back(*current);
             return self.finish(error);
           }
-          self.pass_seen_ += progress.scanned;
+          self.pass_moved_ += progress.moved;
+          self.stayed_[self.next_] = {current->left, progress.failed + current->undecodable};
           self.result_.reads.push_back(*current);
           if (self.events_.read) self.events_.read(*current, self.result_.passes);
           if (interrupted) self.stopping_ = true;
@@ -176,7 +163,10 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
   move::Decision decide(move::WalkedMessage& message, SourceResult& current) {
     move::Decision decision;
     const client::Delivery& delivery = message.delivery;
-    if (delivery.message.properties_error) return decision;  // kept: counted as scanned only
+    if (delivery.message.properties_error) {
+      ++current.undecodable;  // kept where it is
+      return decision;
+    }
     const Source& source = current.source;
     const int64_t now = options_.now_ms();
     int64_t due = 0;
@@ -222,7 +212,11 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
   void end_pass() {
     if (!options_.follow) return finish(Error{});
     const int64_t now = options_.now_ms();
-    if (pass_seen_ == 0) {
+    // Quiet: nothing moved, and no retry left to come due (what cannot move does not count).
+    uint64_t left = 0;
+    for (const auto& [waiting, stuck] : stayed_)
+      left += waiting;
+    if (pass_moved_ == 0 && left == 0) {
       if (!empty_since_) empty_since_ = now;
       const milliseconds empty_for(now - *empty_since_);
       if (events_.idle) events_.idle(empty_for);
@@ -245,10 +239,10 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
   void finish(const Error& error) {
     if (ended_) return;
     ended_ = true;
-    if (lock_channel_ && lock_channel_->is_open()) (void)lock_channel_->close();
-    const size_t last_pass = result_.reads.size() - std::min(result_.reads.size(), next_);
-    for (size_t i = last_pass; i < result_.reads.size(); ++i)
-      result_.left += result_.reads[i].left;
+    for (const auto& [waiting, stuck] : stayed_) {
+      result_.left += waiting;
+      result_.stuck += stuck;
+    }
     TransferCallback done = std::move(done_);
     std::shared_ptr<TransferImpl> keep = std::move(self_);
     if (done) done(error, result_);
@@ -264,11 +258,13 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
   std::optional<topology::Schedule> schedule_;
   topology::Service ladder_;
   std::string queue_;
-  std::shared_ptr<client::Channel> lock_channel_;
   std::shared_ptr<move::QueueWalker> walker_;
   size_t next_ = 0;
-  /// Messages read in this pass, left ones included: 0 means every old queue was empty.
-  uint64_t pass_seen_ = 0;
+  /// Messages moved in this pass.
+  uint64_t pass_moved_ = 0;
+  /// Per source, as its last read found: retries left to come due there, and messages that could
+  /// not move (refused by the new broker, or undecodable).
+  std::vector<std::pair<uint64_t, uint64_t>> stayed_;
   std::optional<int64_t> empty_since_;
   uint64_t stamps_ = 0;
   bool stopping_ = false;

@@ -97,20 +97,33 @@ TEST_CASE(
     "The attempt counts the rejections in the queue's holding queue too, which stood in for it "
     "during a migration",
     "[retry]") {
+  // The mover put it in the holding queue through the default exchange; it was rejected there
+  // after the rejections in the service queue, whose entry is the older one.
+  FieldTable holding = death("orders.migrating", "rejected", int64_t(2), "", "orders.migrating");
+  holding.set("time", amqp::Timestamp{1700000500});
   FieldTable headers;
   headers.append("x-death",
-                 FieldArray{FieldValue(death("orders.migrating", "rejected", int64_t(2),
-                                             "orders.wait", "orders")),
+                 FieldArray{FieldValue(std::move(holding)),
                             FieldValue(death("orders.migrating.other", "rejected", int64_t(9))),
                             FieldValue(death("orders", "rejected", int64_t(3)))});
   AttemptInfo info = read_attempt_info(with_headers(headers), "orders", "", "orders");
   CHECK(info.rejected == 5);
   CHECK(info.attempt == 6);
-  // The most recent entry of the two says where the message was published.
-  CHECK(info.original_exchange == "orders.wait");
-  CHECK(info.original_routing_key == "orders");
+  // Where it was published, and its first failure, come from the service queue's entry: a parked
+  // copy replays to orders.in, and the retry budget counts from the first failure.
+  CHECK(info.original_exchange == "orders.in");
+  CHECK(info.original_routing_key == "order.created");
+  CHECK(info.first_failure == 1700000000u);
   CHECK(info.malformed.empty());
   CHECK(read_attempt_info(with_headers(headers), "orders.migrating", "", "q").attempt == 3);
+
+  // Rejected in the holding queue only: its entry is all there is.
+  FieldTable only_holding;
+  only_holding.append("x-death", FieldArray{FieldValue(death("orders.migrating", "rejected",
+                                                             int64_t(1), "", "orders.migrating"))});
+  AttemptInfo moved = read_attempt_info(with_headers(only_holding), "orders", "", "orders");
+  CHECK(moved.attempt == 2);
+  CHECK(moved.original_routing_key == "orders.migrating");
 }
 
 TEST_CASE("An x-death header as RabbitMQ 3.10 wrote it after two loops gives attempt 3",

@@ -180,4 +180,14 @@ class Connection {
 void look_up_queue(const std::shared_ptr<Connection>& connection, const std::string& queue,
                    QueueDeclareCallback callback);
 
+/// Takes a run lock: declares `queue` exclusive (and auto-delete, not durable) on a channel of its
+/// own, so that the connection holds it until it closes and another connection's declare is
+/// refused with 405 RESOURCE_LOCKED. A lock another connection holds is tried again every 250 ms
+/// for `wait`: a run that has just ended (killed, or its connection lost) frees it once the broker
+/// has seen its connection close, a moment later on RabbitMQ 4. `callback` gets nothing on
+/// success, the 405 once `wait` is over, or any other error; it is called exactly once, also when
+/// the first try cannot start (then before this returns).
+void take_queue_lock(const std::shared_ptr<Connection>& connection, const std::string& queue,
+                     std::chrono::milliseconds wait, CompletionCallback callback);
+
 }  // namespace retryloop::client

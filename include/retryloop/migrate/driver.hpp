@@ -107,10 +107,16 @@ class Driver : public std::enable_shared_from_this<Driver> {
   Driver() = default;
 };
 
-/// Declares the objects that carry a service's migration record: the fanout exchange
-/// `N.migration` and the queue of the same name bound to it, which keeps one message, the newest.
-/// The migrator and the instances that follow a migration declare them alike. `done` fires once
+/// Declares the fanout exchange `N.migration` through which a migration tells each step: the
+/// migrator, and each instance that follows, binding a queue of its own to it. `done` fires once
 /// unless an error is returned.
+client::Error declare_record_exchange(const std::shared_ptr<client::Channel>& channel,
+                                      const std::string& service_name,
+                                      client::CompletionCallback done);
+
+/// Declares the objects that carry a service's migration record (the migrator's): the exchange
+/// (declare_record_exchange) and the queue of the same name bound to it, which keeps one message,
+/// the newest. `done` fires once unless an error is returned.
 client::Error declare_record_objects(const std::shared_ptr<client::Channel>& channel,
                                      const std::string& service_name,
                                      client::CompletionCallback done);

@@ -31,8 +31,6 @@ struct MoveOptions {
   bool deduplicate = false;
   /// Told after each message read and each copy settled.
   std::function<void(const Progress&)> on_progress;
-  /// The target is on another broker: copies go through this connection (WalkOptions).
-  std::shared_ptr<client::Connection> publish_connection;
 };
 
 /// Told once how a move ended: the error it ended on (empty: it read what it was to read), its

@@ -42,9 +42,9 @@ enum class Role {
   /// (the last signal, a probe token), so a careful delete refuses only while they have consumers.
   breaker,
   /// The objects through which a service's instances follow a migration (docs/migrate.md): the
-  /// record's exchange and queue and the settling queue. The consumers declare them, and only a
-  /// delete plan names them; as for the breaker's, a careful delete refuses only while they have
-  /// consumers.
+  /// record's exchange and queue and the settling queue. The migrator declares them (the consumers
+  /// the exchange and the settling queue too), and only a delete plan names them; as for the
+  /// breaker's, a careful delete refuses only while they have consumers.
   migration,
 };
 

@@ -24,11 +24,14 @@ std::string lock_queue_name(std::string_view service_name);
 struct TransferOptions {
   /// The base of the levels moved retries wait in on the new broker (transfer_schedule).
   std::chrono::milliseconds precision = default_precision;
-  /// Keep reading the old queues until they have all been empty for `settle`, or stop().
+  /// Keep reading the old queues until a pass has moved nothing and left no retry to come due, for
+  /// `settle`, or stop().
   bool follow = false;
   std::chrono::milliseconds settle{10'000};
   /// Pause between two passes over the old queues when following.
   std::chrono::milliseconds pass_interval{500};
+  /// How long a lock another transfer holds is waited for (client::take_queue_lock).
+  std::chrono::milliseconds lock_wait{5000};
   /// Copies awaiting their confirms at once, per queue read.
   uint16_t window = 500;
   /// The run's id, which prefixes the stamps; empty: a random one.
@@ -51,6 +54,9 @@ struct SourceResult {
   uint64_t due_unknown = 0;
   /// Left on the old broker to come due there (following, due time unknown).
   uint64_t left = 0;
+  /// Kept on the old broker because their properties could not be decoded (counted in neither
+  /// `progress.moved` nor `progress.failed`).
+  uint64_t undecodable = 0;
   /// The longest remaining delay given to a moved retry.
   std::chrono::milliseconds longest_delay{0};
 };
@@ -72,8 +78,11 @@ struct TransferResult {
   bool interrupted = false;
   /// The run's id (the stamps' prefix).
   std::string id;
-  /// What the last pass left on the old broker (retries left to come due there).
+  /// What the last read of each old queue left there: retries to come due there, and messages
+  /// that could not move (the new broker refused their copies, or their properties could not be
+  /// decoded). A transfer with any `stuck` is not finished.
   uint64_t left = 0;
+  uint64_t stuck = 0;
   uint64_t moved() const;
 };
 using TransferCallback = std::function<void(const client::Error& error, const TransferResult&)>;
@@ -86,15 +95,15 @@ class Transfer {
 };
 
 /// Moves `service`'s messages from the broker of `from` to the broker of `to` (docs/transfer.md):
-/// takes `N.transfer.lock` on the old broker (exclusive: a second transfer of the service is
-/// refused), declares on the new one the levels moved retries wait in (transfer_schedule; the
-/// service's topology must be there already, `topology apply`), then reads the old queues
-/// (transfer_sources) once each, or with `follow` again and again: each message is published to
-/// the new broker with confirms and mandatory, and acked on the old one only once confirmed and
-/// not returned. A retry goes where place() says, with what transfer_copy() makes of it. A copy the
-/// new broker returns or refuses leaves its original where it was. Both connections must be open
-/// and stay the caller's. `done` is called once, on the loop thread; `handle`, when given, gets the
-/// running transfer.
+/// takes `N.transfer.lock` on the old broker (client::take_queue_lock: a second transfer of the
+/// service is refused), keeps it until `from` closes, declares on the new one the levels moved
+/// retries wait in (transfer_schedule; the service's topology must be there already, `topology
+/// apply`), then reads the old queues (transfer_sources) once each, or with `follow` again and
+/// again: each message is published to the new broker with confirms and mandatory, and acked on the
+/// old one only once confirmed and not returned. A retry goes where place() says, with what
+/// transfer_copy() makes of it. A copy the new broker returns or refuses leaves its original where
+/// it was. Both connections must be open and stay the caller's. `done` is called once, on the loop
+/// thread; `handle`, when given, gets the running transfer.
 client::Error transfer_service(const std::shared_ptr<client::Connection>& from,
                                const std::shared_ptr<client::Connection>& to,
                                const topology::Service& service, TransferOptions options,
