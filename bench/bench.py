@@ -26,7 +26,7 @@ QUICK = os.environ.get("BENCH_QUICK") == "1"
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1" if QUICK else "3"))
 ALL_BENCHMARKS = ["consume", "callgrind", "consumer", "publish", "retry", "lateness", "delays",
                   "schedule", "memory", "churn", "replay", "migrate", "outbox", "scale",
-                  "outage"]
+                  "outage", "dispatch"]
 ALL_CLIENTS = ["retryloop", "rabbitmq-c", "amqp091-go", "amqplib", "amqp-client.js", "pika"]
 
 
@@ -81,6 +81,8 @@ SIZES = {
     "outbox_latency_rate": size("outbox_latency_rate", 200, 200, 200),
     "outbox_latency_seconds": size("outbox_latency_seconds", 20, 5, 60),
     "inbox": size("inbox_n", 5000, 2000, 20000),
+    # `retryloop dispatch` against a pika consumer that POSTs, each message to a 204 application.
+    "dispatch": size("dispatch_n", 20000, 5000, 100000),
 }
 # The scale benchmark's curves (bench/scale.py): the parked counts, the depths of the wait queue,
 # the services in one file and the handler concurrencies.
@@ -676,6 +678,10 @@ class Bench:
     def outage(self):
         import outage
         outage.run(self)
+
+    def dispatch(self):
+        import dispatch
+        dispatch.run(self)
 
     # ---- 5. Memory ----
 

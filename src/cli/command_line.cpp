@@ -3,6 +3,7 @@
 #include <string>
 
 #include "common.hpp"
+#include "dispatch_command.hpp"
 #include "migrate_command.hpp"
 #include "outbox_command.hpp"
 #include "parking_command.hpp"
@@ -38,6 +39,7 @@ void build_command_line(CLI::App& app, int& exit_code) {
   add_outbox_commands(app, exit_code);
   add_schedule_commands(app, exit_code);
   add_service_commands(app, exit_code);
+  add_dispatch_command(app, exit_code);
 }
 
 }  // namespace retryloop::cli

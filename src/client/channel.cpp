@@ -15,11 +15,6 @@ namespace {
 
 using amqp::FrameType;
 
-template <class Method>
-constexpr uint32_t key_of() {
-  return (uint32_t{Method::class_id} << 16) | Method::method_id;
-}
-
 constexpr size_t kMaxBodyReserve = 64 * 1024 * 1024;
 /// Acks held at most, on a channel with no prefetch limit.
 constexpr uint32_t kHeldAcksWithoutPrefetch = 256;
@@ -96,7 +91,7 @@ ChannelImpl::Rpc ChannelImpl::pop_rpc() {
 void ChannelImpl::open(CompletionCallback callback) {
   Rpc rpc;
   amqp::append_method_frame(rpc.frame, id_, amqp::ChannelOpen{});
-  rpc.reply_key = key_of<amqp::ChannelOpenOk>();
+  rpc.reply_key = amqp::method_key<amqp::ChannelOpenOk>();
   rpc.on_reply = [this, callback = std::move(callback)](const Error& error, std::string_view) {
     if (!error) state_ = State::open;
     if (callback) callback(error);
@@ -115,7 +110,7 @@ Error ChannelImpl::exchange_declare(std::string_view name, std::string_view type
   m.auto_delete = options.auto_delete;
   m.internal = options.internal;
   m.arguments = options.arguments;
-  return call_simple(m, key_of<amqp::ExchangeDeclareOk>(), std::move(callback));
+  return call_simple(m, amqp::method_key<amqp::ExchangeDeclareOk>(), std::move(callback));
 }
 
 Error ChannelImpl::exchange_delete(std::string_view name, bool if_unused,
@@ -123,7 +118,7 @@ Error ChannelImpl::exchange_delete(std::string_view name, bool if_unused,
   amqp::ExchangeDelete m;
   m.exchange = name;
   m.if_unused = if_unused;
-  return call_simple(m, key_of<amqp::ExchangeDeleteOk>(), std::move(callback));
+  return call_simple(m, amqp::method_key<amqp::ExchangeDeleteOk>(), std::move(callback));
 }
 
 Error ChannelImpl::exchange_bind(std::string_view destination, std::string_view source,
@@ -134,7 +129,7 @@ Error ChannelImpl::exchange_bind(std::string_view destination, std::string_view 
   m.source = source;
   m.routing_key = routing_key;
   m.arguments = arguments;
-  return call_simple(m, key_of<amqp::ExchangeBindOk>(), std::move(callback));
+  return call_simple(m, amqp::method_key<amqp::ExchangeBindOk>(), std::move(callback));
 }
 
 Error ChannelImpl::exchange_unbind(std::string_view destination, std::string_view source,
@@ -145,7 +140,7 @@ Error ChannelImpl::exchange_unbind(std::string_view destination, std::string_vie
   m.source = source;
   m.routing_key = routing_key;
   m.arguments = arguments;
-  return call_simple(m, key_of<amqp::ExchangeUnbindOk>(), std::move(callback));
+  return call_simple(m, amqp::method_key<amqp::ExchangeUnbindOk>(), std::move(callback));
 }
 
 Error ChannelImpl::queue_declare(std::string_view name, const QueueOptions& options,
@@ -157,7 +152,7 @@ Error ChannelImpl::queue_declare(std::string_view name, const QueueOptions& opti
   m.exclusive = options.exclusive;
   m.auto_delete = options.auto_delete;
   m.arguments = options.arguments;
-  return call(m, key_of<amqp::QueueDeclareOk>(),
+  return call(m, amqp::method_key<amqp::QueueDeclareOk>(),
               [callback = std::move(callback)](const Error& error, std::string_view payload) {
                 QueueInfo info;
                 if (error) {
@@ -184,7 +179,7 @@ Error ChannelImpl::queue_bind(std::string_view queue, std::string_view exchange,
   m.exchange = exchange;
   m.routing_key = routing_key;
   m.arguments = arguments;
-  return call_simple(m, key_of<amqp::QueueBindOk>(), std::move(callback));
+  return call_simple(m, amqp::method_key<amqp::QueueBindOk>(), std::move(callback));
 }
 
 Error ChannelImpl::queue_unbind(std::string_view queue, std::string_view exchange,
@@ -195,7 +190,7 @@ Error ChannelImpl::queue_unbind(std::string_view queue, std::string_view exchang
   m.exchange = exchange;
   m.routing_key = routing_key;
   m.arguments = arguments;
-  return call_simple(m, key_of<amqp::QueueUnbindOk>(), std::move(callback));
+  return call_simple(m, amqp::method_key<amqp::QueueUnbindOk>(), std::move(callback));
 }
 
 namespace {
@@ -216,7 +211,7 @@ auto count_reply(CountCallback callback) {
 Error ChannelImpl::queue_purge(std::string_view queue, CountCallback callback) {
   amqp::QueuePurge m;
   m.queue = queue;
-  return call(m, key_of<amqp::QueuePurgeOk>(),
+  return call(m, amqp::method_key<amqp::QueuePurgeOk>(),
               count_reply<amqp::QueuePurgeOk>(std::move(callback)));
 }
 
@@ -226,14 +221,14 @@ Error ChannelImpl::queue_delete(std::string_view queue, bool if_unused, bool if_
   m.queue = queue;
   m.if_unused = if_unused;
   m.if_empty = if_empty;
-  return call(m, key_of<amqp::QueueDeleteOk>(),
+  return call(m, amqp::method_key<amqp::QueueDeleteOk>(),
               count_reply<amqp::QueueDeleteOk>(std::move(callback)));
 }
 
 Error ChannelImpl::qos(uint16_t prefetch_count, CompletionCallback callback) {
   amqp::BasicQos m;
   m.prefetch_count = prefetch_count;
-  Error error = call_simple(m, key_of<amqp::BasicQosOk>(), std::move(callback));
+  Error error = call_simple(m, amqp::method_key<amqp::BasicQosOk>(), std::move(callback));
   if (!error) prefetch_ = prefetch_count;
   return error;
 }
@@ -246,7 +241,7 @@ Error ChannelImpl::consume(std::string_view queue, ConsumeOptions options,
   m.no_ack = options.no_ack;
   m.exclusive = options.exclusive;
   m.arguments = std::move(options.arguments);
-  return call(m, key_of<amqp::BasicConsumeOk>(),
+  return call(m, amqp::method_key<amqp::BasicConsumeOk>(),
               [this, on_delivery = std::move(on_delivery), on_cancel = std::move(options.on_cancel),
                raw_properties = options.raw_properties,
                callback = std::move(callback)](const Error& error, std::string_view payload) {
@@ -267,7 +262,7 @@ Error ChannelImpl::consume(std::string_view queue, ConsumeOptions options,
 Error ChannelImpl::cancel(std::string_view consumer_tag, CompletionCallback callback) {
   amqp::BasicCancel m;
   m.consumer_tag = consumer_tag;
-  return call(m, key_of<amqp::BasicCancelOk>(),
+  return call(m, amqp::method_key<amqp::BasicCancelOk>(),
               [this, tag = std::string(consumer_tag), callback = std::move(callback)](
                   const Error& error, std::string_view) {
                 if (!error) consumers_.erase(tag);
@@ -279,7 +274,7 @@ Error ChannelImpl::get(std::string_view queue, bool no_ack, GetCallback callback
   amqp::BasicGet m;
   m.queue = queue;
   m.no_ack = no_ack;
-  return call(m, key_of<amqp::BasicGetOk>(), {}, std::move(callback));
+  return call(m, amqp::method_key<amqp::BasicGetOk>(), {}, std::move(callback));
 }
 
 Error ChannelImpl::ack(uint64_t delivery_tag, bool multiple) {
@@ -337,8 +332,8 @@ void ChannelImpl::send_held_ack() {
 
 Error ChannelImpl::confirm_select(CompletionCallback callback) {
   if (confirm_mode_) return Error(ClientError::invalid_argument, "already in confirm mode");
-  Error error =
-      call_simple(amqp::ConfirmSelect{}, key_of<amqp::ConfirmSelectOk>(), std::move(callback));
+  Error error = call_simple(amqp::ConfirmSelect{}, amqp::method_key<amqp::ConfirmSelectOk>(),
+                            std::move(callback));
   // The broker numbers publishes from the moment it handles confirm.select, which is before any
   // publish sent after this call.
   if (!error) confirm_mode_ = true;
@@ -438,13 +433,13 @@ Error ChannelImpl::handle_method(std::string_view payload) {
   if (auto ec = amqp::peek_method_id(payload, id)) return Error(ec);
   const uint32_t key = id.key();
 
-  if (state_ == State::closing && key != key_of<amqp::ChannelClose>() &&
-      key != key_of<amqp::ChannelCloseOk>()) {
+  if (state_ == State::closing && key != amqp::method_key<amqp::ChannelClose>() &&
+      key != amqp::method_key<amqp::ChannelCloseOk>()) {
     return {};  // after channel.close, everything but close and close-ok is discarded
   }
 
   switch (key) {
-    case key_of<amqp::BasicDeliver>(): {
+    case amqp::method_key<amqp::BasicDeliver>(): {
       amqp::BasicDeliver m;
       if (auto ec = amqp::decode_method_frame(payload, m)) return Error(ec);
       delivery_.consumer_tag = std::move(m.consumer_tag);
@@ -460,19 +455,19 @@ Error ChannelImpl::handle_method(std::string_view payload) {
       awaiting_header_ = true;
       return {};
     }
-    case key_of<amqp::BasicAck>(): {
+    case amqp::method_key<amqp::BasicAck>(): {
       amqp::BasicAck m;
       if (auto ec = amqp::decode_method_frame(payload, m)) return Error(ec);
       handle_confirm(m.delivery_tag, m.multiple, true);
       return {};
     }
-    case key_of<amqp::BasicNack>(): {
+    case amqp::method_key<amqp::BasicNack>(): {
       amqp::BasicNack m;
       if (auto ec = amqp::decode_method_frame(payload, m)) return Error(ec);
       handle_confirm(m.delivery_tag, m.multiple, false);
       return {};
     }
-    case key_of<amqp::BasicReturn>(): {
+    case amqp::method_key<amqp::BasicReturn>(): {
       amqp::BasicReturn m;
       if (auto ec = amqp::decode_method_frame(payload, m)) return Error(ec);
       returned_ = ReturnedMessage{};
@@ -484,8 +479,8 @@ Error ChannelImpl::handle_method(std::string_view payload) {
       awaiting_header_ = true;
       return {};
     }
-    case key_of<amqp::BasicGetOk>(): {
-      if (!rpc_in_flight_ || rpcs_.front().reply_key != key_of<amqp::BasicGetOk>()) {
+    case amqp::method_key<amqp::BasicGetOk>(): {
+      if (!rpc_in_flight_ || rpcs_.front().reply_key != amqp::method_key<amqp::BasicGetOk>()) {
         return protocol_error("basic.get-ok without a basic.get");
       }
       amqp::BasicGetOk m;
@@ -500,15 +495,15 @@ Error ChannelImpl::handle_method(std::string_view payload) {
       awaiting_header_ = true;
       return {};
     }
-    case key_of<amqp::BasicGetEmpty>(): {
-      if (!rpc_in_flight_ || rpcs_.front().reply_key != key_of<amqp::BasicGetOk>()) {
+    case amqp::method_key<amqp::BasicGetEmpty>(): {
+      if (!rpc_in_flight_ || rpcs_.front().reply_key != amqp::method_key<amqp::BasicGetOk>()) {
         return protocol_error("basic.get-empty without a basic.get");
       }
       Rpc rpc = pop_rpc();
       if (rpc.on_get) rpc.on_get(Error{}, std::nullopt);
       return {};
     }
-    case key_of<amqp::BasicCancel>(): {
+    case amqp::method_key<amqp::BasicCancel>(): {
       amqp::BasicCancel m;
       if (auto ec = amqp::decode_method_frame(payload, m)) return Error(ec);
       if (!m.no_wait) {
@@ -527,7 +522,7 @@ Error ChannelImpl::handle_method(std::string_view payload) {
       if (on_cancel) on_cancel(m.consumer_tag);
       return {};
     }
-    case key_of<amqp::ChannelClose>(): {
+    case amqp::method_key<amqp::ChannelClose>(): {
       amqp::ChannelClose m;
       if (auto ec = amqp::decode_method_frame(payload, m)) return Error(ec);
       if (state_ == State::closing) {
@@ -541,7 +536,7 @@ Error ChannelImpl::handle_method(std::string_view payload) {
       reply_to_close(m);
       return {};
     }
-    case key_of<amqp::ChannelCloseOk>(): {
+    case amqp::method_key<amqp::ChannelCloseOk>(): {
       if (state_ != State::closing) return protocol_error("channel.close-ok without channel.close");
       CompletionCallback callback = std::move(on_closed_by_client_);
       ConnectionProtocol* connection = connection_;
@@ -550,7 +545,7 @@ Error ChannelImpl::handle_method(std::string_view payload) {
       if (callback) callback(Error{});
       return {};
     }
-    case key_of<amqp::ChannelFlow>(): {
+    case amqp::method_key<amqp::ChannelFlow>(): {
       amqp::ChannelFlow m;
       if (auto ec = amqp::decode_method_frame(payload, m)) return Error(ec);
       amqp::ChannelFlowOk ok;

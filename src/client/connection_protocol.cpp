@@ -12,11 +12,6 @@ namespace {
 
 using amqp::FrameType;
 
-template <class Method>
-constexpr uint32_t key_of() {
-  return (uint32_t{Method::class_id} << 16) | Method::method_id;
-}
-
 constexpr uint32_t kDefaultFrameMax = 131072;
 constexpr uint16_t kDefaultChannelMax = 2047;
 constexpr uint64_t kCloseTimeoutMs = 5000;
@@ -134,12 +129,12 @@ bool ConnectionProtocol::unknown_channel_frame(const amqp::FrameView& frame) {
     fail_protocol(Error(ec));
     return false;
   }
-  if (id.key() == key_of<amqp::ChannelClose>()) {
+  if (id.key() == amqp::method_key<amqp::ChannelClose>()) {
     amqp::append_method_frame(out_, frame.channel, amqp::ChannelCloseOk{});
     flush();
     return true;
   }
-  if (id.key() == key_of<amqp::ChannelCloseOk>()) return true;
+  if (id.key() == amqp::method_key<amqp::ChannelCloseOk>()) return true;
   const char* name = amqp::method_name(id.class_id, id.method_id);
   fail_protocol(
       Error(ClientError::protocol_error, std::string(name ? name : "a method") + " on channel " +
@@ -159,24 +154,24 @@ Error ConnectionProtocol::handle_connection_method(std::string_view payload) {
   if (auto ec = amqp::peek_method_id(payload, id)) return Error(ec);
   switch (id.key()) {
     // The handshake's methods come once each, in order: start, tune, open-ok.
-    case key_of<amqp::ConnectionStart>(): {
+    case amqp::method_key<amqp::ConnectionStart>(): {
       if (phase_ != Phase::handshaking || handshake_step_ != HandshakeStep::start) break;
       Error error = on_start(payload);
       if (!error) handshake_step_ = HandshakeStep::tune;
       return error;
     }
-    case key_of<amqp::ConnectionTune>(): {
+    case amqp::method_key<amqp::ConnectionTune>(): {
       if (phase_ != Phase::handshaking || handshake_step_ != HandshakeStep::tune) break;
       Error error = on_tune(payload);
       if (!error) handshake_step_ = HandshakeStep::open_ok;
       return error;
     }
-    case key_of<amqp::ConnectionOpenOk>(): {
+    case amqp::method_key<amqp::ConnectionOpenOk>(): {
       if (phase_ != Phase::handshaking || handshake_step_ != HandshakeStep::open_ok) break;
       on_open_ok();
       return {};
     }
-    case key_of<amqp::ConnectionClose>(): {
+    case amqp::method_key<amqp::ConnectionClose>(): {
       amqp::ConnectionClose m;
       if (auto ec = amqp::decode_method_frame(payload, m)) return Error(ec);
       send_connection_method(amqp::ConnectionCloseOk{});
@@ -192,11 +187,11 @@ Error ConnectionProtocol::handle_connection_method(std::string_view payload) {
       transport_.protocol_ended(error);
       return {};
     }
-    case key_of<amqp::ConnectionCloseOk>():
+    case amqp::method_key<amqp::ConnectionCloseOk>():
       if (phase_ != Phase::closing) break;
       transport_.protocol_ended(Error(ClientError::closed_by_client));
       return {};
-    case key_of<amqp::ConnectionBlocked>(): {
+    case amqp::method_key<amqp::ConnectionBlocked>(): {
       amqp::ConnectionBlocked m;
       if (auto ec = amqp::decode_method_frame(payload, m)) return Error(ec);
       blocked_ = true;
@@ -204,7 +199,7 @@ Error ConnectionProtocol::handle_connection_method(std::string_view payload) {
       transport_.protocol_blocked(true, m.reason);
       return {};
     }
-    case key_of<amqp::ConnectionUnblocked>():
+    case amqp::method_key<amqp::ConnectionUnblocked>():
       blocked_ = false;
       if (auto* log = logger()) log->info("broker unblocked publishing");
       transport_.protocol_blocked(false, std::string());

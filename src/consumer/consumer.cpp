@@ -602,7 +602,9 @@ void ConsumerImpl::handler_done(const std::shared_ptr<Pending>& pending, Outcome
   if (pending->handling->threw) ++metrics_.handler_errors;
   pending->handling->outcome = outcome;
   if (pending->call) {
-    breaker_.finished(*pending->call, retry::breaker_verdict(outcome), now());
+    const bool quiet = outcome.overloaded_dependency && outcome.delay;
+    breaker_.finished(*pending->call, retry::breaker_verdict(outcome), now(),
+                      quiet ? *outcome.delay : std::chrono::milliseconds(0));
     pending->call.reset();
   }
   if (!is_live(*pending)) {

@@ -26,35 +26,49 @@ bool is_fatal(const Error& error) {
          error.code == make_error_code(ConsumerError::broker_too_old) || error.reply_code == 403;
 }
 
-/// The first problem of a declare report as an error naming the object.
+/// What one result of a declare report says is wrong, naming the object; empty when nothing is.
+std::string problem_text(const topology::ActionResult& result) {
+  const std::string object = topology::describe(result.action);
+  switch (result.outcome) {
+    case topology::Outcome::drifted:
+      if (result.drift) {
+        return object + " exists with other arguments: " + result.drift->argument + " is " +
+               result.drift->actual + " on the broker, the topology wants " + result.drift->wanted;
+      }
+      return object + " exists with other arguments: " + result.error.message();
+    case topology::Outcome::failed:
+      return object + ": " + result.error.reply_text;
+    case topology::Outcome::missing:
+      return object + " does not exist (it is declared elsewhere)";
+    default:
+      return {};
+  }
+}
+
+/// The problems of a declare report as one error: the first one's kind, every object named (a
+/// file that drifted from the broker seldom drifted in one queue only).
 Error declare_problem(const topology::Report& report) {
+  const topology::ActionResult* first = nullptr;
+  std::string text;
   for (const auto& result : report.results) {
-    const std::string object = topology::describe(result.action);
-    switch (result.outcome) {
-      case topology::Outcome::drifted: {
-        std::string text = object + " exists with other arguments: ";
-        if (result.drift) {
-          text += result.drift->argument + " is " + result.drift->actual +
-                  " on the broker, the topology wants " + result.drift->wanted;
-        } else {
-          text += result.error.message();
-        }
-        return Error(ConsumerError::topology_drift,
-                     text + " (fix the broker or the file; nothing was changed)");
-      }
-      case topology::Outcome::failed: {
-        Error error = result.error;
-        error.reply_text = object + ": " + error.reply_text;
-        return error;
-      }
-      case topology::Outcome::missing:
-        return Error(ConsumerError::topology_missing,
-                     object + " does not exist (it is declared elsewhere)");
-      default:
-        break;
+    std::string problem = problem_text(result);
+    if (problem.empty()) continue;
+    if (first == nullptr) first = &result;
+    text += (text.empty() ? "" : "; ") + problem;
+  }
+  if (first == nullptr) return report.connection_error;
+  switch (first->outcome) {
+    case topology::Outcome::drifted:
+      return Error(ConsumerError::topology_drift,
+                   text + " (fix the broker or the file; nothing was changed)");
+    case topology::Outcome::missing:
+      return Error(ConsumerError::topology_missing, text);
+    default: {
+      Error error = first->error;
+      error.reply_text = text;
+      return error;
     }
   }
-  return report.connection_error;
 }
 
 void log_declared(spdlog::logger* log, const std::string& service, const topology::Report& report) {

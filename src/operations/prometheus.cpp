@@ -9,20 +9,9 @@
 namespace retryloop::operations {
 namespace {
 
-using Labels = std::vector<std::pair<std::string_view, std::string>>;
+using Labels = retry::PrometheusLabels;
 
 using retry::prometheus_escaped;
-
-/// Microseconds as seconds, exactly: 250 -> "0.00025", 60000000 -> "60".
-std::string seconds_text(uint64_t us) {
-  std::string out = std::to_string(us / 1000000);
-  uint64_t fraction = us % 1000000;
-  if (fraction == 0) return out;
-  std::string digits = std::to_string(fraction);
-  digits.insert(0, 6 - digits.size(), '0');
-  digits.erase(digits.find_last_not_of('0') + 1);
-  return out + "." + digits;
-}
 
 class Exposition {
  public:
@@ -39,22 +28,10 @@ class Exposition {
   }
 
   void sample(std::string_view name, const Labels& labels, const std::string& value) {
-    text_ += name;
-    if (!labels.empty()) {
-      text_ += '{';
-      for (size_t i = 0; i < labels.size(); ++i) {
-        if (i > 0) text_ += ',';
-        text_ += labels[i].first;
-        text_ += "=\"";
-        text_ += prometheus_escaped(labels[i].second, true);
-        text_ += '"';
-      }
-      text_ += '}';
-    }
-    text_ += ' ';
-    text_ += value;
-    text_ += '\n';
+    text_ += retry::prometheus_sample(name, labels, value);
   }
+
+  void append(const std::string& samples) { text_ += samples; }
 
   std::string take() { return std::move(text_); }
 
@@ -195,20 +172,9 @@ void write_latency(Exposition& out, const std::vector<ConsumerStatus>& consumers
   const char* name = "messaging_process_duration_seconds";
   out.family(name, "histogram",
              "How long the handler took, per delivery it ran for (the handler latency).");
-  using retry::LatencyHistogram;
   for (const auto& status : consumers) {
-    const LatencyHistogram& histogram = status.metrics.handler_latency;
-    const Labels labels = messaging_labels(status, "process");
-    uint64_t cumulative = 0;
-    for (size_t i = 0; i < LatencyHistogram::bounds_us.size(); ++i) {
-      cumulative += histogram.buckets()[i];
-      const uint64_t bound = LatencyHistogram::bounds_us[i];
-      Labels with_le = labels;
-      with_le.emplace_back("le", bound == UINT64_MAX ? "+Inf" : seconds_text(bound));
-      out.sample(std::string(name) + "_bucket", with_le, std::to_string(cumulative));
-    }
-    out.sample(std::string(name) + "_sum", labels, seconds_text(uint64_t(histogram.sum().count())));
-    out.sample(std::string(name) + "_count", labels, std::to_string(histogram.count()));
+    out.append(retry::prometheus_histogram(name, messaging_labels(status, "process"),
+                                           status.metrics.handler_latency));
   }
 }
 
@@ -284,7 +250,7 @@ std::string prometheus_text(const std::vector<ConsumerStatus>& all) {
     const auto open =
         std::chrono::duration_cast<std::chrono::microseconds>(status.breaker_stats.time_open);
     out.sample("retryloop_breaker_open_seconds_total", own_labels(status),
-               seconds_text(uint64_t(open.count())));
+               retry::prometheus_seconds(uint64_t(open.count())));
   }
   out.family("retryloop_breaker_state", "gauge",
              "1 for the state the service's breaker is in (closed, open, probing, ramping, "

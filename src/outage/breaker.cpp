@@ -95,7 +95,8 @@ std::optional<Call> Breaker::try_start(int running, std::chrono::milliseconds no
   return std::nullopt;
 }
 
-void Breaker::finished(Call& call, Verdict verdict, std::chrono::milliseconds now) {
+void Breaker::finished(Call& call, Verdict verdict, std::chrono::milliseconds now,
+                       std::chrono::milliseconds quiet) {
   if (call.ended()) return;
   call.breaker_.reset();
   tick(now);
@@ -105,6 +106,8 @@ void Breaker::finished(Call& call, Verdict verdict, std::chrono::milliseconds no
     probe_running_ = false;
     if (verdict == Verdict::success || verdict == Verdict::overloaded) {
       start_ramp(Reason::probe_succeeded, now);
+      // Up, but asked to wait: the ramp's calls keep to the dependency's Retry-After.
+      if (verdict == Verdict::overloaded && quiet.count() > 0) pacer_.overloaded(now, quiet);
     } else if (counts_as_failure(verdict)) {
       open_until_probe(Reason::probe_failed, now + settings_.probe_interval, now);
     }
@@ -114,7 +117,7 @@ void Breaker::finished(Call& call, Verdict verdict, std::chrono::milliseconds no
   if (state_ != State::closed && state_ != State::ramping) return;
   if (verdict == Verdict::overloaded) {
     // Told to slow down, not that it is down: the calls are paced from now on. The limit stays.
-    if (pacer_.overloaded(now)) move(state_, Reason::overloaded, now);
+    if (pacer_.overloaded(now, quiet)) move(state_, Reason::overloaded, now);
     return;
   }
   if (verdict != Verdict::unavailable) pacer_.accepted(now);

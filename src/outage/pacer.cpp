@@ -28,6 +28,10 @@ Pacer::Pacer(std::chrono::milliseconds interval)
 
 bool Pacer::try_take(std::chrono::milliseconds now) {
   if (!active()) return true;
+  if (now < quiet_until_) {
+    held_back_ = true;
+    return false;
+  }
   refill(now);
   if (tokens_ < 1) {
     held_back_ = true;
@@ -45,17 +49,24 @@ void Pacer::accepted(std::chrono::milliseconds now) {
   ++slice.count;
 }
 
-bool Pacer::overloaded(std::chrono::milliseconds now) {
-  if (active() && now < congestion_until_) return false;
-  congestion_until_ = now + interval_ / 4;
-  rate_ = std::max(slowest_rate, kept_after_overload * accepted_per_second(now));
-  tokens_ = 0;
-  refilled_at_ = now;
-  growth_ = first_growth;
-  next_growth_ = now + interval_;
-  held_back_ = false;
-  idle_intervals_ = 0;
-  return true;
+bool Pacer::overloaded(std::chrono::milliseconds now, std::chrono::milliseconds quiet) {
+  const bool quieter = quiet.count() > 0 && now + quiet > quiet_until_;
+  if (quieter) quiet_until_ = now + quiet;
+  bool changed = false;
+  if (!active() || now >= congestion_until_) {
+    congestion_until_ = now + interval_ / 4;
+    rate_ = std::max(slowest_rate, kept_after_overload * accepted_per_second(now));
+    tokens_ = 0;
+    growth_ = first_growth;
+    next_growth_ = std::max(now, quiet_until_) + interval_;
+    held_back_ = false;
+    idle_intervals_ = 0;
+    changed = true;
+  }
+  if (changed || quieter) refilled_at_ = std::max(now, quiet_until_);
+  // Asked to wait: one call at the quiet's end, then the pace.
+  if (quieter) tokens_ = 1;
+  return changed;
 }
 
 bool Pacer::tick(std::chrono::milliseconds now) {
@@ -80,6 +91,7 @@ std::optional<std::chrono::milliseconds> Pacer::due() const {
 
 void Pacer::reset() {
   rate_ = 0;
+  quiet_until_ = std::chrono::milliseconds(0);
   tokens_ = 0;
   growth_ = 0;
   held_back_ = false;

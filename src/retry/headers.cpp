@@ -4,10 +4,14 @@
 #include <chrono>
 #include <limits>
 
+#include "saturating.hpp"
+
 #include "retryloop/topology/topology.hpp"
 
 namespace retryloop::retry {
 namespace {
+
+using detail::saturating_add;
 
 bool starts_with(std::string_view text, std::string_view prefix) {
   return text.substr(0, prefix.size()) == prefix;
@@ -24,10 +28,6 @@ std::optional<uint64_t> time_field(const amqp::FieldTable& table, std::string_vi
   if (const auto* timestamp = value->get_if<amqp::Timestamp>()) return timestamp->seconds;
   if (auto number = value->as_int64(); number && *number >= 0) return uint64_t(*number);
   return std::nullopt;
-}
-
-int64_t saturating_add(int64_t a, int64_t b) {
-  return a > std::numeric_limits<int64_t>::max() - b ? std::numeric_limits<int64_t>::max() : a + b;
 }
 
 void note_malformed(AttemptInfo& info, std::string what) {

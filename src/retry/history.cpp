@@ -3,8 +3,12 @@
 #include <algorithm>
 #include <limits>
 
+#include "saturating.hpp"
+
 namespace retryloop::retry {
 namespace {
+
+using detail::saturating_add;
 
 std::string text_field(const amqp::FieldTable& table, std::string_view name) {
   const amqp::FieldValue* value = table.find(name);
@@ -53,10 +57,6 @@ amqp::FieldTable entry_table(const HistoryEntry& entry) {
 
 bool starts_a_cycle(const HistoryEntry& entry) {
   return entry.outcome == history_outcome::replayed || entry.outcome == history_outcome::edited;
-}
-
-int64_t saturating_add(int64_t a, int64_t b) {
-  return a > std::numeric_limits<int64_t>::max() - b ? std::numeric_limits<int64_t>::max() : a + b;
 }
 
 }  // namespace

@@ -100,4 +100,52 @@ std::string prometheus_escaped(std::string_view text, bool label_value) {
   return out;
 }
 
+std::string prometheus_seconds(uint64_t microseconds) {
+  std::string out = std::to_string(microseconds / 1000000);
+  const uint64_t fraction = microseconds % 1000000;
+  if (fraction == 0) return out;
+  std::string digits = std::to_string(fraction);
+  digits.insert(0, 6 - digits.size(), '0');
+  digits.erase(digits.find_last_not_of('0') + 1);
+  return out + "." + digits;
+}
+
+std::string prometheus_sample(std::string_view name, const PrometheusLabels& labels,
+                              std::string_view value) {
+  std::string text(name);
+  if (!labels.empty()) {
+    text += '{';
+    for (size_t i = 0; i < labels.size(); ++i) {
+      if (i > 0) text += ',';
+      text += labels[i].first;
+      text += "=\"";
+      text += prometheus_escaped(labels[i].second, true);
+      text += '"';
+    }
+    text += '}';
+  }
+  text += ' ';
+  text += value;
+  text += '\n';
+  return text;
+}
+
+std::string prometheus_histogram(std::string_view name, const PrometheusLabels& labels,
+                                 const LatencyHistogram& histogram) {
+  std::string text;
+  const std::string prefix(name);
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < LatencyHistogram::bounds_us.size(); ++i) {
+    cumulative += histogram.buckets()[i];
+    const uint64_t bound = LatencyHistogram::bounds_us[i];
+    PrometheusLabels with_le = labels;
+    with_le.emplace_back("le", bound == UINT64_MAX ? "+Inf" : prometheus_seconds(bound));
+    text += prometheus_sample(prefix + "_bucket", with_le, std::to_string(cumulative));
+  }
+  text += prometheus_sample(prefix + "_sum", labels,
+                            prometheus_seconds(uint64_t(histogram.sum().count())));
+  text += prometheus_sample(prefix + "_count", labels, std::to_string(histogram.count()));
+  return text;
+}
+
 }  // namespace retryloop::retry

@@ -74,7 +74,7 @@ std::string node_url(size_t k) {
 }
 
 /// The number (1-3) of the node that leads `queue` (rabbit@PREFIX-nK, scripts/netns-cluster).
-int leader_of(const std::string& queue) {
+int leader_number(const std::string& queue) {
   const std::string leader = test::queue_leader(queue);
   INFO(leader);
   const size_t n = leader.rfind("-n");
@@ -158,7 +158,7 @@ TEST_CASE(
   options.gated = true;
   // Published through the first node, which therefore leads the queues.
   InProcessRun run("pt-set", options);
-  const int first_leader = leader_of(run.lanes.front()->input_queue());
+  const int first_leader = leader_number(run.lanes.front()->input_queue());
   // The consumers start on another node, so that the first cut moves the queues' leadership, not
   // the connections.
   run.start(
@@ -178,7 +178,7 @@ TEST_CASE(
   nemesis(run.loop, "heal");
   const auto rejoin_1 = wait_whole(run.loop, first_leader);
   const size_t calls_1 = calls_between(run, isolated, healed_1);
-  const int second_leader = leader_of(run.lanes.front()->input_queue());
+  const int second_leader = leader_number(run.lanes.front()->input_queue());
   note("partition, leader (node " + std::to_string(first_leader) + ") isolated, paused after " +
        ms(paused_1) + ", healed: " + std::to_string(calls_1) + " handler calls meanwhile, " +
        std::to_string(reconnects(run)) + " reconnects so far;" +
@@ -198,7 +198,7 @@ TEST_CASE(
        ", healed: " + std::to_string(calls_2) + " handler calls meanwhile, " +
        std::to_string(reconnects(run)) + " reconnects so far;" +
        " the node ran again with all three " + ms(rejoin_2) + " after the heal; leader now node " +
-       std::to_string(leader_of(run.lanes.front()->input_queue())));
+       std::to_string(leader_number(run.lanes.front()->input_queue())));
 
   CHECK(run.wait_quiet(120s));
   // At-least-once: a cut between a consumer's settle and the leader's commit hands the message

@@ -70,7 +70,7 @@ bool all_settled(const std::vector<std::optional<client::PublishOutcome>>& outco
   return true;
 }
 
-amqp::BasicDeliver deliver(const std::string& tag, uint64_t delivery_tag) {
+amqp::BasicDeliver basic_deliver(const std::string& tag, uint64_t delivery_tag) {
   amqp::BasicDeliver method;
   method.consumer_tag = tag;
   method.delivery_tag = delivery_tag;
@@ -520,7 +520,7 @@ TEST_CASE("A delivery in several body frames reaches the consumer whole", "[conv
   properties.headers.emplace();
   properties.headers->set("k", "v");
   const std::string body(10000, 'z');
-  peer.send_content(channel->id(), deliver(*tag, 1), properties, body);
+  peer.send_content(channel->id(), basic_deliver(*tag, 1), properties, body);
   REQUIRE(loop.run_until([&] { return got.size() == 1; }));
   CHECK(got[0].message.body == body);
   CHECK(got[0].message.properties.message_id == std::optional<std::string>("m-1"));
@@ -572,7 +572,7 @@ TEST_CASE("Acks made while handling one read go out as one multiple ack", "[conv
   REQUIRE(loop.run_until([&] { return tag.has_value(); }));
   std::string burst;
   for (uint64_t i = 1; i <= 5; ++i) {
-    (void)amqp::append_method_frame(burst, channel->id(), deliver(*tag, i));
+    (void)amqp::append_method_frame(burst, channel->id(), basic_deliver(*tag, i));
     (void)amqp::append_header_frame(burst, channel->id(), 1, {});
     amqp::append_body_frames(burst, channel->id(), "x", 131072);
   }
@@ -811,9 +811,9 @@ TEST_CASE("A delivery with an empty body needs no body frame", "[conversation]")
       [&](const client::Error&, const std::string& consumer_tag) { tag = consumer_tag; }));
   REQUIRE(loop.run_until([&] { return tag.has_value(); }));
   std::string frames;
-  (void)amqp::append_method_frame(frames, channel->id(), deliver(*tag, 1));
+  (void)amqp::append_method_frame(frames, channel->id(), basic_deliver(*tag, 1));
   (void)amqp::append_header_frame(frames, channel->id(), 0, {});
-  (void)amqp::append_method_frame(frames, channel->id(), deliver(*tag, 2));
+  (void)amqp::append_method_frame(frames, channel->id(), basic_deliver(*tag, 2));
   (void)amqp::append_header_frame(frames, channel->id(), 1, {});
   amqp::append_body_frames(frames, channel->id(), "x", 131072);
   peer.send_raw(frames);
@@ -845,10 +845,10 @@ TEST_CASE(
   sent.headers.emplace();
   sent.headers->append("x-death", amqp::FieldArray{amqp::FieldValue(amqp::FieldTable{})});
   sent.headers->append("retryloop-retries", int64_t(2));
-  peer.send_content(channel->id(), deliver(*tag, 1), sent, "body");
+  peer.send_content(channel->id(), basic_deliver(*tag, 1), sent, "body");
   // flags 0x2000 (headers), then a table of 3 bytes: "k" with the unknown type letter 'Z'.
   const std::string bad_properties("\x20\x00\x00\x00\x00\x03\x01kZ", 9);
-  peer.send_raw_content(channel->id(), deliver(*tag, 2), bad_properties, "x");
+  peer.send_raw_content(channel->id(), basic_deliver(*tag, 2), bad_properties, "x");
   REQUIRE(loop.run_until([&] { return got.size() == 2; }));
 
   client::Message& good = got[0].message;

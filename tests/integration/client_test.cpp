@@ -68,10 +68,6 @@ std::optional<GetResult> get_one(TestLoop& loop, Channel& channel, const std::st
   return result;
 }
 
-uint16_t broker_port() {
-  return parse_uri(test::broker_url()).port;
-}
-
 }  // namespace
 
 TEST_CASE("A client connects, declares, publishes, consumes, acks and closes cleanly",
@@ -592,7 +588,7 @@ TEST_CASE(
   auto depth_becomes = [&](uint32_t depth) {  // the broker requeues once it sees the cut
     return test::eventually(loop, [&] { return test::queue_depth(loop, *direct, queue) == depth; });
   };
-  test::TcpProxy proxy(loop.get(), broker_port());
+  test::TcpProxy proxy(loop.get(), test::broker_port());
   ConnectionOptions options;
   options.uri = parse_uri(test::broker_url());
   options.uri.host = "127.0.0.1";
@@ -700,7 +696,7 @@ TEST_CASE(
 TEST_CASE("A peer that stops answering is declared dead after two heartbeat intervals",
           "[client][integration]") {
   TestLoop loop;
-  test::TcpProxy proxy(loop.get(), broker_port());
+  test::TcpProxy proxy(loop.get(), test::broker_port());
   ConnectionOptions options;
   options.uri = parse_uri(test::broker_url());
   options.uri.host = "127.0.0.1";

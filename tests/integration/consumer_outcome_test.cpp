@@ -29,20 +29,14 @@ using test::TestLoop;
 using Clock = std::chrono::steady_clock;
 using test::Broker;
 using test::Call;
+using test::header;
 using test::make_service;
 using test::options_for;
 using test::Recorder;
 using test::start;
 using test::stop;
 
-namespace {
-
-const amqp::FieldValue* header(const client::GetResult& message, const std::string& name) {
-  if (!message.message.properties.headers) return nullptr;
-  return message.message.properties.headers->find(name);
-}
-
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("A parked message does not keep its expiration: it stays in parking past its TTL",
           "[retry][parking][integration]") {

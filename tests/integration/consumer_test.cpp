@@ -474,13 +474,16 @@ TEST_CASE(
   CHECK(broker.depth(topology::input_queue_name(service)) == uint32_t(messages - 150));
 }
 
-TEST_CASE("A queue the consumer finds with other arguments stops it with the argument named",
-          "[retry][integration]") {
+TEST_CASE(
+    "Queues the consumer finds with other arguments stop it with each queue and argument named",
+    "[retry][integration]") {
   TestLoop loop;
   Broker broker(loop);
   const auto service = make_service(test::unique_name("drift"),
                                     R"("mode": "reject", "delays": ["1s"], "max_attempts": 3)");
   test::declare_queue(loop, *broker.channel, topology::input_queue_name(service));  // no DLX
+  const std::string wait_queue = topology::wait_queue_name(service.name, 1s);
+  test::declare_queue(loop, *broker.channel, wait_queue);  // no TTL
   auto c = Consumer::create(loop.get(), options_for(service), scripted);
   bool stopped = false;
   bool ready = false;
@@ -496,7 +499,9 @@ TEST_CASE("A queue the consumer finds with other arguments stops it with the arg
   REQUIRE(error);
   CHECK_THAT(error.message(), Catch::Contains("x-dead-letter-exchange"));
   CHECK_THAT(error.message(), Catch::Contains(topology::input_queue_name(service)));
+  CHECK_THAT(error.message(), Catch::Contains(wait_queue + " exists with other arguments"));
   CHECK(c->metrics().reconnects == 0);
+  broker.remove(service);
 }
 
 TEST_CASE("A consumer whose queue is deleted is cancelled by the broker and recovers by itself",

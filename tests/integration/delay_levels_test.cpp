@@ -27,6 +27,7 @@ using namespace retryloop;
 using namespace std::chrono_literals;
 using consumer::Outcome;
 using test::Broker;
+using test::header;
 using test::make_service;
 using test::options_for;
 using test::Recorder;
@@ -50,11 +51,6 @@ std::set<std::string> levels(const topology::Service& service, std::initializer_
   for (int k : ks)
     names.insert(topology::delay_level_name(service, k));
   return names;
-}
-
-const amqp::FieldValue* header(const client::GetResult& message, const std::string& name) {
-  if (!message.message.properties.headers) return nullptr;
-  return message.message.properties.headers->find(name);
 }
 
 }  // namespace

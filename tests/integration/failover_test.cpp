@@ -22,13 +22,9 @@ using test::TestLoop;
 
 namespace {
 
-uint16_t broker_port() {
-  return client::parse_uri(test::broker_url()).port;
-}
-
 // A loopback port nothing listens on: a proxy's, once it has closed.
 uint16_t refusing_port(TestLoop& loop) {
-  test::TcpProxy proxy(loop.get(), broker_port());
+  test::TcpProxy proxy(loop.get(), test::broker_port());
   const uint16_t port = proxy.port();
   proxy.close();
   return port;
@@ -45,13 +41,13 @@ std::string local(uint16_t port) {
   return "127.0.0.1:" + std::to_string(port);
 }
 
-struct Outcome {
+struct ConnectResult {
   bool done = false;
   Error error;
 };
 
-Outcome connect_and_wait(TestLoop& loop, client::Connection& connection) {
-  Outcome outcome;
+ConnectResult connect_and_wait(TestLoop& loop, client::Connection& connection) {
+  ConnectResult outcome;
   REQUIRE_FALSE(connection.connect([&](const Error& error) {
     outcome.done = true;
     outcome.error = error;
@@ -70,14 +66,14 @@ TEST_CASE(
   const uint16_t refused = refusing_port(loop);
   test::FakeServer hangs_up(loop.get(), "", true);  // closes right after the protocol header
   client::ConnectionOptions options;
-  options.uri =
-      uri_with_hosts(local(refused) + "," + local(hangs_up.port()) + "," + local(broker_port()));
+  options.uri = uri_with_hosts(local(refused) + "," + local(hangs_up.port()) + "," +
+                               local(test::broker_port()));
   auto connection = client::Connection::create(loop.get(), options);
-  Outcome outcome = connect_and_wait(loop, *connection);
+  ConnectResult outcome = connect_and_wait(loop, *connection);
   INFO(outcome.error.message());
   REQUIRE_FALSE(outcome.error);
   CHECK(connection->is_open());
-  CHECK(connection->uri().port == broker_port());
+  CHECK(connection->uri().port == test::broker_port());
   CHECK(connection->uri().other_hosts.empty());
   CHECK(hangs_up.received().substr(0, 4) == "AMQP");  // it was tried, and said nothing
   auto channel = test::open_channel(loop, *connection);
@@ -88,11 +84,11 @@ TEST_CASE(
 TEST_CASE("Wrong credentials stop at the first host: no other host is tried",
           "[client][failover][integration]") {
   TestLoop loop;
-  test::TcpProxy second(loop.get(), broker_port());
+  test::TcpProxy second(loop.get(), test::broker_port());
   client::ConnectionOptions options;
-  options.uri = uri_with_hosts(local(broker_port()) + "," + local(second.port()), "wrong");
+  options.uri = uri_with_hosts(local(test::broker_port()) + "," + local(second.port()), "wrong");
   auto connection = client::Connection::create(loop.get(), options);
-  Outcome outcome = connect_and_wait(loop, *connection);
+  ConnectResult outcome = connect_and_wait(loop, *connection);
   CHECK(outcome.error.code == make_error_code(ClientError::authentication_failed));
   loop.run_for(200ms);
   CHECK(second.accepted() == 0);
@@ -106,7 +102,7 @@ TEST_CASE("When every host fails, the error names each of them and why",
   client::ConnectionOptions options;
   options.uri = uri_with_hosts(local(first) + "," + local(hangs_up.port()));
   auto connection = client::Connection::create(loop.get(), options);
-  Outcome outcome = connect_and_wait(loop, *connection);
+  ConnectResult outcome = connect_and_wait(loop, *connection);
   const std::string message = outcome.error.message();
   INFO(message);
   CHECK(outcome.error.code == make_error_code(ClientError::connection_lost));
@@ -119,24 +115,24 @@ TEST_CASE("A host that does not answer costs one connect timeout, then the next 
   TestLoop loop;
   test::FakeServer silent(loop.get(), "", false);  // accepts, reads, never answers
   client::ConnectionOptions options;
-  options.uri = uri_with_hosts(local(silent.port()) + "," + local(broker_port()));
+  options.uri = uri_with_hosts(local(silent.port()) + "," + local(test::broker_port()));
   options.connect_timeout = 500ms;
   auto connection = client::Connection::create(loop.get(), options);
   // Work on the loop's thread before the connect leaves the loop's clock behind: the timeout
   // must still be the whole 500 ms, not what is left of it counted from the loop's last turn.
   std::this_thread::sleep_for(300ms);
   const auto started = std::chrono::steady_clock::now();
-  Outcome outcome = connect_and_wait(loop, *connection);
+  ConnectResult outcome = connect_and_wait(loop, *connection);
   INFO(outcome.error.message());
   REQUIRE_FALSE(outcome.error);
   CHECK(std::chrono::steady_clock::now() - started >= 500ms);
-  CHECK(connection->uri().port == broker_port());
+  CHECK(connection->uri().port == test::broker_port());
   test::close(loop, connection);
 }
 
 TEST_CASE("Shuffled hosts spread connections over every host", "[client][failover][integration]") {
   TestLoop loop;
-  test::TcpProxy a(loop.get(), broker_port()), b(loop.get(), broker_port());
+  test::TcpProxy a(loop.get(), test::broker_port()), b(loop.get(), test::broker_port());
   client::ConnectionOptions options;
   options.uri = uri_with_hosts(local(a.port()) + "," + local(b.port()));
   options.uri.host_order = client::HostOrder::shuffled;
@@ -158,8 +154,8 @@ TEST_CASE("A consumer whose host goes away reconnects to the next host and consu
   const auto service =
       test::make_service(test::unique_name("fo"), R"("delays": ["200ms"], "max_attempts": 3)");
   broker.apply(service);
-  auto first = std::make_unique<test::TcpProxy>(loop.get(), broker_port());
-  test::TcpProxy second(loop.get(), broker_port());
+  auto first = std::make_unique<test::TcpProxy>(loop.get(), test::broker_port());
+  test::TcpProxy second(loop.get(), test::broker_port());
   auto options = test::options_for(service);
   options.connection.uri = uri_with_hosts(local(first->port()) + "," + local(second.port()));
   test::Recorder recorder;

@@ -21,19 +21,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
-  int exit_code = -1;
-  std::string err;
-};
-
-Run retryloop_command(const std::vector<std::string>& args) {
-  std::vector<std::string> argv{test::built_program("retryloop")};
-  argv.insert(argv.end(), args.begin(), args.end());
-  test::ChildProcess child(argv, {"RETRYLOOP_URL=" + test::broker_url(),
-                                  "RETRYLOOP_TOPOLOGY=", "RETRYLOOP_CONSOLE_TOKEN="});
-  Run run;
-  run.exit_code = child.wait(120000);
-  run.err = child.err() + child.out();
+test::CommandRun run_with_all_output_in_err(const std::vector<std::string>& args) {
+  test::CommandRun run = test::run_retryloop(args, 120000, {"RETRYLOOP_CONSOLE_TOKEN="});
+  run.err += run.out;
   return run;
 }
 
@@ -67,7 +57,7 @@ TEST_CASE("send refuses a time zone offset that does not exist instead of sendin
   File file;
   for (const char* offset : {"+99:99", "+24:00", "+23:60", "-24:00"}) {
     const std::string at = std::string("2026-11-28T09:00:00") + offset;
-    Run run = retryloop_command(file.send({"--at", at, "body"}));
+    test::CommandRun run = run_with_all_output_in_err(file.send({"--at", at, "body"}));
     INFO(at << ": " << run.err);
     CHECK(run.exit_code == 1);
     CHECK_THAT(run.err, Catch::Contains("--at '" + at + "' is not a time"));
@@ -78,7 +68,8 @@ TEST_CASE("send refuses a window that is not from 1 to 65535 instead of wrapping
           "[cli][integration]") {
   File file;
   for (const char* window : {"-5", "99999999999", "0", "ten"}) {
-    Run run = retryloop_command(file.send({"--delay", "1s", "--window", window, "body"}));
+    test::CommandRun run =
+        run_with_all_output_in_err(file.send({"--delay", "1s", "--window", window, "body"}));
     INFO(window << ": " << run.err);
     CHECK(run.exit_code == 1);
     CHECK_THAT(run.err, Catch::Contains("must be a whole number from 1 to 65535"));
@@ -88,7 +79,8 @@ TEST_CASE("send refuses a window that is not from 1 to 65535 instead of wrapping
 TEST_CASE("send names a delay too long for the levels as given, not wrapped around",
           "[cli][integration]") {
   File file;
-  Run run = retryloop_command(file.send({"--delay", "9223372036854775001ms", "body"}));
+  test::CommandRun run =
+      run_with_all_output_in_err(file.send({"--delay", "9223372036854775001ms", "body"}));
   INFO(run.err);
   CHECK(run.exit_code == 1);
   CHECK_THAT(run.err, Catch::Contains("a delay of 9223372036854775001ms is longer than"));
@@ -99,12 +91,14 @@ TEST_CASE("send refuses a header name or message id over 255 bytes as a usage er
           "[cli][integration]") {
   File file;
   const std::string long_text(256, 'h');
-  Run header = retryloop_command(file.send({"--delay", "1s", "b", "--header", long_text + "=v"}));
+  test::CommandRun header =
+      run_with_all_output_in_err(file.send({"--delay", "1s", "b", "--header", long_text + "=v"}));
   INFO(header.err);
   CHECK(header.exit_code == 1);
   CHECK_THAT(header.err, Catch::Contains("--header name"));
   CHECK_THAT(header.err, Catch::Contains("256 bytes long; AMQP allows at most 255"));
-  Run id = retryloop_command(file.send({"--delay", "1s", "--message-id", long_text, "b"}));
+  test::CommandRun id =
+      run_with_all_output_in_err(file.send({"--delay", "1s", "--message-id", long_text, "b"}));
   INFO(id.err);
   CHECK(id.exit_code == 1);
   CHECK_THAT(id.err, Catch::Contains("--message-id"));
@@ -116,7 +110,7 @@ TEST_CASE("send refuses a body over 128 MiB before reading it whole", "[cli][int
   const std::string body = file.path + ".body";
   { std::ofstream out(body, std::ios::binary); }
   fs::resize_file(body, 200u << 20);  // sparse: nothing is written
-  Run run = retryloop_command(file.send({"--delay", "1s", "--file", body}));
+  test::CommandRun run = run_with_all_output_in_err(file.send({"--delay", "1s", "--file", body}));
   fs::remove(body);
   INFO(run.err);
   CHECK(run.exit_code == 1);
@@ -145,7 +139,7 @@ TEST_CASE("send reports a body the broker refuses as refused, with exit 3", "[cl
   std::ofstream(body, std::ios::binary)
       << std::string(test::broker_is_4x() ? 17u << 20 : 2u << 20, 'x');
   // Due now: straight to the queue through the default exchange.
-  Run run = retryloop_command(file.send({"--delay", "0ms", "--file", body}));
+  test::CommandRun run = run_with_all_output_in_err(file.send({"--delay", "0ms", "--file", body}));
   fs::remove(body);
   INFO(run.err);
   CHECK(run.exit_code == 3);
@@ -156,8 +150,8 @@ TEST_CASE("send reports a body the broker refuses as refused, with exit 3", "[cl
 
 TEST_CASE("parking stats --fail-above -1 says briefly what it takes", "[cli][integration]") {
   File file;
-  Run run =
-      retryloop_command({"parking", "stats", "-t", file.path, file.name, "--fail-above", "-1"});
+  test::CommandRun run = run_with_all_output_in_err(
+      {"parking", "stats", "-t", file.path, file.name, "--fail-above", "-1"});
   INFO(run.err);
   CHECK(run.exit_code == 1);
   CHECK_THAT(run.err, Catch::Contains("--fail-above: must be a whole number 0 or more, not '-1'"));
@@ -167,7 +161,7 @@ TEST_CASE("parking stats --fail-above -1 says briefly what it takes", "[cli][int
 TEST_CASE("A URL with a bad IPv6 host is named as such, with only its password hidden",
           "[cli][integration]") {
   File file;
-  Run run = retryloop_command(
+  test::CommandRun run = run_with_all_output_in_err(
       {"parking", "list", "-t", file.path, file.name, "--url", "amqp://u:secret@[::1/bad"});
   INFO(run.err);
   CHECK(run.exit_code == 1);
@@ -177,8 +171,9 @@ TEST_CASE("A URL with a bad IPv6 host is named as such, with only its password h
 
 TEST_CASE("parking serve --tokens given a directory says it is one", "[cli][integration]") {
   File file;
-  Run run = retryloop_command({"parking", "serve", "-t", file.path, file.name, "--tokens",
-                               fs::temp_directory_path().string()});
+  test::CommandRun run =
+      run_with_all_output_in_err({"parking", "serve", "-t", file.path, file.name, "--tokens",
+                                  fs::temp_directory_path().string()});
   INFO(run.err);
   CHECK(run.exit_code == 1);
   CHECK_THAT(run.err, Catch::Contains("is a directory"));
@@ -188,7 +183,7 @@ TEST_CASE("parking serve --tokens given a directory says it is one", "[cli][inte
 TEST_CASE("The console says a request body is not valid JSON, not that it is no JSON object",
           "[console][cli][integration]") {
   File file(false);
-  REQUIRE(retryloop_command({"topology", "apply", file.path}).exit_code == 0);
+  REQUIRE(run_with_all_output_in_err({"topology", "apply", file.path}).exit_code == 0);
   const std::string token = "hostile-token-0123456789";
   test::ChildProcess console(
       {test::built_program("retryloop"), "parking", "serve", "-t", file.path, file.name, "--url",
@@ -221,5 +216,7 @@ TEST_CASE("The console says a request body is not valid JSON, not that it is no 
   CHECK_THAT(array->body, Catch::Contains("must be a JSON object"));
   console.signal(SIGTERM);
   CHECK(console.wait() == 0);
-  CHECK(retryloop_command({"topology", "delete", file.path, "--yes", "--force"}).exit_code == 0);
+  CHECK(
+      run_with_all_output_in_err({"topology", "delete", file.path, "--yes", "--force"}).exit_code ==
+      0);
 }

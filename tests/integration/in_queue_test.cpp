@@ -23,6 +23,7 @@ using namespace std::chrono_literals;
 using client::Error;
 using consumer::Outcome;
 using test::Broker;
+using test::header;
 using test::Recorder;
 using test::TestLoop;
 
@@ -35,11 +36,6 @@ bool has_delayed_retry() {
 topology::Service in_queue_service(const std::string& prefix, const std::string& retry) {
   return test::make_service(test::unique_name(prefix), R"("mode": "in_queue", )" + retry,
                             R"("queue_type": "quorum")");
-}
-
-const amqp::FieldValue* header(const client::GetResult& message, const std::string& name) {
-  if (!message.message.properties.headers) return nullptr;
-  return message.message.properties.headers->find(name);
 }
 
 /// Deletes the service's objects however the test ends.

@@ -17,9 +17,17 @@
 #include "support/databases.hpp"
 
 using namespace retryloop;
-using namespace retryloop::test;
 using namespace std::chrono_literals;
 using consumer::Outcome;
+using test::Broker;
+using test::eventually;
+using test::make_service;
+using test::options_for;
+using test::start;
+using test::stop;
+using test::TestDatabase;
+using test::TestLoop;
+using test::unique_name;
 
 namespace {
 

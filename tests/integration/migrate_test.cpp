@@ -40,7 +40,7 @@ namespace {
 
 const char* const retry_2s = R"("mode": "reject", "delays": ["2s"], "max_attempts": 3)";
 
-struct Run {
+struct DriverRun {
   client::Error error;
   bool refused = false;
   bool finished = false;
@@ -52,9 +52,9 @@ struct Run {
   std::vector<std::pair<uint64_t, uint64_t>> last_moving;
 };
 
-Run run_driver(TestLoop& loop, Broker& broker, const topology::Service& service,
-               migrate::MoveFunction mover) {
-  Run run;
+DriverRun run_driver(TestLoop& loop, Broker& broker, const topology::Service& service,
+                     migrate::MoveFunction mover) {
+  DriverRun run;
   migrate::DriverOptions options;
   options.move = std::move(mover);
   options.consumers_grace = 5s;
@@ -138,7 +138,7 @@ std::string quorum_file(const std::string& name) {
   return file;
 }
 
-std::string header(const client::GetResult& got, const std::string& name) {
+std::string string_header(const client::GetResult& got, const std::string& name) {
   if (!got.message.properties.headers) return {};
   const amqp::FieldValue* value = got.message.properties.headers->find(name);
   if (value == nullptr || !value->as_string()) return {};
@@ -219,7 +219,7 @@ TEST_CASE(
   SteadyPublisher publisher{broker, classic.input.exchange, preloaded, preloaded + 600, 5ms};
   publisher.start();
   const auto began = std::chrono::steady_clock::now();
-  const Run run = run_driver(loop, broker, quorum, migrate::mover());
+  const DriverRun run = run_driver(loop, broker, quorum, migrate::mover());
   const auto ended = std::chrono::steady_clock::now();
   INFO(run.error.message());
   REQUIRE_FALSE(run.error);
@@ -361,7 +361,7 @@ TEST_CASE(
   }
 
   // The driver's own mover, which tells how far each move is.
-  const Run run = run_driver(loop, broker, quorum, migrate::MoveFunction{});
+  const DriverRun run = run_driver(loop, broker, quorum, migrate::MoveFunction{});
   INFO(run.error.message());
   REQUIRE_FALSE(run.error);
   CHECK(run.steps_done == run.steps);
@@ -400,7 +400,7 @@ TEST_CASE(
     CHECK(id == "m-" + std::to_string(next));
     CHECK(got.message.body == "body-" + std::to_string(next));
     ++next;
-    const std::string stamp = header(got, std::string(migrate::stamp_header));
+    const std::string stamp = string_header(got, std::string(migrate::stamp_header));
     CHECK_FALSE(stamp.empty());
     stamps.insert(stamp);
   }
@@ -408,8 +408,8 @@ TEST_CASE(
   std::vector<client::GetResult> parked = broker.drain(topology::parking_queue_name(name));
   REQUIRE(parked.size() == 5);
   for (const auto& got : parked) {
-    CHECK(header(got, "retryloop-reason") == "exhausted");
-    CHECK(header(got, "retryloop-error") == "payments said no");
+    CHECK(string_header(got, "retryloop-reason") == "exhausted");
+    CHECK(string_header(got, "retryloop-error") == "payments said no");
     CHECK(got.message.body == "parked");
   }
   broker.remove(quorum);
@@ -434,14 +434,14 @@ TEST_CASE(
     done(client::Error(client::ClientError::connection_lost, "lost at the move"), {});
     return client::Error{};
   };
-  const Run first = run_driver(loop, broker, quorum, lost);
+  const DriverRun first = run_driver(loop, broker, quorum, lost);
   REQUIRE(first.error);
   CHECK(first.steps_done > 0);
   CHECK(first.steps_done < first.steps);
   const std::string queue = topology::input_queue_name(quorum);
   CHECK(broker.depth(queue) == 200);  // unbound, its messages still there
 
-  const Run second = run_driver(loop, broker, quorum, migrate::mover());
+  const DriverRun second = run_driver(loop, broker, quorum, migrate::mover());
   INFO(second.error.message());
   REQUIRE_FALSE(second.error);
   CHECK(second.steps_done == second.steps);
@@ -454,7 +454,7 @@ TEST_CASE(
   CHECK(ids.size() == 200);
 
   // Run again once finished: nothing differs any more.
-  const Run third = run_driver(loop, broker, quorum, migrate::mover());
+  const DriverRun third = run_driver(loop, broker, quorum, migrate::mover());
   CHECK_FALSE(third.error);
   CHECK(third.steps == 0);
   broker.remove(quorum);
@@ -480,7 +480,7 @@ TEST_CASE("A second migration of a service is refused while one runs", "[migrate
       [&](const client::Error& error, const client::QueueInfo&) { locked = !error; }));
   REQUIRE(other_loop.run_until([&] { return locked; }));
 
-  const Run run = run_driver(loop, broker, quorum, migrate::mover());
+  const DriverRun run = run_driver(loop, broker, quorum, migrate::mover());
   REQUIRE(run.error);
   CHECK_THAT(run.error.message(), Catch::Contains("another `retryloop topology migrate`"));
   CHECK(broker.depth(topology::input_queue_name(classic)) == 0);
@@ -496,7 +496,7 @@ TEST_CASE("An input exchange of another type is refused, and nothing is changed"
   broker.apply(direct);
   topology::Service topic = make_service(name, retry_2s, R"("queue_type": "quorum")");
   topic.input.type = topology::ExchangeType::topic;
-  const Run run = run_driver(loop, broker, topic, migrate::mover());
+  const DriverRun run = run_driver(loop, broker, topic, migrate::mover());
   CHECK(run.refused);
   CHECK(run.steps == 0);
   const std::string queue = topology::input_queue_name(direct);
@@ -567,13 +567,13 @@ namespace {
 /// a SIGKILL.
 enum class CutAt { before, after };
 
-Run run_cut_at(TestLoop& loop, const topology::Service& service, size_t step, CutAt at) {
+DriverRun run_cut_at(TestLoop& loop, const topology::Service& service, size_t step, CutAt at) {
   test::TcpProxy proxy(loop.get(), client::parse_uri(test::broker_url()).port);
   client::ConnectionOptions connect;
   connect.uri = client::parse_uri(test::broker_url());
   connect.uri.port = proxy.port();
   auto connection = test::connect(loop, connect);
-  Run run;
+  DriverRun run;
   bool cutting = false;
   bool cut = false;
   migrate::DriverOptions options;
@@ -637,7 +637,7 @@ TEST_CASE(
     for (const CutAt at : {CutAt::before, CutAt::after}) {
       // Each run waits for the lock the run cut before it held, which the broker frees once it
       // has seen that connection close (a moment later on RabbitMQ 4).
-      const Run run = run_cut_at(loop, quorum, step, at);
+      const DriverRun run = run_cut_at(loop, quorum, step, at);
       INFO("step " << step << (at == CutAt::before ? " before" : " after") << ": "
                    << run.error.message());
       REQUIRE(run.error);  // every run is cut short
@@ -686,7 +686,7 @@ TEST_CASE(
   }
   CHECK(steps > 10);
   CHECK(cuts == 2 * steps);
-  const Run last = run_driver(loop, broker, quorum, migrate::mover());
+  const DriverRun last = run_driver(loop, broker, quorum, migrate::mover());
   INFO(last.error.message());
   REQUIRE_FALSE(last.error);
   CHECK(last.steps_done == last.steps);

@@ -105,18 +105,18 @@ std::string difference(const amqp::BasicProperties& expected, const amqp::BasicP
 }
 
 /// The test's connection and its confirm-mode channel, with helpers over them.
-struct Broker {
+struct BrokerSession {
   TestLoop& loop;
   std::shared_ptr<client::Connection> connection;
   std::shared_ptr<client::Channel> channel;
 
-  explicit Broker(TestLoop& l)
+  explicit BrokerSession(TestLoop& l)
       : loop(l),
         connection(test::connect(loop, test::broker_url())),
         channel(test::open_channel(loop, *connection)) {
     REQUIRE_FALSE(test::wait(loop, [&](auto done) { return channel->confirm_select(done); }));
   }
-  ~Broker() {
+  ~BrokerSession() {
     if (connection->is_open()) test::close(loop, connection);
   }
 
@@ -285,7 +285,7 @@ TEST_CASE(
     "from classic to quorum, back to classic and on, each copy stamped once",
     "[move][integration]") {
   TestLoop loop;
-  Broker broker(loop);
+  BrokerSession broker(loop);
   const std::string first = broker.queue("move-first");
   // 100 messages dead-lettered into `first`, which gives them the broker's x-death headers.
   const std::string rejecting =
@@ -405,7 +405,7 @@ TEST_CASE(
 TEST_CASE("move_queue with deduplicate copies one message of each stamp and acks the others",
           "[move][integration]") {
   TestLoop loop;
-  Broker broker(loop);
+  BrokerSession broker(loop);
   const std::string from = broker.queue("move-dup-from");
   const std::string to = broker.queue("move-dup-to", "quorum");
   std::vector<std::pair<amqp::BasicProperties, std::string>> messages;
@@ -443,7 +443,7 @@ TEST_CASE("move_queue with deduplicate copies one message of each stamp and acks
 TEST_CASE("move_queue to a queue that does not exist leaves every original in place, as failed",
           "[move][integration]") {
   TestLoop loop;
-  Broker broker(loop);
+  BrokerSession broker(loop);
   const std::string from = broker.queue("move-nowhere-from");
   std::vector<std::pair<amqp::BasicProperties, std::string>> messages;
   for (size_t i = 0; i < 20; ++i)
@@ -469,7 +469,7 @@ TEST_CASE("move_queue to a queue that does not exist leaves every original in pl
 TEST_CASE("move_queue from a queue that does not exist ends with queue_missing",
           "[move][integration]") {
   TestLoop loop;
-  Broker broker(loop);
+  BrokerSession broker(loop);
   const std::string missing = test::unique_name("move-missing");
   const auto moved = broker.move_queue(to_queue(missing, broker.queue("move-missing-to"), "x"));
   CHECK(moved.error.code == move::make_error_code(move::MoveError::queue_missing));

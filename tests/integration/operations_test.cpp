@@ -43,7 +43,7 @@ struct Reply {
 
 /// GET http://127.0.0.1:PORT/PATH from another thread, running the loop meanwhile (the endpoint
 /// asks the loop for every answer).
-Reply get(TestLoop& loop, uint16_t port, const std::string& path) {
+Reply http_get(TestLoop& loop, uint16_t port, const std::string& path) {
   auto reply = std::async(std::launch::async, [port, path] {
     httplib::Client client("127.0.0.1", port);
     client.set_connection_timeout(5);
@@ -124,7 +124,7 @@ std::shared_ptr<operations::HttpEndpoint> serve(TestLoop& loop,
   return endpoint;
 }
 
-void close(TestLoop& loop, const std::shared_ptr<operations::HttpEndpoint>& endpoint) {
+void close_endpoint(TestLoop& loop, const std::shared_ptr<operations::HttpEndpoint>& endpoint) {
   bool closed = false;
   endpoint->close([&closed] { closed = true; });
   REQUIRE(loop.run_until([&] { return closed; }, 10s));
@@ -142,7 +142,7 @@ Reply readyz_until(TestLoop& loop, uint16_t port, int status) {
   Reply reply;
   for (auto until = std::chrono::steady_clock::now() + 10s;
        std::chrono::steady_clock::now() < until;) {
-    reply = get(loop, port, "/readyz");
+    reply = http_get(loop, port, "/readyz");
     if (reply.status == status) break;
     loop.run_for(50ms);
   }
@@ -179,7 +179,7 @@ TEST_CASE(
     broker.publish(service.input.exchange, "key", id);
   REQUIRE(loop.run_until([&] { return c->metrics().acked == 3 && c->metrics().parked() == 1; }));
 
-  const Reply metrics = get(loop, endpoint->port(), "/metrics");
+  const Reply metrics = http_get(loop, endpoint->port(), "/metrics");
   CHECK(metrics.status == 200);
   CHECK(metrics.content_type == "text/plain; version=0.0.4; charset=utf-8");
   const auto samples = parse_with_prometheus_client(metrics.body);
@@ -215,20 +215,20 @@ TEST_CASE(
     if (sample.type == "counter") CHECK(sample.name.size() > 6);
   }
 
-  const Reply health = get(loop, endpoint->port(), "/healthz");
+  const Reply health = http_get(loop, endpoint->port(), "/healthz");
   CHECK(health.status == 200);
   CHECK(health.body == "ok\n");
-  const Reply ready = get(loop, endpoint->port(), "/readyz");
+  const Reply ready = http_get(loop, endpoint->port(), "/readyz");
   CHECK(ready.status == 200);
   CHECK(ready.body == "ready\nservice " + service.name + " (queue " + queue + "): consuming\n");
-  CHECK(get(loop, endpoint->port(), "/nothing").status == 404);
+  CHECK(http_get(loop, endpoint->port(), "/nothing").status == 404);
 
   test::stop(loop, c);
-  const Reply stopped = get(loop, endpoint->port(), "/readyz");
+  const Reply stopped = http_get(loop, endpoint->port(), "/readyz");
   CHECK(stopped.status == 503);
   CHECK(stopped.body == "not ready\nservice " + service.name + " (queue " + queue + "): stopped\n");
-  CHECK(get(loop, endpoint->port(), "/healthz").status == 200);  // the process is still alive
-  close(loop, endpoint);
+  CHECK(http_get(loop, endpoint->port(), "/healthz").status == 200);  // the process is still alive
+  close_endpoint(loop, endpoint);
 }
 
 TEST_CASE("/readyz answers 503 while the consumer reconnects and 200 once it consumes again",
@@ -242,7 +242,7 @@ TEST_CASE("/readyz answers 503 while the consumer reconnects and 200 once it con
   options.recovery = consumer::Backoff{1500ms, 1500ms, 1.0, 0.0};
   auto c = test::start(loop, options, [](const consumer::Message&) { return Outcome::ack(); });
   auto endpoint = serve(loop, c);
-  CHECK(get(loop, endpoint->port(), "/readyz").status == 200);
+  CHECK(http_get(loop, endpoint->port(), "/readyz").status == 200);
 
   proxy.cut();
   const Reply lost = readyz_until(loop, endpoint->port(), 503);
@@ -252,7 +252,7 @@ TEST_CASE("/readyz answers 503 while the consumer reconnects and 200 once it con
   CHECK(back.status == 200);
   CHECK(c->metrics().reconnects == 1);
   test::stop(loop, c);
-  close(loop, endpoint);
+  close_endpoint(loop, endpoint);
 }
 
 TEST_CASE("/readyz answers 503 while a memory alarm blocks the consumer's copies, and 200 after it",
@@ -275,7 +275,8 @@ TEST_CASE("/readyz answers 503 while a memory alarm blocks the consumer's copies
   const Reply blocked = readyz_until(loop, endpoint->port(), 503);
   CHECK(blocked.status == 503);
   CHECK(blocked.body.find("consuming, publishing blocked by the broker") != std::string::npos);
-  const auto samples = parse_with_prometheus_client(get(loop, endpoint->port(), "/metrics").body);
+  const auto samples =
+      parse_with_prometheus_client(http_get(loop, endpoint->port(), "/metrics").body);
   CHECK(value_of(samples, "retryloop_publishing_blocked", {{"service", service.name}}) == 1);
   CHECK(value_of(samples, "retryloop_in_flight_messages", {{"service", service.name}}) == 1);
 
@@ -283,7 +284,7 @@ TEST_CASE("/readyz answers 503 while a memory alarm blocks the consumer's copies
   CHECK(readyz_until(loop, endpoint->port(), 200).status == 200);
   REQUIRE(loop.run_until([&] { return c->metrics().acked == 1; }, 20s));
   test::stop(loop, c);
-  close(loop, endpoint);
+  close_endpoint(loop, endpoint);
 }
 
 TEST_CASE(
@@ -309,10 +310,10 @@ TEST_CASE(
   auto stuck = request("/healthz");
   REQUIRE(stuck.wait_for(30s) == std::future_status::ready);
   CHECK(stuck.get() == 503);
-  const Reply none = get(loop, port, "/readyz");  // the loop runs: it answers
+  const Reply none = http_get(loop, port, "/readyz");  // the loop runs: it answers
   CHECK(none.status == 503);
   CHECK(none.body == "not ready\nno consumers\n");
-  CHECK(get(loop, port, "/healthz").status == 200);
+  CHECK(http_get(loop, port, "/healthz").status == 200);
 
   // Only the close can answer within the client's read timeout: the loop would take an hour.
   options.loop_timeout = 1h;
@@ -330,7 +331,7 @@ TEST_CASE(
   REQUIRE(waiting.wait_for(90s) == std::future_status::ready);
   CHECK(waiting.get() == 503);
   REQUIRE(loop.run_until([&] { return closed; }, 10s));
-  close(loop, endpoint);
+  close_endpoint(loop, endpoint);
 }
 
 TEST_CASE("demo_consumer --http serves the endpoint and closes it when it stops",
@@ -362,7 +363,7 @@ TEST_CASE("demo_consumer --http serves the endpoint and closes it when it stops"
   CHECK(readyz_until(loop, port, 200).status == 200);
   broker.publish(service.input.exchange, "key", "m-1", R"({"id": 1})");
   REQUIRE(test::eventually(loop, [&] {
-    const Reply metrics = get(loop, port, "/metrics");
+    const Reply metrics = http_get(loop, port, "/metrics");
     return metrics.body.find("retryloop_acked_messages_total{service=\"" + name + "\",queue=\"" +
                              name + "\"} 1") != std::string::npos;
   }));
@@ -394,7 +395,7 @@ TEST_CASE(
     CHECK(slow.first_answer() == "HTTP/1.1 408 Request Timeout");
     CHECK(loop.run_until([&] { return idle.still_open() == 0; }, 60s));
   }
-  close(loop, endpoint);
+  close_endpoint(loop, endpoint);
 }
 
 TEST_CASE(
@@ -427,6 +428,6 @@ TEST_CASE(
   CHECK(error.code == std::errc::address_in_use);
   CHECK_THAT(error.message(),
              Catch::Contains("cannot listen on 127.0.0.1:" + std::to_string(port)));
-  close(loop, second);
-  close(loop, endpoint);
+  close_endpoint(loop, second);
+  close_endpoint(loop, endpoint);
 }

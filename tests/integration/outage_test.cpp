@@ -37,6 +37,7 @@ using namespace std::chrono_literals;
 using consumer::Outcome;
 using outage::State;
 using test::Broker;
+using test::CommandRun;
 using test::make_service;
 using test::options_for;
 using test::Recorder;
@@ -433,24 +434,6 @@ TEST_CASE(
 
 namespace {
 
-/// Runs the retryloop command against the test broker; its exit code and output.
-struct CommandRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-CommandRun retryloop_command(const std::vector<std::string>& args) {
-  std::vector<std::string> argv{test::built_program("retryloop")};
-  argv.insert(argv.end(), args.begin(), args.end());
-  test::ChildProcess child(argv, {"RETRYLOOP_URL=" + test::broker_url(), "RETRYLOOP_TOPOLOGY="});
-  CommandRun run;
-  run.exit_code = child.wait(60000);
-  run.out = child.out();
-  run.err = child.err();
-  return run;
-}
-
 /// A topology file naming `service`, for the service commands.
 struct ServiceFile {
   std::string path;
@@ -626,8 +609,8 @@ TEST_CASE(
     instances.consumers.push_back(start(loop, options_of(i), handler));
   REQUIRE(loop.run_until([&] { return instances.all_shared(); }, 10s));
 
-  CommandRun paused =
-      retryloop_command({"service", "pause", "-t", file.path, service.name, "--reason", "deploy"});
+  CommandRun paused = test::run_retryloop(
+      {"service", "pause", "-t", file.path, service.name, "--reason", "deploy"});
   INFO(paused.out << paused.err);
   REQUIRE(paused.exit_code == 0);
   CHECK_THAT(paused.out, Catch::Contains("paused"));
@@ -643,7 +626,7 @@ TEST_CASE(
   CHECK(calls.size() == 0);
 
   CommandRun status =
-      retryloop_command({"service", "status", "-t", file.path, service.name, "--json"});
+      test::run_retryloop({"service", "status", "-t", file.path, service.name, "--json"});
   INFO(status.out << status.err);
   REQUIRE(status.exit_code == 0);
   const auto json = nlohmann::json::parse(status.out);
@@ -677,7 +660,7 @@ TEST_CASE(
   CHECK(shown["signal"]["reason"] == "deploy");
   CHECK(shown["signal"]["kind"] == "paused");
 
-  CommandRun resumed = retryloop_command({"service", "resume", "-t", file.path, service.name});
+  CommandRun resumed = test::run_retryloop({"service", "resume", "-t", file.path, service.name});
   INFO(resumed.out << resumed.err);
   REQUIRE(resumed.exit_code == 0);
   REQUIRE(loop.run_until([&] { return instances.acked() == 6; }, 15s));
@@ -694,7 +677,7 @@ TEST_CASE(
   for (const auto& call : calls.calls())
     CHECK_FALSE(call.redelivered);
 
-  CommandRun after = retryloop_command({"service", "status", "-t", file.path, service.name});
+  CommandRun after = test::run_retryloop({"service", "status", "-t", file.path, service.name});
   INFO(after.out << after.err);
   CHECK(after.exit_code == 0);
   CHECK_THAT(after.out, Catch::Contains(": closed"));
@@ -723,7 +706,7 @@ TEST_CASE(
                                     R"("outage": {"ramp": {"interval": "200ms"}})");
   broker.apply(service);
   ServiceFile file(service.name);
-  CommandRun paused = retryloop_command({"service", "pause", "-t", file.path, service.name});
+  CommandRun paused = test::run_retryloop({"service", "pause", "-t", file.path, service.name});
   INFO(paused.out << paused.err);
   REQUIRE(paused.exit_code == 0);
   const size_t messages = 20;
@@ -741,12 +724,12 @@ TEST_CASE(
   CHECK(c->breaker_state() == State::paused);
   CHECK(calls == 0);
 
-  CommandRun resumed = retryloop_command({"service", "resume", "-t", file.path, service.name});
+  CommandRun resumed = test::run_retryloop({"service", "resume", "-t", file.path, service.name});
   INFO(resumed.out << resumed.err);
   REQUIRE(resumed.exit_code == 0);
   REQUIRE(loop.run_until([&] { return c->metrics().acked == messages; }, 15s));
   CHECK(calls == int(messages));
-  CommandRun status = retryloop_command({"service", "status", "-t", file.path, service.name});
+  CommandRun status = test::run_retryloop({"service", "status", "-t", file.path, service.name});
   CHECK_THAT(status.out, Catch::Contains(": closed"));
   stop(loop, c);
   broker.remove(service);
@@ -769,7 +752,7 @@ TEST_CASE(
   }
   REQUIRE(loop.run_until([&] { return instances.all_shared(); }, 10s));
 
-  CommandRun resumed = retryloop_command({"service", "resume", "-t", file.path, service.name});
+  CommandRun resumed = test::run_retryloop({"service", "resume", "-t", file.path, service.name});
   INFO(resumed.out << resumed.err);
   CHECK(resumed.exit_code == 0);
   CHECK_THAT(resumed.out, Catch::Contains("is not paused"));
@@ -780,7 +763,7 @@ TEST_CASE(
   for (const auto& events : instances.events)
     CHECK(events.empty());  // never open, never probing
   CommandRun status =
-      retryloop_command({"service", "status", "-t", file.path, service.name, "--json"});
+      test::run_retryloop({"service", "status", "-t", file.path, service.name, "--json"});
   INFO(status.out << status.err);
   REQUIRE(status.exit_code == 0);
   const auto json = nlohmann::json::parse(status.out);

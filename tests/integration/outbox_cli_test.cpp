@@ -20,17 +20,11 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct Run {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-Run outbox_command(const std::vector<std::string>& args) {
+test::CommandRun outbox_command(const std::vector<std::string>& args) {
   std::vector<std::string> argv{test::built_program("retryloop"), "outbox"};
   argv.insert(argv.end(), args.begin(), args.end());
   test::ChildProcess child(argv, {"RETRYLOOP_DB="});
-  Run run;
+  test::CommandRun run;
   run.exit_code = child.wait();
   run.out = child.out();
   run.err = child.err();

@@ -255,7 +255,7 @@ struct Service {
 };
 
 /// What the consumer under test did.
-struct Run {
+struct ConsumerRun {
   std::map<std::string, std::vector<int64_t>> attempts;  ///< attempts seen, by message id
   bool ready = false;
   bool stopped = false;
@@ -265,7 +265,7 @@ struct Run {
 /// Starts a consumer as the user of `url`: "once" fails once then succeeds, "after" the same
 /// with Outcome::retry_after (50 ms), "park" is parked at once.
 std::shared_ptr<Consumer> start_consumer(TestLoop& loop, const topology::Service& service,
-                                         const std::string& url, bool declare, Run& run) {
+                                         const std::string& url, bool declare, ConsumerRun& run) {
   consumer::ConsumerOptions options;
   options.service = service;
   options.connection.uri = client::parse_uri(url);
@@ -290,7 +290,7 @@ std::shared_ptr<Consumer> start_consumer(TestLoop& loop, const topology::Service
   return c;
 }
 
-void stop(TestLoop& loop, const std::shared_ptr<Consumer>& c, Run& run) {
+void stop_cleanly(TestLoop& loop, const std::shared_ptr<Consumer>& c, ConsumerRun& run) {
   c->stop(5s);
   REQUIRE(loop.run_until([&] { return run.stopped; }));
   CHECK_FALSE(run.fatal);
@@ -298,8 +298,8 @@ void stop(TestLoop& loop, const std::shared_ptr<Consumer>& c, Run& run) {
 
 /// Runs the consumer until it stops by itself, and returns its fatal error.
 Error fatal_error(TestLoop& loop, const topology::Service& service, const std::string& url,
-                  bool declare, const std::function<void(Run&)>& meanwhile = {}) {
-  Run run;
+                  bool declare, const std::function<void(ConsumerRun&)>& meanwhile = {}) {
+  ConsumerRun run;
   auto c = start_consumer(loop, service, url, declare, run);
   if (meanwhile) meanwhile(run);
   REQUIRE(loop.run_until([&] { return run.stopped; }, 10s));
@@ -361,7 +361,7 @@ TEST_CASE("A 403 names the permission the refused method needs, unless the broke
 
 /// Runs a consumer as the user of `url` until it has retried "once" and parked "park".
 static void consume_and_park(TestLoop& loop, Service& s, const std::string& url, bool declare) {
-  Run run;
+  ConsumerRun run;
   auto c = start_consumer(loop, s.service, url, declare, run);
   REQUIRE(loop.run_until([&] { return run.ready || run.stopped; }));
   INFO(run.fatal.message());
@@ -370,7 +370,7 @@ static void consume_and_park(TestLoop& loop, Service& s, const std::string& url,
   s.publish(s.service.input.exchange, "key", "park");
   REQUIRE(loop.run_until(
       [&] { return c->metrics().acked == 1 && c->metrics().parked_permanent == 1; }, 10s));
-  stop(loop, c, run);
+  stop_cleanly(loop, c, run);
   CHECK(run.attempts["once"] == std::vector<int64_t>{1, 2});
   CHECK(run.attempts["park"] == std::vector<int64_t>{1});
   CHECK(s.drain(s.parking()) == std::vector<std::string>{"park"});
@@ -438,7 +438,7 @@ TEST_CASE(
 
     // Without write on the parking exchange the parking copy is refused: the consumer stops
     // and the message is back in its queue.
-    Error fatal = fatal_error(loop, s->service, users.url(user++), false, [&](Run& run) {
+    Error fatal = fatal_error(loop, s->service, users.url(user++), false, [&](ConsumerRun& run) {
       REQUIRE(loop.run_until([&] { return run.ready || run.stopped; }));
       s->publish(s->service.input.exchange, "key", "park-again");
     });
@@ -622,20 +622,20 @@ TEST_CASE(
   size_t user = 0;
   for (Service* s : {&declaring, &fixed}) {
     INFO((s == &declaring ? "declaring" : "not declaring"));
-    Run run;
+    ConsumerRun run;
     auto c = start_consumer(loop, s->service, users.url(user++), s == &declaring, run);
     REQUIRE(loop.run_until([&] { return run.ready || run.stopped; }));
     INFO(run.fatal.message());
     REQUIRE(run.ready);
     s->publish(s->service.input.exchange, "key", "after");
     REQUIRE(loop.run_until([&] { return c->metrics().acked == 1 || run.stopped; }, 10s));
-    stop(loop, c, run);
+    stop_cleanly(loop, c, run);
     CHECK(run.attempts["after"] == std::vector<int64_t>{1, 2});
   }
 
   // Without write on the levels the retry's copy is refused: 50 ms is 6 units of 9 ms, so the
   // copy goes to level 2, the highest bit.
-  Error fatal = fatal_error(loop, fixed.service, users.url(user), false, [&](Run& run) {
+  Error fatal = fatal_error(loop, fixed.service, users.url(user), false, [&](ConsumerRun& run) {
     REQUIRE(loop.run_until([&] { return run.ready || run.stopped; }));
     fixed.publish(fixed.service.input.exchange, "key", "after-refused");
   });

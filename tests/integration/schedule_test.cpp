@@ -33,33 +33,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-Run retryloop_command(const std::vector<std::string>& args, const std::string& input = {}) {
-  std::vector<std::string> argv{test::built_program("retryloop")};
-  argv.insert(argv.end(), args.begin(), args.end());
-  std::vector<std::string> env{"RETRYLOOP_URL=" + test::broker_url(), "RETRYLOOP_TOPOLOGY="};
-  std::string stdin_file;
-  if (!input.empty()) {
-    stdin_file = (fs::temp_directory_path() / (test::unique_name("stdin") + ".txt")).string();
-    std::ofstream(stdin_file) << input;
-    argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" < " + stdin_file};
-    argv.insert(argv.end(), {test::built_program("retryloop")});
-    argv.insert(argv.end(), args.begin(), args.end());
-  }
-  test::ChildProcess child(argv, env);
-  Run run;
-  run.exit_code = child.wait(60000);
-  run.out = child.out();
-  run.err = child.err();
-  if (!stdin_file.empty()) fs::remove(stdin_file);
-  return run;
-}
-
 /// A topology file with only a schedule: `base`, `max`, `type`, for `queues`.
 struct ScheduleFile {
   std::string path;
@@ -113,8 +86,8 @@ struct Arrivals {
   }
 };
 
-void apply(test::TestLoop& loop, const std::shared_ptr<client::Connection>& connection,
-           const topology::Topology& t) {
+void apply_topology(test::TestLoop& loop, const std::shared_ptr<client::Connection>& connection,
+                    const topology::Topology& t) {
   bool done = false;
   topology::Report report;
   REQUIRE_FALSE(topology::apply(connection, topology::make_plan(t), [&](const topology::Report& r) {
@@ -150,18 +123,18 @@ TEST_CASE(
   test::TestLoop loop;
   test::QueueUnderTest target(loop, "sched.send");
   ScheduleFile file("500ms", "1h", type, {target.queue});
-  apply(loop, target.connection, file.topology);
+  apply_topology(loop, target.connection, file.topology);
   Arrivals arrivals(loop, *target.connection, target.queue);
 
   const int64_t asked_at = schedule::now_ms();
   // Below half the base, between levels, and at a time.
-  auto delayed = retryloop_command({"send", "-t", file.path, "--queue", target.queue, "--delay",
-                                    "200ms", "--message-id", "short", "--json", "--header",
-                                    "tenant=acme", "--content-type", "text/plain", "hello"});
+  auto delayed = test::run_retryloop({"send", "-t", file.path, "--queue", target.queue, "--delay",
+                                      "200ms", "--message-id", "short", "--json", "--header",
+                                      "tenant=acme", "--content-type", "text/plain", "hello"});
   INFO(delayed.err);
   REQUIRE(delayed.exit_code == 0);
-  auto between = retryloop_command({"send", "-t", file.path, "--queue", target.queue, "--delay",
-                                    "2300ms", "--message-id", "between", "--json", "body-2"});
+  auto between = test::run_retryloop({"send", "-t", file.path, "--queue", target.queue, "--delay",
+                                      "2300ms", "--message-id", "between", "--json", "body-2"});
   REQUIRE(between.exit_code == 0);
   const int64_t at = schedule::now_ms() + 1700;
   char at_text[64];
@@ -170,14 +143,14 @@ TEST_CASE(
   gmtime_r(&at_seconds, &tm);
   std::snprintf(at_text, sizeof at_text, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, int(at % 1000));
-  auto timed = retryloop_command({"send", "-t", file.path, "--queue", target.queue, "--at", at_text,
-                                  "--message-id", "timed", "--json", "body-3"});
+  auto timed = test::run_retryloop({"send", "-t", file.path, "--queue", target.queue, "--at",
+                                    at_text, "--message-id", "timed", "--json", "body-3"});
   INFO(timed.err);
   REQUIRE(timed.exit_code == 0);
   // Bulk: one message a line, numbered ids.
-  auto bulk = retryloop_command({"send", "-t", file.path, "--queue", target.queue, "--delay", "1s",
-                                 "--lines", "--message-id", "bulk", "--json", "-"},
-                                "a\nb\n\nc\n");
+  auto bulk = test::run_retryloop({"send", "-t", file.path, "--queue", target.queue, "--delay",
+                                   "1s", "--lines", "--message-id", "bulk", "--json", "-"},
+                                  60000, {}, "a\nb\n\nc\n");
   INFO(bulk.err);
   REQUIRE(bulk.exit_code == 0);
   CHECK_THAT(bulk.err, Catch::Contains("3 of 3 scheduled"));
@@ -216,16 +189,16 @@ TEST_CASE(
   // Refused before anything is published: a queue the file does not name, a delay the levels
   // cannot wait, neither --delay nor --at.
   auto unknown =
-      retryloop_command({"send", "-t", file.path, "--queue", "elsewhere", "--delay", "1s", "x"});
+      test::run_retryloop({"send", "-t", file.path, "--queue", "elsewhere", "--delay", "1s", "x"});
   CHECK(unknown.exit_code == 1);
   CHECK_THAT(unknown.err, Catch::Contains("does not receive scheduled messages"));
   auto too_long =
-      retryloop_command({"send", "-t", file.path, "--queue", target.queue, "--delay", "2h", "x"});
+      test::run_retryloop({"send", "-t", file.path, "--queue", target.queue, "--delay", "2h", "x"});
   CHECK(too_long.exit_code == 1);
   CHECK_THAT(too_long.err, Catch::Contains("would arrive early"));
-  auto neither = retryloop_command({"send", "-t", file.path, "--queue", target.queue, "x"});
+  auto neither = test::run_retryloop({"send", "-t", file.path, "--queue", target.queue, "x"});
   CHECK(neither.exit_code == 1);
-  auto bad_time = retryloop_command(
+  auto bad_time = test::run_retryloop(
       {"send", "-t", file.path, "--queue", target.queue, "--at", "tomorrow", "x"});
   CHECK(bad_time.exit_code == 1);
   CHECK_THAT(bad_time.err, Catch::Contains("is not a time"));
@@ -240,7 +213,7 @@ TEST_CASE(
   const std::string gone = test::unique_name("sched.gone");
   test::declare_queue(loop, *target.channel, gone);
   ScheduleFile file("250ms", "10m", "classic", {target.queue, gone});
-  apply(loop, target.connection, file.topology);
+  apply_topology(loop, target.connection, file.topology);
   auto channel = test::open_channel(loop, *target.connection);
   REQUIRE_FALSE(test::wait(loop, [&](auto cb) { return channel->confirm_select(cb); }));
   schedule::Scheduler scheduler(*channel, file.schedule());
@@ -297,21 +270,21 @@ TEST_CASE(
   CHECK(returned->publish.status == client::PublishStatus::returned);
   // Once the queue is back, `schedule redeliver` sends it its kept message, and only that.
   test::declare_queue(loop, *target.channel, gone);
-  auto counted = retryloop_command({"schedule", "redeliver", "-t", file.path, "--dry-run"});
+  auto counted = test::run_retryloop({"schedule", "redeliver", "-t", file.path, "--dry-run"});
   INFO(counted.err);
   CHECK(counted.exit_code == 0);
   CHECK_THAT(counted.out, Catch::Contains(gone + ": 1 would be redelivered"));
   CHECK_THAT(counted.out, Catch::Contains(target.queue + ": 0 would be redelivered"));
-  auto redelivered = retryloop_command({"schedule", "redeliver", "-t", file.path, "--queue", gone});
+  auto redelivered =
+      test::run_retryloop({"schedule", "redeliver", "-t", file.path, "--queue", gone});
   INFO(redelivered.err);
   CHECK(redelivered.exit_code == 0);
   CHECK(redelivered.out == gone + ": 1 redelivered from " + unrouted + "\n");
   auto kept = test::drain_queue(loop, *target.connection, gone);
   REQUIRE(kept.size() == 1);
   CHECK(kept[0].message.body == "late");
-  CHECK(
-      retryloop_command({"schedule", "redeliver", "-t", file.path, "--queue", "nope"}).exit_code ==
-      1);
+  CHECK(test::run_retryloop({"schedule", "redeliver", "-t", file.path, "--queue", "nope"})
+            .exit_code == 1);
   REQUIRE_FALSE(test::wait(loop, [&](auto cb) {
     return target.channel->queue_delete(gone, false, false,
                                         [cb](const client::Error& e, uint32_t) { cb(e); });
@@ -336,7 +309,7 @@ TEST_CASE(
   broker.apply(mail);
   broker.apply(sms);
   ScheduleFile file("500ms", "1h", "classic", {mail.name, sms.name});
-  apply(loop, broker.connection, file.topology);
+  apply_topology(loop, broker.connection, file.topology);
   std::vector<std::shared_ptr<inbox::Inbox>> inboxes;
   std::vector<std::shared_ptr<consumer::Consumer>> consumers;
   test::Recorder mailed, texted;
@@ -354,22 +327,22 @@ TEST_CASE(
                         })));
   }
   for (const auto* service : {&mail, &sms}) {
-    auto sent = retryloop_command({"send", "-t", file.path, "--queue", service->name, "--delay",
-                                   "2s", "--message-id", "reminder", service->name});
+    auto sent = test::run_retryloop({"send", "-t", file.path, "--queue", service->name, "--delay",
+                                     "2s", "--message-id", "reminder", service->name});
     REQUIRE(sent.exit_code == 0);
   }
   // Two queues: a cancel that names none is refused, naming them.
-  auto unnamed =
-      retryloop_command({"schedule", "cancel", "-t", file.path, "--db", database.url, "reminder"});
+  auto unnamed = test::run_retryloop(
+      {"schedule", "cancel", "-t", file.path, "--db", database.url, "reminder"});
   CHECK(unnamed.exit_code == 1);
   CHECK_THAT(unnamed.err,
              Catch::Contains("--queue") && Catch::Contains(mail.name + ", " + sms.name));
-  auto unknown = retryloop_command({"schedule", "cancel", "-t", file.path, "--db", database.url,
-                                    "--queue", "elsewhere", "reminder"});
+  auto unknown = test::run_retryloop({"schedule", "cancel", "-t", file.path, "--db", database.url,
+                                      "--queue", "elsewhere", "reminder"});
   CHECK(unknown.exit_code == 1);
   CHECK_THAT(unknown.err, Catch::Contains("--queue elsewhere"));
-  auto cancelled = retryloop_command({"schedule", "cancel", "-t", file.path, "--db", database.url,
-                                      "--queue", mail.name, "reminder"});
+  auto cancelled = test::run_retryloop({"schedule", "cancel", "-t", file.path, "--db", database.url,
+                                        "--queue", mail.name, "reminder"});
   INFO(cancelled.err);
   CHECK(cancelled.exit_code == 0);
   CHECK(cancelled.out == "reminder: cancelled\n");
@@ -381,8 +354,8 @@ TEST_CASE(
   CHECK(inboxes[0]->stats().cancelled == 1);
   CHECK(inboxes[1]->stats().cancelled == 0);
   // Too late in the other queue, where the message came.
-  auto late = retryloop_command({"schedule", "cancel", "-t", file.path, "--db", database.url,
-                                 "--queue", sms.name, "reminder"});
+  auto late = test::run_retryloop({"schedule", "cancel", "-t", file.path, "--db", database.url,
+                                   "--queue", sms.name, "reminder"});
   CHECK(late.exit_code == 3);
   CHECK_THAT(late.out, Catch::Contains("consumer " + sms.name + " received it already"));
   for (auto& consumer : consumers)
@@ -394,12 +367,12 @@ TEST_CASE(
 TEST_CASE(
     "retryloop send reports the messages awaiting their confirms when the broker closes the "
     "channel as unknown, with exit 4, not as refused: those before the one it refused are held",
-    "[schedule][integration]") {
+    "[schedule][integration][broker-wide]") {
   test::TestLoop loop;
   test::QueueUnderTest target(loop, "sched.closed");
   // A base of its own, so that no other test's messages are counted.
   ScheduleFile file("1190ms", "1h", "classic", {target.queue});
-  apply(loop, target.connection, file.topology);
+  apply_topology(loop, target.connection, file.topology);
   // 1024 units of the base: the messages wait in level 10 alone.
   const auto delay = std::chrono::milliseconds(1190 * 1024);
   const std::string level =
@@ -408,7 +381,8 @@ TEST_CASE(
   REQUIRE(level ==
           topology::delay_level_name(topology::schedule_target(file.schedule(), target.queue), 10));
 
-  // The broker's limit, lowered for this test (RabbitMQ 4 keeps the 16 MiB it started with).
+  // The broker's limit, lowered for this test (RabbitMQ 4 keeps the 16 MiB it started with): for
+  // every client, so the test runs alone ([broker-wide]).
   REQUIRE(test::broker_ctl("eval 'application:set_env(rabbit, max_message_size, 1048576).'") == 0);
   // The level queue, suspended, takes what is routed to it but confirms nothing: the 20 messages
   // before the one over the limit await their confirms when the broker closes the channel for it.
@@ -438,9 +412,10 @@ TEST_CASE(
     for (int k = 22; k <= 26; ++k)
       lines << "small " << k << "\n";
   }
-  Run run = retryloop_command({"send", "-t", file.path, "--queue", target.queue, "--delay",
-                               std::to_string(delay.count()) + "ms", "--message-id", "closed",
-                               "--lines", "--file", input, "--window", "23"});
+  test::CommandRun run =
+      test::run_retryloop({"send", "-t", file.path, "--queue", target.queue, "--delay",
+                           std::to_string(delay.count()) + "ms", "--message-id", "closed",
+                           "--lines", "--file", input, "--window", "23"});
   fs::remove(input);
   INFO(run.err);
   CHECK(run.exit_code == 4);
@@ -491,12 +466,12 @@ TEST_CASE(
   test::QueueUnderTest target(loop, "sched.stats");
   // A base of its own, so that no other test's messages are counted.
   ScheduleFile file("1130ms", "1h", "classic", {target.queue});
-  apply(loop, target.connection, file.topology);
-  auto sent = retryloop_command({"send", "-t", file.path, "--queue", target.queue, "--delay", "30m",
-                                 "--message-id", "far", "--json", "far"});
+  apply_topology(loop, target.connection, file.topology);
+  auto sent = test::run_retryloop({"send", "-t", file.path, "--queue", target.queue, "--delay",
+                                   "30m", "--message-id", "far", "--json", "far"});
   REQUIRE(sent.exit_code == 0);
   const int64_t due = json_lines(sent.out)["far"]["due_at_ms"].get<int64_t>();
-  auto stats = retryloop_command({"schedule", "stats", "-t", file.path, "--json"});
+  auto stats = test::run_retryloop({"schedule", "stats", "-t", file.path, "--json"});
   INFO(stats.err);
   REQUIRE(stats.exit_code == 0);
   auto j = nlohmann::json::parse(stats.out);
@@ -514,7 +489,7 @@ TEST_CASE(
   CHECK(j["levels"][10]["head_due_at"] == j["earliest_head_due_at"]);
   CHECK(j["earliest_head_due_at_ms"] == due);
   // The peek handed it back where it was.
-  auto again = retryloop_command({"schedule", "stats", "-t", file.path});
+  auto again = test::run_retryloop({"schedule", "stats", "-t", file.path});
   CHECK(again.exit_code == 0);
   CHECK_THAT(again.out, Catch::Contains("1 message waiting"));
   CHECK_THAT(again.out, !Catch::Contains("not read"));
@@ -530,14 +505,14 @@ TEST_CASE(
   test::TestLoop loop;
   test::QueueUnderTest target(loop, "sched.stats.quorum");
   ScheduleFile file("1130ms", "1h", "quorum", {target.queue});
-  apply(loop, target.connection, file.topology);
-  auto sent = retryloop_command({"send", "-t", file.path, "--queue", target.queue, "--delay", "30m",
-                                 "--message-id", "far", "--json", "far"});
+  apply_topology(loop, target.connection, file.topology);
+  auto sent = test::run_retryloop({"send", "-t", file.path, "--queue", target.queue, "--delay",
+                                   "30m", "--message-id", "far", "--json", "far"});
   REQUIRE(sent.exit_code == 0);
   // A monitor that runs it every minute does this in under half an hour; RabbitMQ 4.x's default
   // delivery limit of a quorum queue is 20.
   for (int run = 1; run <= 25; ++run) {
-    auto stats = retryloop_command({"schedule", "stats", "-t", file.path, "--json"});
+    auto stats = test::run_retryloop({"schedule", "stats", "-t", file.path, "--json"});
     INFO("run " << run << ": " << stats.err);
     REQUIRE(stats.exit_code == 0);
     if (run == 25) {
@@ -554,7 +529,7 @@ TEST_CASE(
       }
     }
   }
-  auto text = retryloop_command({"schedule", "stats", "-t", file.path});
+  auto text = test::run_retryloop({"schedule", "stats", "-t", file.path});
   CHECK_THAT(text.out, Catch::Contains("head due: not read, as the levels are quorum queues"));
   const std::string level =
       topology::delay_level_name(topology::schedule_target(file.schedule(), target.queue), 10);
@@ -581,7 +556,7 @@ TEST_CASE("An outbox row due later reaches its queue through the delay levels, n
   test::TestLoop loop;
   test::QueueUnderTest target(loop, "sched.outbox");
   ScheduleFile file("500ms", "1h", "classic", {target.queue});
-  apply(loop, target.connection, file.topology);
+  apply_topology(loop, target.connection, file.topology);
   Arrivals arrivals(loop, *target.connection, target.queue);
   auto db = database.open();
   int64_t due = 0;
@@ -648,7 +623,7 @@ TEST_CASE(
                                           R"("delays": ["1s"], "max_attempts": 3)");
   broker.apply(service);
   ScheduleFile file("500ms", "1h", "classic", {service.name});
-  apply(loop, broker.connection, file.topology);
+  apply_topology(loop, broker.connection, file.topology);
   inbox::InboxOptions inbox_options;
   inbox_options.database = database.url;
   inbox_options.consumer = "mailer";
@@ -660,12 +635,12 @@ TEST_CASE(
                                 return consumer::Outcome::ack();
                               }));
   for (const char* id : {"keep", "cancel"}) {
-    auto sent = retryloop_command({"send", "-t", file.path, "--queue", service.name, "--delay",
-                                   "2s", "--message-id", id, id});
+    auto sent = test::run_retryloop({"send", "-t", file.path, "--queue", service.name, "--delay",
+                                     "2s", "--message-id", id, id});
     REQUIRE(sent.exit_code == 0);
   }
   auto cancelled =
-      retryloop_command({"schedule", "cancel", "-t", file.path, "--db", database.url, "cancel"});
+      test::run_retryloop({"schedule", "cancel", "-t", file.path, "--db", database.url, "cancel"});
   INFO(cancelled.err);
   CHECK(cancelled.exit_code == 0);
   CHECK(cancelled.out == "cancel: cancelled\n");
@@ -677,7 +652,7 @@ TEST_CASE(
   CHECK(consumer->metrics().dropped == 1);
   // Too late for a message that arrived already: it says so.
   auto late =
-      retryloop_command({"schedule", "cancel", "-t", file.path, "--db", database.url, "keep"});
+      test::run_retryloop({"schedule", "cancel", "-t", file.path, "--db", database.url, "keep"});
   CHECK(late.exit_code == 3);
   CHECK_THAT(late.out, Catch::Contains("consumer mailer received it already"));
   test::stop(loop, consumer);

@@ -13,6 +13,7 @@
 
 using namespace retryloop;
 using namespace retryloop::client;
+using retryloop::test::contains;
 using retryloop::test::TestLoop;
 
 namespace {
@@ -34,7 +35,7 @@ std::string test_ca_file() {
 }
 
 /// Percent-encodes a URI query value.
-std::string encoded(const std::string& text) {
+std::string percent_encoded(const std::string& text) {
   static const char* hex = "0123456789ABCDEF";
   std::string out;
   for (unsigned char c : text) {
@@ -78,7 +79,7 @@ ConnectionOptions amqps(const std::string& host, const std::string& query = "") 
 
 /// amqps to localhost, verified with the test CA given in the URI.
 ConnectionOptions verified_amqps(const std::string& extra_query = "") {
-  return amqps("localhost", "cacertfile=" + encoded(test_ca_file()) +
+  return amqps("localhost", "cacertfile=" + percent_encoded(test_ca_file()) +
                                 (extra_query.empty() ? "" : "&" + extra_query));
 }
 
@@ -121,10 +122,6 @@ Error connect_error(TestLoop& loop, ConnectionOptions options) {
   Error error = test::try_connect(loop, std::move(options), connection);
   if (!error) test::close(loop, connection);
   return error;
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
 }
 
 /// Connects, declares a queue, publishes one message with a confirm and gets it back.
@@ -217,13 +214,13 @@ TEST_CASE("The TLS options of ConnectionOptions work like the URI's and take pre
     round_trip(loop, options);
   }
   SECTION("a server name, for SNI and the check, when connecting by address") {
-    ConnectionOptions options = amqps("127.0.0.1", "cacertfile=" + encoded(test_ca_file()));
+    ConnectionOptions options = amqps("127.0.0.1", "cacertfile=" + percent_encoded(test_ca_file()));
     options.tls.server_name = "localhost";
     round_trip(loop, options);
   }
   SECTION("the option's CA file replaces the URI's") {
     OtherCa other;
-    ConnectionOptions options = amqps("localhost", "cacertfile=" + encoded(other.file()));
+    ConnectionOptions options = amqps("localhost", "cacertfile=" + percent_encoded(other.file()));
     options.tls.ca_file = test_ca_file();
     round_trip(loop, options);
   }
@@ -237,7 +234,7 @@ TEST_CASE("A broker certificate from a CA that is not trusted is refused with tl
   std::string hint;
   SECTION("a CA file of another CA") {
     OtherCa other;
-    options = amqps("localhost", "cacertfile=" + encoded(other.file()));
+    options = amqps("localhost", "cacertfile=" + percent_encoded(other.file()));
     Error error = connect_error(loop, options);
     INFO(error.message());
     CHECK(error.code == make_error_code(ClientError::tls_failed));
@@ -450,13 +447,14 @@ TEST_CASE(
   TestLoop loop;
   SECTION("certfile and keyfile in the URI") {
     round_trip(loop, amqps_without_client_certificate(
-                         "localhost", "cacertfile=" + encoded(test_ca_file()) +
-                                          "&certfile=" + encoded(client_cert_file()) +
-                                          "&keyfile=" + encoded(client_key_file())));
+                         "localhost", "cacertfile=" + percent_encoded(test_ca_file()) +
+                                          "&certfile=" + percent_encoded(client_cert_file()) +
+                                          "&keyfile=" + percent_encoded(client_key_file())));
   }
   SECTION("no client certificate") {
-    Error error = connect_error(loop, amqps_without_client_certificate(
-                                          "localhost", "cacertfile=" + encoded(test_ca_file())));
+    Error error =
+        connect_error(loop, amqps_without_client_certificate(
+                                "localhost", "cacertfile=" + percent_encoded(test_ca_file())));
     INFO(error.message());
     CHECK(error);
     CHECK_FALSE(error.code == make_error_code(ClientError::connect_failed));
@@ -467,8 +465,8 @@ TEST_CASE(
   }
   SECTION("a certificate of another CA") {
     OtherCa other;
-    ConnectionOptions options =
-        amqps_without_client_certificate("localhost", "cacertfile=" + encoded(test_ca_file()));
+    ConnectionOptions options = amqps_without_client_certificate(
+        "localhost", "cacertfile=" + percent_encoded(test_ca_file()));
     options.tls.cert_file = other.client_cert();
     options.tls.key_file = other.client_key();
     Error error = connect_error(loop, options);

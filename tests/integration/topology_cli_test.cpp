@@ -15,8 +15,11 @@
 
 #include "retryloop/client/connection.hpp"
 #include "support/harness.hpp"
+#include "support/process.hpp"
 
 using namespace retryloop;
+using test::CommandRun;
+using test::contains;
 namespace fs = std::filesystem;
 
 namespace {
@@ -33,12 +36,6 @@ std::string cli_path() {
   return candidate.string();
 }
 
-struct Run {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
 std::string slurp(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream buffer;
@@ -51,8 +48,8 @@ enum class Output { captured, full_device, closed_pipe };
 
 /// Runs the binary with `args`; `url` (when not empty) becomes RETRYLOOP_URL, otherwise the
 /// variable is removed from the environment.
-Run run_cli(const std::vector<std::string>& args, const std::string& url = {},
-            Output output = Output::captured) {
+CommandRun run_cli(const std::vector<std::string>& args, const std::string& url = {},
+                   Output output = Output::captured) {
   static int counter = 0;
   std::string stem = "retryloop-cli-" + std::to_string(getpid()) + "-" + std::to_string(++counter);
   fs::path out_path = fs::temp_directory_path() / (stem + ".out");
@@ -97,7 +94,7 @@ Run run_cli(const std::vector<std::string>& args, const std::string& url = {},
   if (pipe_ends[1] >= 0) close(pipe_ends[1]);
   int status = 0;
   REQUIRE(waitpid(pid, &status, 0) == pid);
-  Run run;
+  CommandRun run;
   run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   run.out = slurp(out_path);
   run.err = slurp(err_path);
@@ -127,35 +124,31 @@ class TempTopology {
   fs::path path_;
 };
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 }  // namespace
 
 TEST_CASE("retryloop exits 2 for an invalid topology file and names the field path on stderr",
           "[cli][integration]") {
-  Run run = run_cli({"topology", "plan", data_file("invalid/delay_not_duration.json")});
+  CommandRun run = run_cli({"topology", "plan", data_file("invalid/delay_not_duration.json")});
   INFO(run.err);
   CHECK(run.exit_code == 2);
   CHECK(contains(run.err, "services[0].retry.delays[0]"));
   CHECK(contains(run.err, "\"3x\" is not a duration"));
   CHECK(run.out.empty());
 
-  Run apply = run_cli({"topology", "apply", data_file("invalid/several_errors.json"), "--url",
-                       "amqp://guest:guest@127.0.0.1:1/"});
+  CommandRun apply = run_cli({"topology", "apply", data_file("invalid/several_errors.json"),
+                              "--url", "amqp://guest:guest@127.0.0.1:1/"});
   CHECK(apply.exit_code == 2);  // the file is checked before any connection is tried
   CHECK(contains(apply.err, "services[1].retry.max_attempts"));
   CHECK(contains(apply.err, "services[2].name"));
 
-  Run missing = run_cli({"topology", "verify", data_file("no-such-file.json")});
+  CommandRun missing = run_cli({"topology", "verify", data_file("no-such-file.json")});
   CHECK(missing.exit_code == 2);
   CHECK(contains(missing.err, "cannot read the file"));
 }
 
 TEST_CASE("retryloop exits 1 for a usage error", "[cli][integration]") {
   std::string file = data_file("valid/minimal.json");
-  Run unknown = run_cli({"topology", "verify", "--bogus", file});
+  CommandRun unknown = run_cli({"topology", "verify", "--bogus", file});
   INFO(unknown.err);
   CHECK(unknown.exit_code == 1);
   CHECK(contains(unknown.err, "--bogus"));
@@ -163,10 +156,10 @@ TEST_CASE("retryloop exits 1 for a usage error", "[cli][integration]") {
   CHECK(run_cli({}).exit_code == 1);
   CHECK(run_cli({"topology"}).exit_code == 1);
   CHECK(run_cli({"topology", "frobnicate", file}).exit_code == 1);
-  Run bad_url = run_cli({"topology", "verify", file, "--url", "http://example"});
+  CommandRun bad_url = run_cli({"topology", "verify", file, "--url", "http://example"});
   CHECK(bad_url.exit_code == 1);
   CHECK(contains(bad_url.err, "invalid broker URL"));
-  Run unknown_service = run_cli({"topology", "plan", file, "--service", "nope"});
+  CommandRun unknown_service = run_cli({"topology", "plan", file, "--service", "nope"});
   CHECK(unknown_service.exit_code == 1);
   CHECK(contains(unknown_service.err, "no service named \"nope\""));
 }
@@ -174,13 +167,13 @@ TEST_CASE("retryloop exits 1 for a usage error", "[cli][integration]") {
 TEST_CASE("retryloop --help exits 0 and documents the exit codes", "[cli][integration]") {
   for (auto args : std::vector<std::vector<std::string>>{
            {"--help"}, {"topology", "--help"}, {"topology", "apply", "--help"}}) {
-    Run run = run_cli(args);
+    CommandRun run = run_cli(args);
     INFO(run.out);
     CHECK(run.exit_code == 0);
     CHECK(contains(run.out, "Exit codes:"));
     CHECK(contains(run.out, "4  cannot connect"));
   }
-  Run apply_help = run_cli({"topology", "apply", "--help"});
+  CommandRun apply_help = run_cli({"topology", "apply", "--help"});
   CHECK(contains(apply_help.out, "RETRYLOOP_URL"));
   CHECK_FALSE(contains(apply_help.out, "guest:guest"));
 }
@@ -202,29 +195,31 @@ TEST_CASE("The README and the topology guide document every exit code", "[cli]")
 TEST_CASE("retryloop exits 4 when the broker is unreachable and never shows the password",
           "[cli][integration]") {
   std::string file = data_file("valid/minimal.json");
-  Run flag = run_cli({"topology", "apply", file, "--url", "amqp://alice:s3cret@127.0.0.1:1/"});
+  CommandRun flag =
+      run_cli({"topology", "apply", file, "--url", "amqp://alice:s3cret@127.0.0.1:1/"});
   INFO(flag.err);
   CHECK(flag.exit_code == 4);
   CHECK(contains(flag.err, "cannot connect to amqp://alice:***@127.0.0.1:1/"));
   CHECK_FALSE(contains(flag.out + flag.err, "s3cret"));
 
-  Run env = run_cli({"topology", "verify", file}, "amqp://alice:s3cret@127.0.0.1:1/");
+  CommandRun env = run_cli({"topology", "verify", file}, "amqp://alice:s3cret@127.0.0.1:1/");
   CHECK(env.exit_code == 4);
   CHECK_FALSE(contains(env.out + env.err, "s3cret"));
   // verify shows the breaker each service's consumers will use before it connects.
   CHECK(contains(env.out, "  orders breaker: opens after 5 unavailable in a row"));
 
   // --url wins over RETRYLOOP_URL, both ways round.
-  Run url_wins = run_cli({"topology", "verify", file, "--url", "amqp://alice:s3cret@127.0.0.1:1/"},
-                         test::broker_url());
+  CommandRun url_wins =
+      run_cli({"topology", "verify", file, "--url", "amqp://alice:s3cret@127.0.0.1:1/"},
+              test::broker_url());
   CHECK(url_wins.exit_code == 4);
-  Run url_wins_too =
+  CommandRun url_wins_too =
       run_cli({"topology", "verify", file, "--url", test::broker_url()}, "amqp://a:b@127.0.0.1:1/");
   INFO(url_wins_too.out << url_wins_too.err);
   CHECK(url_wins_too.exit_code == 3);  // connected; minimal.json is not applied: missing objects
   CHECK(contains(url_wins_too.out, "missing"));
 
-  Run wrong_password =
+  CommandRun wrong_password =
       run_cli({"topology", "verify", file, "--url",
                "amqp://guest:wrong-s3cret@" + client::parse_uri(test::broker_url()).host + ":" +
                    std::to_string(client::parse_uri(test::broker_url()).port) + "/"});
@@ -257,7 +252,7 @@ TEST_CASE("A password never appears in a usage error, however the URL is malform
       {{"topology", "plan", file, "--jsn", "amqp://alice:abcd@h/", "x"}, "amqp://alice:***@h/"},
   };
   for (const auto& c : cases) {
-    Run run = run_cli(c.args);
+    CommandRun run = run_cli(c.args);
     INFO(c.args.back() << "\n" << run.out << run.err);
     CHECK(run.exit_code == 1);
     CHECK(contains(run.err, c.shown));
@@ -268,14 +263,15 @@ TEST_CASE("A password never appears in a usage error, however the URL is malform
     CHECK_FALSE(contains(run.out + run.err, "'cd"));
   }
   // A value that is not from the password is still shown.
-  Run port = run_cli({"topology", "verify", file, "--url", "amqp://alice:abcd@127.0.0.1:99999/"});
+  CommandRun port =
+      run_cli({"topology", "verify", file, "--url", "amqp://alice:abcd@127.0.0.1:99999/"});
   CHECK(contains(port.err, "not '99999'"));
 }
 
 TEST_CASE("plan and export need no broker and print what apply would declare",
           "[cli][integration]") {
   std::string file = data_file("valid/all_features.json");
-  Run plan = run_cli({"topology", "plan", file, "--url", "amqp://guest:guest@127.0.0.1:1/"});
+  CommandRun plan = run_cli({"topology", "plan", file, "--url", "amqp://guest:guest@127.0.0.1:1/"});
   INFO(plan.err);
   CHECK(plan.exit_code == 0);
   CHECK(contains(plan.out, "x-message-ttl = 250 (250ms)"));
@@ -288,7 +284,7 @@ TEST_CASE("plan and export need no broker and print what apply would declare",
                  "least 50 calls in 30s; probes every 1s; ramps from an eighth of the "
                  "concurrency (at least 2), doubling every 500ms"));
 
-  Run json = run_cli({"topology", "plan", file, "--json", "--service", "payments"});
+  CommandRun json = run_cli({"topology", "plan", file, "--json", "--service", "payments"});
   CHECK(json.exit_code == 0);
   auto parsed = nlohmann::json::parse(json.out);
   CHECK(parsed["services"] == nlohmann::json::array({"payments"}));
@@ -297,26 +293,27 @@ TEST_CASE("plan and export need no broker and print what apply would declare",
   CHECK(parsed["outage"]["payments"]["consecutive_unavailable"] == 3);
   CHECK(parsed["outage"]["payments"]["failure_rate"]["minimum_calls"] == 50);
 
-  Run exported = run_cli({"topology", "export", file, "--vhost", "staging"});
+  CommandRun exported = run_cli({"topology", "export", file, "--vhost", "staging"});
   CHECK(exported.exit_code == 0);
   auto definitions = nlohmann::json::parse(exported.out);
   CHECK(definitions["queues"][0]["vhost"] == "staging");
-  Run from_url = run_cli({"topology", "export", file}, "amqp://guest:guest@127.0.0.1:1/production");
+  CommandRun from_url =
+      run_cli({"topology", "export", file}, "amqp://guest:guest@127.0.0.1:1/production");
   CHECK(nlohmann::json::parse(from_url.out)["exchanges"][0]["vhost"] == "production");
 }
 
 TEST_CASE("Output that cannot be written exits 6, quietly for a closed pipe",
           "[cli][integration]") {
   std::string file = data_file("valid/all_features.json");
-  Run full = run_cli({"topology", "plan", file}, {}, Output::full_device);
+  CommandRun full = run_cli({"topology", "plan", file}, {}, Output::full_device);
   CHECK(full.exit_code == 6);
   CHECK(contains(full.err, "cannot write to standard output: No space left on device"));
 
-  Run closed = run_cli({"topology", "export", file}, {}, Output::closed_pipe);
+  CommandRun closed = run_cli({"topology", "export", file}, {}, Output::closed_pipe);
   CHECK(closed.exit_code == 6);
   CHECK(closed.err.empty());
 
-  Run help = run_cli({"--help"}, {}, Output::full_device);
+  CommandRun help = run_cli({"--help"}, {}, Output::full_device);
   CHECK(help.exit_code == 6);
 }
 
@@ -326,24 +323,25 @@ TEST_CASE("apply, verify and delete through the command line, with drift exiting
   std::string name = test::unique_name("cli");
   TempTopology file(name);
 
-  Run first = run_cli({"topology", "apply", file.path()}, url);
+  CommandRun first = run_cli({"topology", "apply", file.path()}, url);
   INFO(first.out << first.err);
   REQUIRE(first.exit_code == 0);
   CHECK(contains(first.out, "created  queue     " + name));
   CHECK(contains(first.out, "Done: 6 created, 4 bindings in place."));
 
-  Run second = run_cli({"topology", "apply", file.path(), "--url", url});
+  CommandRun second = run_cli({"topology", "apply", file.path(), "--url", url});
   INFO(second.out << second.err);
   CHECK(second.exit_code == 0);
   CHECK_FALSE(contains(second.out, "created"));
   CHECK(contains(second.out, "Done: 6 already existed, 4 bindings in place."));
 
-  Run verified = run_cli({"topology", "verify", file.path(), "--url", url});
+  CommandRun verified = run_cli({"topology", "verify", file.path(), "--url", url});
   CHECK(verified.exit_code == 0);
   CHECK(contains(verified.out, "Result: 6 match."));
   CHECK(contains(verified.out, "4 bindings were not checked"));
 
-  Run exists_only = run_cli({"topology", "verify", file.path(), "--url", url, "--exists-only"});
+  CommandRun exists_only =
+      run_cli({"topology", "verify", file.path(), "--url", url, "--exists-only"});
   INFO(exists_only.out << exists_only.err);
   CHECK(exists_only.exit_code == 0);
   CHECK(contains(exists_only.out, "exists     queue     " + name + ".wait.30s"));
@@ -361,7 +359,7 @@ TEST_CASE("apply, verify and delete through the command line, with drift exiting
     }));
     test::close(loop, connection);
   }
-  Run no_queue = run_cli({"topology", "verify", file.path(), "--url", url});
+  CommandRun no_queue = run_cli({"topology", "verify", file.path(), "--url", url});
   INFO(no_queue.out << no_queue.err);
   CHECK(no_queue.exit_code == 3);
   CHECK(contains(no_queue.out, "Queue " + name + " is missing but its wait queues exist"));
@@ -384,7 +382,7 @@ TEST_CASE("apply, verify and delete through the command line, with drift exiting
     test::close(loop, connection);
   }
 
-  Run drifted = run_cli({"topology", "verify", file.path(), "--url", url});
+  CommandRun drifted = run_cli({"topology", "verify", file.path(), "--url", url});
   INFO(drifted.out << drifted.err);
   CHECK(drifted.exit_code == 3);
   CHECK(contains(drifted.out, "drifted"));
@@ -393,7 +391,7 @@ TEST_CASE("apply, verify and delete through the command line, with drift exiting
   // --exists-only does not see drift, by design.
   CHECK(run_cli({"topology", "verify", file.path(), "--url", url, "--exists-only"}).exit_code == 0);
 
-  Run drifted_json = run_cli({"topology", "verify", file.path(), "--url", url, "--json"});
+  CommandRun drifted_json = run_cli({"topology", "verify", file.path(), "--url", url, "--json"});
   CHECK(drifted_json.exit_code == 3);
   auto report = nlohmann::json::parse(drifted_json.out);
   CHECK(report["ok"] == false);
@@ -410,24 +408,24 @@ TEST_CASE("apply, verify and delete through the command line, with drift exiting
   }
   CHECK(named);
 
-  Run reapplied = run_cli({"topology", "apply", file.path(), "--url", url});
+  CommandRun reapplied = run_cli({"topology", "apply", file.path(), "--url", url});
   CHECK(reapplied.exit_code == 3);
   CHECK(contains(reapplied.err, "nothing was deleted or changed"));
 
-  Run dry = run_cli({"topology", "delete", file.path(), "--url", url});
+  CommandRun dry = run_cli({"topology", "delete", file.path(), "--url", url});
   INFO(dry.out << dry.err);
   CHECK(dry.exit_code == 0);
   CHECK(contains(dry.out, "Nothing was deleted. Run again with --yes"));
   CHECK(contains(dry.out, "would delete"));
 
-  Run deleted = run_cli({"topology", "delete", file.path(), "--url", url, "--yes"});
+  CommandRun deleted = run_cli({"topology", "delete", file.path(), "--url", url, "--yes"});
   INFO(deleted.out << deleted.err);
   CHECK(deleted.exit_code == 0);
   // Absent: the shared breaker's 4 objects and a migration's 3, which no consumer declared.
   CHECK(contains(deleted.out, "Done: 5 deleted, 7 were already absent."));
   CHECK(contains(deleted.out, "Input exchanges are never deleted (" + name + ".in)"));
 
-  Run gone = run_cli({"topology", "verify", file.path(), "--url", url});
+  CommandRun gone = run_cli({"topology", "verify", file.path(), "--url", url});
   CHECK(gone.exit_code == 3);
   CHECK(contains(gone.out, "missing"));
   CHECK_FALSE(contains(gone.out + gone.err + first.out + deleted.out, ":guest@"));
@@ -462,14 +460,14 @@ TEST_CASE("delete through the command line refuses a queue that holds messages",
     REQUIRE(loop.run_until([&] { return done; }));
     test::close(loop, connection);
   }
-  Run dry = run_cli({"topology", "delete", file.path(), "--url", url});
+  CommandRun dry = run_cli({"topology", "delete", file.path(), "--url", url});
   INFO(dry.out << dry.err);
   CHECK(dry.exit_code == 3);
   CHECK(contains(dry.out, "not empty  queue     " + name + ".parking"));
   CHECK(contains(dry.out, "1 message, 0 consumers"));
   CHECK(contains(dry.err, "--yes would refuse"));
 
-  Run refused = run_cli({"topology", "delete", file.path(), "--url", url, "--yes"});
+  CommandRun refused = run_cli({"topology", "delete", file.path(), "--url", url, "--yes"});
   INFO(refused.out << refused.err);
   CHECK(refused.exit_code == 3);
   CHECK(contains(refused.out, "Nothing was deleted: " + name + ".parking holds 1 message."));
@@ -477,7 +475,8 @@ TEST_CASE("delete through the command line refuses a queue that holds messages",
   CHECK(contains(refused.err, "--force"));
   CHECK(run_cli({"topology", "verify", file.path(), "--url", url}).exit_code == 0);
 
-  Run forced = run_cli({"topology", "delete", file.path(), "--url", url, "--yes", "--force"});
+  CommandRun forced =
+      run_cli({"topology", "delete", file.path(), "--url", url, "--yes", "--force"});
   CHECK(forced.exit_code == 0);
 
   test::TestLoop loop;
@@ -506,7 +505,7 @@ TEST_CASE("apply, verify, export and delete with delay levels through the comman
     ~Remove() { fs::remove(path); }
   } remove{path};
 
-  Run applied = run_cli({"topology", "apply", path.string()}, url);
+  CommandRun applied = run_cli({"topology", "apply", path.string()}, url);
   INFO(applied.out << applied.err);
   REQUIRE(applied.exit_code == 0);
   CHECK(contains(applied.out, "queue     retryloop.delay.3ms.03"));
@@ -514,18 +513,18 @@ TEST_CASE("apply, verify, export and delete with delay levels through the comman
       contains(applied.out, "binding   retryloop.delay.3ms.03 -> exchange retryloop.delay.3ms.02"));
   CHECK(contains(applied.out, "binding   retryloop.delay.3ms.deliver -> " + name));
 
-  Run again = run_cli({"topology", "apply", path.string()}, url);
+  CommandRun again = run_cli({"topology", "apply", path.string()}, url);
   INFO(again.out << again.err);
   CHECK(again.exit_code == 0);
   CHECK_FALSE(contains(again.out, "created"));
 
-  Run verified = run_cli({"topology", "verify", path.string()}, url);
+  CommandRun verified = run_cli({"topology", "verify", path.string()}, url);
   INFO(verified.out << verified.err);
   CHECK(verified.exit_code == 0);
   CHECK(contains(verified.out, "ok         queue     retryloop.delay.3ms.00"));
   CHECK(contains(verified.out, "Result: 16 match."));
 
-  Run exported = run_cli({"topology", "export", path.string()});
+  CommandRun exported = run_cli({"topology", "export", path.string()});
   INFO(exported.out << exported.err);
   REQUIRE(exported.exit_code == 0);
   auto definitions = nlohmann::json::parse(exported.out);
@@ -535,7 +534,7 @@ TEST_CASE("apply, verify, export and delete with delay levels through the comman
   }
   CHECK(to_exchange == 4);
 
-  Run deleted = run_cli({"topology", "delete", path.string(), "--yes"}, url);
+  CommandRun deleted = run_cli({"topology", "delete", path.string(), "--yes"}, url);
   INFO(deleted.out << deleted.err);
   CHECK(deleted.exit_code == 0);
   CHECK(contains(deleted.out, "Delay levels are never deleted (retryloop.delay.3ms.*)"));
@@ -547,13 +546,13 @@ TEST_CASE("topology plan prints the vhost's objects that belong to no service",
   const auto file = std::filesystem::temp_directory_path() /
                     ("audit-only-" + std::to_string(::getpid()) + ".json");
   std::ofstream(file) << R"({"audit": {"max_age": "90d"}})";
-  Run audit = run_cli({"topology", "plan", file.string()});
+  CommandRun audit = run_cli({"topology", "plan", file.string()});
   INFO(audit.err);
   CHECK(audit.exit_code == 0);
   CHECK(contains(audit.out, "retryloop.audit"));
   CHECK(contains(audit.out, "stream, durable"));
   CHECK(contains(audit.out, "x-max-age = 7776000s"));
-  Run scheduled =
+  CommandRun scheduled =
       run_cli({"topology", "plan",
                (fs::path(RETRYLOOP_SOURCE_DIR) / "topology" / "scheduled.json").string()});
   INFO(scheduled.err);

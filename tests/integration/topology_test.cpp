@@ -20,11 +20,25 @@
 #include "support/topology.hpp"
 
 using namespace retryloop;
-using namespace retryloop::topology;
 using client::Channel;
 using client::Connection;
 using client::Error;
 using test::TestLoop;
+using topology::ActionKind;
+using topology::ActionResult;
+using topology::DeleteOptions;
+using topology::describe;
+using topology::export_definitions;
+using topology::format_value;
+using topology::make_delete_plan;
+using topology::make_plan;
+using topology::Plan;
+using topology::Report;
+using topology::ReportCallback;
+using topology::Role;
+using topology::split_into_lanes;
+using topology::Topology;
+using topology::VerifyOptions;
 
 namespace {
 
@@ -285,16 +299,16 @@ TEST_CASE("Applying a topology twice creates it once and then finds it all exist
   Report first = run_apply(loop, connection, plan);
   INFO(dump(first));
   CHECK(first.ok());
-  CHECK(first.count(Outcome::created) == declares(plan));
-  CHECK(first.count(Outcome::bound) == binds(plan));
-  CHECK(first.count(Outcome::existed) == 0);
+  CHECK(first.count(topology::Outcome::created) == declares(plan));
+  CHECK(first.count(topology::Outcome::bound) == binds(plan));
+  CHECK(first.count(topology::Outcome::existed) == 0);
 
   Report second = run_apply(loop, connection, plan);
   INFO(dump(second));
   CHECK(second.ok());
-  CHECK(second.count(Outcome::created) == 0);
-  CHECK(second.count(Outcome::existed) == declares(plan));
-  CHECK(second.count(Outcome::bound) == binds(plan));
+  CHECK(second.count(topology::Outcome::created) == 0);
+  CHECK(second.count(topology::Outcome::existed) == declares(plan));
+  CHECK(second.count(topology::Outcome::bound) == binds(plan));
   CHECK(result_for(second, ActionKind::declare_queue, b).messages == 0u);
 
   run_delete(
@@ -332,12 +346,13 @@ TEST_CASE(
   Report first = run_apply(loop, connection, plan);
   INFO(dump(first));
   CHECK(first.ok());
-  CHECK(first.count(Outcome::created) + first.count(Outcome::existed) == declares(plan));
-  CHECK(first.count(Outcome::bound) >= binds(plan));
+  CHECK(first.count(topology::Outcome::created) + first.count(topology::Outcome::existed) ==
+        declares(plan));
+  CHECK(first.count(topology::Outcome::bound) >= binds(plan));
   Report verified = run_verify(loop, connection, plan);
   INFO(dump(verified));
   CHECK(verified.ok());
-  CHECK(verified.count(Outcome::matches) == declares(plan));
+  CHECK(verified.count(topology::Outcome::matches) == declares(plan));
 
   // Each service's queue is bound where the plan says: a message to its input exchange arrives.
   auto channel = test::open_channel(loop, *connection);
@@ -365,8 +380,8 @@ TEST_CASE("Verify passes after apply, creates nothing, and names drifted argumen
   Report clean = run_verify(loop, connection, plan);
   INFO(dump(clean));
   CHECK(clean.ok());
-  CHECK(clean.count(Outcome::matches) == declares(plan));
-  CHECK(clean.count(Outcome::not_checked) == binds(plan));
+  CHECK(clean.count(topology::Outcome::matches) == declares(plan));
+  CHECK(clean.count(topology::Outcome::not_checked) == binds(plan));
 
   // Behind the tool's back: the wait queue gets another TTL, the parking queue goes away.
   const std::string wait = name + ".wait.30s";
@@ -383,17 +398,17 @@ TEST_CASE("Verify passes after apply, creates nothing, and names drifted argumen
   INFO(dump(drifted));
   CHECK_FALSE(drifted.ok());
   const ActionResult& w = result_for(drifted, ActionKind::declare_queue, wait);
-  CHECK(w.outcome == Outcome::drifted);
+  CHECK(w.outcome == topology::Outcome::drifted);
   REQUIRE(w.drift);
   CHECK(w.drift->argument == "x-message-ttl");
   CHECK(w.drift->wanted == "30000");
   CHECK(w.drift->actual == "60000");
   CHECK(w.error.reply_code == 406);
   CHECK(result_for(drifted, ActionKind::declare_queue, name + ".parking").outcome ==
-        Outcome::missing);
+        topology::Outcome::missing);
   // Everything after the 406 and the 404 was still checked.
-  CHECK(result_for(drifted, ActionKind::declare_queue, name).outcome == Outcome::matches);
-  CHECK(drifted.count(Outcome::not_run) == 0);
+  CHECK(result_for(drifted, ActionKind::declare_queue, name).outcome == topology::Outcome::matches);
+  CHECK(drifted.count(topology::Outcome::not_run) == 0);
   // Verify created nothing.
   CHECK_FALSE(queue_exists(loop, *connection, name + ".parking"));
 
@@ -428,10 +443,10 @@ static void check_older_queues(
        {run_apply(loop, connection, plan), run_verify(loop, connection, plan)}) {
     INFO(dump(report));
     CHECK(report.ok());
-    CHECK(report.count(Outcome::created) == 0);
+    CHECK(report.count(topology::Outcome::created) == 0);
     for (const auto& r : report.results) {
       INFO(describe(r.action));
-      CHECK(r.outcome != Outcome::drifted);
+      CHECK(r.outcome != topology::Outcome::drifted);
       std::vector<std::string> missing;
       for (const auto& drift : r.defaults_missing) {
         missing.push_back(drift.argument);
@@ -524,13 +539,13 @@ TEST_CASE(
   Report passive = run_verify(loop, reader, plan, VerifyOptions{false});
   INFO(dump(passive));
   CHECK_FALSE(passive.ok());
-  CHECK(result_for(passive, ActionKind::declare_queue, wait).outcome == Outcome::exists);
+  CHECK(result_for(passive, ActionKind::declare_queue, wait).outcome == topology::Outcome::exists);
   CHECK(result_for(passive, ActionKind::declare_queue, name + ".parking").outcome ==
-        Outcome::missing);
-  CHECK(passive.count(Outcome::exists) == declares(plan) - 1);
-  CHECK(passive.count(Outcome::failed) == 0);
-  CHECK(passive.count(Outcome::drifted) == 0);
-  CHECK(passive.count(Outcome::not_checked) == binds(plan));
+        topology::Outcome::missing);
+  CHECK(passive.count(topology::Outcome::exists) == declares(plan) - 1);
+  CHECK(passive.count(topology::Outcome::failed) == 0);
+  CHECK(passive.count(topology::Outcome::drifted) == 0);
+  CHECK(passive.count(topology::Outcome::not_checked) == binds(plan));
   CHECK(result_for(passive, ActionKind::declare_queue, name).exists == std::optional<bool>(true));
   CHECK_FALSE(queue_exists(loop, *connection, name + ".parking"));
 
@@ -539,12 +554,12 @@ TEST_CASE(
   Report compared = run_verify(loop, reader, plan);
   INFO(dump(compared));
   const ActionResult& q = result_for(compared, ActionKind::declare_queue, name);
-  CHECK(q.outcome == Outcome::failed);
+  CHECK(q.outcome == topology::Outcome::failed);
   CHECK(q.exists == std::optional<bool>(true));
   CHECK(q.error.reply_code == 403);
   CHECK(result_for(compared, ActionKind::declare_queue, name + ".parking").outcome ==
-        Outcome::missing);
-  CHECK(compared.count(Outcome::failed) == declares(plan) - 1);
+        topology::Outcome::missing);
+  CHECK(compared.count(topology::Outcome::failed) == declares(plan) - 1);
 
   test::close(loop, reader);
   CHECK(test::broker_ctl("delete_user '" + user + "'") == 0);
@@ -574,7 +589,7 @@ TEST_CASE(
   Report report = run_apply(loop, connection, plan);
   INFO(dump(report));
   CHECK_FALSE(report.ok());
-  CHECK(report.count(Outcome::drifted) == 2);
+  CHECK(report.count(topology::Outcome::drifted) == 2);
   const ActionResult& p = result_for(report, ActionKind::declare_queue, name + ".parking");
   REQUIRE(p.drift);
   // RabbitMQ checks its arguments in its own order; either difference names the argument.
@@ -585,10 +600,11 @@ TEST_CASE(
   CHECK(q.drift->actual == "(not set)");
   // The rest of the plan ran.
   CHECK(result_for(report, ActionKind::declare_queue, name + ".wait.5s").outcome ==
-        Outcome::created);
-  CHECK(result_for(report, ActionKind::declare_exchange, name + ".in").outcome == Outcome::created);
-  CHECK(report.count(Outcome::not_run) == 0);
-  CHECK(report.count(Outcome::failed) == 0);
+        topology::Outcome::created);
+  CHECK(result_for(report, ActionKind::declare_exchange, name + ".in").outcome ==
+        topology::Outcome::created);
+  CHECK(report.count(topology::Outcome::not_run) == 0);
+  CHECK(report.count(topology::Outcome::failed) == 0);
 
   // The queues keep what they had: nothing was deleted or redeclared.
   std::string listing;
@@ -624,7 +640,8 @@ TEST_CASE("An exchange with \"declare\": false must exist and is never declared"
   Report missing = run_apply(loop, connection, plan);
   INFO(dump(missing));
   CHECK_FALSE(missing.ok());
-  CHECK(result_for(missing, ActionKind::check_exchange, exchange).outcome == Outcome::missing);
+  CHECK(result_for(missing, ActionKind::check_exchange, exchange).outcome ==
+        topology::Outcome::missing);
   CHECK_FALSE(exchange_exists(loop, *connection, exchange));
 
   auto channel = test::open_channel(loop, *connection);
@@ -634,11 +651,13 @@ TEST_CASE("An exchange with \"declare\": false must exist and is never declared"
   Report present = run_apply(loop, connection, plan);
   INFO(dump(present));
   CHECK(present.ok());
-  CHECK(result_for(present, ActionKind::check_exchange, exchange).outcome == Outcome::existed);
+  CHECK(result_for(present, ActionKind::check_exchange, exchange).outcome ==
+        topology::Outcome::existed);
   Report verified = run_verify(loop, connection, plan);
   CHECK(verified.ok());
   // Never declared, so verify cannot compare its type: it only says that it exists.
-  CHECK(result_for(verified, ActionKind::check_exchange, exchange).outcome == Outcome::exists);
+  CHECK(result_for(verified, ActionKind::check_exchange, exchange).outcome ==
+        topology::Outcome::exists);
 
   run_delete(loop, connection, make_delete_plan(t), {true, true});
   CHECK(exchange_exists(loop, *connection, exchange));
@@ -692,14 +711,14 @@ TEST_CASE("Exported definitions imported into an empty vhost give objects verify
   }
   INFO(dump(report));
   CHECK(report.ok());
-  CHECK(report.count(Outcome::matches) == declares(plan));
+  CHECK(report.count(topology::Outcome::matches) == declares(plan));
 
   // Apply agrees too: all existing, and no second copy of any binding (their arguments are
   // compared with their types, and int64 is what the import made).
   Report applied = run_apply(loop, connection, plan);
   INFO(dump(applied));
   CHECK(applied.ok());
-  CHECK(applied.count(Outcome::created) == 0);
+  CHECK(applied.count(topology::Outcome::created) == 0);
   std::string bindings;
   REQUIRE(test::broker_ctl("list_bindings -q -p '" + vhost + "' source_name destination_name",
                            &bindings) == 0);
@@ -759,7 +778,7 @@ void check_delete_refuses(const std::string& queue_type) {
   Report dry = run_delete(loop, connection, plan, {false, false});
   INFO(dump(dry));
   CHECK(dry.ok());
-  CHECK(dry.count(Outcome::would_delete) == plan.actions.size());
+  CHECK(dry.count(topology::Outcome::would_delete) == plan.actions.size());
   CHECK(queue_exists(loop, *connection, name));
 
   auto channel = test::open_channel(loop, *connection);
@@ -771,10 +790,10 @@ void check_delete_refuses(const std::string& queue_type) {
   INFO(dump(refused));
   CHECK_FALSE(refused.ok());
   const ActionResult& parking = result_for(refused, ActionKind::delete_queue, name + ".parking");
-  CHECK(parking.outcome == Outcome::not_empty);
+  CHECK(parking.outcome == topology::Outcome::not_empty);
   CHECK(parking.messages == 1u);
-  CHECK(refused.count(Outcome::kept) == plan.actions.size() - 1);
-  CHECK(refused.count(Outcome::deleted) == 0);
+  CHECK(refused.count(topology::Outcome::kept) == plan.actions.size() - 1);
+  CHECK(refused.count(topology::Outcome::deleted) == 0);
   CHECK(queue_exists(loop, *connection, name));
   CHECK(queue_exists(loop, *connection, name + ".parking"));
   CHECK(exchange_exists(loop, *connection, name + ".wait"));
@@ -783,7 +802,7 @@ void check_delete_refuses(const std::string& queue_type) {
   Report forced = run_delete(loop, connection, plan, {true, true});
   INFO(dump(forced));
   CHECK(forced.ok());
-  CHECK(forced.count(Outcome::deleted) == plan.actions.size());
+  CHECK(forced.count(topology::Outcome::deleted) == plan.actions.size());
   CHECK_FALSE(queue_exists(loop, *connection, name + ".parking"));
   CHECK_FALSE(exchange_exists(loop, *connection, name + ".wait"));
   // The input exchange stays.
@@ -791,7 +810,7 @@ void check_delete_refuses(const std::string& queue_type) {
 
   Report again = run_delete(loop, connection, plan, {true, false});
   CHECK(again.ok());
-  CHECK(again.count(Outcome::absent) == plan.actions.size());
+  CHECK(again.count(topology::Outcome::absent) == plan.actions.size());
 
   // Empty queues go without --force, and so do the breaker's and a migration's, whatever they
   // hold.
@@ -801,7 +820,7 @@ void check_delete_refuses(const std::string& queue_type) {
   Report empty = run_delete(loop, connection, plan, {true, false});
   INFO(dump(empty));
   CHECK(empty.ok());
-  CHECK(empty.count(Outcome::deleted) == plan.actions.size());
+  CHECK(empty.count(topology::Outcome::deleted) == plan.actions.size());
   CHECK(connection->is_open());
 
   REQUIRE_FALSE(test::wait(loop, [&](client::CompletionCallback cb) {
@@ -838,7 +857,7 @@ TEST_CASE("Delete refuses while a consumer is attached", "[topology][integration
   REQUIRE(loop.run_until([&] { return consuming; }));
   Report refused = run_delete(loop, connection, make_delete_plan(t), {true, false});
   INFO(dump(refused));
-  CHECK(result_for(refused, ActionKind::delete_queue, name).outcome == Outcome::in_use);
+  CHECK(result_for(refused, ActionKind::delete_queue, name).outcome == topology::Outcome::in_use);
   CHECK(queue_exists(loop, *connection, name));
   (void)channel->close();
   run_delete(loop, connection, make_delete_plan(t), {true, true});
@@ -874,8 +893,8 @@ TEST_CASE("A connection lost midway ends the run once, with the rest not run",
   CHECK(calls == 1);
   CHECK(report.connection_error);
   CHECK_FALSE(report.ok());
-  CHECK(report.results.back().outcome == Outcome::not_run);
-  CHECK(report.count(Outcome::not_run) >= 1);
+  CHECK(report.results.back().outcome == topology::Outcome::not_run);
+  CHECK(report.count(topology::Outcome::not_run) >= 1);
 
   // Starting on a closed connection fails at once, and the callback is never called.
   Error immediate = apply(connection, plan, [&](const Report&) { ++calls; });

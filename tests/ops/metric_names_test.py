@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Every metric the Grafana dashboard and the alert rules in ops/ name is one that retryloop
-serves: a live demo consumer (its operations endpoint), a console (retryloop parking serve) and an
-outbox relay (retryloop outbox relay --metrics-listen, on an SQLite file) are scraped against the
+serves: a live demo consumer (its operations endpoint), a console (retryloop parking serve), an
+outbox relay (retryloop outbox relay --metrics-listen, on an SQLite file) and a dispatcher
+(retryloop dispatch --http, of a second service, its application absent) are scraped against the
 broker of scripts/with-broker (RETRYLOOP_TEST_URL), and the names in the dashboard's queries and
 the rules' expressions are looked up among the families they served."""
 
@@ -128,11 +129,21 @@ def main():
         'name': service, 'queue_type': 'quorum',
         'input': {'exchange': f'{service}.in', 'type': 'direct', 'bindings': ['key']},
         'retry': {'delays': ['1s'], 'max_attempts': 2}}]}, open(topology, 'w'))
+    dispatched = os.path.join(work, 'dispatched.json')
+    json.dump({'services': [{
+        'name': service + 'd',
+        'input': {'exchange': f'{service}d.in', 'type': 'direct', 'bindings': ['key']},
+        'retry': {'delays': ['1s'], 'max_attempts': 2}}]}, open(dispatched, 'w'))
     subprocess.run([args.retryloop, 'topology', 'apply', topology, '--url', url], check=True,
                    stdout=subprocess.DEVNULL)
     children = []
     try:
         consumer_port, console_port, relay_port = free_port(), free_port(), free_port()
+        dispatch_port = free_port()
+        children.append(subprocess.Popen(
+            [args.retryloop, 'dispatch', '-t', dispatched, service + 'd', '--url', url,
+             '--to', f'http://127.0.0.1:{free_port()}/', '--http', f'127.0.0.1:{dispatch_port}'],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         children.append(subprocess.Popen(
             [args.demo_consumer, '--url', url, '--topology', topology, '--service', service,
              '--http', f'127.0.0.1:{consumer_port}'],
@@ -155,6 +166,7 @@ def main():
         served['console'] = families(scrape(f'http://127.0.0.1:{console_port}/metrics',
                                             {'Authorization': f'Bearer {token}'}))
         served['relay'] = families(scrape(f'http://127.0.0.1:{relay_port}/metrics'))
+        served['dispatch'] = families(scrape(f'http://127.0.0.1:{dispatch_port}/metrics'))
         every = set().union(*served.values())
         for source, names in served.items():
             if not names:
@@ -175,7 +187,7 @@ def main():
                     checked += 1
                     if name not in every:
                         failures.append(f'{path}: {name} is served by none of consumer, console, '
-                                        f'relay (in: {expr})')
+                                        f'relay, dispatch (in: {expr})')
         for failure in failures:
             print('FAIL:', failure)
         if failures:
@@ -189,8 +201,9 @@ def main():
                 child.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 child.kill()
-        subprocess.run([args.retryloop, 'topology', 'delete', topology, '--url', url, '--yes',
-                        '--force'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for path in (topology, dispatched):
+            subprocess.run([args.retryloop, 'topology', 'delete', path, '--url', url, '--yes',
+                            '--force'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 if __name__ == '__main__':

@@ -30,7 +30,7 @@ offers() {  # offers LINE EXPECTED: what Tab offers at the end of LINE, sorted, 
   fi
 }
 
-offers "retryloop " "outbox parking schedule send service topology"
+offers "retryloop " "dispatch outbox parking schedule send service topology"
 offers "retryloop to" "topology"
 offers "retryloop topology " "apply delete export migrate plan transfer verify"
 offers "retryloop topology apply --s" "--service"
@@ -43,6 +43,8 @@ offers "retryloop service pause --topology $topology a" "audit"
 RETRYLOOP_TOPOLOGY=$topology offers "retryloop service status " "audit orders"
 offers "retryloop outbox relay --no" "--no-notify"
 offers "retryloop send --lines --q" "--queue"
+offers "retryloop dispatch -t $topology " "audit orders"
+offers "retryloop dispatch --http-v" "--http-version"
 dir=$(dirname "$topology")
 offers "retryloop topology plan $dir/$(basename "$topology" | cut -c1-3)" "$topology"
 

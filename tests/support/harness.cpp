@@ -24,6 +24,10 @@ std::string broker_url() {
   return url;
 }
 
+uint16_t broker_port() {
+  return client::parse_uri(broker_url()).port;
+}
+
 std::string broker_dir() {
   const char* dir = std::getenv("RETRYLOOP_TEST_BROKER_DIR");
   if (dir == nullptr || *dir == '\0') {
@@ -83,6 +87,10 @@ TestLoop::~TestLoop() {
 
 bool TestLoop::run_until(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
   if (done()) return true;
+  // The loop's clock stands still while a test blocks outside it (a rabbitmqctl run, a command
+  // it waits for); on a loaded machine that is longer than the timeout, which would then have
+  // passed before the loop ran at all.
+  uv_update_time(&loop_);
   struct State {
     const std::function<bool()>* done;
     uint64_t deadline;
@@ -117,6 +125,7 @@ void TestLoop::run_for(std::chrono::milliseconds duration) {
 }
 
 bool TestLoop::drain(std::chrono::milliseconds timeout) {
+  uv_update_time(&loop_);
   uint64_t deadline = uv_now(&loop_) + static_cast<uint64_t>(timeout.count());
   while (uv_loop_alive(&loop_)) {
     if (uv_now(&loop_) >= deadline) return false;
@@ -283,6 +292,15 @@ std::vector<client::GetResult> drain_queue(TestLoop& loop, client::Connection& c
   }
   (void)channel->close();
   return messages;
+}
+
+const amqp::FieldValue* header(const client::GetResult& message, const std::string& name) {
+  if (!message.message.properties.headers) return nullptr;
+  return message.message.properties.headers->find(name);
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
 }
 
 QueueUnderTest::QueueUnderTest(TestLoop& l, const std::string& prefix)

@@ -15,6 +15,9 @@ namespace retryloop::test {
 /// The broker URL from RETRYLOOP_TEST_URL; fails the test when it is not set.
 std::string broker_url();
 
+/// The port of the test broker's URL.
+uint16_t broker_port();
+
 /// The test broker's directory (RETRYLOOP_TEST_BROKER_DIR); its tools can read files put there,
 /// also when they run in a root of their own (RabbitMQ 4.0).
 std::string broker_dir();
@@ -105,6 +108,12 @@ void publish_confirmed(TestLoop& loop, client::Channel& channel, const std::stri
 /// Takes every message out of `queue` (basic.get and ack, on a fresh channel), in queue order.
 std::vector<client::GetResult> drain_queue(TestLoop& loop, client::Connection& connection,
                                            const std::string& queue);
+
+/// The header `name` of a message taken with basic.get; null when it has no such header.
+const amqp::FieldValue* header(const client::GetResult& message, const std::string& name);
+
+/// Whether `text` contains `part`.
+bool contains(const std::string& text, const std::string& part);
 
 /// A connection, a channel and a fresh durable queue with a unique name, for a test that reads
 /// what something published to the queue. The destructor closes the connection.

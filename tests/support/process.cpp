@@ -117,14 +117,25 @@ std::string built_program(const std::string& relative) {
   return (std::filesystem::path(RETRYLOOP_BINARY_DIR) / relative).string();
 }
 
-CommandRun run_retryloop(const std::vector<std::string>& args, int timeout_ms) {
+CommandRun run_retryloop(const std::vector<std::string>& args, int timeout_ms,
+                         const std::vector<std::string>& env, const std::string& input) {
   std::vector<std::string> argv{built_program("retryloop")};
   argv.insert(argv.end(), args.begin(), args.end());
-  ChildProcess child(argv, {"RETRYLOOP_URL=" + broker_url(), "RETRYLOOP_TOPOLOGY="});
+  std::string stdin_file;
+  if (!input.empty()) {
+    stdin_file =
+        (std::filesystem::temp_directory_path() / (unique_name("stdin") + ".txt")).string();
+    std::ofstream(stdin_file) << input;
+    argv.insert(argv.begin(), {"/bin/sh", "-c", "exec \"$0\" \"$@\" < " + stdin_file});
+  }
+  std::vector<std::string> environment{"RETRYLOOP_URL=" + broker_url(), "RETRYLOOP_TOPOLOGY="};
+  environment.insert(environment.end(), env.begin(), env.end());
+  ChildProcess child(argv, environment);
   CommandRun run;
   run.exit_code = child.wait(timeout_ms);
   run.out = child.out();
   run.err = child.err();
+  if (!stdin_file.empty()) std::filesystem::remove(stdin_file);
   return run;
 }
 

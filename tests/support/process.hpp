@@ -50,7 +50,9 @@ struct CommandRun {
   std::string err;
 };
 /// Runs the retryloop command the build made with `args` against the test broker (RETRYLOOP_URL
-/// set, RETRYLOOP_TOPOLOGY unset), waiting up to `timeout_ms` for it to end.
-CommandRun run_retryloop(const std::vector<std::string>& args, int timeout_ms = 60000);
+/// set, RETRYLOOP_TOPOLOGY unset, then the `env` entries as ChildProcess takes them), waiting up
+/// to `timeout_ms` for it to end. Its standard input is `input` when not empty, else /dev/null.
+CommandRun run_retryloop(const std::vector<std::string>& args, int timeout_ms = 60000,
+                         const std::vector<std::string>& env = {}, const std::string& input = {});
 
 }  // namespace retryloop::test

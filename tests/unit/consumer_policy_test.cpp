@@ -14,16 +14,40 @@
 #include "retryloop/topology/topology.hpp"
 
 using namespace retryloop;
-using namespace retryloop::retry;
 using namespace std::chrono_literals;
 using amqp::FieldArray;
 using amqp::FieldTable;
 using amqp::FieldValue;
+using retry::Action;
+using retry::AttemptInfo;
+using retry::Backoff;
+using retry::decide;
+using retry::Decision;
+using retry::DecisionContext;
+using retry::ExceptionPolicy;
+using retry::in_queue_attempt;
+using retry::is_death_header;
+using retry::LatencyHistogram;
+using retry::make_parking_copy;
+using retry::make_retry_copy;
+using retry::max_error_bytes;
+using retry::Metrics;
+using retry::Outcome;
+using retry::OutcomeKind;
+using retry::ParkingNote;
+using retry::ParkReason;
+using retry::PermanentError;
+using retry::read_attempt_info;
+using retry::retry_delay_label;
+using retry::RetryAfterError;
+using retry::truncate_utf8;
+using retry::UnavailableError;
 
 namespace {
 
-FieldTable death(std::string queue, std::string reason, FieldValue count,
-                 std::string exchange = "orders.in", std::string routing_key = "order.created") {
+FieldTable death_entry(std::string queue, std::string reason, FieldValue count,
+                       std::string exchange = "orders.in",
+                       std::string routing_key = "order.created") {
   FieldTable entry;
   entry.append("count", std::move(count));
   entry.append("reason", std::move(reason));
@@ -55,7 +79,7 @@ topology::Service service(topology::RetryMode mode, std::vector<std::chrono::mil
   return s;
 }
 
-std::string encoded(const amqp::BasicProperties& properties) {
+std::string encoded_header_frame(const amqp::BasicProperties& properties) {
   std::string out;
   REQUIRE_FALSE(amqp::append_header_frame(out, 1, 0, properties));
   return out;
@@ -77,12 +101,11 @@ TEST_CASE("A first delivery is attempt 1 and remembers where it was published", 
 TEST_CASE("The attempt counts the x-death entry of this queue and reason rejected, not entry 0",
           "[retry]") {
   FieldTable headers;
-  headers.append(
-      "x-death",
-      FieldArray{FieldValue(death("orders.wait.30s", "expired", int64_t(7), "orders.wait", "30s")),
-                 FieldValue(death("other", "rejected", int64_t(5))),
-                 FieldValue(death("orders", "expired", int64_t(4))),
-                 FieldValue(death("orders", "rejected", int64_t(2)))});
+  headers.append("x-death", FieldArray{FieldValue(death_entry("orders.wait.30s", "expired",
+                                                              int64_t(7), "orders.wait", "30s")),
+                                       FieldValue(death_entry("other", "rejected", int64_t(5))),
+                                       FieldValue(death_entry("orders", "expired", int64_t(4))),
+                                       FieldValue(death_entry("orders", "rejected", int64_t(2)))});
   AttemptInfo info = read_attempt_info(with_headers(headers), "orders", "", "orders");
   CHECK(info.rejected == 2);
   CHECK(info.attempt == 3);
@@ -99,13 +122,15 @@ TEST_CASE(
     "[retry]") {
   // The mover put it in the holding queue through the default exchange; it was rejected there
   // after the rejections in the service queue, whose entry is the older one.
-  FieldTable holding = death("orders.migrating", "rejected", int64_t(2), "", "orders.migrating");
+  FieldTable holding =
+      death_entry("orders.migrating", "rejected", int64_t(2), "", "orders.migrating");
   holding.set("time", amqp::Timestamp{1700000500});
   FieldTable headers;
-  headers.append("x-death",
-                 FieldArray{FieldValue(std::move(holding)),
-                            FieldValue(death("orders.migrating.other", "rejected", int64_t(9))),
-                            FieldValue(death("orders", "rejected", int64_t(3)))});
+  headers.append(
+      "x-death",
+      FieldArray{FieldValue(std::move(holding)),
+                 FieldValue(death_entry("orders.migrating.other", "rejected", int64_t(9))),
+                 FieldValue(death_entry("orders", "rejected", int64_t(3)))});
   AttemptInfo info = read_attempt_info(with_headers(headers), "orders", "", "orders");
   CHECK(info.rejected == 5);
   CHECK(info.attempt == 6);
@@ -119,8 +144,9 @@ TEST_CASE(
 
   // Rejected in the holding queue only: its entry is all there is.
   FieldTable only_holding;
-  only_holding.append("x-death", FieldArray{FieldValue(death("orders.migrating", "rejected",
-                                                             int64_t(1), "", "orders.migrating"))});
+  only_holding.append(
+      "x-death", FieldArray{FieldValue(death_entry("orders.migrating", "rejected", int64_t(1), "",
+                                                   "orders.migrating"))});
   AttemptInfo moved = read_attempt_info(with_headers(only_holding), "orders", "", "orders");
   CHECK(moved.attempt == 2);
   CHECK(moved.original_routing_key == "orders.migrating");
@@ -143,7 +169,7 @@ TEST_CASE("retryloop-retries adds to the attempt, and the original-* headers win
   headers.append("retryloop-original-exchange", "shop.events");
   headers.append("retryloop-original-routing-key", "order.paid");
   headers.append("retryloop-first-failure", amqp::Timestamp{1600000000});
-  headers.append("x-death", FieldArray{FieldValue(death("orders", "rejected", int64_t(1)))});
+  headers.append("x-death", FieldArray{FieldValue(death_entry("orders", "rejected", int64_t(1)))});
   AttemptInfo info = read_attempt_info(with_headers(headers), "orders", "", "orders");
   CHECK(info.attempt == 5);
   CHECK(info.original_exchange == "shop.events");
@@ -161,15 +187,16 @@ TEST_CASE("Forged x-death headers never crash and are reported as malformed", "[
   }
   SECTION("the count of this queue's entry is a string") {
     FieldTable headers;
-    headers.append("x-death", FieldArray{FieldValue(death("orders", "rejected", "9"))});
+    headers.append("x-death", FieldArray{FieldValue(death_entry("orders", "rejected", "9"))});
     AttemptInfo info = read_attempt_info(with_headers(headers), "orders", "e", "k");
     CHECK(info.attempt == 1);
     CHECK(info.malformed == "x-death[0].count is not a non-negative integer");
   }
   SECTION("an entry is not a table, and the count is negative") {
     FieldTable headers;
-    headers.append("x-death", FieldArray{FieldValue(int64_t(1)),
-                                         FieldValue(death("orders", "rejected", int64_t(-4)))});
+    headers.append("x-death",
+                   FieldArray{FieldValue(int64_t(1)),
+                              FieldValue(death_entry("orders", "rejected", int64_t(-4)))});
     AttemptInfo info = read_attempt_info(with_headers(headers), "orders", "e", "k");
     CHECK(info.attempt == 1);
     CHECK(info.malformed ==
@@ -184,9 +211,8 @@ TEST_CASE("Forged x-death headers never crash and are reported as malformed", "[
   SECTION("huge counts saturate instead of overflowing") {
     FieldTable headers;
     headers.append("retryloop-retries", std::numeric_limits<int64_t>::max());
-    headers.append(
-        "x-death",
-        FieldArray{FieldValue(death("orders", "rejected", std::numeric_limits<int64_t>::max()))});
+    headers.append("x-death", FieldArray{FieldValue(death_entry(
+                                  "orders", "rejected", std::numeric_limits<int64_t>::max()))});
     AttemptInfo info = read_attempt_info(with_headers(headers), "orders", "e", "k");
     CHECK(info.attempt == std::numeric_limits<int64_t>::max());
     CHECK(info.malformed.empty());
@@ -196,7 +222,8 @@ TEST_CASE("Forged x-death headers never crash and are reported as malformed", "[
 TEST_CASE("A retry copy strips the death headers, counts the retry and keeps the rest", "[retry]") {
   FieldTable headers;
   headers.append("app", "kept");
-  headers.append("x-death", FieldArray{FieldValue(death("orders.wait.1s", "expired", int64_t(1)))});
+  headers.append("x-death",
+                 FieldArray{FieldValue(death_entry("orders.wait.1s", "expired", int64_t(1)))});
   headers.append("x-first-death-exchange", "orders.wait");
   headers.append("x-first-death-queue", "orders.wait.1s");
   headers.append("x-first-death-reason", "expired");
@@ -221,7 +248,7 @@ TEST_CASE("A retry copy strips the death headers, counts the retry and keeps the
   // Everything but the headers is byte-identical.
   amqp::BasicProperties without_headers = copy;
   without_headers.headers = original.headers;
-  CHECK(encoded(without_headers) == encoded(original));
+  CHECK(encoded_header_frame(without_headers) == encoded_header_frame(original));
 }
 
 TEST_CASE("A first retry copy records the original exchange and routing key", "[retry]") {
@@ -246,7 +273,7 @@ TEST_CASE(
     "[retry]") {
   // Rejected twice in reject mode, then the service switched to republish mode.
   FieldTable headers;
-  headers.append("x-death", FieldArray{FieldValue(death("orders", "rejected", int64_t(2)))});
+  headers.append("x-death", FieldArray{FieldValue(death_entry("orders", "rejected", int64_t(2)))});
   AttemptInfo info = read_attempt_info(with_headers(headers), "orders", "", "orders");
   REQUIRE(info.attempt == 3);
   amqp::BasicProperties copy = make_retry_copy(with_headers(headers), info, 1700000000);
@@ -254,7 +281,8 @@ TEST_CASE(
   CHECK(*copy.headers->find("retryloop-retries")->as_int64() == 3);
   // The copy comes back through a wait queue (an `expired` entry, not a rejection): attempt 4.
   FieldTable back = *copy.headers;
-  back.append("x-death", FieldArray{FieldValue(death("orders.wait.1s", "expired", int64_t(1)))});
+  back.append("x-death",
+              FieldArray{FieldValue(death_entry("orders.wait.1s", "expired", int64_t(1)))});
   AttemptInfo next = read_attempt_info(with_headers(back), "orders", "", "orders");
   CHECK(next.attempt == 4);
 
@@ -293,7 +321,7 @@ TEST_CASE(
   restored.headers.reset();
   amqp::BasicProperties expected = original;
   expected.headers.reset();
-  CHECK(encoded(restored) == encoded(expected));
+  CHECK(encoded_header_frame(restored) == encoded_header_frame(expected));
 
   // A later copy keeps the first value, even if the message got another expiration meanwhile.
   amqp::BasicProperties again = retry;
@@ -305,7 +333,7 @@ TEST_CASE(
              ->as_string() == "6000");
 
   // In reject mode the broker has already moved it into the x-death entry.
-  FieldTable entry = death("orders", "rejected", int64_t(1));
+  FieldTable entry = death_entry("orders", "rejected", int64_t(1));
   entry.append("original-expiration", "6000");
   FieldTable headers;
   headers.append("x-death", FieldArray{FieldValue(entry)});
@@ -327,7 +355,7 @@ TEST_CASE(
 TEST_CASE("A parking copy carries the diagnostic headers and keeps x-death as evidence",
           "[retry]") {
   FieldTable headers;
-  headers.append("x-death", FieldArray{FieldValue(death("orders", "rejected", int64_t(2)))});
+  headers.append("x-death", FieldArray{FieldValue(death_entry("orders", "rejected", int64_t(2)))});
   amqp::BasicProperties original = with_headers(headers);
   AttemptInfo info = read_attempt_info(original, "orders", "", "orders");
   ParkingNote note;

@@ -23,8 +23,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::string service_json(const std::string& name, const std::string& queue,
-                         const std::string& retry, const std::string& type = "classic") {
+std::string service_json_with_queue(const std::string& name, const std::string& queue,
+                                    const std::string& retry, const std::string& type = "classic") {
   return R"({"name": ")" + name + R"(", "queue": ")" + queue + R"(", "queue_type": ")" + type +
          R"(", "input": {"exchange": "shop.in", "type": "topic", "bindings": ["#"]}, "retry": )" +
          retry + "}";
@@ -157,7 +157,8 @@ struct Broker {
 }  // namespace
 
 TEST_CASE("Delay levels are read as a base with a level count or a maximum", "[delay-levels]") {
-  auto t = parse_valid_topology(R"({"services": [)" + service_json("a", "a", levels_retry) + "]}");
+  auto t = parse_valid_topology(R"({"services": [)" +
+                                service_json_with_queue("a", "a", levels_retry) + "]}");
   const Service& s = t.services[0];
   REQUIRE(s.retry.delay_levels);
   CHECK(s.retry.delay_levels->base == 100ms);
@@ -166,8 +167,8 @@ TEST_CASE("Delay levels are read as a base with a level count or a maximum", "[d
 
   auto with_max = parse_valid_topology(
       R"({"services": [)" +
-      service_json("a", "a",
-                   R"({"mode": "republish", "delays": ["1s"], "max_attempts": 5,
+      service_json_with_queue("a", "a",
+                              R"({"mode": "republish", "delays": ["1s"], "max_attempts": 5,
                        "max_retry_duration": "2h", "delay_levels": {"base": "1s", "max": "1h"}})") +
       "]}");
   const Service& m = with_max.services[0];
@@ -178,7 +179,7 @@ TEST_CASE("Delay levels are read as a base with a level count or a maximum", "[d
 
 TEST_CASE("Delay level mistakes are named", "[delay-levels]") {
   auto file = [](const std::string& retry, const std::string& queue = "a") {
-    return R"({"services": [)" + service_json("a", queue, retry) + "]}";
+    return R"({"services": [)" + service_json_with_queue("a", queue, retry) + "]}";
   };
   CHECK_THAT(first_error(file(R"({"mode": "reject", "delays": ["1s"], "max_attempts": 2,
                                  "delay_levels": {"base": "1s", "levels": 4}})")),
@@ -214,18 +215,20 @@ TEST_CASE("Delay level mistakes are named", "[delay-levels]") {
                                  "delay_levels": {"base": "1s", "levels": 8},
                                  "backoff": {"initial": "1s", "max": "1m"}})")),
              Catch::Contains("either \"delays\" or \"backoff\""));
-  CHECK_THAT(first_error(R"({"services": [)" +
-                         service_json("retryloop.delay.1s.00", "q", levels_retry) + "]}"),
-             Catch::Contains("shared delay levels"));
+  CHECK_THAT(
+      first_error(R"({"services": [)" +
+                  service_json_with_queue("retryloop.delay.1s.00", "q", levels_retry) + "]}"),
+      Catch::Contains("shared delay levels"));
 }
 
 TEST_CASE("Services with the same base and queue type share one set of delay levels",
           "[delay-levels]") {
   const std::string longer = R"({"mode": "republish", "delays": ["1s"], "max_attempts": 5,
                                  "delay_levels": {"base": "100ms", "levels": 14}})";
-  auto t = parse_valid_topology(R"({"services": [)" + service_json("a", "orders", levels_retry) +
-                                "," + service_json("b", "x.orders", longer) + "," +
-                                service_json("c", "c", levels_retry, "quorum") + "]}");
+  auto t = parse_valid_topology(R"({"services": [)" +
+                                service_json_with_queue("a", "orders", levels_retry) + "," +
+                                service_json_with_queue("b", "x.orders", longer) + "," +
+                                service_json_with_queue("c", "c", levels_retry, "quorum") + "]}");
   Plan plan = make_plan(t);
   std::map<std::string, int> declared;
   std::map<std::pair<ActionKind, std::string>, int> times;
@@ -276,8 +279,9 @@ TEST_CASE("A retry through the delay levels waits its delay and comes back to it
           "[delay-levels]") {
   const std::string longer = R"({"mode": "republish", "delays": ["1s"], "max_attempts": 5,
                                  "delay_levels": {"base": "100ms", "levels": 14}})";
-  auto t = parse_valid_topology(R"({"services": [)" + service_json("a", "orders", levels_retry) +
-                                "," + service_json("b", "x.orders", longer) + "]}");
+  auto t = parse_valid_topology(R"({"services": [)" +
+                                service_json_with_queue("a", "orders", levels_retry) + "," +
+                                service_json_with_queue("b", "x.orders", longer) + "]}");
   Broker broker(make_plan(t));
   std::mt19937 random(7);
   for (const Service& s : t.services) {
@@ -316,7 +320,8 @@ TEST_CASE("A retry through the delay levels waits its delay and comes back to it
   // Rounded up, never to the nearest: below half the base, between levels, above the maximum.
   auto second = parse_valid_topology(
       R"({"services": [)" +
-      service_json("c", "orders", R"({"mode": "republish", "delays": ["1s"], "max_attempts": 5,
+      service_json_with_queue("c", "orders",
+                              R"({"mode": "republish", "delays": ["1s"], "max_attempts": 5,
                                       "delay_levels": {"base": "1s", "max": "1h"}})") +
       "]}");
   const Service& by_second = second.services[0];
@@ -339,7 +344,7 @@ TEST_CASE("A topology file's own delay levels schedule messages for the queues i
   auto t = parse_valid_topology(
       R"({"delay_levels": {"base": "100ms", "max": "1h", "queues": ["orders", "mail", "x.orders"]},
           "services": [)" +
-      service_json("a", "orders", levels_retry) + "]}");
+      service_json_with_queue("a", "orders", levels_retry) + "]}");
   REQUIRE(t.schedule);
   CHECK(t.schedule->levels.levels == levels_for(100ms, 1h));
   const Plan plan = make_plan(t);
@@ -420,7 +425,7 @@ TEST_CASE("Schedule mistakes are named", "[delay-levels][schedule]") {
             .find("queue") != std::string::npos);
   CHECK(first_error(R"({"delay_levels": {"base": "1s", "max": "1h", "queues": ["s.parking"]},
                         "services": [)" +
-                    service_json("s", "s", levels_retry) + "]}") ==
+                    service_json_with_queue("s", "s", levels_retry) + "]}") ==
         "delay_levels.queues[0]: \"s.parking\" is the parking queue of service \"s\"; replay "
         "parked messages with `retryloop parking replay` instead");
   CHECK(first_error(R"({})").find("services") != std::string::npos);

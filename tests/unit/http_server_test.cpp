@@ -140,15 +140,15 @@ TEST_CASE("A request that comes whole with Expect: 100-continue gets its answer 
 namespace {
 
 /// A libuv loop for the operations endpoint, run while a client waits for its answer.
-class Loop {
+class EndpointLoop {
  public:
-  Loop() { REQUIRE(uv_loop_init(&loop_) == 0); }
-  ~Loop() {
+  EndpointLoop() { REQUIRE(uv_loop_init(&loop_) == 0); }
+  ~EndpointLoop() {
     uv_run(&loop_, UV_RUN_DEFAULT);
     uv_loop_close(&loop_);
   }
-  Loop(const Loop&) = delete;
-  Loop& operator=(const Loop&) = delete;
+  EndpointLoop(const EndpointLoop&) = delete;
+  EndpointLoop& operator=(const EndpointLoop&) = delete;
 
   uv_loop_t* get() { return &loop_; }
   /// Runs the loop until `done()` or 20 s pass; whether `done()`.
@@ -168,7 +168,7 @@ class Loop {
 };
 
 /// What the endpoint answers `request`, sent at once; the loop runs meanwhile.
-std::string exchange(Loop& loop, uint16_t port, const std::string& request) {
+std::string answer_to(EndpointLoop& loop, uint16_t port, const std::string& request) {
   auto answer = std::async(std::launch::async, [port, request] {
     RawClient client(port);
     client.send(request);
@@ -182,16 +182,16 @@ std::string exchange(Loop& loop, uint16_t port, const std::string& request) {
 
 TEST_CASE("The operations endpoint serves GET only: a request with a body is refused with 413",
           "[http]") {
-  Loop loop;
+  EndpointLoop loop;
   operations::HttpEndpointOptions options;
   options.listen.port = 0;
   auto endpoint = operations::HttpEndpoint::create(loop.get(), options);
   REQUIRE_FALSE(endpoint->start());
   const uint16_t port = endpoint->port();
 
-  CHECK(exchange(loop, port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+  CHECK(answer_to(loop, port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             .rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
-  CHECK(exchange(loop, port, "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+  CHECK(answer_to(loop, port, "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
             .rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
   for (const std::string request : {
            "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
@@ -199,7 +199,7 @@ TEST_CASE("The operations endpoint serves GET only: a request with a body is ref
            "GET /readyz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
            "chunked\r\n\r\n1\r\nx\r\n0\r\n\r\n",
        }) {
-    const std::string answer = exchange(loop, port, request);
+    const std::string answer = answer_to(loop, port, request);
     INFO(request << "\n---\n" << answer);
     CHECK(answer.rfind("HTTP/1.1 413 Payload Too Large\r\n", 0) == 0);
   }

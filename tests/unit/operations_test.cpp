@@ -18,7 +18,7 @@ using operations::ConsumerStatus;
 
 namespace {
 
-ConsumerStatus orders() {
+ConsumerStatus orders_status() {
   ConsumerStatus status;
   status.service = "orders";
   status.queue = "orders.q";
@@ -56,7 +56,7 @@ bool has_line(const std::string& text, const std::string& line) {
 
 TEST_CASE("The exposition has counters, gauges and the handler latency histogram in seconds",
           "[operations]") {
-  const std::string text = operations::prometheus_text({orders()});
+  const std::string text = operations::prometheus_text({orders_status()});
   INFO(text);
   CHECK(text.back() == '\n');
   CHECK(has_line(text, "# TYPE messaging_client_consumed_messages_total counter"));
@@ -97,10 +97,10 @@ TEST_CASE("The exposition has counters, gauges and the handler latency histogram
 
 TEST_CASE("Every sample follows its family's HELP and TYPE, and no series appears twice",
           "[operations]") {
-  ConsumerStatus second = orders();
+  ConsumerStatus second = orders_status();
   second.service = "audit";
   second.queue = "audit";
-  const std::string text = operations::prometheus_text({orders(), second});
+  const std::string text = operations::prometheus_text({orders_status(), second});
   std::string family;
   std::set<std::string> families;
   std::set<std::string> series;
@@ -132,7 +132,7 @@ TEST_CASE("Every sample follows its family's HELP and TYPE, and no series appear
 }
 
 TEST_CASE("Label values are escaped: backslash, double quote and newline", "[operations]") {
-  ConsumerStatus status = orders();
+  ConsumerStatus status = orders_status();
   status.service = "we\"ird\\name\nx";
   status.queue = "q";
   const std::string text = operations::prometheus_text({status});
@@ -143,8 +143,8 @@ TEST_CASE("Label values are escaped: backslash, double quote and newline", "[ope
 }
 
 TEST_CASE("Consumers of the same service and queue are added into one series", "[operations]") {
-  ConsumerStatus first = orders();
-  ConsumerStatus second = orders();
+  ConsumerStatus first = orders_status();
+  ConsumerStatus second = orders_status();
   second.state = consumer::ConsumerState::reconnecting;
   second.metrics.retried_by_delay["1m"] = 1;
   const std::string text = operations::prometheus_text({first, second});
@@ -159,7 +159,7 @@ TEST_CASE("Consumers of the same service and queue are added into one series", "
 }
 
 TEST_CASE("Ready means consuming and not blocked by the broker", "[operations]") {
-  ConsumerStatus status = orders();
+  ConsumerStatus status = orders_status();
   CHECK(operations::is_ready(status));
   status.blocked = true;
   CHECK_FALSE(operations::is_ready(status));
@@ -195,13 +195,13 @@ TEST_CASE(
     "The breaker's state, limit, pace, trips, probes, time open and held deliveries are exposed, "
     "and two consumers of a service show its most stopped state",
     "[operations][outage]") {
-  ConsumerStatus open = orders();
+  ConsumerStatus open = orders_status();
   open.breaker = outage::State::open;
   open.breaker_stats.trips = 2;
   open.breaker_stats.probes = 5;
   open.breaker_stats.time_open = 12500ms;
   open.held = 40;
-  ConsumerStatus closed = orders();
+  ConsumerStatus closed = orders_status();
   closed.breaker_limit = 8;
   closed.breaker_stats.trips = 1;
   closed.breaker_stats.pace = 284.6;

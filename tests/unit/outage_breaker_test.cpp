@@ -563,6 +563,50 @@ TEST_CASE(
   CHECK(pacer.try_take(at));
 }
 
+TEST_CASE(
+    "A 429's Retry-After lets no call through before it has passed, and the pace starts there",
+    "[outage]") {
+  Pacer pacer(2s);
+  for (int i = 0; i < 100; ++i)
+    pacer.accepted(std::chrono::milliseconds(i * 10));
+  REQUIRE(pacer.overloaded(1s, 3s));
+  CHECK(pacer.rate() == Approx(95));
+  int early = 0;
+  for (std::chrono::milliseconds at = 1s; at < 4s; at += 1ms)
+    early += pacer.try_take(at) ? 1 : 0;
+  CHECK(early == 0);
+  // Later 429s of the same congestion: a shorter Retry-After brings nothing nearer, a longer one
+  // pushes the quiet further.
+  CHECK_FALSE(pacer.overloaded(1200ms, 1s));
+  CHECK_FALSE(pacer.overloaded(1300ms, 3300ms));
+  CHECK_FALSE(pacer.try_take(4500ms));
+  // From the end of the quiet, the pace: 95 a second.
+  int started = 0;
+  for (auto at = 4600ms; at < 5600ms; at += 1ms)
+    while (pacer.try_take(at))
+      ++started;
+  CHECK(started >= 90);
+  CHECK(started <= 97);
+  // The rate grows one interval after the first quiet's end, not during it.
+  CHECK(pacer.due() == 6s);
+  // A reset forgets the quiet with the rest.
+  REQUIRE(pacer.overloaded(10s, 1h));
+  pacer.reset();
+  CHECK(pacer.try_take(10s));
+}
+
+TEST_CASE("An overloaded call with a Retry-After holds the breaker's calls until it has passed",
+          "[outage]") {
+  Breaker breaker(Settings{}, 8);
+  std::optional<Call> call = breaker.try_start(0, 1s);
+  REQUIRE(call);
+  breaker.finished(*call, Verdict::overloaded, 1s, 5s);
+  CHECK(breaker.state() == State::closed);
+  CHECK_FALSE(breaker.try_start(0, 1s));
+  CHECK_FALSE(breaker.try_start(0, 5999ms));
+  CHECK(breaker.try_start(0, 6s));
+}
+
 TEST_CASE("A pace never holds a call back before the first 429 nor after a reset", "[outage]") {
   Pacer pacer(2s);
   for (int i = 0; i < 1000; ++i)

@@ -38,7 +38,7 @@ struct Instance {
 /// order published and the last one is kept; tokens wait in a queue whose one active consumer
 /// (the first instance that joined and is still there) gets one at a time, and the broker gives
 /// an unacked token back when its holder leaves.
-struct Service {
+struct SimulatedService {
   std::vector<std::unique_ptr<Instance>> instances;
   std::optional<Signal> last;
   std::deque<Token> tokens;
@@ -245,7 +245,7 @@ TEST_CASE(
     "One instance trips, every instance stops, only the token's holder probes, and its success "
     "ramps them all",
     "[outage]") {
-  Service service;
+  SimulatedService service;
   Instance& a = service.add("a");
   Instance& b = service.add("b");
   Instance& c = service.add("c");
@@ -288,7 +288,7 @@ TEST_CASE(
     "Instances that trip together publish two tokens, and the second is acked, not probed with",
     "[outage]") {
   // Both trip before either hears the other: each publishes an open and a token.
-  Service twin;
+  SimulatedService twin;
   Instance& x = twin.add("x");
   Instance& y = twin.add("y");
   for (Instance* instance : {&x, &y}) {
@@ -315,7 +315,7 @@ TEST_CASE(
     "The token's holder with nothing to probe with passes it on after a probe interval, until an "
     "instance that holds deliveries has it and probes",
     "[outage]") {
-  Service service;
+  SimulatedService service;
   Instance& a = service.add("a");
   Instance& b = service.add("b");
   Instance& c = service.add("c");
@@ -343,7 +343,7 @@ TEST_CASE(
 }
 
 TEST_CASE("When the token's holder leaves, another instance gets it and probes", "[outage]") {
-  Service service;
+  SimulatedService service;
   Instance& a = service.add("a");
   Instance& b = service.add("b");
   service.trip(b);
@@ -362,7 +362,7 @@ TEST_CASE("When the token's holder leaves, another instance gets it and probes",
 
 TEST_CASE("An open service whose prober is not heard for 3 probe intervals + 2 s gets a new token",
           "[outage]") {
-  Service service;
+  SimulatedService service;
   Instance& a = service.add("a");
   Instance& b = service.add("b");
   service.trip(a);
@@ -384,7 +384,7 @@ TEST_CASE("An open service whose prober is not heard for 3 probe intervals + 2 s
 }
 
 TEST_CASE("A joining instance takes the service's state: open, paused, then resumed", "[outage]") {
-  Service service;
+  SimulatedService service;
   Instance& a = service.add("a");
   service.trip(a);
   Instance& late = service.add("late");
@@ -412,7 +412,7 @@ TEST_CASE("A joining instance takes the service's state: open, paused, then resu
 }
 
 TEST_CASE("A service paused while closed resumes through one probe and the ramp", "[outage]") {
-  Service service;
+  SimulatedService service;
   Instance& a = service.add("a");
   Instance& b = service.add("b");
   service.operator_says(SignalKind::paused);
@@ -427,7 +427,7 @@ TEST_CASE("A service paused while closed resumes through one probe and the ramp"
 
 TEST_CASE("An instance that tripped while not connected tells the others once it joins",
           "[outage]") {
-  Service service;
+  SimulatedService service;
   Instance& a = service.add("a");
   a.coordinator.left(service.now);
   service.trip(a);
@@ -505,7 +505,7 @@ TEST_CASE("A breaker that may not probe stays open, and resumed it waits with a 
 
 TEST_CASE("An instance resumed alone probes for itself unless the service is in an outage",
           "[outage]") {
-  Service service;
+  SimulatedService service;
   Instance& a = service.add("a");
   Instance& b = service.add("b");
   b.breaker.pause(service.now);
@@ -540,7 +540,7 @@ TEST_CASE("An instance resumed alone probes for itself unless the service is in 
 
 TEST_CASE("An instance paused alone stays paused when it joins again after the service was resumed",
           "[outage]") {
-  Service service;
+  SimulatedService service;
   Instance& a = service.add("a");
   service.operator_says(SignalKind::paused);
   service.operator_says(SignalKind::resumed, true);
@@ -570,7 +570,7 @@ TEST_CASE(
     "A token delivered before its instance has joined is kept, and probed with once it has: a "
     "single instance restarted during an outage probes within an interval",
     "[outage]") {
-  Service service;
+  SimulatedService service;
   Instance& a = service.add("a");
   service.trip(a);
   service.disconnect(a);  // killed: the broker gives its token back
@@ -594,7 +594,7 @@ TEST_CASE(
     "A resume sent while no instance runs is probed with by the first instance that starts, at "
     "once",
     "[outage]") {
-  Service service;
+  SimulatedService service;
   Instance& a = service.add("a");
   service.operator_says(SignalKind::paused);
   service.disconnect(a);
@@ -616,7 +616,7 @@ TEST_CASE(
     "An instance paused by the operator that missed the resume, and the probe's recovered after "
     "it, runs again when it joins",
     "[outage]") {
-  Service service;
+  SimulatedService service;
   service.add("a");
   Instance& b = service.add("b");
   service.operator_says(SignalKind::paused);
@@ -635,7 +635,7 @@ TEST_CASE(
     "A resume heard between an instance's state read and its join is not undone by the pause it "
     "read",
     "[outage]") {
-  Service service;
+  SimulatedService service;
   service.add("a");
   service.operator_says(SignalKind::paused);
   Instance& b = service.connect(std::make_unique<Instance>("b"));
@@ -652,7 +652,7 @@ TEST_CASE(
     "The token's holder paused on its own (Consumer::pause) passes the token after a probe "
     "interval, and another instance probes",
     "[outage]") {
-  Service service;
+  SimulatedService service;
   Instance& a = service.add("a");
   Instance& b = service.add("b");
   service.trip(b);
@@ -674,7 +674,7 @@ TEST_CASE(
     "An operator's resume of a service that is not paused opens no instance: its token's holder "
     "finds itself handling and says the resume is over",
     "[outage]") {
-  Service service;
+  SimulatedService service;
   service.add("a");
   service.add("b");
   service.operator_says(SignalKind::resumed, true);
@@ -692,7 +692,7 @@ TEST_CASE(
     "An operator whose clock is a minute ahead pauses and resumes the service, and the prober's "
     "recovered still ends the resume everywhere",
     "[outage]") {
-  Service service;
+  SimulatedService service;
   Instance& a = service.add("a");
   service.add("b");
   Instance& c = service.add("c");
@@ -713,7 +713,7 @@ TEST_CASE(
 
 TEST_CASE("An operator's resume does not end an instance's own pause, as a reconnection does not",
           "[outage]") {
-  Service service;
+  SimulatedService service;
   Instance& a = service.add("a");
   Instance& b = service.add("b");
   b.breaker.pause(service.now);  // Consumer::pause

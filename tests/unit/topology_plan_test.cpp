@@ -16,7 +16,25 @@
 #include "support/topology.hpp"
 
 using namespace retryloop;
-using namespace retryloop::topology;
+using topology::ActionKind;
+using topology::broker_needed;
+using topology::describe;
+using topology::describe_outage;
+using topology::export_definitions;
+using topology::format_value;
+using topology::load_topology;
+using topology::make_plan;
+using topology::outage_json;
+using topology::parse_inequivalent_arg;
+using topology::parse_topology;
+using topology::ParseResult;
+using topology::Plan;
+using topology::PlanLanes;
+using topology::Role;
+using topology::split_into_lanes;
+using topology::to_json;
+using topology::Topology;
+using topology::unsupported_by_broker;
 
 namespace {
 
@@ -52,7 +70,7 @@ std::vector<std::string> outline(const Plan& plan) {
   return out;
 }
 
-const Action& find(const Plan& plan, ActionKind kind, const std::string& name) {
+const topology::Action& find(const Plan& plan, ActionKind kind, const std::string& name) {
   for (const auto& a : plan.actions) {
     if (a.kind == kind && a.name == name) return a;
   }
@@ -91,7 +109,7 @@ TEST_CASE("A classic reject-mode service declares parking, then wait, then input
   CHECK(args(find(plan, ActionKind::declare_queue, "orders.parking").arguments) ==
         Strings{"x-queue-version=2(l)"});
 
-  const Action& wait_exchange = find(plan, ActionKind::declare_exchange, "orders.wait");
+  const topology::Action& wait_exchange = find(plan, ActionKind::declare_exchange, "orders.wait");
   CHECK(wait_exchange.exchange_type == "direct");
   CHECK(args(wait_exchange.arguments) == Strings{"alternate-exchange=orders.parking(S)"});
 
@@ -114,13 +132,13 @@ TEST_CASE(
     "[topology]") {
   Plan plan =
       make_plan(parse_valid_topology(one(service_json("orders", R"("queue": "orders.v2")"))));
-  const Action& wait = find(plan, ActionKind::declare_queue, "orders.wait.30s");
+  const topology::Action& wait = find(plan, ActionKind::declare_queue, "orders.wait.30s");
   CHECK(format_value(*wait.arguments.find("x-dead-letter-exchange")) == "orders.wait");
   CHECK(format_value(*wait.arguments.find("x-dead-letter-routing-key")) == "orders.v2");
   CHECK(find(plan, ActionKind::declare_queue, "orders.v2").arguments.size() == 3);
   // Only Q is bound under its own name, so the retry reaches Q alone, and parking (the wait
   // exchange's alternate exchange) while Q is gone.
-  const Action& back = plan.actions.back();
+  const topology::Action& back = plan.actions.back();
   CHECK(back.kind == ActionKind::bind_queue);
   CHECK(back.name == "orders.v2");
   CHECK(back.exchange == "orders.wait");
@@ -203,7 +221,7 @@ TEST_CASE(
 
   Plan explicit_limit = make_plan(parse_valid_topology(
       one(service_json("orders", R"("queue_type": "quorum", "delivery_limit": 5)"))));
-  const Action& q = find(explicit_limit, ActionKind::declare_queue, "orders");
+  const topology::Action& q = find(explicit_limit, ActionKind::declare_queue, "orders");
   CHECK(q.defaults == Strings{"x-delivery-limit"});
   CHECK(format_value(*q.arguments.find("x-delivery-limit")) == "1000000");
 }
@@ -249,7 +267,7 @@ TEST_CASE(
     "An in_queue service's input queue holds its own retries (x-delayed-retry-*): no wait queue",
     "[topology]") {
   Plan plan = make_plan(load_valid("in_queue.json"));
-  const Action& q = find(plan, ActionKind::declare_queue, "invoices");
+  const topology::Action& q = find(plan, ActionKind::declare_queue, "invoices");
   const auto q_args = args(q.arguments);
   for (const char* wanted :
        {"x-delayed-retry-type=failed(S)", "x-delayed-retry-min=1000(l)",
@@ -370,20 +388,20 @@ TEST_CASE("An input exchange shared by services is declared once, for all of the
     }
   }
   CHECK(count == 1);
-  const Action& audit_bind = find(plan, ActionKind::bind_queue, "audit");
+  const topology::Action& audit_bind = find(plan, ActionKind::bind_queue, "audit");
   CHECK(audit_bind.exchange == "shop.events");
   CHECK(audit_bind.routing_key == "#");
 }
 
 TEST_CASE("An exchange with \"declare\": false is only checked for", "[topology]") {
   Plan plan = make_plan(load_valid("all_features.json"));
-  const Action& check = find(plan, ActionKind::check_exchange, "amq.topic");
+  const topology::Action& check = find(plan, ActionKind::check_exchange, "amq.topic");
   CHECK(check.exchange_type == "topic");
   CHECK(check.services == Strings{"ledger"});
   for (const auto& a : plan.actions) {
     CHECK_FALSE((a.kind == ActionKind::declare_exchange && a.name == "amq.topic"));
   }
-  const Action& bind = find(plan, ActionKind::bind_queue, "ledger");
+  const topology::Action& bind = find(plan, ActionKind::bind_queue, "ledger");
   CHECK(bind.exchange == "amq.topic");
   CHECK(bind.routing_key == "ledger.entry");
 }
@@ -398,7 +416,7 @@ TEST_CASE("A shared exchange declared by one service and not another is declared
                    R"("exchange": "x", "type": "direct", "bindings": ["b"])") +
       "]}");
   Plan plan = make_plan(t);
-  const Action& x = find(plan, ActionKind::declare_exchange, "x");
+  const topology::Action& x = find(plan, ActionKind::declare_exchange, "x");
   CHECK(x.services == Strings{"a", "b"});
 }
 
@@ -406,7 +424,7 @@ TEST_CASE("A fanout input is bound once, without a routing key", "[topology]") {
   Plan plan = make_plan(
       parse_valid_topology(one(service_json("mailer", "", R"("delays": ["1m"], "max_attempts": 2)",
                                             R"("exchange": "notifications", "type": "fanout")"))));
-  const Action& bind = find(plan, ActionKind::bind_queue, "mailer");
+  const topology::Action& bind = find(plan, ActionKind::bind_queue, "mailer");
   CHECK(bind.exchange == "notifications");
   CHECK(bind.routing_key.empty());
   CHECK(bind.arguments.empty());
@@ -419,7 +437,7 @@ TEST_CASE("A headers input is bound with x-match and typed header values", "[top
                        R"("exchange": "payments.in", "type": "headers", "bindings": [
           {"match": "any", "headers": {"kind": "charge", "version": 2, "urgent": true}},
           {"headers": {"kind": "refund"}}])"))));
-  std::vector<const Action*> binds;
+  std::vector<const topology::Action*> binds;
   for (const auto& a : plan.actions) {
     if (a.kind == ActionKind::bind_queue && a.name == "payments" && a.exchange == "payments.in")
       binds.push_back(&a);
@@ -591,7 +609,7 @@ namespace {
 void check_lanes(const Plan& plan, const PlanLanes& lanes) {
   std::map<std::string, size_t> declared_by;
   for (size_t i = 0; i < plan.actions.size(); ++i) {
-    const Action& a = plan.actions[i];
+    const topology::Action& a = plan.actions[i];
     if (a.kind == ActionKind::declare_queue) declared_by.emplace("q:" + a.name, i);
     if (a.kind == ActionKind::declare_exchange || a.kind == ActionKind::check_exchange) {
       declared_by.emplace("e:" + a.name, i);
@@ -609,7 +627,7 @@ void check_lanes(const Plan& plan, const PlanLanes& lanes) {
   CHECK(std::is_sorted(lanes.first.begin(), lanes.first.end()));
   REQUIRE(part_of.size() == plan.actions.size());
   for (size_t i = 0; i < plan.actions.size(); ++i) {
-    const Action& a = plan.actions[i];
+    const topology::Action& a = plan.actions[i];
     std::vector<std::string> named;
     if (a.kind == ActionKind::bind_queue) named = {"q:" + a.name, "e:" + a.exchange};
     if (a.kind == ActionKind::bind_exchange) named = {"e:" + a.name, "e:" + a.exchange};

@@ -9,11 +9,11 @@ using retry::parse_traceparent;
 using retry::trace_context;
 
 namespace {
-const char* const valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+const char* const valid_traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 }
 
 TEST_CASE("A version 00 traceparent gives its trace id, parent id and flags", "[trace]") {
-  auto context = parse_traceparent(valid, "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE");
+  auto context = parse_traceparent(valid_traceparent, "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE");
   REQUIRE(context);
   CHECK(context->version == "00");
   CHECK(context->trace_id == "4bf92f3577b34da6a3ce929d0e0e4736");
@@ -21,7 +21,7 @@ TEST_CASE("A version 00 traceparent gives its trace id, parent id and flags", "[
   CHECK(context->flags == 1);
   CHECK(context->sampled());
   CHECK(context->tracestate == "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE");
-  CHECK(context->traceparent() == valid);
+  CHECK(context->traceparent() == valid_traceparent);
 
   context = parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-fe");
   REQUIRE(context);
@@ -64,7 +64,7 @@ TEST_CASE("A later version is read by its first four fields", "[trace]") {
   REQUIRE(context);
   CHECK(context->version == "cc");
   CHECK(context->trace_id == "4bf92f3577b34da6a3ce929d0e0e4736");
-  CHECK(context->traceparent() == valid);  // sent on as version 00
+  CHECK(context->traceparent() == valid_traceparent);  // sent on as version 00
   CHECK(parse_traceparent("cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
 }
 
@@ -74,13 +74,13 @@ TEST_CASE("The trace context is read from string or byte-array headers, never ma
   headers.append("tracestate", "vendor=x");
   CHECK_FALSE(trace_context(headers));  // tracestate alone is nothing
 
-  headers.set("traceparent", valid);
+  headers.set("traceparent", valid_traceparent);
   auto context = trace_context(headers);
   REQUIRE(context);
   CHECK(context->trace_id == "4bf92f3577b34da6a3ce929d0e0e4736");
   CHECK(context->tracestate == "vendor=x");
 
-  headers.set("traceparent", amqp::ByteArray{valid});
+  headers.set("traceparent", amqp::ByteArray{valid_traceparent});
   CHECK(trace_context(headers));
 
   headers.set("traceparent", int64_t(1));

@@ -21,7 +21,7 @@ using retryloop::transfer::Source;
 
 namespace {
 
-Service service(RetryMode mode, std::vector<std::chrono::milliseconds> delays) {
+Service orders_service(RetryMode mode, std::vector<std::chrono::milliseconds> delays) {
   Service s;
   s.name = "orders";
   s.queue = "orders";
@@ -52,7 +52,7 @@ BasicProperties rejected(const std::string& queue, int64_t count, uint64_t time)
   return properties;
 }
 
-const FieldValue* header(const BasicProperties& properties, std::string_view name) {
+const FieldValue* find_header(const BasicProperties& properties, std::string_view name) {
   return properties.headers ? properties.headers->find(name) : nullptr;
 }
 
@@ -61,7 +61,7 @@ const FieldValue* header(const BasicProperties& properties, std::string_view nam
 TEST_CASE("A transfer reads the service queue, the wait queues shortest first, then parking",
           "[transfer]") {
   auto sources =
-      retryloop::transfer::transfer_sources(service(RetryMode::republish, {30s, 1s, 30s}));
+      retryloop::transfer::transfer_sources(orders_service(RetryMode::republish, {30s, 1s, 30s}));
   REQUIRE(sources.size() == 4);
   CHECK(sources[0].kind == Source::Kind::service_queue);
   CHECK(sources[0].queue == "orders");
@@ -73,14 +73,15 @@ TEST_CASE("A transfer reads the service queue, the wait queues shortest first, t
   CHECK(sources[3].kind == Source::Kind::parking);
   CHECK(sources[3].queue == "orders.parking");
 
-  auto in_queue = retryloop::transfer::transfer_sources(service(RetryMode::in_queue, {1s, 30s}));
+  auto in_queue =
+      retryloop::transfer::transfer_sources(orders_service(RetryMode::in_queue, {1s, 30s}));
   REQUIRE(in_queue.size() == 2);
   CHECK(in_queue[1].kind == Source::Kind::parking);
 }
 
 TEST_CASE("Moved retries wait in levels of the transfer's precision that reach the longest delay",
           "[transfer]") {
-  Service s = service(RetryMode::reject, {37s});
+  Service s = orders_service(RetryMode::reject, {37s});
   s.queue_type = QueueType::quorum;
   auto schedule = retryloop::transfer::transfer_schedule(s, 100ms);
   REQUIRE(schedule);
@@ -97,7 +98,7 @@ TEST_CASE("Moved retries wait in levels of the transfer's precision that reach t
   CHECK(route.routing_key.substr(route.routing_key.size() - 7) == ".orders");
 
   // A service with levels of its own uses them.
-  Service levelled = service(RetryMode::republish, {5s});
+  Service levelled = orders_service(RetryMode::republish, {5s});
   levelled.retry.delay_levels = retryloop::topology::DelayLevels{1s, 6, std::nullopt};
   CHECK_FALSE(retryloop::transfer::transfer_schedule(levelled, 100ms));
   CHECK(retryloop::topology::delay_set_name(retryloop::transfer::ladder_service(levelled, 100ms)) ==
@@ -158,12 +159,12 @@ TEST_CASE("A moved retry keeps its attempts in retryloop-retries, without the br
   BasicProperties copy =
       retryloop::transfer::transfer_copy(rejected("orders", 3, 1'700'000'000), wait, "orders", "",
                                          "orders.wait.30s", 1'700'000'100, 1'700'000'130'000);
-  CHECK(header(copy, "x-death") == nullptr);
-  CHECK(header(copy, "x-first-death-queue") == nullptr);
-  REQUIRE(header(copy, retryloop::retry::header::retries) != nullptr);
-  CHECK(header(copy, retryloop::retry::header::retries)->as_int64() == 3);
-  CHECK(header(copy, retryloop::retry::header::retry_due)->as_int64() == 1'700'000'130'000);
-  CHECK(header(copy, retryloop::retry::header::original_exchange)->as_string() ==
+  CHECK(find_header(copy, "x-death") == nullptr);
+  CHECK(find_header(copy, "x-first-death-queue") == nullptr);
+  REQUIRE(find_header(copy, retryloop::retry::header::retries) != nullptr);
+  CHECK(find_header(copy, retryloop::retry::header::retries)->as_int64() == 3);
+  CHECK(find_header(copy, retryloop::retry::header::retry_due)->as_int64() == 1'700'000'130'000);
+  CHECK(find_header(copy, retryloop::retry::header::original_exchange)->as_string() ==
         std::string_view("orders.in"));
   CHECK(copy.message_id == "m1");
   auto info = retryloop::retry::read_attempt_info(copy, "orders", "", "orders");
@@ -183,7 +184,7 @@ TEST_CASE("A moved retry keeps its attempts in retryloop-retries, without the br
   // Back in the service queue after two rejections: attempt 3 next, wherever it is delivered.
   BasicProperties back = retryloop::transfer::transfer_copy(
       rejected("orders", 2, 1'700'000'000), queue, "orders", "", "orders", 1'700'000'100, 0);
-  CHECK(header(back, "x-death") == nullptr);
-  CHECK(header(back, retryloop::retry::header::retry_due) == nullptr);
+  CHECK(find_header(back, "x-death") == nullptr);
+  CHECK(find_header(back, retryloop::retry::header::retry_due) == nullptr);
   CHECK(retryloop::retry::read_attempt_info(back, "orders", "", "orders").attempt == 3);
 }

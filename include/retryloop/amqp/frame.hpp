@@ -134,6 +134,12 @@ struct MethodId {
   constexpr uint32_t key() const { return (uint32_t{class_id} << 16) | method_id; }
 };
 
+/// MethodId::key of a generated method type: `method_key<QueueDeclareOk>()`.
+template <class Method>
+constexpr uint32_t method_key() {
+  return MethodId{Method::class_id, Method::method_id}.key();
+}
+
 /// Reads the ids of a method frame payload; CodecError::truncated if it is under 4 bytes.
 std::error_code peek_method_id(std::string_view payload, MethodId& out);
 

@@ -157,10 +157,13 @@ class Breaker {
   /// the call returned is the probe. At most one probe runs at a time.
   std::optional<Call> try_start(int running, std::chrono::milliseconds now);
   /// A started call ended with `verdict`; the call has ended after it (a second finished() of the
-  /// same call does nothing).
-  void finished(Call& call, Verdict verdict, std::chrono::milliseconds now);
-  void finished(Call&& call, Verdict verdict, std::chrono::milliseconds now) {
-    finished(call, verdict, now);
+  /// same call does nothing). `quiet`, for an overloaded verdict: the answer's Retry-After, before
+  /// which no further call starts (Pacer::overloaded).
+  void finished(Call& call, Verdict verdict, std::chrono::milliseconds now,
+                std::chrono::milliseconds quiet = std::chrono::milliseconds(0));
+  void finished(Call&& call, Verdict verdict, std::chrono::milliseconds now,
+                std::chrono::milliseconds quiet = std::chrono::milliseconds(0)) {
+    finished(call, verdict, now, quiet);
   }
   /// The time the consumer's timer should fire next: the next probe when open, the next ramp step
   /// when ramping, the pace's next growth when paced; nullopt when nothing is due by time alone.

@@ -37,7 +37,10 @@ class Pacer {
   /// A call ended with an answer that was not a 429: the dependency accepted it.
   void accepted(std::chrono::milliseconds now);
   /// A call ended with a 429. True when the rate changed (the first 429 of a congestion).
-  bool overloaded(std::chrono::milliseconds now);
+  /// `quiet`: the answer's Retry-After; no call is let through before `now + quiet` (a later 429
+  /// may push that further, never nearer), and the pace starts from there.
+  bool overloaded(std::chrono::milliseconds now,
+                  std::chrono::milliseconds quiet = std::chrono::milliseconds(0));
   /// Time has passed: the rate grows at each interval, and the pace may be lifted. True when the
   /// pace was lifted.
   bool tick(std::chrono::milliseconds now);
@@ -64,6 +67,8 @@ class Pacer {
   std::chrono::milliseconds refilled_at_{0};
   std::chrono::milliseconds next_growth_{0};
   std::chrono::milliseconds congestion_until_{0};
+  /// No call before this: the last Retry-After of a 429.
+  std::chrono::milliseconds quiet_until_{0};
   /// The growth of the next interval without a 429, as a fraction of the rate.
   double growth_ = 0;
   /// Whether try_take refused a call since the last growth, and how many intervals in a row did

@@ -6,6 +6,8 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace retryloop::retry {
 
@@ -79,5 +81,21 @@ struct Metrics {
 /// Text for Prometheus' text format: backslash and newline escaped, and the double quote too in
 /// a label value (not in HELP). Every `/metrics` of retryloop escapes with it.
 std::string prometheus_escaped(std::string_view text, bool label_value);
+
+/// The labels of a Prometheus sample: names, and values as they are (prometheus_sample escapes).
+using PrometheusLabels = std::vector<std::pair<std::string_view, std::string>>;
+
+/// Microseconds as seconds, exactly: 250 -> "0.00025", 60000000 -> "60".
+std::string prometheus_seconds(uint64_t microseconds);
+
+/// One sample line of Prometheus' text format: `name{label="value",...} value`, and a newline.
+std::string prometheus_sample(std::string_view name, const PrometheusLabels& labels,
+                              std::string_view value);
+
+/// The sample lines of `histogram` as the Prometheus histogram `name`, in seconds: `name_bucket`
+/// for each bound (cumulative, `le` in seconds, the last `+Inf`), `name_sum` and `name_count`,
+/// each labelled `labels`.
+std::string prometheus_histogram(std::string_view name, const PrometheusLabels& labels,
+                                 const LatencyHistogram& histogram);
 
 }  // namespace retryloop::retry

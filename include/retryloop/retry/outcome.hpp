@@ -33,8 +33,9 @@ struct Outcome {
   /// The error (retry, permanent, poison) or the reason (drop). Parking stores it, truncated to
   /// 4 KiB, in `retryloop-error`.
   std::string text;
-  /// retry only: how long the handler asks the message to wait (Outcome::retry_after); nullopt:
-  /// the topology's delay for this attempt.
+  /// retry: how long the handler asks the message to wait (Outcome::retry_after); nullopt: the
+  /// topology's delay for this attempt. An overloaded unavailable: how long the dependency asked
+  /// to be left alone (a 429's Retry-After): no call starts before it has passed.
   std::optional<std::chrono::milliseconds> delay;
   /// unavailable only: the dependency answered that it is overloaded (Outcome::overloaded).
   bool overloaded_dependency = false;
@@ -65,6 +66,13 @@ struct Outcome {
   static Outcome overloaded(std::string error) {
     Outcome outcome{OutcomeKind::unavailable, std::move(error), {}};
     outcome.overloaded_dependency = true;
+    return outcome;
+  }
+  /// Overloaded, and it said when to come back (a 429's Retry-After): no call to it starts before
+  /// `quiet` has passed, and the pace starts from there.
+  static Outcome overloaded(std::chrono::milliseconds quiet, std::string error) {
+    Outcome outcome = overloaded(std::move(error));
+    outcome.delay = quiet;
     return outcome;
   }
   static Outcome drop(std::string reason) { return {OutcomeKind::drop, std::move(reason), {}}; }
