@@ -46,6 +46,7 @@ struct OutboxArgs {
   bool yes = false;
   size_t batch = 500;
   size_t in_flight = 2;
+  bool verbose = false;
   std::string poll_interval;
   bool no_notify = false;
   std::string retain = "0s";
@@ -228,6 +229,7 @@ int run_relay(const OutboxArgs& args) {
   auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
   options.logger = std::make_shared<spdlog::logger>("outbox", sink);
   options.logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
+  options.logger->set_level(args.verbose ? spdlog::level::debug : spdlog::level::info);
 
   uv_loop_t loop;
   uv_loop_init(&loop);
@@ -362,6 +364,9 @@ void add_outbox_commands(CLI::App& app, int& exit_code) {
       ->type_name("DURATION");
   relay->add_flag("--no-notify", relay_args->no_notify,
                   "Do not LISTEN for PostgreSQL notifications: poll only");
+  relay->add_flag("--verbose", relay_args->verbose,
+                  "Log every batch: its rows' ids, each ordering key's first and last message id, "
+                  "and how the batch settled");
   relay
       ->add_option("--retain", relay_args->retain,
                    "Keep published rows this long before deleting them (default 0s: delete at "

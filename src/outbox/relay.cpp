@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
@@ -42,49 +43,104 @@ std::string claim_sql(store::Dialect dialect) {
          ")) ORDER BY o.id LIMIT $1" + (postgres ? " FOR UPDATE OF o SKIP LOCKED" : "");
 }
 
-// PostgreSQL: the keys of a claimed batch (each with its first row in the batch) that have an
-// earlier row still pending or failed. The claim takes a key's lock at the first of the key's rows
-// it evaluates while the lock is free. When the relay that held the key ends its transaction in
-// the middle of the claim (it died, or settled its batch with rows it could not publish), the
-// claim has passed over the key's earlier rows already and takes only later ones, which would
-// overtake them. This statement sees the table as it is now, with the keys' locks held: nothing
-// another relay did to these keys is hidden from it.
-std::string earlier_rows_sql(size_t keys) {
+// PostgreSQL: the keys of a claimed batch that have a row still pending or failed before the
+// key's last row in the batch and not in it. The claim takes a key's lock at the first of the
+// key's rows it evaluates while the lock is free, and the plan decides the order it evaluates
+// rows in: by id, or as they lie in the table (a bitmap scan, then a sort). When the relay that
+// held the key ends its transaction in the middle of the claim (it settled, died, or left rows
+// it could not publish), the claim has passed over some of the key's rows already and takes
+// others: later ones, or some on either side of those it passed. Published, they would overtake
+// the rows passed over. Each of the key's pending rows up to its last in the batch is in the
+// batch unless one was passed over, so counting them finds it. This statement sees the table as
+// it is now, with the keys' locks held: nothing another relay did to these keys is hidden from
+// it.
+std::string overtaking_keys_sql(size_t keys) {
   std::string values;
   for (size_t i = 0; i < keys; ++i) {
-    values += std::string(i == 0 ? "" : ", ") + "($" + std::to_string(2 * i + 1) + "::text, $" +
-              std::to_string(2 * i + 2) + "::bigint)";
+    values += std::string(i == 0 ? "" : ", ") + "($" + std::to_string(3 * i + 1) + "::text, $" +
+              std::to_string(3 * i + 2) + "::bigint, $" + std::to_string(3 * i + 3) + "::bigint)";
   }
-  // One pass over the pending rows before the last key's first row (joined, not looked up key
-  // by key: a range of the pending index, about as long as the batch), one over the failed ones.
-  const std::string last = "$" + std::to_string(2 * keys + 1) + "::bigint";
-  return "WITH v (ordering_key, first_id) AS (VALUES " + values +
-         ") SELECT p.ordering_key FROM retryloop_outbox p JOIN v ON p.ordering_key = "
-         "v.ordering_key AND p.id < v.first_id WHERE p.state = 'pending' AND p.id < " +
+  // One pass over the pending rows up to the last key's last row (joined, not looked up key by
+  // key: a range of the pending index, about as long as the batch), one over the failed ones.
+  const std::string last = "$" + std::to_string(3 * keys + 1) + "::bigint";
+  return "WITH v (ordering_key, last_id, claimed) AS (VALUES " + values +
+         ") SELECT v.ordering_key FROM retryloop_outbox p JOIN v ON p.ordering_key = "
+         "v.ordering_key AND p.id <= v.last_id WHERE p.state = 'pending' AND p.id <= " +
          last +
+         " GROUP BY v.ordering_key, v.claimed HAVING count(*) > v.claimed"
          " UNION SELECT f.ordering_key FROM retryloop_outbox f JOIN v ON f.ordering_key = "
-         "v.ordering_key AND f.id < v.first_id WHERE f.state = 'failed' AND f.id < " +
+         "v.ordering_key AND f.id < v.last_id WHERE f.state = 'failed' AND f.id < " +
          last;
 }
 
-// Leaves the rows of such keys out of `rows` (claimed, in id order): they stay pending and are
-// claimed again, from the key's first row. Returns how many it left out.
-size_t leave_out_overtaking_rows(store::Database& database, std::vector<OutboxRow>& rows) {
-  std::map<std::string, int64_t> first_ids;
-  for (const auto& row : rows) {
-    if (row.ordering_key) first_ids.emplace(*row.ordering_key, row.id);
+std::string outcome_text(const client::PublishOutcome& outcome) {
+  switch (outcome.status) {
+    case client::PublishStatus::returned:
+      return "returned by the broker: " + outcome.error.message();
+    case client::PublishStatus::nacked:
+      return "nacked by the broker (for example a queue at its length limit with "
+             "reject-publish)";
+    default:
+      return outcome.error.message();
   }
-  if (first_ids.empty()) return 0;
+}
+
+// A batch as the debug log shows it: its ids, and each ordering key's first and last message
+// id, in publish order.
+std::string describe_batch(const std::vector<OutboxRow>& rows) {
+  std::string text = std::to_string(rows.size()) + " rows, ids " + std::to_string(rows.front().id) +
+                     ".." + std::to_string(rows.back().id);
+  struct Span {
+    std::string first;
+    std::string last;
+    size_t rows = 0;
+  };
+  std::vector<std::pair<std::string, Span>> keys;
+  for (const auto& row : rows) {
+    if (!row.ordering_key) continue;
+    auto it = std::find_if(keys.begin(), keys.end(),
+                           [&row](const auto& key) { return key.first == *row.ordering_key; });
+    if (it == keys.end()) {
+      keys.push_back({*row.ordering_key, Span{row.message_id, row.message_id, 0}});
+      it = std::prev(keys.end());
+    }
+    it->second.last = row.message_id;
+    ++it->second.rows;
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const auto& [key, span] = keys[i];
+    text += (i == 0 ? "; keys: " : ", ") + key + " " + span.first +
+            (span.rows > 1 ? ".." + span.last : "") + " (" + std::to_string(span.rows) + ")";
+  }
+  return amqp::printable(text);
+}
+
+}  // namespace
+
+size_t leave_out_overtaking_rows(store::Database& database, std::vector<OutboxRow>& rows) {
+  struct Span {
+    int64_t last_id = 0;
+    int64_t claimed = 0;
+  };
+  std::map<std::string, Span> spans;
+  for (const auto& row : rows) {
+    if (!row.ordering_key) continue;
+    Span& span = spans[*row.ordering_key];
+    span.last_id = row.id;
+    ++span.claimed;
+  }
+  if (spans.empty()) return 0;
   std::vector<store::Value> values;
-  values.reserve(2 * first_ids.size() + 1);
+  values.reserve(3 * spans.size() + 1);
   int64_t last = 0;
-  for (const auto& [key, id] : first_ids) {
+  for (const auto& [key, span] : spans) {
     values.emplace_back(key);
-    values.emplace_back(id);
-    last = std::max(last, id);
+    values.emplace_back(span.last_id);
+    values.emplace_back(span.claimed);
+    last = std::max(last, span.last_id);
   }
   values.emplace_back(last);
-  auto result = database.execute(earlier_rows_sql(first_ids.size()), values);
+  auto result = database.execute(overtaking_keys_sql(spans.size()), values);
   if (result.rows.empty()) return 0;
   std::set<std::string> keys;
   for (const auto& row : result.rows)
@@ -124,20 +180,6 @@ class RelayFileLock {
   explicit RelayFileLock(int fd) : fd_(fd) {}
   int fd_;
 };
-
-std::string outcome_text(const client::PublishOutcome& outcome) {
-  switch (outcome.status) {
-    case client::PublishStatus::returned:
-      return "returned by the broker: " + outcome.error.message();
-    case client::PublishStatus::nacked:
-      return "nacked by the broker (for example a queue at its length limit with "
-             "reject-publish)";
-    default:
-      return outcome.error.message();
-  }
-}
-
-}  // namespace
 
 class RelayImpl : public std::enable_shared_from_this<RelayImpl> {
  public:
@@ -568,6 +610,10 @@ void RelayImpl::publish_batch(Lane& lane) {
   ++stats.batches;
   if (busy()) ++stats.overlapped;
   batch.generation = ++generation_;
+  if (auto* l = log(); l && l->should_log(spdlog::level::debug)) {
+    l->debug("outbox relay: batch {} (lane {}): {}", batch.generation, lane.index,
+             describe_batch(batch.rows));
+  }
   batch.outcomes.resize(batch.rows.size());
   batch.refusals.resize(batch.rows.size());
   lane.batch = std::move(batch);
@@ -712,6 +758,10 @@ void RelayImpl::settle_batch(Lane& lane) {
   stats.published += published.size();
   stats.failed += failed.size();
   stats.unsettled += unsettled;
+  if (auto* l = log()) {
+    l->debug("outbox relay: batch {} settled: {} published, {} failed, {} left pending",
+             batch.generation, published.size(), failed.size(), unsettled);
+  }
   // RabbitMQ 3.10 nacks every later publish on a channel whose publish to a quorum queue came
   // while the queue was between leaders: after a nack the relay goes on on a new connection.
   if (nacked > 0 && channel_) {

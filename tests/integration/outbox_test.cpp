@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "outbox/rows.hpp"
 #include "retryloop/client/channel.hpp"
 #include "retryloop/client/uri.hpp"
 #include "retryloop/outbox/outbox.hpp"
@@ -372,6 +373,52 @@ TEST_CASE("Published rows kept for a while are cleaned up later, in batches", "[
   CHECK(outbox::delete_published(*db, outbox::now_ms() - 3600 * 1000, 7) == 0);  // too young
   CHECK(outbox::delete_published(*db, outbox::now_ms() + 1000, 7) == 50);        // 8 statements
   CHECK(count_rows(*db) == 0);
+}
+
+TEST_CASE(
+    "A claim that passed over some of a key's rows while another relay held the key leaves the "
+    "key for a later batch",
+    "[outbox][relay]") {
+  // The claim takes a key's lock at the first of its rows it evaluates while the lock is free,
+  // in the order its plan reads the table: it can pass over rows of a key and take the key's rows
+  // before and after them. These batches are such claims' results, made by hand.
+  auto db = test::fresh_postgres("overtaking").open();
+  std::vector<outbox::OutboxMessage> messages;
+  for (int i = 0; i < 5; ++i)
+    messages.push_back(message_to("q", "a" + std::to_string(i), std::string("a")));
+  for (int i = 0; i < 2; ++i)
+    messages.push_back(message_to("q", "b" + std::to_string(i), std::string("b")));
+  messages.push_back(message_to("q", "keyless"));
+  enqueue_committed(*db, messages);
+  const auto rows = outbox::list_rows(*db, outbox::RowState::pending, 100);
+  REQUIRE(rows.size() == 8);
+  std::map<std::string, outbox::OutboxRow> by_body;
+  for (const auto& row : rows)
+    by_body[row.body] = row;
+  auto claim = [&](std::initializer_list<const char*> bodies) {
+    std::vector<outbox::OutboxRow> batch;
+    for (const char* body : bodies)
+      batch.push_back(by_body.at(body));
+    store::Transaction transaction(*db);
+    const size_t left_out = outbox::detail::leave_out_overtaking_rows(*db, batch);
+    std::vector<std::string> kept;
+    for (const auto& row : batch)
+      kept.push_back(row.body);
+    CHECK(left_out + kept.size() == bodies.size());
+    return kept;
+  };
+  using Bodies = std::vector<std::string>;
+  // The keys' first rows, without a gap: all of them go.
+  CHECK(claim({"a0", "a1", "b0", "keyless"}) == Bodies{"a0", "a1", "b0", "keyless"});
+  // a1 passed over between a0 and a2: key a waits, b and the keyless row go.
+  CHECK(claim({"a0", "a2", "a3", "b0", "b1", "keyless"}) == Bodies{"b0", "b1", "keyless"});
+  // The key's first rows passed over: key a waits.
+  CHECK(claim({"a3", "a4", "b0"}) == Bodies{"b0"});
+  // A failed row between a key's claimed rows holds the key back too.
+  REQUIRE(db->execute("UPDATE retryloop_outbox SET state = 'failed' WHERE id = $1",
+                      {by_body.at("a1").id})
+              .affected == 1);
+  CHECK(claim({"a0", "a2", "b0"}) == Bodies{"b0"});
 }
 
 TEST_CASE("Three relays share a PostgreSQL table, and each ordering key arrives in commit order",
