@@ -592,7 +592,11 @@
   }
 
   async function loadMessages() {
+    const service = ui.service;
     const data = await api('GET', '/api/messages');
+    // Switched meanwhile: the answer lists another service's scan, whose id may be the one the
+    // new service's scan will have.
+    if (ui.service !== service) return;
     ui.scanId = data.scan;
     ui.messages = data.messages;
     renderMessages();
