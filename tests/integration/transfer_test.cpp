@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -215,6 +216,116 @@ TEST_CASE(
   CHECK(locked.exit_code == 3);
   CHECK(locked.err.find("another `retryloop topology transfer` of " + name + " is running") !=
         std::string::npos);
+  test::close(loop, old_broker);
+  CHECK(test::run_retryloop({"topology", "delete", file, "--yes", "--force", "--url", new_url})
+            .exit_code == 0);
+  CHECK(test::run_retryloop({"topology", "delete", file, "--yes", "--force"}).exit_code == 0);
+  std::filesystem::remove(file);
+}
+
+TEST_CASE(
+    "A transfer killed with SIGKILL mid-move and run again finishes: every message on the new "
+    "broker, a copy twice at most for the move window, nothing left on the old one",
+    "[transfer]") {
+  TestLoop loop;
+  const std::string name = test::unique_name("transfer-kill");
+  const std::string file = service_file(name, "6s");
+  const std::string queue = name;
+  const std::string wait = topology::wait_queue_name(name, 6s);
+  const std::string parking = topology::parking_queue_name(name);
+  const std::string new_url = target_url();
+  REQUIRE(test::run_retryloop({"topology", "apply", file}).exit_code == 0);
+  // Applied on the new broker first, as in a blue-green move, so its depth can be watched.
+  REQUIRE(test::run_retryloop({"topology", "apply", file, "--url", new_url}).exit_code == 0);
+
+  // Enough messages that the move takes a while, all published before it starts.
+  constexpr int kMessages = 20000;
+  auto old_broker = test::connect(loop, test::broker_url());
+  auto channel = test::open_channel(loop, *old_broker);
+  REQUIRE_FALSE(test::wait(loop, [&](auto done) { return channel->confirm_select(done); }));
+  int confirmed = 0;
+  int refused = 0;
+  for (int i = 0; i < kMessages; ++i) {
+    REQUIRE_FALSE(channel->publish(
+        name + ".in", "key", with_id("m" + std::to_string(i)), "{\"n\": " + std::to_string(i) + "}",
+        client::Mandatory::yes,
+        [&](const client::PublishOutcome& outcome) { ++(outcome.ok() ? confirmed : refused); }));
+    if (channel->unconfirmed_count() >= 1000) {
+      REQUIRE(loop.run_until([&] { return channel->unconfirmed_count() < 500; }, 60s));
+    }
+  }
+  REQUIRE(loop.run_until([&] { return confirmed + refused == kMessages; }, 60s));
+  REQUIRE(refused == 0);
+  // Ten retries wait in the wait queue, and one message is parked.
+  reject(loop, *channel, queue, 10);
+  amqp::FieldTable parked_headers;
+  parked_headers.append(std::string(retry::header::reason), std::string("exhausted"));
+  amqp::BasicProperties parked = with_id("p1");
+  parked.headers = parked_headers;
+  test::publish_confirmed(loop, *channel, "", parking, parked, "parked body");
+
+  const std::vector<std::string> transfer{
+      test::built_program("retryloop"), "topology", "transfer", file, "--to", new_url, "--json"};
+  const std::vector<std::string> env{"RETRYLOOP_URL=" + test::broker_url(), "RETRYLOOP_TOPOLOGY="};
+  auto new_broker = test::connect(loop, new_url);
+  {
+    test::ChildProcess first(transfer, env);
+    // Killed once a fifth of the service queue has reached the new broker.
+    REQUIRE(test::eventually(
+        loop, [&] { return test::queue_depth(loop, *new_broker, queue) >= kMessages / 5; }, 120s,
+        5ms));
+    REQUIRE(first.running());
+    first.signal(SIGKILL);
+    first.wait();
+  }
+  const uint32_t left = test::queue_depth(loop, *old_broker, queue);
+  INFO("left in the old service queue after the kill: " << left);
+  REQUIRE(left > 0);
+
+  test::ChildProcess second(transfer, env);
+  const int status = second.wait(180000);
+  INFO(second.out() << second.err());
+  REQUIRE(status == 0);
+  const nlohmann::json result = nlohmann::json::parse(second.out());
+  CHECK(result["services"][0]["result"] == "transferred");
+
+  for (const std::string& q : {queue, wait, parking})
+    CHECK(test::queue_depth(loop, *old_broker, q) == 0);
+
+  // Every message at least once; a copy confirmed whose original was not yet acked when the
+  // first run was killed comes twice, and there are at most the move window's worth of those.
+  std::map<std::string, int> copies;
+  REQUIRE(test::eventually(
+      loop,
+      [&] {
+        for (auto& got : test::drain_queue(loop, *new_broker, queue))
+          ++copies[got.message.properties.message_id.value_or("")];
+        return copies.size() >= size_t(kMessages);
+      },
+      60s, 20ms));
+  int missing = 0;
+  int duplicates = 0;
+  int more_than_twice = 0;
+  for (int i = 0; i < kMessages; ++i) {
+    const auto found = copies.find("m" + std::to_string(i));
+    if (found == copies.end()) {
+      ++missing;
+      continue;
+    }
+    duplicates += found->second - 1;
+    if (found->second > 2) ++more_than_twice;
+  }
+  CHECK(missing == 0);
+  CHECK(more_than_twice == 0);
+  CHECK(copies.size() == size_t(kMessages));
+  CHECK(duplicates <= 500);
+  WARN("killed with " << left << " of " << kMessages << " messages left in the old service queue; "
+                      << duplicates << " moved twice");
+  const auto parked_now = test::drain_queue(loop, *new_broker, parking);
+  REQUIRE(parked_now.size() == 1);
+  CHECK(parked_now[0].message.body == "parked body");
+
+  test::close(loop, new_broker);
   test::close(loop, old_broker);
   CHECK(test::run_retryloop({"topology", "delete", file, "--yes", "--force", "--url", new_url})
             .exit_code == 0);
