@@ -197,6 +197,10 @@ int ctl_async(TestLoop& loop, std::vector<std::string> args, std::string* output
 /// scripts/broker COMMAND on the test broker's directory, run as with run_async.
 int broker_script_async(TestLoop& loop, const std::string& command, std::string* output = nullptr);
 
+/// How many messages of the lanes' quorum queues RabbitMQ's at-least-once dead-letter workers
+/// hold (rabbitmqctl's messages_dlx): dead-lettered, not yet confirmed by a target queue.
+size_t held_by_dead_letter_workers(TestLoop& loop, const std::vector<const Lane*>& lanes);
+
 /// RabbitMQ 3.10 sometimes restarts a single-node quorum queue without ever electing its leader
 /// (rabbitmq-server issue #10070): every operation on it waits forever and its messages are out
 /// of reach, though not lost. This does what an operator does about it: for each quorum queue of
