@@ -25,7 +25,7 @@ PYTHON = "/usr/bin/python3"
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1" if QUICK else "3"))
 ALL_BENCHMARKS = ["consume", "callgrind", "consumer", "publish", "retry", "lateness", "delays",
-                  "schedule", "memory", "churn", "replay", "migrate", "outbox", "scale",
+                  "schedule", "memory", "churn", "replay", "migrate", "transfer", "outbox", "scale",
                   "outage", "dispatch"]
 ALL_CLIENTS = ["retryloop", "rabbitmq-c", "amqp091-go", "amqplib", "amqp-client.js", "pika"]
 
@@ -81,6 +81,11 @@ SIZES = {
     "outbox_latency_rate": size("outbox_latency_rate", 200, 200, 200),
     "outbox_latency_seconds": size("outbox_latency_seconds", 20, 5, 60),
     "inbox": size("inbox_n", 5000, 2000, 20000),
+    # topology transfer to a second broker: the service queue's messages, the retries waiting in
+    # its wait queue (TRANSFER_DELAY), and the parked ones.
+    "transfer": size("transfer_n", 20000, 5000, 100000),
+    "transfer_retries": size("transfer_retries_n", 2000, 500, 10000),
+    "transfer_parked": size("transfer_parked_n", 2000, 500, 10000),
     # `retryloop dispatch` against a pika consumer that POSTs, each message to a 204 application.
     "dispatch": size("dispatch_n", 20000, 5000, 100000),
 }
@@ -254,12 +259,58 @@ class Broker:
         return round(time.time() - start, 2)
 
 
+def resource_children_cpu():
+    """CPU seconds (user and system) of this process's children that have been waited for."""
+    import resource
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def machine_cpu():
     """CPU seconds the whole machine has spent busy (every process, other users' too)."""
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
     idle = fields[3] + fields[4]  # idle, iowait
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class ArrivalWatch(threading.Thread):
+    """Consumes a queue (acking everything) until every message of `due` has arrived or 90 s
+    after the last due time; lateness() is how late each arrived against its due time."""
+
+    def __init__(self, url, queue, due):
+        super().__init__(daemon=True)
+        self.url, self.queue, self.due = url, queue, due
+        self.late = {}
+
+    def run(self):
+        import pika
+        connection = pika.BlockingConnection(pika.URLParameters(self.url))
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=500)
+
+        def on_message(ch, method, properties, body):
+            message_id = properties.message_id or ""
+            if message_id in self.due and message_id not in self.late:
+                self.late[message_id] = int(time.time() * 1000) - self.due[message_id]
+            ch.basic_ack(method.delivery_tag)
+
+        channel.basic_consume(self.queue, on_message)
+        deadline = max(self.due.values()) / 1000 + 90
+        while len(self.late) < len(self.due) and time.time() < deadline:
+            connection.process_data_events(time_limit=0.2)
+        connection.close()
+
+    def lateness(self):
+        """The lateness in ms (p50, p99, max), how many arrived early and how many arrived."""
+        values = sorted(self.late.values())
+        if not values:
+            return {"late_p50_ms": None, "late_p99_ms": None, "late_max_ms": None, "early": 0,
+                    "retries_back": 0}
+        return {"late_p50_ms": values[len(values) // 2],
+                "late_p99_ms": values[min(len(values) - 1, len(values) * 99 // 100)],
+                "late_max_ms": values[-1], "early": sum(1 for v in values if v < 0),
+                "retries_back": len(values)}
 
 
 class PostgresServer:
@@ -842,6 +893,106 @@ class Bench:
                 "note": "wall time of `retryloop topology migrate`, start to exit; rate is "
                         "messages migrated a second (each moved twice)"}
 
+    # ---- 6c. topology transfer ----
+
+    def transfer(self):
+        """A republish-mode service moved to a second broker (RETRYLOOP_TARGET_URL, which bench/run
+        starts): SIZES["transfer"] messages in its service queue, SIZES["transfer_retries"]
+        retries waiting in its 20 s wait queue, each due 20 s after it was published there (as
+        the consumer writes it in retryloop-retry-due), and SIZES["transfer_parked"] parked. The
+        wall time of `retryloop topology transfer`, start to exit, its CPU and the old broker's;
+        and how late each moved retry reaches a consumer of the new service queue, started before
+        the move, against its due time. Beside
+        it pika moving the same queues one message and one confirm at a time, as a shovel would,
+        the wait queue first (the 20,000 messages take it longer than the retries' delay): a
+        retry waits its whole delay again, so it is late by what it had already waited."""
+        import pika
+        new_url = os.environ["RETRYLOOP_TARGET_URL"]
+        count, retries, parked = (SIZES["transfer"], SIZES["transfer_retries"],
+                                  SIZES["transfer_parked"])
+        name = "bench.transfer"
+        wait = name + ".wait.20s"
+        for queue_type in QUEUE_TYPES:
+            if queue_type not in ("classic", "quorum"):
+                continue
+            for r in range(ROUNDS):
+                for contender in rotate(["retryloop", "pika-loop"], r):
+                    path = self.topology(name, queue_type, "republish", "20s")
+                    run([CLI, "topology", "apply", path, "--url", new_url])
+                    # The retries first: by the move they have waited 10 s or more of their 20.
+                    due = self.transfer_retries(pika, wait, retries)
+                    self.tool("fill", "--queue", name, "--count", count, "--fresh", timeout=3600)
+                    self.tool("fill", "--queue", name + ".parking", "--count", parked, "--parked",
+                              timeout=3600)
+                    time.sleep(max(0.0, min(due.values()) / 1000 - 10 - time.time()))
+                    # Consumers on the new broker from the start, as in a blue-green move: each
+                    # retry's arrival is seen when it comes, however long the move takes.
+                    watch = ArrivalWatch(new_url, name, due)
+                    watch.start()
+                    if contender == "retryloop":
+                        row = self.transfer_retryloop(path, new_url, count + retries + parked)
+                    else:
+                        row = self.timed([PYTHON, os.path.join(HERE, "peers", "pika_bench.py"),
+                                          "transfer", self.url, new_url, f"{wait}={retries}",
+                                          f"{name}={count}", f"{name}.parking={parked}"],
+                                         count + retries + parked)
+                    watch.join()
+                    if "failed" not in row:
+                        row.update(watch.lateness())
+                    self.drop_topology(path)
+                    run([CLI, "topology", "delete", path, "--yes", "--force", "--url", new_url])
+                    self.record(row, bench="transfer", client=contender, queue_type=queue_type,
+                                round=r + 1, retries=retries, parked=parked)
+                    if "failed" not in row:
+                        log(f"transfer {queue_type} round {r + 1}: {contender:10s} "
+                            f"{row['rate']:8.0f} msg/s; retries late by p50 {row['late_p50_ms']} "
+                            f"p99 {row['late_p99_ms']} max {row['late_max_ms']} ms, "
+                            f"{row['early']} early")
+
+    def transfer_retries(self, pika, wait, count):
+        """Publishes `count` retries into the wait queue as a republish-mode consumer does, each
+        due 20 s after it is published; returns their due times by message id."""
+        connection = pika.BlockingConnection(pika.URLParameters(self.url))
+        channel = connection.channel()
+        channel.confirm_delivery()
+        due = {}
+        for i in range(count):
+            message_id = f"retry-{i}"
+            due[message_id] = int(time.time() * 1000) + 20000
+            channel.basic_publish("", wait, json.dumps({"id": message_id}), pika.BasicProperties(
+                delivery_mode=2, message_id=message_id, content_type="application/json",
+                headers={"retryloop-retry-due": due[message_id], "retryloop-retries": 1}),
+                mandatory=True)
+        connection.close()
+        return due
+
+    def transfer_retryloop(self, path, new_url, count):
+        quiet_wait = self.broker.wait_quiet()
+        with self.broker:
+            t0 = time.time()
+            cpu0 = resource_children_cpu()
+            p = subprocess.Popen([CLI, "topology", "transfer", path, "--url", self.url, "--to",
+                                  new_url], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 text=True)
+            peak = 0
+            while p.poll() is None:
+                peak = max(peak, rss_kb(p.pid) or 0)
+                time.sleep(0.05)
+            t1 = time.time()
+            cpu = resource_children_cpu() - cpu0
+        err = p.stderr.read()
+        if p.returncode != 0:
+            log(f"FAILED: topology transfer exited {p.returncode}: {err[:300]}")
+            return {"failed": err[:300], "messages": count}
+        return {"client": "retryloop", "messages": count, "seconds": round(t1 - t0, 4),
+                "rate": round(count / (t1 - t0), 1), "cpu_seconds": round(cpu, 4),
+                "rss_kb": peak, "t0": t0, "t1": t1,
+                "broker_cpu_seconds": round(self.broker.cpu_between(t0, t1), 4),
+                "broker_quiet_wait_seconds": quiet_wait,
+                "note": "wall time of `retryloop topology transfer`, start to exit: the service "
+                        "queue, the wait queue and the parking queue; the broker's CPU is the "
+                        "old broker's"}
+
     # ---- 7. The outbox and the inbox ----
 
     def outbox_databases(self):
@@ -1072,7 +1223,10 @@ def versions():
             "amqplib": npm("amqplib"), "@cloudamqp/amqp-client": npm("@cloudamqp/amqp-client"),
             "node": subprocess.run(["node", "--version"], capture_output=True,
                                    text=True).stdout.strip(),
-            "sqlite": package("libsqlite3-0")}
+            "sqlite": package("libsqlite3-0"),
+            # topology transfer's second broker (scripts/with-broker --as-target), when there is one.
+            "rabbitmq_target": ("RabbitMQ " + os.environ["RETRYLOOP_TARGET_RABBITMQ"]
+                                if os.environ.get("RETRYLOOP_TARGET_RABBITMQ") else None)}
 
 
 if __name__ == "__main__":

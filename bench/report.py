@@ -808,6 +808,52 @@ class Report:
                         f"loop's steady {loop_rate:.0f} msg/s at {largest:,} messages is "
                         f"{large_gain:.1f}x")
 
+    def transfer(self):
+        rows = self.select("transfer")
+        if not rows:
+            return
+        sizes = self.meta["sizes"]
+        target = self.meta["versions"].get("rabbitmq_target") or "the second broker"
+        self.out("## 6c. topology transfer")
+        self.out()
+        self.out(f"A republish-mode service moved from this broker to {target}: "
+                 f"{sizes['transfer']:,} 1 KB messages in its service queue, "
+                 f"{sizes['transfer_retries']:,} retries waiting in its 20 s wait queue (each due "
+                 f"20 s after it was published there, in `retryloop-retry-due`; they had waited "
+                 f"at least 10 s when the move began) and "
+                 f"{sizes['transfer_parked']:,} parked. `retryloop topology transfer` is timed "
+                 f"from start to exit (it applies the service on the new broker, takes its lock, "
+                 f"declares the levels the retries wait out their delay in, then moves the three "
+                 f"queues in a window of confirms); the pika loop moves each queue to the same queue "
+                 f"on the new broker one message and one confirm at a time, as a shovel would, the "
+                 f"wait queue first: a retry waits its whole delay again there. "
+                 f"Lateness is how long after its due time each retry reached a consumer of the new "
+                 f"service queue, started before the move as in a blue-green move; CPU is the "
+                 f"contender's, and the old broker's over the same window.")
+        self.out()
+        table = []
+        for queue_type in sorted({r["queue_type"] for r in rows}):
+            for client, label in (("retryloop", "retryloop topology transfer"),
+                                  ("pika-loop", "pika get-publish-confirm-ack loop")):
+                where = {"queue_type": queue_type, "client": client}
+                rates = self.values("transfer", **where)
+                if not rates:
+                    continue
+                picked = [r for r in self.select("transfer", **where) if "failed" not in r]
+                cpu = [r["cpu_seconds"] / r["messages"] * 1e6 for r in picked if "cpu_seconds" in r]
+                broker = [r["broker_cpu_seconds"] / r["messages"] * 1e6 for r in picked
+                          if "broker_cpu_seconds" in r]
+                late = lambda key: spread([r[key] / 1000 for r in picked
+                                           if r.get(key) is not None], "{:.2f}")
+                early = sum(r.get("early", 0) for r in picked)
+                back = sum(r.get("retries_back", 0) for r in picked)
+                table.append([queue_type, label, spread(rates), spread(cpu, "{:.1f}") if cpu else "–",
+                              spread(broker, "{:.1f}") if broker else "–", late("late_p50_ms"),
+                              late("late_p99_ms"), late("late_max_ms"),
+                              f"{early} of {back}"])
+        self.table(["queue", "contender", "msg/s", "its CPU µs/msg", "old broker's µs/msg",
+                    "late p50 s", "late p99 s", "late max s", "early"], table, left=2)
+
     # ---- 7. Outbox and inbox ----
 
     def per(self, rows, key, scale=1e6):
@@ -1030,6 +1076,7 @@ class Report:
         self.churn()
         self.replay()
         self.migrate()
+        self.transfer()
         self.outbox()
         self.scale(chart_name)
         body = self.lines[body_start:]

@@ -294,6 +294,34 @@ def migrate(url, queue, queue_type, count):
     window.report("pika-loop", "migrate", count, moved=2 * count)
 
 
+def transfer(url, new_url, queues):
+    """What a team moving a service by hand (or a shovel) does: each queue's messages published
+    to the same queue on the new broker, one at a time (basic.get on the old broker, publish and
+    wait for the confirm on the new one, then ack). A retry lands in the new wait queue as a new
+    message and waits its whole delay again. `queues`: NAME=COUNT, in the order to move them."""
+    old = pika.BlockingConnection(pika.URLParameters(url))
+    new = pika.BlockingConnection(pika.URLParameters(new_url))
+    source = old.channel()
+    target = new.channel()
+    target.confirm_delivery()
+    total = 0
+    window = Window()
+    window.start()
+    for spec in queues:
+        queue, count = spec.rsplit("=", 1)
+        for _ in range(int(count)):
+            method, properties, body = source.basic_get(queue)
+            if method is None:
+                raise SystemExit(f"{queue} is empty after fewer than {count} messages")
+            target.basic_publish("", queue, body, properties, mandatory=True)
+            source.basic_ack(method.delivery_tag)
+        total += int(count)
+    window.stop()
+    old.close()
+    new.close()
+    window.report("pika-loop", "transfer", total)
+
+
 def main():
     mode, url, args = sys.argv[1], sys.argv[2], sys.argv[3:]
     if mode in ("consume", "handle"):
@@ -311,6 +339,8 @@ def main():
         replay(url, args[0], args[1], int(args[2]))
     elif mode == "migrate":
         migrate(url, args[0], args[1], int(args[2]))
+    elif mode == "transfer":
+        transfer(url, args[0], args[1:])
     elif mode == "delayed-setup":
         delayed_setup(url, args[0], int(args[1]))
     elif mode == "delayed":
