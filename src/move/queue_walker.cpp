@@ -32,12 +32,11 @@ constexpr uint64_t kAckGraceMs = 1000;
 /// a classic queue on RabbitMQ 4.0 took 24 s to count 990,000 held messages back.
 constexpr uint64_t kReturnsWaitMs = 3000;
 constexpr uint64_t kReturnsPollMs = 50;
-/// How many answers of 0 the first count takes before the walk ends on an empty queue, one tick
-/// apart. RabbitMQ answers a passive queue.declare with 0 messages while a quorum queue has no
-/// leader it can reach: measured on RabbitMQ 4.3, a 3-node cluster whose leader's node was
-/// stopping answered 0 once, 0.4 s in, and 100 (right) before and after, every 0.1 s for 8 s.
-/// A replay that trusted that answer ended at once with every message still parked.
-constexpr int kEmptyAnswers = 5;
+// WalkOptions::empty_answers, 5 by default: RabbitMQ answers a passive queue.declare with 0
+// messages while a quorum queue has no leader it can reach. Measured on RabbitMQ 4.3, a 3-node
+// cluster whose leader's node was stopping answered 0 once, 0.4 s in, and 100 (right) before and
+// after, every 0.1 s for 8 s. A replay that trusted that answer ended at once with every message
+// still parked.
 /// Held messages after which the reading moves to a new channel (see Walker).
 constexpr size_t kHeldPerChannel = 4096;
 /// Channel numbers left free for the connection's other users (depth lookups open their own).
@@ -50,6 +49,7 @@ Walker::Walker(std::shared_ptr<client::Connection> connection, WalkOptions optio
       publish_connection_(std::move(options.publish_connection)),
       queue_(std::move(options.queue)),
       window_(options.window == 0 ? 1 : options.window),
+      empty_answers_wanted_(options.empty_answers < 1 ? 1 : options.empty_answers),
       missing_hint_(std::move(options.missing_hint)),
       readers_(std::move(options.readers)),
       on_progress_(std::move(options.on_progress)) {}
@@ -118,7 +118,7 @@ client::Channel& Walker::publishing() {
 
 void Walker::count_queue() {
   look_up([this](const client::QueueInfo& info) {
-    if (info.message_count == 0 && ++empty_answers_ < kEmptyAnswers) {
+    if (info.message_count == 0 && ++empty_answers_ < empty_answers_wanted_) {
       count_again_ = true;  // on the next tick
       return;
     }

@@ -94,6 +94,8 @@ class Walker : public QueueWalker, public std::enable_shared_from_this<Walker> {
   std::shared_ptr<client::Channel> publish_channel_;
   std::string queue_;
   uint16_t window_;
+  /// WalkOptions::empty_answers.
+  int empty_answers_wanted_;
   /// WalkOptions::missing_hint and readers.
   std::string missing_hint_;
   std::string readers_;

@@ -107,6 +107,10 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
   }
 
   void start_pass() {
+    // The first pass, and a pass that would end --follow, trust an empty queue only after it has
+    // answered 0 for about a second (a quorum queue without a reachable leader answers 0); the
+    // passes between them read the queues again half a second later anyway.
+    careful_ = result_.passes == 0 || confirming_;
     ++result_.passes;
     next_ = 0;
     pass_moved_ = 0;
@@ -131,6 +135,7 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
     walk.window = options_.window;
     walk.publish_connection = to_;
     walk.readers = "a transfer's reads";
+    if (!careful_) walk.empty_answers = 1;
     std::weak_ptr<TransferImpl> weak = weak_from_this();
     auto visitor = [weak, current](move::WalkedMessage& message) {
       auto self = weak.lock();
@@ -220,9 +225,13 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
       if (!empty_since_) empty_since_ = now;
       const milliseconds empty_for(now - *empty_since_);
       if (events_.idle) events_.idle(empty_for);
-      if (empty_for >= options_.settle) return finish(Error{});
+      if (empty_for >= options_.settle) {
+        if (careful_) return finish(Error{});
+        confirming_ = true;
+      }
     } else {
       empty_since_.reset();
+      confirming_ = false;
     }
     client::run_after(from_->loop(), options_.pass_interval,
                       guarded([](TransferImpl& self) { self.read_next_pass(); }));
@@ -266,6 +275,10 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
   /// not move (refused by the new broker, or undecodable).
   std::vector<std::pair<uint64_t, uint64_t>> stayed_;
   std::optional<int64_t> empty_since_;
+  /// Whether this pass waits for an empty queue's answer to hold (see start_pass), and whether
+  /// the next must, to end --follow.
+  bool careful_ = true;
+  bool confirming_ = false;
   uint64_t stamps_ = 0;
   bool stopping_ = false;
   bool ended_ = false;

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 
 #include "retryloop/retry/headers.hpp"
@@ -324,6 +325,75 @@ TEST_CASE(
   const auto parked_now = test::drain_queue(loop, *new_broker, parking);
   REQUIRE(parked_now.size() == 1);
   CHECK(parked_now[0].message.body == "parked body");
+
+  test::close(loop, new_broker);
+  test::close(loop, old_broker);
+  CHECK(test::run_retryloop({"topology", "delete", file, "--yes", "--force", "--url", new_url})
+            .exit_code == 0);
+  CHECK(test::run_retryloop({"topology", "delete", file, "--yes", "--force"}).exit_code == 0);
+  std::filesystem::remove(file);
+}
+
+TEST_CASE(
+    "topology transfer --follow moves what a publisher not yet switched sends to the old broker "
+    "until Ctrl-C, and ends by itself once the old queues have been empty for --settle",
+    "[transfer]") {
+  TestLoop loop;
+  const std::string name = test::unique_name("transfer-follow");
+  const std::string file = service_file(name, "6s");
+  const std::string queue = name;
+  const std::string new_url = target_url();
+  REQUIRE(test::run_retryloop({"topology", "apply", file}).exit_code == 0);
+  REQUIRE(test::run_retryloop({"topology", "apply", file, "--url", new_url}).exit_code == 0);
+  auto old_broker = test::connect(loop, test::broker_url());
+  auto channel = test::open_channel(loop, *old_broker);
+  REQUIRE_FALSE(test::wait(loop, [&](auto done) { return channel->confirm_select(done); }));
+  for (int i = 0; i < 20; ++i)
+    test::publish_confirmed(loop, *channel, name + ".in", "key", with_id("m" + std::to_string(i)),
+                            "{}");
+
+  const std::vector<std::string> env{"RETRYLOOP_URL=" + test::broker_url(), "RETRYLOOP_TOPOLOGY="};
+  auto new_broker = test::connect(loop, new_url);
+  {
+    // A settle time no test waits for: Ctrl-C ends this one.
+    test::ChildProcess follow({test::built_program("retryloop"), "topology", "transfer", file,
+                               "--to", new_url, "--follow", "--settle", "1h", "--json"},
+                              env);
+    REQUIRE(test::eventually(
+        loop, [&] { return test::queue_depth(loop, *new_broker, queue) >= 20; }, 60s, 20ms));
+    // The publisher is not switched yet: what it sends to the old broker moves too.
+    for (int i = 20; i < 50; ++i)
+      test::publish_confirmed(loop, *channel, name + ".in", "key", with_id("m" + std::to_string(i)),
+                              "{}");
+    REQUIRE(test::eventually(
+        loop, [&] { return test::queue_depth(loop, *new_broker, queue) >= 50; }, 60s, 20ms));
+    REQUIRE(follow.running());
+    follow.signal(SIGINT);
+    const int status = follow.wait(60000);
+    INFO(follow.out() << follow.err());
+    REQUIRE(status == 0);
+    const nlohmann::json result = nlohmann::json::parse(follow.out());
+    const nlohmann::json& service = result["services"][0];
+    CHECK(service["result"] == "interrupted");
+    CHECK(service["moved"] == 50);
+    CHECK(service["passes"].get<int>() >= 2);
+  }
+  CHECK(test::queue_depth(loop, *old_broker, queue) == 0);
+  std::set<std::string> ids;
+  for (const auto& got : test::drain_queue(loop, *new_broker, queue))
+    ids.insert(got.message.properties.message_id.value_or(""));
+  CHECK(ids.size() == 50);
+
+  // Nothing left to move: --follow ends by itself once the queues have been empty for --settle.
+  test::CommandRun settled = test::run_retryloop(
+      {"topology", "transfer", file, "--to", new_url, "--follow", "--settle", "2s", "--json"},
+      120000);
+  INFO(settled.out << settled.err);
+  REQUIRE(settled.exit_code == 0);
+  const nlohmann::json again = nlohmann::json::parse(settled.out);
+  CHECK(again["services"][0]["result"] == "transferred");
+  CHECK(again["services"][0]["moved"] == 0);
+  CHECK(again["services"][0]["passes"].get<int>() >= 2);
 
   test::close(loop, new_broker);
   test::close(loop, old_broker);

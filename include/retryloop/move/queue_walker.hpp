@@ -85,6 +85,10 @@ struct WalkOptions {
   /// channel of the walk's own; none: the walk's reading channel. A copy is confirmed there
   /// before its original is acked here.
   std::shared_ptr<client::Connection> publish_connection;
+  /// How many answers of 0, one tick (250 ms) apart, the first count takes before the walk ends
+  /// on an empty queue: RabbitMQ answers 0 for a quorum queue whose leader it cannot reach. 1
+  /// suits a caller that reads the queue again soon anyway (a transfer's --follow).
+  int empty_answers = 5;
 };
 
 /// Reads a queue once, from its head to the depth it had at the start, and carries out the
