@@ -25,8 +25,8 @@ PYTHON = "/usr/bin/python3"
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1" if QUICK else "3"))
 ALL_BENCHMARKS = ["consume", "callgrind", "consumer", "publish", "retry", "lateness", "delays",
-                  "schedule", "memory", "churn", "replay", "migrate", "transfer", "outbox", "scale",
-                  "outage", "dispatch"]
+                  "schedule", "memory", "churn", "replay", "migrate", "transfer", "outbox",
+                  "scale", "outage", "dispatch"]
 ALL_CLIENTS = ["retryloop", "rabbitmq-c", "amqp091-go", "amqplib", "amqp-client.js", "pika"]
 
 
@@ -82,7 +82,7 @@ SIZES = {
     "outbox_latency_seconds": size("outbox_latency_seconds", 20, 5, 60),
     "inbox": size("inbox_n", 5000, 2000, 20000),
     # topology transfer to a second broker: the service queue's messages, the retries waiting in
-    # its wait queue (TRANSFER_DELAY), and the parked ones.
+    # its 20 s wait queue, and the parked ones.
     "transfer": size("transfer_n", 20000, 5000, 100000),
     "transfer_retries": size("transfer_retries_n", 2000, 500, 10000),
     "transfer_parked": size("transfer_parked_n", 2000, 500, 10000),
@@ -1224,7 +1224,7 @@ def versions():
             "node": subprocess.run(["node", "--version"], capture_output=True,
                                    text=True).stdout.strip(),
             "sqlite": package("libsqlite3-0"),
-            # topology transfer's second broker (scripts/with-broker --as-target), when there is one.
+            # topology transfer's second broker (scripts/with-broker --as-target), if there is one.
             "rabbitmq_target": ("RabbitMQ " + os.environ["RETRYLOOP_TARGET_RABBITMQ"]
                                 if os.environ.get("RETRYLOOP_TARGET_RABBITMQ") else None)}
 

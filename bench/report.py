@@ -818,17 +818,17 @@ class Report:
         self.out()
         self.out(f"A republish-mode service moved from this broker to {target}: "
                  f"{sizes['transfer']:,} 1 KB messages in its service queue, "
-                 f"{sizes['transfer_retries']:,} retries waiting in its 20 s wait queue (each due "
-                 f"20 s after it was published there, in `retryloop-retry-due`; they had waited "
-                 f"at least 10 s when the move began) and "
+                 f"{sizes['transfer_retries']:,} retries waiting in its 20 s wait queue (each "
+                 f"due 20 s after it was published there, in `retryloop-retry-due`; they had "
+                 f"waited at least 10 s when the move began) and "
                  f"{sizes['transfer_parked']:,} parked. `retryloop topology transfer` is timed "
                  f"from start to exit (it applies the service on the new broker, takes its lock, "
                  f"declares the levels the retries wait out their delay in, then moves the three "
-                 f"queues in a window of confirms); the pika loop moves each queue to the same queue "
-                 f"on the new broker one message and one confirm at a time, as a shovel would, the "
-                 f"wait queue first: a retry waits its whole delay again there. "
-                 f"Lateness is how long after its due time each retry reached a consumer of the new "
-                 f"service queue, started before the move as in a blue-green move; CPU is the "
+                 f"queues in a window of confirms); the pika loop moves each queue to the same "
+                 f"queue on the new broker one message and one confirm at a time, as a shovel "
+                 f"would, the wait queue first: a retry waits its whole delay again there. "
+                 f"Lateness is how long after its due time each retry reached a consumer of the "
+                 f"new service queue, started before the move as in a blue-green move; CPU is the "
                  f"contender's, and the old broker's over the same window.")
         self.out()
         table = []
@@ -840,14 +840,16 @@ class Report:
                 if not rates:
                     continue
                 picked = [r for r in self.select("transfer", **where) if "failed" not in r]
-                cpu = [r["cpu_seconds"] / r["messages"] * 1e6 for r in picked if "cpu_seconds" in r]
+                cpu = [r["cpu_seconds"] / r["messages"] * 1e6 for r in picked
+                       if "cpu_seconds" in r]
                 broker = [r["broker_cpu_seconds"] / r["messages"] * 1e6 for r in picked
                           if "broker_cpu_seconds" in r]
                 late = lambda key: spread([r[key] / 1000 for r in picked
                                            if r.get(key) is not None], "{:.2f}")
                 early = sum(r.get("early", 0) for r in picked)
                 back = sum(r.get("retries_back", 0) for r in picked)
-                table.append([queue_type, label, spread(rates), spread(cpu, "{:.1f}") if cpu else "–",
+                table.append([queue_type, label, spread(rates),
+                              spread(cpu, "{:.1f}") if cpu else "–",
                               spread(broker, "{:.1f}") if broker else "–", late("late_p50_ms"),
                               late("late_p99_ms"), late("late_max_ms"),
                               f"{early} of {back}"])
