@@ -358,18 +358,29 @@ int broker_script_async(TestLoop& loop, const std::string& command, std::string*
                    180s, output);
 }
 
-std::vector<std::string> elect_leaderless_quorum_queues(TestLoop& loop,
-                                                        const std::vector<const Lane*>& lanes) {
+namespace {
+
+// The lanes' quorum queues (service and wait queues, and with `parking` the parking queue) as the
+// elements of an Erlang list of binaries: <<"a">>, <<"b">>. Empty when no lane is quorum.
+std::string quorum_queue_binaries(const std::vector<const Lane*>& lanes, bool parking) {
   std::string names;
   for (const Lane* lane : lanes) {
     if (lane->queue_type != topology::QueueType::quorum) continue;
     std::vector<std::string> queues = lane->waiting_queues();
     queues.push_back(lane->input_queue());
-    queues.push_back(lane->parking_queue());
+    if (parking) queues.push_back(lane->parking_queue());
     for (const auto& queue : queues) {
       names += std::string(names.empty() ? "" : ", ") + "<<\"" + queue + "\">>";
     }
   }
+  return names;
+}
+
+}  // namespace
+
+std::vector<std::string> elect_leaderless_quorum_queues(TestLoop& loop,
+                                                        const std::vector<const Lane*>& lanes) {
+  const std::string names = quorum_queue_binaries(lanes, true);
   if (names.empty()) return {};
   // Ra names a quorum queue's server "<vhost, percent-encoded>_<queue>". A server that answers
   // with a leader is left alone; any other answer (no leader known, a timeout) gets an election.
@@ -392,15 +403,7 @@ std::vector<std::string> elect_leaderless_quorum_queues(TestLoop& loop,
 }
 
 size_t held_by_dead_letter_workers(TestLoop& loop, const std::vector<const Lane*>& lanes) {
-  std::string names;
-  for (const Lane* lane : lanes) {
-    if (lane->queue_type != topology::QueueType::quorum) continue;
-    std::vector<std::string> queues = lane->waiting_queues();
-    queues.push_back(lane->input_queue());
-    for (const auto& queue : queues) {
-      names += std::string(names.empty() ? "" : ", ") + "<<\"" + queue + "\">>";
-    }
-  }
+  const std::string names = quorum_queue_binaries(lanes, false);
   if (names.empty()) return 0;
   // messages_dlx is a queue info key that rabbitmqctl list_queues does not accept.
   const std::string program =

@@ -75,6 +75,26 @@ void reject(TestLoop& loop, client::Channel& channel, const std::string& queue, 
   }
 }
 
+/// Applies the file on the old broker (the test broker) and on the new one, as the first step of
+/// a blue-green move does.
+void apply_on_both(const std::string& file, const std::string& new_url) {
+  REQUIRE(test::run_retryloop({"topology", "apply", file}).exit_code == 0);
+  REQUIRE(test::run_retryloop({"topology", "apply", file, "--url", new_url}).exit_code == 0);
+}
+
+/// Deletes the file's objects, messages and all, from both brokers, then the file.
+void delete_from_both(const std::string& file, const std::string& new_url) {
+  CHECK(test::run_retryloop({"topology", "delete", file, "--yes", "--force", "--url", new_url})
+            .exit_code == 0);
+  CHECK(test::run_retryloop({"topology", "delete", file, "--yes", "--force"}).exit_code == 0);
+  std::filesystem::remove(file);
+}
+
+/// The environment of a `retryloop` started as a test::ChildProcess: the test broker is the old.
+std::vector<std::string> old_broker_environment() {
+  return {"RETRYLOOP_URL=" + test::broker_url(), "RETRYLOOP_TOPOLOGY="};
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -174,8 +194,7 @@ TEST_CASE(
 
   test::close(loop, new_broker);
   test::close(loop, old_broker);
-  CHECK(test::run_retryloop({"topology", "delete", file, "--yes", "--force"}).exit_code == 0);
-  std::filesystem::remove(file);
+  delete_from_both(file, new_url);
 }
 
 TEST_CASE(
@@ -218,10 +237,7 @@ TEST_CASE(
   CHECK(locked.err.find("another `retryloop topology transfer` of " + name + " is running") !=
         std::string::npos);
   test::close(loop, old_broker);
-  CHECK(test::run_retryloop({"topology", "delete", file, "--yes", "--force", "--url", new_url})
-            .exit_code == 0);
-  CHECK(test::run_retryloop({"topology", "delete", file, "--yes", "--force"}).exit_code == 0);
-  std::filesystem::remove(file);
+  delete_from_both(file, new_url);
 }
 
 TEST_CASE(
@@ -235,9 +251,8 @@ TEST_CASE(
   const std::string wait = topology::wait_queue_name(name, 6s);
   const std::string parking = topology::parking_queue_name(name);
   const std::string new_url = target_url();
-  REQUIRE(test::run_retryloop({"topology", "apply", file}).exit_code == 0);
   // Applied on the new broker first, as in a blue-green move, so its depth can be watched.
-  REQUIRE(test::run_retryloop({"topology", "apply", file, "--url", new_url}).exit_code == 0);
+  apply_on_both(file, new_url);
 
   // Enough messages that the move takes a while, all published before it starts.
   constexpr int kMessages = 20000;
@@ -267,7 +282,7 @@ TEST_CASE(
 
   const std::vector<std::string> transfer{
       test::built_program("retryloop"), "topology", "transfer", file, "--to", new_url, "--json"};
-  const std::vector<std::string> env{"RETRYLOOP_URL=" + test::broker_url(), "RETRYLOOP_TOPOLOGY="};
+  const std::vector<std::string> env = old_broker_environment();
   auto new_broker = test::connect(loop, new_url);
   {
     test::ChildProcess first(transfer, env);
@@ -328,10 +343,7 @@ TEST_CASE(
 
   test::close(loop, new_broker);
   test::close(loop, old_broker);
-  CHECK(test::run_retryloop({"topology", "delete", file, "--yes", "--force", "--url", new_url})
-            .exit_code == 0);
-  CHECK(test::run_retryloop({"topology", "delete", file, "--yes", "--force"}).exit_code == 0);
-  std::filesystem::remove(file);
+  delete_from_both(file, new_url);
 }
 
 TEST_CASE(
@@ -343,8 +355,7 @@ TEST_CASE(
   const std::string file = service_file(name, "6s");
   const std::string queue = name;
   const std::string new_url = target_url();
-  REQUIRE(test::run_retryloop({"topology", "apply", file}).exit_code == 0);
-  REQUIRE(test::run_retryloop({"topology", "apply", file, "--url", new_url}).exit_code == 0);
+  apply_on_both(file, new_url);
   auto old_broker = test::connect(loop, test::broker_url());
   auto channel = test::open_channel(loop, *old_broker);
   REQUIRE_FALSE(test::wait(loop, [&](auto done) { return channel->confirm_select(done); }));
@@ -352,7 +363,7 @@ TEST_CASE(
     test::publish_confirmed(loop, *channel, name + ".in", "key", with_id("m" + std::to_string(i)),
                             "{}");
 
-  const std::vector<std::string> env{"RETRYLOOP_URL=" + test::broker_url(), "RETRYLOOP_TOPOLOGY="};
+  const std::vector<std::string> env = old_broker_environment();
   auto new_broker = test::connect(loop, new_url);
   {
     // A settle time no test waits for: Ctrl-C ends this one.
@@ -397,8 +408,5 @@ TEST_CASE(
 
   test::close(loop, new_broker);
   test::close(loop, old_broker);
-  CHECK(test::run_retryloop({"topology", "delete", file, "--yes", "--force", "--url", new_url})
-            .exit_code == 0);
-  CHECK(test::run_retryloop({"topology", "delete", file, "--yes", "--force"}).exit_code == 0);
-  std::filesystem::remove(file);
+  delete_from_both(file, new_url);
 }
