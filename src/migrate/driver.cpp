@@ -262,7 +262,7 @@ class DriverImpl final : public Driver {
         break;
       }
       case StepKind::move:
-        return move(step.queue, step.target);
+        return move(step.queue, step.target, step.quorum);
       case StepKind::drain:
       case StepKind::delete_queue:
         return look_up(step);
@@ -280,11 +280,21 @@ class DriverImpl final : public Driver {
     });
   }
 
-  void move(const std::string& from, const std::string& to) {
-    // Back into a queue the migration made again, a stamp seen twice is moved once.
-    const bool back = from == holding_queue_name(to);
+  /// A move request of the migration's: back into a queue the migration made again, a stamp seen
+  /// twice is moved once.
+  MoveRequest move_request(const std::string& from, const std::string& to, bool from_quorum) {
+    MoveRequest request;
+    request.from = from;
+    request.to = to;
+    request.stamp_prefix = migration_->record().id;
+    request.deduplicate = from == holding_queue_name(to);
+    request.from_quorum = from_quorum;
+    return request;
+  }
+
+  void move(const std::string& from, const std::string& to, bool from_quorum) {
     Error error = move_function()(
-        connection_, from, to, migration_->record().id, back,
+        connection_, move_request(from, to, from_quorum),
         guarded([](DriverImpl& self, const Error& error, const MoveResult& result) {
           self.migration_->moved(result.moved);
           if (self.events_.moved) {
@@ -380,9 +390,8 @@ class DriverImpl final : public Driver {
   }
 
   void move_leftovers(const std::string& from, const std::string& to) {
-    const bool back = from == holding_queue_name(to);
     Error error =
-        move_function()(connection_, from, to, migration_->record().id, back,
+        move_function()(connection_, move_request(from, to, true),
                         guarded([](DriverImpl& self, const Error& error, const MoveResult& result) {
                           self.migration_->moved(result.moved);
                           if (error) return self.finish(error);
@@ -512,8 +521,7 @@ struct RecordReader : std::enable_shared_from_this<RecordReader> {
 
 MoveFunction mover(MoveProgress progress) {
   return
-      [progress](const std::shared_ptr<client::Connection>& connection, const std::string& from,
-                 const std::string& to, const std::string& stamp_prefix, bool deduplicate,
+      [progress](const std::shared_ptr<client::Connection>& connection, const MoveRequest& request,
                  std::function<void(const client::Error& error, const MoveResult& result)> done) {
         move::MoveOptions options;
         if (progress) {
@@ -521,19 +529,21 @@ MoveFunction mover(MoveProgress progress) {
             progress(at.moved + at.duplicates, at.total);
           };
         }
-        options.from = from;
-        options.routing_key = to;
+        options.from = request.from;
+        options.routing_key = request.to;
+        if (!request.from_quorum) options.empty_answers = 1;
         options.stamp_header = std::string(stamp_header);
-        // A prefix of its own per run of a move: the count restarts with each run, and
-        // deduplication must never take two messages for one. (A message a killed run copied but
-        // did not ack is copied again by the rerun under another stamp: docs/migrate.md,
-        // "Resuming".)
+        // A message with a message id gets the same stamp in every run, so that the copy a killed
+        // run made and the rerun's are one on the way back. Any other gets a prefix of its own per
+        // run: the count restarts with each run, and deduplication must never take two messages
+        // for one (docs/migrate.md, "Resuming").
         std::error_code random_error;
         std::string run = random::random_id(random_error).substr(0, 8);
         if (random_error)
           run = std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
-        options.stamp_prefix = stamp_prefix + "/" + from + "/" + run;
-        options.deduplicate = deduplicate;
+        options.stamp_prefix = request.stamp_prefix + "/" + request.from + "/" + run;
+        options.stable_prefix = request.stamp_prefix + "/" + request.from;
+        options.deduplicate = request.deduplicate;
         return move::move_queue(
             connection, std::move(options),
             [done](const client::Error& error, const move::Progress& progress, bool) {

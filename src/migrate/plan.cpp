@@ -178,8 +178,6 @@ class Planner {
     return type != nullptr && type->as_string() == std::string_view("quorum");
   }
 
-  /// Whether the broker's `queue` is a quorum queue: the file's type, unless the type is what
-  /// differs.
   /// Whether the broker's `queue` is, or may be, a quorum queue. Only a refusal that names
   /// x-queue-type tells that the type differs: RabbitMQ compares one argument at a time, and a
   /// queue declared without x-queue-type may be refused for another one first (a quorum queue
@@ -247,6 +245,7 @@ class Planner {
       push_binding_move(renamed(binding, holding), queue, why);
     if (service) push_queue(StepKind::announce, holding, why, queue);
     push_queue(StepKind::move, queue, why, holding);
+    plan_.steps.back().quorum = broker_quorum(queue, found);
     push_queue(StepKind::drain, queue, why);
     push_delete(queue, broker_quorum(queue, found), why);
     push(StepKind::declare_queue, declaration(queue), why);
@@ -254,6 +253,7 @@ class Planner {
       push_binding_move(binding, holding, why);
     if (service) push_queue(StepKind::announce, std::string(), why, queue);
     push_queue(StepKind::move, holding, why, queue);
+    plan_.steps.back().quorum = is_quorum(declaration(queue));
     push_queue(StepKind::drain, holding, why);
     push_delete(holding, is_quorum(declaration(queue)), why);
     // Moved out, and moved back with what came meanwhile.

@@ -4,6 +4,8 @@
 #include <unordered_set>
 #include <utility>
 
+#include "retryloop/move/stamp.hpp"
+
 namespace retryloop::move {
 namespace {
 
@@ -39,8 +41,12 @@ class QueueMove {
         }
         ++copies_;  // kept as it is
       } else {
-        std::string value = options_.stamp_prefix + ":" + std::to_string(++copies_);
-        if (options_.deduplicate) stamps_.insert(value);
+        std::string value = stamp_of(properties, message.body);
+        if (options_.deduplicate && !stamps_.insert(value).second) {
+          ++duplicates_;  // the same message id and bytes as a message copied before
+          decision.kind = Decision::Kind::remove;
+          return decision;
+        }
         amqp::FieldTable& headers =
             properties.headers ? *properties.headers : properties.headers.emplace();
         headers.set(options_.stamp_header, amqp::FieldValue(std::move(value)));
@@ -52,6 +58,17 @@ class QueueMove {
     decision.properties = std::move(properties);
     decision.shorten_history_to_fit = false;  // the history passes unchanged, or not at all
     return decision;                          // the walker publishes the body as it was read
+  }
+
+  /// The stamp of a message that has none yet: the same in every run for one with a message id
+  /// (MoveOptions::stable_prefix), else this run's prefix and the count of its copies.
+  std::string stamp_of(const amqp::BasicProperties& properties, std::string_view body) {
+    ++copies_;
+    if (!options_.stable_prefix.empty()) {
+      const std::string stable = stable_stamp(properties, body, options_.stamp_header);
+      if (!stable.empty()) return options_.stable_prefix + ":" + stable;
+    }
+    return options_.stamp_prefix + ":" + std::to_string(copies_);
   }
 
   /// The walker's counts with this move's: a duplicate, which the walker counted as moved (it
@@ -97,6 +114,7 @@ Error move_queue(const std::shared_ptr<client::Connection>& connection, MoveOpti
   walk.queue = options.from;
   walk.window = options.window;
   walk.readers = "a move's reads";
+  walk.empty_answers = options.empty_answers;
   ProgressHandler on_progress = std::move(options.on_progress);
   auto run = std::make_shared<QueueMove>(std::move(options));
   if (on_progress) {

@@ -36,7 +36,8 @@ constexpr uint64_t kReturnsPollMs = 50;
 // messages while a quorum queue has no leader it can reach. Measured on RabbitMQ 4.3, a 3-node
 // cluster whose leader's node was stopping answered 0 once, 0.4 s in, and 100 (right) before and
 // after, every 0.1 s for 8 s. A replay that trusted that answer ended at once with every message
-// still parked.
+// still parked. A basic.get's "empty" is trusted at once (Walker::probe_empty): it is the queue's
+// own answer, and a quorum queue without a leader fails the get instead.
 /// Held messages after which the reading moves to a new channel (see Walker).
 constexpr size_t kHeldPerChannel = 4096;
 /// Channel numbers left free for the connection's other users (depth lookups open their own).
@@ -118,17 +119,39 @@ client::Channel& Walker::publishing() {
 
 void Walker::count_queue() {
   look_up([this](const client::QueueInfo& info) {
+    if (info.message_count == 0 && empty_answers_wanted_ > 1 && !probed_) return probe_empty();
     if (info.message_count == 0 && ++empty_answers_ < empty_answers_wanted_) {
       count_again_ = true;  // on the next tick
       return;
     }
     progress_.total = info.message_count;
-    if (info.message_count == 0) {
-      reading_done_ = true;
-      return maybe_done();
-    }
+    if (info.message_count == 0) return end_empty();
     start_reading();
   });
+}
+
+void Walker::probe_empty() {
+  probed_ = true;
+  std::weak_ptr<Walker> weak = weak_from_this();
+  Error error = channel_->get(queue_, false,
+                              [weak](const Error& error, std::optional<client::GetResult>&& got) {
+                                auto self = weak.lock();
+                                if (!self || self->reported_) return;
+                                if (error) return self->fail(error);
+                                if (!got) return self->end_empty();
+                                // Not empty after all: the message goes back (redelivered), and the
+                                // counts decide.
+                                Error nacked = self->channel_->nack(got->delivery_tag, false, true);
+                                if (nacked) return self->fail(nacked);
+                                self->count_again_ = true;
+                              });
+  if (error) fail(error);
+}
+
+void Walker::end_empty() {
+  progress_.total = 0;
+  reading_done_ = true;
+  maybe_done();
 }
 
 void Walker::adopt(std::shared_ptr<client::Channel> channel) {

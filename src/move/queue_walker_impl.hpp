@@ -46,9 +46,16 @@ class Walker : public QueueWalker, public std::enable_shared_from_this<Walker> {
   void open_publish_channel();
   /// The channel copies are published on.
   client::Channel& publishing();
-  /// Counts the queue to walk; a count of 0 is looked at again a few times first (see
-  /// kEmptyAnswers), then the walk starts or ends.
+  /// Counts the queue to walk; a count of 0 is looked at again first (probe_empty, then
+  /// WalkOptions::empty_answers), then the walk starts or ends.
   void count_queue();
+  /// After a first count of 0: a basic.get, whose "empty" is the queue's own answer (a quorum
+  /// queue's comes from its leader, or the get fails), where a count of 0 may only mean that the
+  /// leader could not be reached. Empty ends the walk at once; a message goes back to the queue
+  /// (nack, requeue) and the counts go on as before the probe.
+  void probe_empty();
+  /// Ends a walk that found the queue empty.
+  void end_empty();
   /// Reads on `channel`: its close ends the walk with the broker's reason.
   void adopt(std::shared_ptr<client::Channel> channel);
   /// Passive declare of the queue; `found` runs on a live walker, any error ends the walk.
@@ -137,6 +144,8 @@ class Walker : public QueueWalker, public std::enable_shared_from_this<Walker> {
   /// Answers of 0 to the first count so far, and whether the next tick counts again.
   int empty_answers_ = 0;
   bool count_again_ = false;
+  /// Whether probe_empty has run.
+  bool probed_ = false;
   Progress progress_;
   uv_timer_t timer_{};
   std::shared_ptr<Walker> self_;

@@ -6,6 +6,7 @@
 
 #include "retryloop/client/timer.hpp"
 #include "retryloop/move/error.hpp"
+#include "retryloop/move/stamp.hpp"
 #include "retryloop/random/os_random.hpp"
 #include "retryloop/retry/headers.hpp"
 #include "retryloop/topology/declarer.hpp"
@@ -203,15 +204,19 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
     decision.properties =
         transfer_copy(delivery.message.properties, source, queue_, delivery.exchange,
                       delivery.routing_key, static_cast<uint64_t>(now / 1000), due);
-    stamp(decision.properties);
+    stamp(decision.properties, delivery.message);
     return decision;
   }
 
-  void stamp(amqp::BasicProperties& properties) {
-    if (!properties.headers) properties.headers = amqp::FieldTable{};
-    if (properties.headers->find(stamp_header) != nullptr) return;
-    properties.headers->set(std::string(stamp_header),
-                            result_.id + ":" + std::to_string(++stamps_));
+  /// Stamps `copy` unless it has a stamp: "<service queue>:<stable stamp>" for an original with a
+  /// message id, the same in a rerun, "<run id>:<n>" for one without.
+  void stamp(amqp::BasicProperties& copy, const client::Message& original) {
+    if (!copy.headers) copy.headers = amqp::FieldTable{};
+    if (copy.headers->find(stamp_header) != nullptr) return;
+    const std::string stable = move::stable_stamp(original.properties, original.body, stamp_header);
+    copy.headers->set(std::string(stamp_header), stable.empty()
+                                                     ? result_.id + ":" + std::to_string(++stamps_)
+                                                     : queue_ + ":" + stable);
   }
 
   void end_pass() {

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -457,8 +458,7 @@ TEST_CASE(
     broker.publish(classic.input.exchange, "key", "m-" + std::to_string(i));
 
   // The first run's connection is lost at its first move: the steps before it are recorded.
-  migrate::MoveFunction lost = [](auto&&, const std::string&, const std::string&,
-                                  const std::string&, bool, auto done) {
+  migrate::MoveFunction lost = [](auto&&, const migrate::MoveRequest&, auto done) {
     done(client::Error(client::ClientError::connection_lost, "lost at the move"), {});
     return client::Error{};
   };
@@ -734,6 +734,75 @@ TEST_CASE(
   test::CommandRun status = test::run_retryloop({"service", "status", "-t", file, name, "--json"});
   REQUIRE(status.exit_code == 0);
   CHECK(nlohmann::json::parse(status.out)["migrating"] == false);
+  std::filesystem::remove(file);
+  broker.remove(quorum);
+}
+
+TEST_CASE(
+    "A migration killed with SIGKILL mid-move and run again leaves every message in the service "
+    "queue exactly once",
+    "[migrate][integration]") {
+  TestLoop loop;
+  Broker broker(loop);
+  const std::string name = test::unique_name("migrate-kill");
+  const auto classic = make_service(name, retry_2s, R"("queue_type": "classic")");
+  const auto quorum = make_service(name, retry_2s, R"("queue_type": "quorum")");
+  broker.apply(classic);
+  // Enough messages that the move takes a while, each with an id, all published before it.
+  constexpr int kMessages = 20000;
+  test::publish_numbered(loop, *broker.channel, classic.input.exchange, "key", kMessages, "m-");
+
+  const std::string file = quorum_file(name);
+  const std::string queue = topology::input_queue_name(quorum);
+  const std::string holding = migrate::holding_queue_name(queue);
+  const std::vector<std::string> command{
+      test::built_program("retryloop"), "topology", "migrate", file, "--url", test::broker_url()};
+  {
+    test::ChildProcess first(command);
+    // Killed once a fifth of the service queue has been copied into the holding queue.
+    REQUIRE(test::eventually(
+        loop,
+        [&] { return exists(loop, broker, holding) && broker.depth(holding) >= kMessages / 5; },
+        120s, 5ms));
+    REQUIRE(first.running());
+    first.signal(SIGKILL);
+    first.wait();
+  }
+  // Copies confirmed whose originals were not yet acked: in both queues, once the broker has put
+  // the killed run's unacked originals back.
+  int in_both = 0;
+  CHECK(test::eventually(loop, [&] {
+    in_both = int(broker.depth(queue)) + int(broker.depth(holding)) - kMessages;
+    return in_both >= 0;
+  }));
+
+  test::CommandRun second;
+  for (int run = 0; run < 3; ++run) {
+    second = test::run_retryloop({"topology", "migrate", file}, 300000);
+    if (second.err.find("cluster_not_formed") == std::string::npos) break;
+    WARN("the broker could not form a new quorum queue in time; run again: " << second.err);
+  }
+  INFO(second.out << second.err);
+  REQUIRE(second.exit_code == 0);
+  CHECK_FALSE(exists(loop, broker, holding));
+
+  std::map<std::string, int> copies;
+  for (const auto& got : broker.drain(queue))
+    ++copies[got.message.properties.message_id.value_or("")];
+  int missing = 0;
+  int twice = 0;
+  for (int i = 0; i < kMessages; ++i) {
+    const auto found = copies.find("m-" + std::to_string(i));
+    if (found == copies.end()) {
+      ++missing;
+    } else if (found->second > 1) {
+      ++twice;
+    }
+  }
+  CHECK(missing == 0);
+  CHECK(twice == 0);
+  CHECK(copies.size() == size_t(kMessages));
+  WARN(in_both << " messages were in both queues after the kill; each came back once");
   std::filesystem::remove(file);
   broker.remove(quorum);
 }

@@ -259,19 +259,7 @@ TEST_CASE(
   auto old_broker = test::connect(loop, test::broker_url());
   auto channel = test::open_channel(loop, *old_broker);
   REQUIRE_FALSE(test::wait(loop, [&](auto done) { return channel->confirm_select(done); }));
-  int confirmed = 0;
-  int refused = 0;
-  for (int i = 0; i < kMessages; ++i) {
-    REQUIRE_FALSE(channel->publish(
-        name + ".in", "key", with_id("m" + std::to_string(i)), "{\"n\": " + std::to_string(i) + "}",
-        client::Mandatory::yes,
-        [&](const client::PublishOutcome& outcome) { ++(outcome.ok() ? confirmed : refused); }));
-    if (channel->unconfirmed_count() >= 1000) {
-      REQUIRE(loop.run_until([&] { return channel->unconfirmed_count() < 500; }, 60s));
-    }
-  }
-  REQUIRE(loop.run_until([&] { return confirmed + refused == kMessages; }, 60s));
-  REQUIRE(refused == 0);
+  test::publish_numbered(loop, *channel, name + ".in", "key", kMessages, "m");
   // Ten retries wait in the wait queue, and one message is parked.
   reject(loop, *channel, queue, 10);
   amqp::FieldTable parked_headers;
@@ -309,16 +297,29 @@ TEST_CASE(
     CHECK(test::queue_depth(loop, *old_broker, q) == 0);
 
   // Every message at least once; a copy confirmed whose original was not yet acked when the
-  // first run was killed comes twice, and there are at most the move window's worth of those.
+  // first run was killed comes twice, and there are at most the move window's worth of those,
+  // each with the stamp of its first copy, so that an inbox keyed on it drops the second.
   std::map<std::string, int> copies;
+  std::map<std::string, std::set<std::string>> stamps;
   REQUIRE(test::eventually(
       loop,
       [&] {
-        for (auto& got : test::drain_queue(loop, *new_broker, queue))
-          ++copies[got.message.properties.message_id.value_or("")];
+        for (auto& got : test::drain_queue(loop, *new_broker, queue)) {
+          const std::string id = got.message.properties.message_id.value_or("");
+          ++copies[id];
+          const amqp::FieldValue* stamp = test::header(got, std::string(transfer::stamp_header));
+          stamps[id].insert(stamp != nullptr && stamp->as_string()
+                                ? std::string(*stamp->as_string())
+                                : std::string());
+        }
         return copies.size() >= size_t(kMessages);
       },
       60s, 20ms));
+  int stamped_twice = 0;
+  for (const auto& [id, seen] : stamps) {
+    if (seen.size() != 1 || seen.begin()->empty()) ++stamped_twice;
+  }
+  CHECK(stamped_twice == 0);
   int missing = 0;
   int duplicates = 0;
   int more_than_twice = 0;
@@ -410,3 +411,4 @@ TEST_CASE(
   test::close(loop, old_broker);
   delete_from_both(file, new_url);
 }
+

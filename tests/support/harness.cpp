@@ -269,6 +269,27 @@ void publish_confirmed(TestLoop& loop, client::Channel& channel, const std::stri
   REQUIRE(result.ok());
 }
 
+void publish_numbered(TestLoop& loop, client::Channel& channel, const std::string& exchange,
+                      const std::string& routing_key, int count, const std::string& id_prefix) {
+  int confirmed = 0;
+  int refused = 0;
+  for (int i = 0; i < count; ++i) {
+    amqp::BasicProperties properties;
+    properties.message_id = id_prefix + std::to_string(i);
+    properties.delivery_mode = 2;
+    REQUIRE_FALSE(channel.publish(
+        exchange, routing_key, properties, "{\"n\": " + std::to_string(i) + "}",
+        client::Mandatory::yes,
+        [&](const client::PublishOutcome& outcome) { ++(outcome.ok() ? confirmed : refused); }));
+    if (channel.unconfirmed_count() >= 1000) {
+      REQUIRE(loop.run_until([&] { return channel.unconfirmed_count() < 500; },
+                             std::chrono::seconds(60)));
+    }
+  }
+  REQUIRE(loop.run_until([&] { return confirmed + refused == count; }, std::chrono::seconds(60)));
+  REQUIRE(refused == 0);
+}
+
 std::vector<client::GetResult> drain_queue(TestLoop& loop, client::Connection& connection,
                                            const std::string& queue) {
   auto channel = open_channel(loop, connection);

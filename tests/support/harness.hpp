@@ -99,6 +99,12 @@ client::QueueInfo queue_info(TestLoop& loop, client::Connection& connection,
 /// Messages ready in `queue`, by passive declare on a fresh channel.
 uint32_t queue_depth(TestLoop& loop, client::Connection& connection, const std::string& queue);
 
+/// Publishes `count` persistent messages with mandatory on a confirm-mode channel, at most 1,000
+/// unconfirmed at once, and waits for every confirm; fails the test unless each is confirmed and
+/// routed. Message i has the id `id_prefix` + i and the body {"n": i}.
+void publish_numbered(TestLoop& loop, client::Channel& channel, const std::string& exchange,
+                      const std::string& routing_key, int count, const std::string& id_prefix);
+
 /// Publishes one message with mandatory on a confirm-mode channel and waits; fails the test
 /// unless it is confirmed and routed.
 void publish_confirmed(TestLoop& loop, client::Channel& channel, const std::string& exchange,

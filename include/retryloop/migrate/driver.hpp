@@ -35,12 +35,24 @@ struct MoveResult {
   /// Copies the broker refused (nacked, returned): their originals stay where they were.
   uint64_t failed = 0;
 };
-/// Moves every message of queue `from` into queue `to`, each copy stamped (Migration's stamp
-/// header, "<stamp_prefix>:<n>", a stamp already there kept) and, with `deduplicate`, a stamp seen
-/// twice moved once; `done` fires once. mover() is the move layer's (move::move_queue).
+/// One move of a migration's messages.
+struct MoveRequest {
+  /// Every message of this queue is moved into `to`.
+  std::string from;
+  std::string to;
+  /// Each copy is stamped (Migration's stamp header, "<stamp_prefix>:<n>"), a stamp already there
+  /// kept.
+  std::string stamp_prefix;
+  /// A stamp seen twice is moved once.
+  bool deduplicate = false;
+  /// `from` is, or may be, a quorum queue: RabbitMQ answers 0 for one whose leader it cannot
+  /// reach, so an empty one is believed only after about a second of answers of 0. A classic
+  /// queue's 0 is believed at once.
+  bool from_quorum = true;
+};
+/// Carries out `request`; `done` fires once. mover() is the move layer's (move::move_queue).
 using MoveFunction = std::function<client::Error(
-    const std::shared_ptr<client::Connection>& connection, const std::string& from,
-    const std::string& to, const std::string& stamp_prefix, bool deduplicate,
+    const std::shared_ptr<client::Connection>& connection, const MoveRequest& request,
     std::function<void(const client::Error& error, const MoveResult& result)> done)>;
 
 /// How far a move is: messages moved (or, deduplicated, left out) of the queue's depth at its

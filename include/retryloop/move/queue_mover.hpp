@@ -25,10 +25,18 @@ struct MoveOptions {
   /// move a prefix of its own (a run's id), so that no new stamp is one a message already has.
   std::string stamp_header;
   std::string stamp_prefix;
+  /// Non-empty: a message with a message id gets "<stable_prefix>:<stable_stamp>" instead (see
+  /// stable_stamp), the same stamp in every run of the move, so that a copy a killed run made
+  /// and the rerun's copy of the same original carry one stamp and a later move with
+  /// `deduplicate` keeps one of them. Give each move the same prefix in every run (the queue's
+  /// and its migration's, say), and a prefix of its own per run to `stamp_prefix`.
+  std::string stable_prefix;
   /// A message whose stamp (a string) this move has already copied (a duplicate left by a
-  /// killed earlier move) is acked without a copy, counted in Progress::duplicates. Needs
-  /// `stamp_header`.
+  /// killed earlier move) is acked without a copy, counted in Progress::duplicates; so is a
+  /// message without a stamp whose stable stamp this move has copied. Needs `stamp_header`.
   bool deduplicate = false;
+  /// WalkOptions::empty_answers: 1 for a queue known to be classic, whose answer of 0 is true.
+  int empty_answers = 5;
   /// Told after each message read and each copy settled.
   std::function<void(const Progress&)> on_progress;
 };
@@ -48,7 +56,8 @@ using MoveCallback =
 /// failed. Order is kept: the copies are published in queue order, and a message that stays
 /// keeps its place. A crash between a copy's confirm and its original's ack leaves both (at most
 /// `window` of them), and a move run again copies the original again: when it carried its stamp
-/// already, both copies carry that one, and a later move with `deduplicate` keeps the first.
+/// already, or has a message id and the move `stable_prefix`, both copies carry one stamp, and a
+/// later move with `deduplicate` keeps the first.
 ///
 /// An exchange that does not exist makes the broker close the channel: the move ends with that
 /// error. Returns an error (and never calls done) when it cannot start: no open connection, no

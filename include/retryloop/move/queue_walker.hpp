@@ -86,8 +86,12 @@ struct WalkOptions {
   /// before its original is acked here.
   std::shared_ptr<client::Connection> publish_connection;
   /// How many answers of 0, one tick (250 ms) apart, the first count takes before the walk ends
-  /// on an empty queue: RabbitMQ answers 0 for a quorum queue whose leader it cannot reach. 1
-  /// suits a caller that reads the queue again soon anyway (a transfer's --follow).
+  /// on an empty queue: RabbitMQ answers 0 for a quorum queue whose leader it cannot reach. Above
+  /// 1, the first answer of 0 is checked at once with a basic.get, whose "empty" is the queue's
+  /// own and ends the walk; a message it finds goes back to the queue (redelivered; before
+  /// RabbitMQ 4.3, a quorum queue counts that as a delivery) and the answers are counted. 1
+  /// suits a caller that reads the queue again soon anyway (a transfer's --follow), or a queue
+  /// known to be classic.
   int empty_answers = 5;
 };
 

@@ -15,7 +15,9 @@
 
 namespace retryloop::transfer {
 
-/// The header each moved copy carries: "<run id>:<n>", kept from the first transfer that moved it.
+/// The header each moved copy carries, kept from the first transfer that moved it: "<service
+/// queue>:id-<digest>" for a message with a message id (move::stable_stamp), the same when a
+/// killed transfer's rerun moves the message again; "<run id>:<n>" for one without.
 inline constexpr std::string_view stamp_header = "retryloop-transfer";
 
 /// `N.transfer.lock`: the exclusive queue a running transfer of service N holds on the old broker.

@@ -1,0 +1,66 @@
+// move::stable_stamp: the stamp a rerun of a killed move gives the same message again.
+
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <string>
+
+#include "retryloop/move/stamp.hpp"
+
+using namespace retryloop;
+
+namespace {
+
+constexpr std::string_view stamp_header = "retryloop-migration";
+
+amqp::BasicProperties order(const std::string& id) {
+  amqp::BasicProperties properties;
+  properties.message_id = id;
+  properties.content_type = "application/json";
+  properties.headers = amqp::FieldTable{{"tenant", amqp::FieldValue(std::string("acme"))}};
+  return properties;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "A message with an id keeps its stable stamp when a quorum queue redelivers it and when it "
+    "carries a stamp already",
+    "[move]") {
+  const std::string first = move::stable_stamp(order("m-1"), "{}", stamp_header);
+  REQUIRE(first.size() == 35);
+  CHECK(first.rfind("id-", 0) == 0);
+  CHECK(first.find_first_not_of("0123456789abcdef", 3) == std::string::npos);
+
+  amqp::BasicProperties returned = order("m-1");
+  returned.headers->set("x-delivery-count", amqp::FieldValue(int64_t{1}));
+  returned.headers->set("x-acquired-count", amqp::FieldValue(int64_t{2}));
+  returned.headers->set(std::string(stamp_header), amqp::FieldValue(std::string("m/orders:7")));
+  CHECK(move::stable_stamp(returned, "{}", stamp_header) == first);
+}
+
+TEST_CASE("Messages that differ in their id, properties, headers or body have other stamps",
+          "[move]") {
+  const std::string first = move::stable_stamp(order("m-1"), "{}", stamp_header);
+  CHECK(move::stable_stamp(order("m-2"), "{}", stamp_header) != first);
+  CHECK(move::stable_stamp(order("m-1"), "{ }", stamp_header) != first);
+  amqp::BasicProperties typed = order("m-1");
+  typed.content_type = "text/plain";
+  CHECK(move::stable_stamp(typed, "{}", stamp_header) != first);
+  amqp::BasicProperties retried = order("m-1");
+  retried.headers->set("retryloop-retries", amqp::FieldValue(int64_t{1}));
+  CHECK(move::stable_stamp(retried, "{}", stamp_header) != first);
+  // The body's length is part of what is hashed: the parts cannot run into each other.
+  amqp::BasicProperties empty_type = order("m-1");
+  empty_type.content_type = "";
+  CHECK(move::stable_stamp(empty_type, "", stamp_header) !=
+        move::stable_stamp(order("m-1"), "", stamp_header));
+}
+
+TEST_CASE("A message without an id has no stable stamp: its bytes may be another message's",
+          "[move]") {
+  amqp::BasicProperties none = order("m-1");
+  none.message_id.reset();
+  CHECK(move::stable_stamp(none, "{}", stamp_header).empty());
+  CHECK(move::stable_stamp(order(""), "{}", stamp_header).empty());
+}
