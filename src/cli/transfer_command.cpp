@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common.hpp"
+#include "migrate_command.hpp"
 #include "retryloop/process/stop_signals.hpp"
 #include "retryloop/topology/declarer.hpp"
 #include "retryloop/topology/duration.hpp"
@@ -118,6 +119,24 @@ void apply_on_new(const std::shared_ptr<client::Connection>& connection,
   if (error) refused(error_exit(error, "applying " + service.name + " on the new broker"));
 }
 
+/// Runs `go` unless `service` has an unfinished migration on the broker of `connection` (`which`:
+/// "old" or "new"), which refuses the transfer (exit 3): its queues are half changed, and the
+/// messages in its holding queue would not be moved.
+void unless_migrating(const std::shared_ptr<client::Connection>& connection, const char* which,
+                      const topology::Service& service, const std::string& file,
+                      std::function<void(int)> refused, std::function<void()> go) {
+  read_unfinished_migrations(
+      connection, {service.name},
+      [which, file, refused, go](std::map<std::string, migrate::Record> unfinished) {
+        if (unfinished.empty()) return go();
+        std::cerr << "retryloop: the " << which << " broker has an unfinished "
+                  << unfinished_text(unfinished.begin()->second, file)
+                  << (std::string(which) == "new" ? " (with --url the new broker's)" : "")
+                  << "; nothing was moved\n";
+        refused(exit_broker_refused);
+      });
+}
+
 /// The dry run: looks each old queue up, one after another, and prints its depth.
 struct DryRun : std::enable_shared_from_this<DryRun> {
   std::shared_ptr<client::Connection> connection;
@@ -156,6 +175,86 @@ struct DryRun : std::enable_shared_from_this<DryRun> {
   }
 };
 
+/// The transfer proper, once both brokers are connected and the service applied on the new one.
+void start_transfer(const TransferArgs& args, const topology::Service& service,
+                    const transfer::TransferOptions& options, nlohmann::json& out,
+                    const std::shared_ptr<client::Connection>& old_broker,
+                    const std::shared_ptr<client::Connection>& new_broker,
+                    std::function<void(int)> finish) {
+  auto handle = std::make_shared<std::shared_ptr<transfer::Transfer>>();
+  auto interrupts = std::make_shared<process::StopSignals>(
+      old_broker->loop(),
+      [handle](int) {
+        std::cerr << "\nretryloop: interrupted: letting the copies in flight settle "
+                     "(Ctrl-C again to stop at once)\n";
+        if (*handle) (*handle)->stop();
+      },
+      [old_broker, new_broker] {
+        old_broker->close();
+        new_broker->close();
+      });
+  auto reads = std::make_shared<nlohmann::json>(nlohmann::json::array());
+  transfer::TransferEvents events;
+  events.read = [&args, reads](const transfer::SourceResult& read, int pass) {
+    reads->push_back(read_json(read, pass));
+    if (!args.json && (pass == 1 || read.progress.scanned > 0)) {
+      std::cout << (pass > 1 ? "pass " + std::to_string(pass) + ": " : std::string())
+                << read_text(read) << std::endl;
+    }
+  };
+  events.idle = [&args](std::chrono::milliseconds empty_for) {
+    if (!args.json && empty_for.count() == 0) {
+      std::cout << "every old queue is empty; following until they have been for " << args.settle
+                << std::endl;
+    }
+  };
+  client::Error error = transfer::transfer_service(
+      old_broker, new_broker, service, options, std::move(events),
+      [&args, &out, &service, finish, interrupts, reads](const client::Error& error,
+                                                         const transfer::TransferResult& result) {
+        interrupts->close();
+        nlohmann::json entry = {
+            {"service", service.name},           {"id", result.id},     {"passes", result.passes},
+            {"moved", result.moved()},           {"left", result.left}, {"stuck", result.stuck},
+            {"interrupted", result.interrupted}, {"reads", *reads}};
+        if (error || result.stuck > 0) {
+          entry["result"] = "unfinished";
+          if (error) entry["error"] = error.message();
+          if (args.json) out.push_back(entry);
+          if (error) {
+            return finish(
+                error_exit(error, "transferring " + service.name +
+                                      " (run `retryloop topology transfer` again to finish)"));
+          }
+          std::cerr << "retryloop: transferring " << service.name << ": "
+                    << plural(result.stuck, "message")
+                    << " stayed on the old broker: the new broker refused their copies, or "
+                       "their properties could not be read (see each queue's line)\n";
+          return finish(exit_broker_refused);
+        }
+        entry["result"] = result.interrupted ? "interrupted" : "transferred";
+        if (args.json) {
+          out.push_back(entry);
+        } else {
+          std::cout << "service " << service.name
+                    << (result.interrupted ? " interrupted: " : " transferred: ")
+                    << plural(result.moved(), "message") << " moved";
+          if (result.left > 0) {
+            std::cout << ", " << plural(result.left, "retry", "retries")
+                      << " left on the old broker to come due there (run again, or "
+                         "with --follow, to move them then)";
+          }
+          std::cout << std::endl;
+        }
+        finish(exit_ok);
+      },
+      handle.get());
+  if (error) {
+    interrupts->close();
+    finish(error_exit(error, "transferring " + service.name));
+  }
+}
+
 int run(const TransferArgs& args, const topology::Service& service, nlohmann::json& out) {
   const client::Uri new_uri = parse_url(args.to);
   transfer::TransferOptions options;
@@ -164,96 +263,28 @@ int run(const TransferArgs& args, const topology::Service& service, nlohmann::js
   options.precision = duration_or_fail("--precision", args.precision);
   if (options.precision.count() <= 0) throw Failure(exit_usage, "--precision must be above 0");
   return with_connection(parse_url(args.connection), [&](const auto& old_broker, auto done) {
-    if (args.dry_run) {
-      auto dry_run = std::make_shared<DryRun>();
-      dry_run->connection = old_broker;
-      dry_run->sources = transfer::transfer_sources(service);
-      dry_run->json = args.json;
-      dry_run->done = [dry_run = dry_run.get(), &out, &service, done](int code) {
-        out.push_back({{"service", service.name}, {"queues", dry_run->queues}});
-        done(code);
-      };
-      return dry_run->look_up_next();
-    }
-    with_new_broker(old_broker, new_uri, done, [&](const auto& new_broker, auto finish) {
-      apply_on_new(new_broker, service, args.file, finish, [&, old_broker, new_broker, finish] {
-        auto handle = std::make_shared<std::shared_ptr<transfer::Transfer>>();
-        auto interrupts = std::make_shared<process::StopSignals>(
-            old_broker->loop(),
-            [handle](int) {
-              std::cerr << "\nretryloop: interrupted: letting the copies in flight settle "
-                           "(Ctrl-C again to stop at once)\n";
-              if (*handle) (*handle)->stop();
-            },
-            [old_broker, new_broker] {
-              old_broker->close();
-              new_broker->close();
-            });
-        auto reads = std::make_shared<nlohmann::json>(nlohmann::json::array());
-        transfer::TransferEvents events;
-        events.read = [&args, reads](const transfer::SourceResult& read, int pass) {
-          reads->push_back(read_json(read, pass));
-          if (!args.json && (pass == 1 || read.progress.scanned > 0)) {
-            std::cout << (pass > 1 ? "pass " + std::to_string(pass) + ": " : std::string())
-                      << read_text(read) << std::endl;
-          }
+    unless_migrating(old_broker, "old", service, args.file, done, [&, old_broker, done] {
+      if (args.dry_run) {
+        auto dry_run = std::make_shared<DryRun>();
+        dry_run->connection = old_broker;
+        dry_run->sources = transfer::transfer_sources(service);
+        dry_run->json = args.json;
+        dry_run->done = [dry_run = dry_run.get(), &out, &service, done](int code) {
+          out.push_back({{"service", service.name}, {"queues", dry_run->queues}});
+          done(code);
         };
-        events.idle = [&args](std::chrono::milliseconds empty_for) {
-          if (!args.json && empty_for.count() == 0) {
-            std::cout << "every old queue is empty; following until they have been for "
-                      << args.settle << std::endl;
-          }
-        };
-        client::Error error = transfer::transfer_service(
-            old_broker, new_broker, service, options, std::move(events),
-            [&args, &out, &service, finish, interrupts, reads](
-                const client::Error& error, const transfer::TransferResult& result) {
-              interrupts->close();
-              nlohmann::json entry = {{"service", service.name},
-                                      {"id", result.id},
-                                      {"passes", result.passes},
-                                      {"moved", result.moved()},
-                                      {"left", result.left},
-                                      {"stuck", result.stuck},
-                                      {"interrupted", result.interrupted},
-                                      {"reads", *reads}};
-              if (error || result.stuck > 0) {
-                entry["result"] = "unfinished";
-                if (error) entry["error"] = error.message();
-                if (args.json) out.push_back(entry);
-                if (error) {
-                  return finish(error_exit(
-                      error, "transferring " + service.name +
-                                 " (run `retryloop topology transfer` again to finish)"));
-                }
-                std::cerr << "retryloop: transferring " << service.name << ": "
-                          << plural(result.stuck, "message")
-                          << " stayed on the old broker: the new broker refused their copies, or "
-                             "their properties could not be read (see each queue's line)\n";
-                return finish(exit_broker_refused);
-              }
-              entry["result"] = result.interrupted ? "interrupted" : "transferred";
-              if (args.json) {
-                out.push_back(entry);
-              } else {
-                std::cout << "service " << service.name
-                          << (result.interrupted ? " interrupted: " : " transferred: ")
-                          << plural(result.moved(), "message") << " moved";
-                if (result.left > 0) {
-                  std::cout << ", " << plural(result.left, "retry", "retries")
-                            << " left on the old broker to come due there (run again, or "
-                               "with --follow, to move them then)";
-                }
-                std::cout << std::endl;
-              }
-              finish(exit_ok);
-            },
-            handle.get());
-        if (error) {
-          interrupts->close();
-          finish(error_exit(error, "transferring " + service.name));
-        }
-      });
+        return dry_run->look_up_next();
+      }
+      with_new_broker(
+          old_broker, new_uri, done, [&, old_broker](const auto& new_broker, auto finish) {
+            unless_migrating(
+                new_broker, "new", service, args.file, finish, [&, old_broker, new_broker, finish] {
+                  apply_on_new(
+                      new_broker, service, args.file, finish, [&, old_broker, new_broker, finish] {
+                        start_transfer(args, service, options, out, old_broker, new_broker, finish);
+                      });
+                });
+          });
     });
   });
 }

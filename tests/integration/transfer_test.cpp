@@ -9,12 +9,15 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <string>
 
+#include "retryloop/migrate/driver.hpp"
 #include "retryloop/retry/headers.hpp"
 #include "retryloop/topology/topology.hpp"
+#include "retryloop/topology/topology_json.hpp"
 #include "retryloop/transfer/transfer.hpp"
 #include "support/harness.hpp"
 #include "support/process.hpp"
@@ -412,3 +415,96 @@ TEST_CASE(
   delete_from_both(file, new_url);
 }
 
+namespace {
+
+/// Starts a migration of `file`'s service on the broker at `url` and stops it at its first move,
+/// as a lost connection would: its record says it is unfinished.
+void leave_a_migration_unfinished(const std::string& file, const std::string& url) {
+  TestLoop loop;
+  const topology::ParseResult parsed = topology::load_topology(file);
+  REQUIRE(parsed.ok());
+  auto connection = test::connect(loop, url);
+  migrate::MoveFunction lost = [](auto&&, const migrate::MoveRequest&, auto done) {
+    done(client::Error(client::ClientError::connection_lost, "lost at the move"), {});
+    return client::Error{};
+  };
+  migrate::DriverOptions options;
+  options.move = std::move(lost);
+  bool ended = false;
+  client::Error error;
+  migrate::Driver::start(connection, parsed.topology->services.front(), std::move(options), {},
+                         [&](const client::Error& e, const migrate::Migration*, bool) {
+                           error = e;
+                           ended = true;
+                         });
+  REQUIRE(loop.run_until([&] { return ended; }, 120s));
+  REQUIRE(error);
+  test::close(loop, connection);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "topology transfer refuses a service whose migration is unfinished on either broker, and "
+    "moves it once the migration is finished",
+    "[transfer]") {
+  TestLoop loop;
+  const std::string name = test::unique_name("transfer-migrating");
+  const std::string file = service_file(name, "2s");
+  const std::string new_url = target_url();
+  apply_on_both(file, new_url);
+  auto old_broker = test::connect(loop, test::broker_url());
+  auto channel = test::open_channel(loop, *old_broker);
+  REQUIRE_FALSE(test::wait(loop, [&](auto done) { return channel->confirm_select(done); }));
+  for (int i = 0; i < 10; ++i)
+    test::publish_confirmed(loop, *channel, name + ".in", "key", with_id("m" + std::to_string(i)),
+                            "{}");
+
+  // The same service made quorum, its migration stopped half way on the new broker, then on the
+  // old one.
+  const std::string quorum = (std::filesystem::temp_directory_path() / (name + "-q.json")).string();
+  {
+    std::ifstream in(file);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    text.replace(text.find(R"("input")"), 7, R"("queue_type": "quorum", "input")");
+    std::ofstream(quorum) << text;
+  }
+  for (const std::string broker : {"new", "old"}) {
+    const bool on_new = broker == "new";
+    leave_a_migration_unfinished(quorum, on_new ? new_url : test::broker_url());
+    for (const bool dry_run : {false, true}) {
+      std::vector<std::string> args{"topology", "transfer", quorum, "--to", new_url};
+      if (dry_run) args.push_back("--dry-run");
+      const test::CommandRun refused = test::run_retryloop(args);
+      INFO(broker << " broker, dry run " << dry_run << ": " << refused.out << refused.err);
+      // The dry run looks at the old broker only.
+      if (dry_run && on_new) {
+        CHECK(refused.exit_code == 0);
+        continue;
+      }
+      CHECK(refused.exit_code == 3);
+      CHECK_THAT(refused.err, Catch::Contains("the " + broker +
+                                              " broker has an unfinished "
+                                              "migration") &&
+                                  Catch::Contains("nothing was moved"));
+    }
+    CHECK(test::queue_depth(loop, *old_broker, name) == 10);  // a stopped move keeps them
+    std::vector<std::string> finish{"topology", "migrate", quorum};
+    if (on_new) finish.insert(finish.end(), {"--url", new_url});
+    const test::CommandRun migrated = test::run_retryloop(finish, 120000);
+    INFO(migrated.out << migrated.err);
+    REQUIRE(migrated.exit_code == 0);
+  }
+
+  const test::CommandRun moved =
+      test::run_retryloop({"topology", "transfer", quorum, "--to", new_url, "--json"}, 120000);
+  INFO(moved.out << moved.err);
+  REQUIRE(moved.exit_code == 0);
+  CHECK(nlohmann::json::parse(moved.out)["services"][0]["moved"] == 10);
+  auto new_broker = test::connect(loop, new_url);
+  CHECK(test::queue_depth(loop, *new_broker, name) == 10);
+  test::close(loop, new_broker);
+  test::close(loop, old_broker);
+  delete_from_both(quorum, new_url);
+  std::filesystem::remove(file);
+}
