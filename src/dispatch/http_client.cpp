@@ -272,13 +272,20 @@ class HttpClient::Impl {
     char error[CURL_ERROR_SIZE] = {};
   };
 
-  /// A uv_poll_t on one of libcurl's sockets, from its first CURL_POLL_IN/OUT to its
-  /// CURL_POLL_REMOVE; its memory is kept for the next socket after its close.
+  /// A uv_poll_t on one of libcurl's sockets, from libcurl's first CURL_POLL_IN/OUT for it to
+  /// its CURL_POLL_REMOVE; its memory is kept for the next socket after its close. A connection's
+  /// socket (one on_open_socket opened) goes back to libcurl's pool with CURL_POLL_REMOVE after
+  /// each exchange and comes out with CURL_POLL_IN for the next one: its watch stays, parked,
+  /// until on_close_socket, so that a request on a reused connection changes no epoll interest.
+  /// Any other socket (the resolver's) is closed by libcurl itself, unseen: its watch goes at
+  /// CURL_POLL_REMOVE, so that no watch outlives its descriptor.
   struct SocketWatch {
     uv_poll_t poll;
     Impl* impl = nullptr;
     curl_socket_t fd = CURL_SOCKET_BAD;
     std::size_t slot = 0;  // its place in live_watches_
+    int events = 0;        // what uv_poll_start was last given; 0: stopped
+    bool parked = false;   // libcurl said CURL_POLL_REMOVE and has not asked for it again
   };
 
   Transfer* start_transfer() {
@@ -496,9 +503,35 @@ class HttpClient::Impl {
     }
     watch->poll.data = watch;
     watch->fd = fd;
+    watch->events = 0;
+    watch->parked = false;
     watch->slot = live_watches_.size();
     live_watches_.push_back(watch);
+    if (std::size_t(fd) >= watch_of_fd_.size()) watch_of_fd_.resize(std::size_t(fd) + 1);
+    watch_of_fd_[std::size_t(fd)] = watch;
     return watch;
+  }
+
+  /// Whether `fd` is a connection's socket, which on_open_socket opened and on_close_socket will
+  /// close.
+  bool opened(curl_socket_t fd) const {
+    return fd >= 0 && std::size_t(fd) < opened_.size() && opened_[std::size_t(fd)];
+  }
+
+  SocketWatch* watch_of(curl_socket_t fd) const {
+    return fd >= 0 && std::size_t(fd) < watch_of_fd_.size() ? watch_of_fd_[std::size_t(fd)]
+                                                            : nullptr;
+  }
+
+  /// Asks the loop for `events` on the watch's socket, unless it asks for them already.
+  static void watch_for(SocketWatch* watch, int events) {
+    if (events == watch->events) return;
+    watch->events = events;
+    if (events == 0) {
+      uv_poll_stop(&watch->poll);
+    } else {
+      uv_poll_start(&watch->poll, events, &Impl::on_poll);
+    }
   }
 
   void release_watch(SocketWatch* watch) {
@@ -506,6 +539,7 @@ class HttpClient::Impl {
     live_watches_[slot] = live_watches_.back();
     live_watches_[slot]->slot = slot;
     live_watches_.pop_back();
+    watch_of_fd_[std::size_t(watch->fd)] = nullptr;
     uv_poll_stop(&watch->poll);
     ++closes_pending_;
     uv_close(reinterpret_cast<uv_handle_t*>(&watch->poll), &Impl::on_handle_closed);
@@ -524,26 +558,36 @@ class HttpClient::Impl {
     if (closed) closed();
   }
 
-  static int on_socket(CURL*, curl_socket_t fd, int what, void* client, void* assigned) {
+  static int on_socket(CURL*, curl_socket_t fd, int what, void* client, void*) {
     auto* impl = static_cast<Impl*>(client);
-    auto* watch = static_cast<SocketWatch*>(assigned);
+    if (impl->closing_) return 0;
+    SocketWatch* watch = impl->watch_of(fd);
     if (what == CURL_POLL_REMOVE) {
-      if (watch != nullptr && !impl->closing_) {
-        curl_multi_assign(impl->multi_, fd, nullptr);
+      // A connection's socket is parked until it is closed or used again: readable only, so
+      // that a connection the server closes meanwhile is seen once (on_poll stops the watch
+      // then) and never spins; the interest a request on a reused connection asks for is most
+      // often this one. A parked watch does not keep the loop running, as an idle connection did
+      // not before.
+      if (watch != nullptr && !impl->opened(fd)) {
         impl->release_watch(watch);
+      } else if (watch != nullptr) {
+        watch->parked = true;
+        uv_unref(reinterpret_cast<uv_handle_t*>(&watch->poll));
+        watch_for(watch, watch->events == 0 ? 0 : UV_READABLE);
       }
       return 0;
     }
-    if (impl->closing_) return 0;
     if (watch == nullptr) {
       watch = impl->watch(fd);
       if (watch == nullptr) return -1;
-      curl_multi_assign(impl->multi_, fd, watch);
+    } else if (watch->parked) {
+      watch->parked = false;
+      uv_ref(reinterpret_cast<uv_handle_t*>(&watch->poll));
     }
     int events = 0;
     if (what & CURL_POLL_IN) events |= UV_READABLE;
     if (what & CURL_POLL_OUT) events |= UV_WRITABLE;
-    uv_poll_start(&watch->poll, events, &Impl::on_poll);
+    watch_for(watch, events);
     return 0;
   }
 
@@ -564,6 +608,12 @@ class HttpClient::Impl {
 
   static void on_poll(uv_poll_t* poll, int status, int events) {
     auto* watch = static_cast<SocketWatch*>(poll->data);
+    if (watch->parked) {
+      // An idle connection became readable: the server closed it or wrote out of turn. libcurl
+      // finds that out when it next looks at the connection; until then, no more of its events.
+      watch_for(watch, 0);
+      return;
+    }
     int flags = 0;
     if (status < 0) {
       flags = CURL_CSELECT_ERR;
@@ -584,6 +634,8 @@ class HttpClient::Impl {
     const int fd = ::socket(address->family, address->socktype | SOCK_CLOEXEC, address->protocol);
     if (fd < 0) return CURL_SOCKET_BAD;
     auto* impl = static_cast<Impl*>(client);
+    if (std::size_t(fd) >= impl->opened_.size()) impl->opened_.resize(std::size_t(fd) + 1);
+    impl->opened_[std::size_t(fd)] = true;
     ++impl->connections_open_;
     ++impl->connections_opened_;
     return fd;
@@ -592,14 +644,9 @@ class HttpClient::Impl {
   static int on_close_socket(void* client, curl_socket_t fd) {
     auto* impl = static_cast<Impl*>(client);
     --impl->connections_open_;
-    // libcurl says CURL_POLL_REMOVE before it closes; should it not, the watch must not outlive
-    // the descriptor, whose number the next socket may get.
-    for (SocketWatch* watch : impl->live_watches_) {
-      if (watch->fd == fd) {
-        impl->release_watch(watch);
-        break;
-      }
-    }
+    if (std::size_t(fd) < impl->opened_.size()) impl->opened_[std::size_t(fd)] = false;
+    // The watch must not outlive the descriptor, whose number the next socket may get.
+    if (SocketWatch* watch = impl->watch_of(fd)) impl->release_watch(watch);
     return ::close(fd);
   }
 
@@ -668,6 +715,8 @@ class HttpClient::Impl {
   std::vector<std::unique_ptr<SocketWatch>> watches_;  // every watch made, owned here
   std::vector<SocketWatch*> live_watches_;
   std::vector<SocketWatch*> free_watches_;
+  std::vector<SocketWatch*> watch_of_fd_;  // the live watch of each descriptor, by its number
+  std::vector<bool> opened_;               // by descriptor: a connection's socket, open now
 
   std::size_t connections_open_ = 0;
   std::uint64_t connections_opened_ = 0;

@@ -425,6 +425,126 @@ TEST_CASE("Sequential requests share one keep-alive connection", "[dispatch_http
   CHECK(client.stats().requests == 20);
 }
 
+namespace {
+
+/// A keep-alive HTTP/1.1 server on a thread of its own that answers each request on a connection
+/// with 204 and closes the connection after its first answer, once the test says so: a server
+/// that closes an idle keep-alive connection.
+class ClosingServer {
+ public:
+  ClosingServer() {
+    REQUIRE(::listen(socket_.fd, 8) == 0);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~ClosingServer() {
+    stopping_ = true;
+    ::shutdown(socket_.fd, SHUT_RDWR);
+    thread_.join();
+  }
+  ClosingServer(const ClosingServer&) = delete;
+  ClosingServer& operator=(const ClosingServer&) = delete;
+
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(socket_.port) + "/"; }
+  /// Closes the connection that got an answer, and waits until it is closed.
+  void close_idle() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    close_now_ = true;
+    changed_.notify_all();
+    REQUIRE(changed_.wait_for(lock, 20s, [this] { return closed_ > 0; }));
+  }
+
+ private:
+  void serve() {
+    while (!stopping_) {
+      const int connection = ::accept(socket_.fd, nullptr, nullptr);
+      if (connection < 0) return;
+      answer_one(connection);
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        changed_.wait_for(lock, 20s, [this] { return close_now_ || stopping_.load(); });
+        ::close(connection);
+        ++closed_;
+        changed_.notify_all();
+      }
+    }
+  }
+
+  /// Reads one request (its header and a Content-Length body) and answers 204.
+  static void answer_one(int connection) {
+    std::string request;
+    char buffer[4096];
+    std::size_t wanted = std::string::npos;
+    while (wanted == std::string::npos || request.size() < wanted) {
+      const ssize_t got = ::recv(connection, buffer, sizeof buffer, 0);
+      if (got <= 0) return;
+      request.append(buffer, std::size_t(got));
+      const auto end = request.find("\r\n\r\n");
+      if (end != std::string::npos && wanted == std::string::npos) {
+        const auto length = request.find("Content-Length: ");
+        wanted = end + 4 + (length < end ? std::stoul(request.substr(length + 16)) : 0);
+      }
+    }
+    const std::string answer = "HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n";
+    REQUIRE(::send(connection, answer.data(), answer.size(), MSG_NOSIGNAL) ==
+            ssize_t(answer.size()));
+  }
+
+  BoundSocket socket_;
+  std::thread thread_;
+  std::atomic<bool> stopping_{false};
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool close_now_ = false;
+  int closed_ = 0;
+};
+
+/// Counts the loop's turns while it lives.
+struct TurnCounter {
+  uv_check_t check{};
+  std::uint64_t turns = 0;
+  explicit TurnCounter(uv_loop_t* loop) {
+    uv_check_init(loop, &check);
+    check.data = this;
+    uv_check_start(&check,
+                   [](uv_check_t* handle) { ++static_cast<TurnCounter*>(handle->data)->turns; });
+    uv_unref(reinterpret_cast<uv_handle_t*>(&check));
+  }
+  void close() { uv_close(reinterpret_cast<uv_handle_t*>(&check), nullptr); }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "A keep-alive connection the server closes while idle is let go without spinning the loop, "
+    "and the next request opens another",
+    "[dispatch_http]") {
+  ClosingServer server;
+  TestLoop loop;
+  HttpClient client(loop.get(), settings_for(server.url()));
+  std::vector<Response> answers;
+  client.post("", {}, "x", [&](Response response) { answers.push_back(std::move(response)); });
+  REQUIRE(loop.run_until([&] { return answers.size() == 1; }));
+  CHECK(answers[0].status == 204);
+
+  // The idle connection's socket turns readable for good (end of stream). Watched as it was, it
+  // would wake the loop on every turn: thousands of turns in the half second below, where the
+  // loop's 5 ms tick makes about a hundred.
+  server.close_idle();
+  TurnCounter counter(loop.get());
+  const auto until = Clock::now() + 500ms;
+  REQUIRE(loop.run_until([&] { return Clock::now() >= until; }));
+  INFO(counter.turns << " turns of the loop in 0.5 s");
+  CHECK(counter.turns < 1000);
+  counter.close();
+
+  client.post("", {}, "x", [&](Response response) { answers.push_back(std::move(response)); });
+  REQUIRE(loop.run_until([&] { return answers.size() == 2; }));
+  CHECK(answers[1].failure == Failure::none);
+  CHECK(answers[1].status == 204);
+  CHECK(client.stats().connections_opened == 2);
+  CHECK(loop.close_clean(client));
+}
+
 TEST_CASE("Requests beyond the pool wait for a connection and never open more than the pool",
           "[dispatch_http]") {
   TestServer server;
