@@ -37,7 +37,7 @@ constexpr uint64_t kReturnsPollMs = 50;
 // cluster whose leader's node was stopping answered 0 once, 0.4 s in, and 100 (right) before and
 // after, every 0.1 s for 8 s. A replay that trusted that answer ended at once with every message
 // still parked. A basic.get's "empty" is trusted at once (Walker::probe_empty): it is the queue's
-// own answer, and a quorum queue without a leader fails the get instead.
+// own answer (a quorum queue's leader's), not a count the broker gives when it cannot ask.
 /// Held messages after which the reading moves to a new channel (see Walker).
 constexpr size_t kHeldPerChannel = 4096;
 /// Channel numbers left free for the connection's other users (depth lookups open their own).

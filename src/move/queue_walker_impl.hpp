@@ -50,8 +50,8 @@ class Walker : public QueueWalker, public std::enable_shared_from_this<Walker> {
   /// WalkOptions::empty_answers), then the walk starts or ends.
   void count_queue();
   /// After a first count of 0: a basic.get, whose "empty" is the queue's own answer (a quorum
-  /// queue's comes from its leader, or the get fails), where a count of 0 may only mean that the
-  /// leader could not be reached. Empty ends the walk at once; a message goes back to the queue
+  /// queue's, its leader's), where a count of 0 may only mean that the leader could not be
+  /// reached. Empty ends the walk at once; a message goes back to the queue
   /// (nack, requeue) and the counts go on as before the probe.
   void probe_empty();
   /// Ends a walk that found the queue empty.
