@@ -11,7 +11,7 @@ using namespace retryloop;
 
 namespace {
 
-constexpr std::string_view stamp_header = "retryloop-migration";
+constexpr std::string_view kStampHeader = "retryloop-migration";
 
 amqp::BasicProperties order(const std::string& id) {
   amqp::BasicProperties properties;
@@ -27,7 +27,7 @@ TEST_CASE(
     "A message with an id keeps its stable stamp when a quorum queue redelivers it and when it "
     "carries a stamp already",
     "[move]") {
-  const std::string first = move::stable_stamp(order("m-1"), "{}", stamp_header);
+  const std::string first = move::stable_stamp(order("m-1"), "{}", kStampHeader);
   REQUIRE(first.size() == 35);
   CHECK(first.rfind("id-", 0) == 0);
   CHECK(first.find_first_not_of("0123456789abcdef", 3) == std::string::npos);
@@ -35,32 +35,32 @@ TEST_CASE(
   amqp::BasicProperties returned = order("m-1");
   returned.headers->set("x-delivery-count", amqp::FieldValue(int64_t{1}));
   returned.headers->set("x-acquired-count", amqp::FieldValue(int64_t{2}));
-  returned.headers->set(std::string(stamp_header), amqp::FieldValue(std::string("m/orders:7")));
-  CHECK(move::stable_stamp(returned, "{}", stamp_header) == first);
+  returned.headers->set(std::string(kStampHeader), amqp::FieldValue(std::string("m/orders:7")));
+  CHECK(move::stable_stamp(returned, "{}", kStampHeader) == first);
 }
 
 TEST_CASE("Messages that differ in their id, properties, headers or body have other stamps",
           "[move]") {
-  const std::string first = move::stable_stamp(order("m-1"), "{}", stamp_header);
-  CHECK(move::stable_stamp(order("m-2"), "{}", stamp_header) != first);
-  CHECK(move::stable_stamp(order("m-1"), "{ }", stamp_header) != first);
+  const std::string first = move::stable_stamp(order("m-1"), "{}", kStampHeader);
+  CHECK(move::stable_stamp(order("m-2"), "{}", kStampHeader) != first);
+  CHECK(move::stable_stamp(order("m-1"), "{ }", kStampHeader) != first);
   amqp::BasicProperties typed = order("m-1");
   typed.content_type = "text/plain";
-  CHECK(move::stable_stamp(typed, "{}", stamp_header) != first);
+  CHECK(move::stable_stamp(typed, "{}", kStampHeader) != first);
   amqp::BasicProperties retried = order("m-1");
   retried.headers->set("retryloop-retries", amqp::FieldValue(int64_t{1}));
-  CHECK(move::stable_stamp(retried, "{}", stamp_header) != first);
+  CHECK(move::stable_stamp(retried, "{}", kStampHeader) != first);
   // The body's length is part of what is hashed: the parts cannot run into each other.
   amqp::BasicProperties empty_type = order("m-1");
   empty_type.content_type = "";
-  CHECK(move::stable_stamp(empty_type, "", stamp_header) !=
-        move::stable_stamp(order("m-1"), "", stamp_header));
+  CHECK(move::stable_stamp(empty_type, "", kStampHeader) !=
+        move::stable_stamp(order("m-1"), "", kStampHeader));
 }
 
 TEST_CASE("A message without an id has no stable stamp: its bytes may be another message's",
           "[move]") {
   amqp::BasicProperties none = order("m-1");
   none.message_id.reset();
-  CHECK(move::stable_stamp(none, "{}", stamp_header).empty());
-  CHECK(move::stable_stamp(order(""), "{}", stamp_header).empty());
+  CHECK(move::stable_stamp(none, "{}", kStampHeader).empty());
+  CHECK(move::stable_stamp(order(""), "{}", kStampHeader).empty());
 }
