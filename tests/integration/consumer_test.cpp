@@ -692,7 +692,7 @@ connection.close()
   broker.publish(service.input.exchange, "key", "after-deep", "{}");
 
   REQUIRE(loop.run_until([&] { return c->metrics().parked_poison == 1 && c->metrics().acked == 1; },
-                         10s));
+                         60s));
   stop(loop, c);
   CHECK(c->metrics().reconnects == 0);
   CHECK(recorder.size() == 1);  // the handler never saw the undecodable one

@@ -143,8 +143,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "A move out of a queue known to be classic believes its first answer of 0; a move out of one "
-    "that is or may be quorum does not",
+    "A move out of a queue known to be classic believes its first answer of 0, and a move out of "
+    "one that is or may be quorum does not",
     "[migrate]") {
   // Classic made quorum: the old queue is known to be classic, the holding queue is quorum.
   Survey survey = matching();
