@@ -533,8 +533,9 @@ MoveFunction mover(MoveProgress progress) {
         options.routing_key = request.to;
         if (!request.from_quorum) options.empty_answers = 1;
         options.stamp_header = std::string(stamp_header);
-        // A message with a message id gets the same stamp in every run, so that the copy a killed
-        // run made and the rerun's are one on the way back. Any other gets a prefix of its own per
+        // A message with a message id gets the same stamp in every run and from every queue, so
+        // that the copy a killed run made and the rerun's, or the two copies a binding move routed
+        // to both queues, are one on the way back. Any other gets a prefix of its own per
         // run: the count restarts with each run, and deduplication must never take two messages
         // for one (docs/migrate.md, "Resuming").
         std::error_code random_error;
@@ -542,7 +543,7 @@ MoveFunction mover(MoveProgress progress) {
         if (random_error)
           run = std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
         options.stamp_prefix = request.stamp_prefix + "/" + request.from + "/" + run;
-        options.stable_prefix = request.stamp_prefix + "/" + request.from;
+        options.stable_prefix = request.stamp_prefix;
         options.deduplicate = request.deduplicate;
         return move::move_queue(
             connection, std::move(options),

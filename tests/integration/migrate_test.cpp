@@ -406,9 +406,11 @@ TEST_CASE(
   CHECK(declared_with(loop, broker, queue, declared_arguments(quorum, queue)));
   CHECK_FALSE(exists(loop, broker, migrate::holding_queue_name(queue)));
   // The retry came back from its wait queue when its TTL ended (the broker's x-death says so),
-  // into the service queue or the holding queue, and was moved on with the rest, once.
+  // into the service queue or the holding queue, and was moved on with the rest: once, or twice
+  // when its TTL ended while a binding passed from one queue to the other (docs/migrate.md).
   std::vector<client::GetResult> messages = broker.drain(queue);
-  REQUIRE(messages.size() == size_t(waiting) + 1);
+  REQUIRE(messages.size() >= size_t(waiting) + 1);
+  REQUIRE(messages.size() <= size_t(waiting) + 2);
   int retries = 0;
   for (const auto& got : messages) {
     if (got.message.properties.message_id.value_or("") != "retry-1") continue;
@@ -420,7 +422,7 @@ TEST_CASE(
     REQUIRE(entry != nullptr);
     CHECK(entry->find("reason")->as_string() == std::string_view("expired"));
   }
-  CHECK(retries == 1);
+  CHECK(retries == int(messages.size()) - waiting);
   std::set<std::string> stamps;
   int next = 0;
   for (const auto& got : messages) {

@@ -20,7 +20,7 @@ std::string lock_queue_name(std::string_view service_name);
 /// its consumers tell the migration that deliveries are still out, so that a queue is deleted
 /// only once none is (a drain waits until it has no consumer).
 std::string settling_queue_name(std::string_view service_name);
-/// The header the mover stamps each moved message with: `<migration id>/<queue>:id-<digest>` for
+/// The header the mover stamps each moved message with: `<migration id>:id-<digest>` for
 /// a message with a message id (move::stable_stamp), `<migration id>/<queue>/<run>:<sequence>` for
 /// one without. A message with an id moved twice (a kill between its copy's confirm and its
 /// original's ack, and a rerun) carries one stamp in both copies, and the move back keeps only
