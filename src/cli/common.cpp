@@ -290,6 +290,19 @@ std::string wrap(const std::string& text, size_t width) {
   return out;
 }
 
+std::shared_ptr<process::StopSignals> settle_on_interrupt(uv_loop_t* loop,
+                                                          std::function<void()> settle,
+                                                          std::function<void()> stop_now) {
+  return std::make_shared<process::StopSignals>(
+      loop,
+      [settle = std::move(settle)](int) {
+        std::cerr << "\nretryloop: interrupted: letting the copies in flight settle (Ctrl-C "
+                     "again to stop at once)\n";
+        settle();
+      },
+      std::move(stop_now));
+}
+
 void describe_command(CLI::App& command) {
   command.footer(exit_codes_help);
   command.failure_message([](const CLI::App* app, const CLI::Error& error) {

@@ -18,6 +18,7 @@
 
 #include "retryloop/client/connection.hpp"
 #include "retryloop/client/uri.hpp"
+#include "retryloop/process/stop_signals.hpp"
 #include "retryloop/topology/topology.hpp"
 
 namespace retryloop::cli {
@@ -137,6 +138,13 @@ std::string preview(std::string_view text, size_t width);
 
 /// `text` broken into lines of at most `width` columns at spaces (for --help paragraphs).
 std::string wrap(const std::string& text, size_t width = 96);
+
+/// Ctrl-C (or SIGTERM) for a command that moves messages: the first says so and runs `settle`,
+/// which lets the copies in flight settle; the second runs `stop_now`. Close it when the command
+/// ends.
+std::shared_ptr<process::StopSignals> settle_on_interrupt(uv_loop_t* loop,
+                                                          std::function<void()> settle,
+                                                          std::function<void()> stop_now);
 
 /// The exit-code footer for a command's --help, and usage errors printed through
 /// hide_passwords (CLI11 echoes unexpected arguments, which may be a URL given without --url).

@@ -27,7 +27,6 @@
 #include "retryloop/parking/audit.hpp"
 #include "retryloop/parking/parked_json.hpp"
 #include "retryloop/parking/parking.hpp"
-#include "retryloop/process/stop_signals.hpp"
 #include "retryloop/random/os_random.hpp"
 #include "retryloop/retry/headers.hpp"
 #include "retryloop/topology/delay_levels.hpp"
@@ -507,11 +506,9 @@ int run_replay(const ParkingArgs& args) {
       auto handle = std::make_shared<std::shared_ptr<parking::Replay>>();
       auto reporter =
           args.dry_run ? nullptr : std::make_shared<ProgressReporter>(connection->loop(), "moved");
-      auto interrupts = std::make_shared<process::StopSignals>(
+      auto interrupts = settle_on_interrupt(
           connection->loop(),
-          [handle](int) {
-            std::cerr << "\nretryloop: interrupted: letting the copies in flight settle (Ctrl-C "
-                         "again to stop at once)\n";
+          [handle] {
             if (*handle) (*handle)->stop();
           },
           [connection] { connection->close(); });

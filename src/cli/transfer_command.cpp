@@ -9,7 +9,6 @@
 
 #include "common.hpp"
 #include "migrate_command.hpp"
-#include "retryloop/process/stop_signals.hpp"
 #include "retryloop/topology/declarer.hpp"
 #include "retryloop/topology/duration.hpp"
 #include "retryloop/topology/plan.hpp"
@@ -182,11 +181,9 @@ void start_transfer(const TransferArgs& args, const topology::Service& service,
                     const std::shared_ptr<client::Connection>& new_broker,
                     std::function<void(int)> finish) {
   auto handle = std::make_shared<std::shared_ptr<transfer::Transfer>>();
-  auto interrupts = std::make_shared<process::StopSignals>(
+  auto interrupts = settle_on_interrupt(
       old_broker->loop(),
-      [handle](int) {
-        std::cerr << "\nretryloop: interrupted: letting the copies in flight settle "
-                     "(Ctrl-C again to stop at once)\n";
+      [handle] {
         if (*handle) (*handle)->stop();
       },
       [old_broker, new_broker] {

@@ -288,6 +288,13 @@ class HttpClient::Impl {
     bool parked = false;   // libcurl said CURL_POLL_REMOVE and has not asked for it again
   };
 
+  /// A descriptor's live watch, and whether it is a connection's socket, which on_open_socket
+  /// opened and on_close_socket will close (the resolver's are closed by libcurl, unseen).
+  struct Descriptor {
+    SocketWatch* watch = nullptr;
+    bool opened = false;
+  };
+
   Transfer* start_transfer() {
     std::unique_ptr<Transfer> transfer;
     if (!idle_.empty()) {
@@ -507,20 +514,14 @@ class HttpClient::Impl {
     watch->parked = false;
     watch->slot = live_watches_.size();
     live_watches_.push_back(watch);
-    if (std::size_t(fd) >= watch_of_fd_.size()) watch_of_fd_.resize(std::size_t(fd) + 1);
-    watch_of_fd_[std::size_t(fd)] = watch;
+    descriptor(fd).watch = watch;
     return watch;
   }
 
-  /// Whether `fd` is a connection's socket, which on_open_socket opened and on_close_socket will
-  /// close.
-  bool opened(curl_socket_t fd) const {
-    return fd >= 0 && std::size_t(fd) < opened_.size() && opened_[std::size_t(fd)];
-  }
-
-  SocketWatch* watch_of(curl_socket_t fd) const {
-    return fd >= 0 && std::size_t(fd) < watch_of_fd_.size() ? watch_of_fd_[std::size_t(fd)]
-                                                            : nullptr;
+  /// What the client knows of descriptor `fd` (a valid one), grown as needed.
+  Descriptor& descriptor(curl_socket_t fd) {
+    if (std::size_t(fd) >= descriptors_.size()) descriptors_.resize(std::size_t(fd) + 1);
+    return descriptors_[std::size_t(fd)];
   }
 
   /// Asks the loop for `events` on the watch's socket, unless it asks for them already.
@@ -539,7 +540,7 @@ class HttpClient::Impl {
     live_watches_[slot] = live_watches_.back();
     live_watches_[slot]->slot = slot;
     live_watches_.pop_back();
-    watch_of_fd_[std::size_t(watch->fd)] = nullptr;
+    descriptor(watch->fd).watch = nullptr;
     uv_poll_stop(&watch->poll);
     ++closes_pending_;
     uv_close(reinterpret_cast<uv_handle_t*>(&watch->poll), &Impl::on_handle_closed);
@@ -561,14 +562,15 @@ class HttpClient::Impl {
   static int on_socket(CURL*, curl_socket_t fd, int what, void* client, void*) {
     auto* impl = static_cast<Impl*>(client);
     if (impl->closing_) return 0;
-    SocketWatch* watch = impl->watch_of(fd);
+    Descriptor& descriptor = impl->descriptor(fd);
+    SocketWatch* watch = descriptor.watch;
     if (what == CURL_POLL_REMOVE) {
       // A connection's socket is parked until it is closed or used again: readable only, so
       // that a connection the server closes meanwhile is seen once (on_poll stops the watch
       // then) and never spins; the interest a request on a reused connection asks for is most
       // often this one. A parked watch does not keep the loop running, as an idle connection did
       // not before.
-      if (watch != nullptr && !impl->opened(fd)) {
+      if (watch != nullptr && !descriptor.opened) {
         impl->release_watch(watch);
       } else if (watch != nullptr) {
         watch->parked = true;
@@ -634,8 +636,7 @@ class HttpClient::Impl {
     const int fd = ::socket(address->family, address->socktype | SOCK_CLOEXEC, address->protocol);
     if (fd < 0) return CURL_SOCKET_BAD;
     auto* impl = static_cast<Impl*>(client);
-    if (std::size_t(fd) >= impl->opened_.size()) impl->opened_.resize(std::size_t(fd) + 1);
-    impl->opened_[std::size_t(fd)] = true;
+    impl->descriptor(fd).opened = true;
     ++impl->connections_open_;
     ++impl->connections_opened_;
     return fd;
@@ -644,9 +645,10 @@ class HttpClient::Impl {
   static int on_close_socket(void* client, curl_socket_t fd) {
     auto* impl = static_cast<Impl*>(client);
     --impl->connections_open_;
-    if (std::size_t(fd) < impl->opened_.size()) impl->opened_[std::size_t(fd)] = false;
+    Descriptor& descriptor = impl->descriptor(fd);
+    descriptor.opened = false;
     // The watch must not outlive the descriptor, whose number the next socket may get.
-    if (SocketWatch* watch = impl->watch_of(fd)) impl->release_watch(watch);
+    if (descriptor.watch != nullptr) impl->release_watch(descriptor.watch);
     return ::close(fd);
   }
 
@@ -715,8 +717,7 @@ class HttpClient::Impl {
   std::vector<std::unique_ptr<SocketWatch>> watches_;  // every watch made, owned here
   std::vector<SocketWatch*> live_watches_;
   std::vector<SocketWatch*> free_watches_;
-  std::vector<SocketWatch*> watch_of_fd_;  // the live watch of each descriptor, by its number
-  std::vector<bool> opened_;               // by descriptor: a connection's socket, open now
+  std::vector<Descriptor> descriptors_;  // by descriptor number
 
   std::size_t connections_open_ = 0;
   std::uint64_t connections_opened_ = 0;

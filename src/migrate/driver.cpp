@@ -262,7 +262,7 @@ class DriverImpl final : public Driver {
         break;
       }
       case StepKind::move:
-        return move(step.queue, step.target, step.quorum);
+        return move(step.queue, step.target);
       case StepKind::drain:
       case StepKind::delete_queue:
         return look_up(step);
@@ -282,19 +282,18 @@ class DriverImpl final : public Driver {
 
   /// A move request of the migration's: back into a queue the migration made again, a stamp seen
   /// twice is moved once.
-  MoveRequest move_request(const std::string& from, const std::string& to, bool from_quorum) {
+  MoveRequest move_request(const std::string& from, const std::string& to) {
     MoveRequest request;
     request.from = from;
     request.to = to;
     request.stamp_prefix = migration_->record().id;
     request.deduplicate = from == holding_queue_name(to);
-    request.from_quorum = from_quorum;
     return request;
   }
 
-  void move(const std::string& from, const std::string& to, bool from_quorum) {
+  void move(const std::string& from, const std::string& to) {
     Error error = move_function()(
-        connection_, move_request(from, to, from_quorum),
+        connection_, move_request(from, to),
         guarded([](DriverImpl& self, const Error& error, const MoveResult& result) {
           self.migration_->moved(result.moved);
           if (self.events_.moved) {
@@ -391,7 +390,7 @@ class DriverImpl final : public Driver {
 
   void move_leftovers(const std::string& from, const std::string& to) {
     Error error =
-        move_function()(connection_, move_request(from, to, true),
+        move_function()(connection_, move_request(from, to),
                         guarded([](DriverImpl& self, const Error& error, const MoveResult& result) {
                           self.migration_->moved(result.moved);
                           if (error) return self.finish(error);
@@ -531,7 +530,6 @@ MoveFunction mover(MoveProgress progress) {
         }
         options.from = request.from;
         options.routing_key = request.to;
-        if (!request.from_quorum) options.empty_answers = 1;
         options.stamp_header = std::string(stamp_header);
         // A message with a message id gets the same stamp in every run and from every queue, so
         // that the copy a killed run made and the rerun's, or the two copies a binding move routed

@@ -245,7 +245,6 @@ class Planner {
       push_binding_move(renamed(binding, holding), queue, why);
     if (service) push_queue(StepKind::announce, holding, why, queue);
     push_queue(StepKind::move, queue, why, holding);
-    plan_.steps.back().quorum = broker_quorum(queue, found);
     push_queue(StepKind::drain, queue, why);
     push_delete(queue, broker_quorum(queue, found), why);
     push(StepKind::declare_queue, declaration(queue), why);
@@ -253,7 +252,6 @@ class Planner {
       push_binding_move(binding, holding, why);
     if (service) push_queue(StepKind::announce, std::string(), why, queue);
     push_queue(StepKind::move, holding, why, queue);
-    plan_.steps.back().quorum = is_quorum(declaration(queue));
     push_queue(StepKind::drain, holding, why);
     push_delete(holding, is_quorum(declaration(queue)), why);
     // Moved out, and moved back with what came meanwhile.

@@ -114,7 +114,6 @@ Error move_queue(const std::shared_ptr<client::Connection>& connection, MoveOpti
   walk.queue = options.from;
   walk.window = options.window;
   walk.readers = "a move's reads";
-  walk.empty_answers = options.empty_answers;
   ProgressHandler on_progress = std::move(options.on_progress);
   auto run = std::make_shared<QueueMove>(std::move(options));
   if (on_progress) {

@@ -1,9 +1,10 @@
 #include "retryloop/move/stamp.hpp"
 
-#include <openssl/sha.h>
+#include <openssl/evp.h>
 
-#include <cstdint>
 #include <exception>
+#include <memory>
+#include <optional>
 
 #include "retryloop/amqp/buffer.hpp"
 #include "retryloop/retry/headers.hpp"
@@ -13,24 +14,38 @@ namespace retryloop::move {
 std::string stable_stamp(const amqp::BasicProperties& properties, std::string_view body,
                          std::string_view stamp_header) {
   if (!properties.message_id || properties.message_id->empty()) return {};
-  amqp::BasicProperties kept = properties;
-  if (kept.headers) {
-    kept.headers->erase_if([stamp_header](std::string_view name) {
-      return name == stamp_header || name == retry::header::delivery_count ||
-             name == retry::header::acquired_count;
-    });
+  const auto left_out = [stamp_header](std::string_view name) {
+    return name == stamp_header || name == retry::header::delivery_count ||
+           name == retry::header::acquired_count;
+  };
+  // A copy of the properties only when a header must be left out.
+  std::optional<amqp::BasicProperties> kept;
+  if (properties.headers) {
+    for (const auto& entry : *properties.headers) {
+      if (!left_out(entry.name)) continue;
+      kept = properties;
+      kept->headers->erase_if(left_out);
+      break;
+    }
   }
-  std::string input = "retryloop stamp 1";
+  std::string head = "retryloop stamp 1";
   try {
-    amqp::Writer writer(input);
-    kept.encode(writer);
+    amqp::Writer writer(head);
+    (kept ? *kept : properties).encode(writer);
     writer.u64(body.size());
-    writer.raw(body);
   } catch (const std::exception&) {
     return {};
   }
-  unsigned char digest[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(input.data()), input.size(), digest);
+  const std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> context(EVP_MD_CTX_new(),
+                                                                        &EVP_MD_CTX_free);
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  if (!context || EVP_DigestInit_ex(context.get(), EVP_sha256(), nullptr) != 1 ||
+      EVP_DigestUpdate(context.get(), head.data(), head.size()) != 1 ||
+      EVP_DigestUpdate(context.get(), body.data(), body.size()) != 1 ||
+      EVP_DigestFinal_ex(context.get(), digest, &length) != 1 || length < 16) {
+    return {};
+  }
   static constexpr char hex[] = "0123456789abcdef";
   std::string stamp = "id-";
   for (int i = 0; i < 16; ++i) {

@@ -108,9 +108,10 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
   }
 
   void start_pass() {
-    // The first pass, and a pass that would end --follow, trust an empty queue only after it has
-    // answered 0 for about a second (a quorum queue without a reachable leader answers 0); the
-    // passes between them read the queues again half a second later anyway.
+    // The first pass, and a pass that would end --follow, check a count of 0 with a basic.get (a
+    // quorum queue without a reachable leader counts 0; see WalkOptions::empty_answers); the
+    // passes between them trust the count, since the next pass reads the queues again half a
+    // second later, and take nothing off a queue that publishers not yet switched still feed.
     careful_ = result_.passes == 0 || confirming_;
     ++result_.passes;
     next_ = 0;
@@ -209,7 +210,7 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
   }
 
   /// Stamps `copy` unless it has a stamp: "<service queue>:<stable stamp>" for an original with a
-  /// message id, the same in a rerun, "<run id>:<n>" for one without.
+  /// message id, the same in a rerun and from every old queue, "<run id>:<n>" for one without.
   void stamp(amqp::BasicProperties& copy, const client::Message& original) {
     if (!copy.headers) copy.headers = amqp::FieldTable{};
     if (copy.headers->find(stamp_header) != nullptr) return;
@@ -280,8 +281,8 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
   /// not move (refused by the new broker, or undecodable).
   std::vector<std::pair<uint64_t, uint64_t>> stayed_;
   std::optional<int64_t> empty_since_;
-  /// Whether this pass waits for an empty queue's answer to hold (see start_pass), and whether
-  /// the next must, to end --follow.
+  /// Whether this pass checks a count of 0 (see start_pass), and whether the next must, to end
+  /// --follow.
   bool careful_ = true;
   bool confirming_ = false;
   uint64_t stamps_ = 0;

@@ -116,9 +116,7 @@ TEST_CASE(
   auto old_broker = test::connect(loop, test::broker_url());
   auto channel = test::open_channel(loop, *old_broker);
   REQUIRE_FALSE(test::wait(loop, [&](auto done) { return channel->confirm_select(done); }));
-  for (int i = 0; i < 40; ++i)
-    test::publish_confirmed(loop, *channel, name + ".in", "key", with_id("m" + std::to_string(i)),
-                            "{}");
+  test::publish_numbered(loop, *channel, name + ".in", "key", 40, "m");
   // m0..m4 round the loop once and are back in the service queue, behind m39, with an x-death.
   reject(loop, *channel, queue, 5);
   REQUIRE(test::eventually(
@@ -323,24 +321,13 @@ TEST_CASE(
     if (seen.size() != 1 || seen.begin()->empty()) ++stamped_twice;
   }
   CHECK(stamped_twice == 0);
-  int missing = 0;
-  int duplicates = 0;
-  int more_than_twice = 0;
-  for (int i = 0; i < kMessages; ++i) {
-    const auto found = copies.find("m" + std::to_string(i));
-    if (found == copies.end()) {
-      ++missing;
-      continue;
-    }
-    duplicates += found->second - 1;
-    if (found->second > 2) ++more_than_twice;
-  }
-  CHECK(missing == 0);
-  CHECK(more_than_twice == 0);
+  const test::IdCounts counts = test::count_ids(copies, "m", kMessages);
+  CHECK(counts.missing == 0);
+  CHECK(counts.more_than_twice == 0);
   CHECK(copies.size() == size_t(kMessages));
-  CHECK(duplicates <= 500);
+  CHECK(counts.extra_copies <= 500);
   WARN("killed with " << left << " of " << kMessages << " messages left in the old service queue; "
-                      << duplicates << " moved twice");
+                      << counts.extra_copies << " moved twice");
   const auto parked_now = test::drain_queue(loop, *new_broker, parking);
   REQUIRE(parked_now.size() == 1);
   CHECK(parked_now[0].message.body == "parked body");
@@ -363,9 +350,7 @@ TEST_CASE(
   auto old_broker = test::connect(loop, test::broker_url());
   auto channel = test::open_channel(loop, *old_broker);
   REQUIRE_FALSE(test::wait(loop, [&](auto done) { return channel->confirm_select(done); }));
-  for (int i = 0; i < 20; ++i)
-    test::publish_confirmed(loop, *channel, name + ".in", "key", with_id("m" + std::to_string(i)),
-                            "{}");
+  test::publish_numbered(loop, *channel, name + ".in", "key", 20, "m");
 
   const std::vector<std::string> env = old_broker_environment();
   auto new_broker = test::connect(loop, new_url);
@@ -456,9 +441,7 @@ TEST_CASE(
   auto old_broker = test::connect(loop, test::broker_url());
   auto channel = test::open_channel(loop, *old_broker);
   REQUIRE_FALSE(test::wait(loop, [&](auto done) { return channel->confirm_select(done); }));
-  for (int i = 0; i < 10; ++i)
-    test::publish_confirmed(loop, *channel, name + ".in", "key", with_id("m" + std::to_string(i)),
-                            "{}");
+  test::publish_numbered(loop, *channel, name + ".in", "key", 10, "m");
 
   // The same service made quorum, its migration stopped half way on the new broker, then on the
   // old one.

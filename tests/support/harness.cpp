@@ -290,6 +290,21 @@ void publish_numbered(TestLoop& loop, client::Channel& channel, const std::strin
   REQUIRE(refused == 0);
 }
 
+IdCounts count_ids(const std::map<std::string, int>& copies, const std::string& prefix, int count) {
+  IdCounts counts;
+  for (int i = 0; i < count; ++i) {
+    const auto found = copies.find(prefix + std::to_string(i));
+    if (found == copies.end()) {
+      ++counts.missing;
+      continue;
+    }
+    if (found->second > 1) ++counts.repeated;
+    if (found->second > 2) ++counts.more_than_twice;
+    counts.extra_copies += found->second - 1;
+  }
+  return counts;
+}
+
 std::vector<client::GetResult> drain_queue(TestLoop& loop, client::Connection& connection,
                                            const std::string& queue) {
   auto channel = open_channel(loop, connection);

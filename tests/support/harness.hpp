@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -104,6 +105,17 @@ uint32_t queue_depth(TestLoop& loop, client::Connection& connection, const std::
 /// routed. Message i has the id `id_prefix` + i and the body {"n": i}.
 void publish_numbered(TestLoop& loop, client::Channel& channel, const std::string& exchange,
                       const std::string& routing_key, int count, const std::string& id_prefix);
+
+/// How the ids `prefix` + 0 .. `prefix` + (count - 1) appear among `copies` (message id -> how
+/// many times it was read): ids missing, ids read more than once and more than twice, and the
+/// copies beyond the first of each.
+struct IdCounts {
+  int missing = 0;
+  int repeated = 0;
+  int more_than_twice = 0;
+  int extra_copies = 0;
+};
+IdCounts count_ids(const std::map<std::string, int>& copies, const std::string& prefix, int count);
 
 /// Publishes one message with mandatory on a confirm-mode channel and waits; fails the test
 /// unless it is confirmed and routed.

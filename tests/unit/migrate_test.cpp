@@ -5,7 +5,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <map>
 #include <string>
 #include <vector>
 
@@ -140,27 +139,6 @@ TEST_CASE(
     if (step.kind == StepKind::delete_queue)
       CHECK(step.quorum == (step.queue == "orders.migrating"));
   }
-}
-
-TEST_CASE(
-    "A move out of a queue known to be classic believes its first answer of 0, and a move out of "
-    "one that is or may be quorum does not",
-    "[migrate]") {
-  // Classic made quorum: the old queue is known to be classic, the holding queue is quorum.
-  Survey survey = matching();
-  survey.service_queue = found("orders", Found::differs, 10, "x-queue-type");
-  std::map<std::string, bool> from_quorum;
-  for (const Step& step : make_migration_plan(orders(), survey).steps) {
-    if (step.kind == StepKind::move) from_quorum[step.queue] = step.quorum;
-  }
-  CHECK(from_quorum == std::map<std::string, bool>{{"orders", false}, {"orders.migrating", true}});
-  // Quorum made classic, refused for another argument first: the old queue may be quorum.
-  survey.service_queue = found("orders", Found::differs, 10, "x-delivery-limit");
-  from_quorum.clear();
-  for (const Step& step : make_migration_plan(orders(R"("queue_type": "classic")"), survey).steps) {
-    if (step.kind == StepKind::move) from_quorum[step.queue] = step.quorum;
-  }
-  CHECK(from_quorum == std::map<std::string, bool>{{"orders", true}, {"orders.migrating", false}});
 }
 
 TEST_CASE(

@@ -45,10 +45,6 @@ struct MoveRequest {
   std::string stamp_prefix;
   /// A stamp seen twice is moved once.
   bool deduplicate = false;
-  /// `from` is, or may be, a quorum queue: RabbitMQ answers 0 for one whose leader it cannot
-  /// reach, so an empty one is believed only after about a second of answers of 0. A classic
-  /// queue's 0 is believed at once.
-  bool from_quorum = true;
 };
 /// Carries out `request`; `done` fires once. mover() is the move layer's (move::move_queue).
 using MoveFunction = std::function<client::Error(

@@ -93,9 +93,7 @@ struct Step {
   std::chrono::milliseconds delay{0};
   /// delete_queue: the queue is, or may be, a quorum queue, which RabbitMQ deletes only without
   /// if-empty and if-unused (it refuses them, closing the connection): the driver relies on the
-  /// look-up it makes just before. move: the queue moved out of is, or may be, a quorum queue,
-  /// whose look-up answers 0 while it has no leader it can reach: the mover believes an empty
-  /// one only after several answers (MoveRequest::from_quorum).
+  /// look-up it makes just before.
   bool quorum = false;
   /// For people: "the service queue becomes quorum", "delay level 30s is removed".
   std::string why;

@@ -35,8 +35,6 @@ struct MoveOptions {
   /// killed earlier move) is acked without a copy, counted in Progress::duplicates; so is a
   /// message without a stamp whose stable stamp this move has copied. Needs `stamp_header`.
   bool deduplicate = false;
-  /// WalkOptions::empty_answers: 1 for a queue known to be classic, whose answer of 0 is true.
-  int empty_answers = 5;
   /// Told after each message read and each copy settled.
   std::function<void(const Progress&)> on_progress;
 };

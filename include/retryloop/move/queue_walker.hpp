@@ -90,8 +90,7 @@ struct WalkOptions {
   /// 1, the first answer of 0 is checked at once with a basic.get, whose "empty" is the queue's
   /// own and ends the walk; a message it finds goes back to the queue (redelivered; before
   /// RabbitMQ 4.3, a quorum queue counts that as a delivery) and the answers are counted. 1
-  /// suits a caller that reads the queue again soon anyway (a transfer's --follow), or a queue
-  /// known to be classic.
+  /// suits a caller that reads the queue again soon anyway (a transfer's --follow).
   int empty_answers = 5;
 };
 
