@@ -909,8 +909,10 @@ TEST_CASE(
   std::string metrics;
   REQUIRE(dispatch_eventually(loop, run, [&] {
     metrics = run.metrics();
+    // The ack of the message answered 2xx is counted once the broker has it, after its answer.
     return DispatchRun::value(metrics,
                               "retryloop_dispatch_request_duration_seconds_count" + labels) == 3 &&
+           DispatchRun::value(metrics, "retryloop_acked_messages_total" + labels) == 1 &&
            service.parked() == 2;
   }));
   INFO(metrics);

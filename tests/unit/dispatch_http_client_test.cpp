@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <uv.h>
@@ -254,6 +255,18 @@ bool accepts_connections(int port) {
   address.sin_family = AF_INET;
   address.sin_port = htons(uint16_t(port));
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool connected = ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+  ::close(fd);
+  return connected;
+}
+
+/// Whether a server listens on the Unix socket at `path` (its file exists once it is bound, a
+/// moment before it listens).
+bool accepts_unix_connections(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  path.copy(address.sun_path, sizeof address.sun_path - 1);
   const bool connected = ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
   ::close(fd);
   return connected;
@@ -746,7 +759,7 @@ Server(sys.argv[1], Handler).serve_forever()
   const auto socket_path = scratch() / "app.sock";
   Child python({"python3", script.string(), socket_path.string()});
   REQUIRE(python.started());
-  REQUIRE(wait_for([&] { return std::filesystem::exists(socket_path); }));
+  REQUIRE(wait_for([&] { return accepts_unix_connections(socket_path.string()); }));
 
   TestLoop loop;
   HttpClient client(loop.get(), settings_for("unix:" + socket_path.string() + ":/hooks/orders"));
