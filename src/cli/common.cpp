@@ -200,7 +200,12 @@ topology::Topology load_topology_or_fail(const std::string& path,
 int run_per_service(
     const std::string& path, const std::vector<std::string>& services, bool json,
     const std::function<int(const topology::Service& service, nlohmann::json& services)>& run) {
-  const topology::Topology topology = load_topology_or_fail(path, services);
+  return run_per_service(load_topology_or_fail(path, services), json, run);
+}
+
+int run_per_service(
+    const topology::Topology& topology, bool json,
+    const std::function<int(const topology::Service& service, nlohmann::json& services)>& run) {
   nlohmann::json results = nlohmann::json::array();
   int code = exit_ok;
   for (const topology::Service& service : topology.services) {

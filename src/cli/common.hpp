@@ -95,6 +95,11 @@ topology::Topology load_topology_or_fail(const std::string& path,
 int run_per_service(
     const std::string& path, const std::vector<std::string>& services, bool json,
     const std::function<int(const topology::Service& service, nlohmann::json& services)>& run);
+/// The same, on a topology already loaded: for a command that needs more of the file than each
+/// service.
+int run_per_service(
+    const topology::Topology& topology, bool json,
+    const std::function<int(const topology::Service& service, nlohmann::json& services)>& run);
 
 /// Rows of text printed with aligned columns (the last column is not padded).
 class Table {

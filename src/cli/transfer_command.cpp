@@ -34,6 +34,8 @@ const char* kind_text(transfer::Source::Kind kind) {
       return "service queue";
     case transfer::Source::Kind::wait_queue:
       return "wait queue";
+    case transfer::Source::Kind::delay_level:
+      return "delay level";
     case transfer::Source::Kind::parking:
       return "parking queue";
   }
@@ -50,6 +52,7 @@ nlohmann::json read_json(const transfer::SourceResult& read, int pass) {
           {"to_levels", read.to_levels},
           {"due_unknown", read.due_unknown},
           {"left", read.left},
+          {"others", read.others},
           {"failed", read.progress.failed},
           {"undecodable", read.undecodable},
           {"longest_delay_ms", read.longest_delay.count()}};
@@ -86,12 +89,15 @@ void with_new_broker(const std::shared_ptr<client::Connection>& old_broker, cons
   }
 }
 
-/// `topology apply` of the service on the new broker; drift refuses the transfer.
+/// `topology apply` of the service on the new broker, with the part of the file's schedule that
+/// delivers to its queue (transfer::service_schedule); drift refuses the transfer.
 void apply_on_new(const std::shared_ptr<client::Connection>& connection,
-                  const topology::Service& service, const std::string& file,
+                  const topology::Service& service,
+                  const std::optional<topology::Schedule>& schedule, const std::string& file,
                   std::function<void(int)> refused, std::function<void()> applied) {
   topology::Topology one;
   one.services = {service};
+  one.schedule = transfer::service_schedule(service, schedule);
   client::Error error = topology::apply(
       connection, topology::make_plan(one),
       [service, file, refused, applied](const topology::Report& report) {
@@ -161,14 +167,23 @@ struct DryRun : std::enable_shared_from_this<DryRun> {
   }
 
   void found(const transfer::Source& source, std::optional<uint64_t> depth) {
+    // A delay level is shared: only those of its messages routed to the service move.
+    const bool shared = source.kind == transfer::Source::Kind::delay_level;
     queues.push_back({{"queue", source.queue},
                       {"kind", kind_text(source.kind)},
                       {"messages", depth.value_or(0)},
+                      {"shared", shared},
                       {"exists", depth.has_value()}});
     if (!json) {
-      std::cout << source.queue << " (" << kind_text(source.kind) << "): "
-                << (depth ? plural(*depth, "message") + " to move" : "not on the old broker")
-                << "\n";
+      std::cout << source.queue << " (" << kind_text(source.kind) << "): ";
+      if (!depth) {
+        std::cout << "not on the old broker";
+      } else if (shared) {
+        std::cout << plural(*depth, "message") << ", of which those for this service move";
+      } else {
+        std::cout << plural(*depth, "message") << " to move";
+      }
+      std::cout << "\n";
     }
     look_up_next();
   }
@@ -252,9 +267,11 @@ void start_transfer(const TransferArgs& args, const topology::Service& service,
   }
 }
 
-int run(const TransferArgs& args, const topology::Service& service, nlohmann::json& out) {
+int run(const TransferArgs& args, const topology::Service& service,
+        const std::optional<topology::Schedule>& schedule, nlohmann::json& out) {
   const client::Uri new_uri = parse_url(args.to);
   transfer::TransferOptions options;
+  options.schedule = schedule;
   options.follow = args.follow;
   options.settle = duration_or_fail("--settle", args.settle);
   options.precision = duration_or_fail("--precision", args.precision);
@@ -264,7 +281,8 @@ int run(const TransferArgs& args, const topology::Service& service, nlohmann::js
       if (args.dry_run) {
         auto dry_run = std::make_shared<DryRun>();
         dry_run->connection = old_broker;
-        dry_run->sources = transfer::transfer_sources(service);
+        dry_run->sources =
+            transfer::transfer_sources(service, transfer::level_ladders(service, schedule));
         dry_run->json = args.json;
         dry_run->done = [dry_run = dry_run.get(), &out, &service, done](int code) {
           out.push_back({{"service", service.name}, {"queues", dry_run->queues}});
@@ -274,22 +292,24 @@ int run(const TransferArgs& args, const topology::Service& service, nlohmann::js
       }
       with_new_broker(
           old_broker, new_uri, done, [&, old_broker](const auto& new_broker, auto finish) {
-            unless_migrating(
-                new_broker, "new", service, args.file, finish, [&, old_broker, new_broker, finish] {
-                  apply_on_new(
-                      new_broker, service, args.file, finish, [&, old_broker, new_broker, finish] {
-                        start_transfer(args, service, options, out, old_broker, new_broker, finish);
-                      });
-                });
+            unless_migrating(new_broker, "new", service, args.file, finish,
+                             [&, old_broker, new_broker, finish] {
+                               apply_on_new(new_broker, service, schedule, args.file, finish,
+                                            [&, old_broker, new_broker, finish] {
+                                              start_transfer(args, service, options, out,
+                                                             old_broker, new_broker, finish);
+                                            });
+                             });
           });
     });
   });
 }
 
 int run_transfer(const TransferArgs& args) {
-  return run_per_service(args.file, args.services, args.json,
-                         [&args](const topology::Service& service, nlohmann::json& out) {
-                           return run(args, service, out);
+  const topology::Topology topology = load_topology_or_fail(args.file, args.services);
+  return run_per_service(topology, args.json,
+                         [&args, &topology](const topology::Service& service, nlohmann::json& out) {
+                           return run(args, service, topology.schedule, out);
                          });
 }
 
@@ -297,7 +317,9 @@ int run_transfer(const TransferArgs& args) {
 
 std::string read_text(const transfer::SourceResult& read) {
   std::string text = read.source.queue + ": " + plural(read.progress.moved, "message") + " moved";
-  if (read.source.kind == transfer::Source::Kind::wait_queue && read.progress.moved > 0) {
+  const bool waiting = read.source.kind == transfer::Source::Kind::wait_queue ||
+                       read.source.kind == transfer::Source::Kind::delay_level;
+  if (waiting && read.progress.moved > 0) {
     text += " (" + std::to_string(read.to_queue) + " due already, " +
             std::to_string(read.to_levels) + " through the levels";
     if (read.to_levels > 0) {
@@ -305,12 +327,18 @@ std::string read_text(const transfer::SourceResult& read) {
     }
     if (read.due_unknown > 0) {
       text += "; " + std::to_string(read.due_unknown) +
-              " did not say when they were due and wait their whole delay again";
+              " did not say when they were due and wait " +
+              (read.source.kind == transfer::Source::Kind::wait_queue
+                   ? "their whole delay again"
+                   : "the longest they could still have waited");
     }
     text += ")";
   }
   if (read.left > 0) {
     text += ", " + std::to_string(read.left) + " left to come due there";
+  }
+  if (read.others > 0) {
+    text += ", " + plural(read.others, "message") + " of other queues left in place";
   }
   if (read.progress.failed > 0) {
     text += ", " + std::to_string(read.progress.failed) +
@@ -329,8 +357,9 @@ void add_transfer_command(CLI::App& topology_group, int& exit_code) {
       "transfer", "Move services' messages to another broker, with their retries' timing kept");
   command->footer(wrap(
       "Applies each service of FILE on the new broker (--to), then moves its messages there from "
-      "the old one (--url): the service queue's in order, each waiting retry through delay "
-      "levels for what is left of its delay (never less), and the parking queue's as they are. "
+      "the old one (--url): the service queue's in order, each waiting retry and each message "
+      "scheduled for it through delay levels for what is left of its delay (never less), and "
+      "the parking queue's as they are. "
       "Each copy is confirmed on the new broker before its original is acked on the old one. "
       "With --follow it keeps moving what still arrives on the old broker until its queues have "
       "been empty for --settle, or Ctrl-C. A second transfer of a service is refused while one "

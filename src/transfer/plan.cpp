@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "retryloop/retry/headers.hpp"
+#include "retryloop/schedule/scheduler.hpp"
 #include "retryloop/topology/delay_levels.hpp"
 
 namespace retryloop::transfer {
@@ -51,19 +52,88 @@ std::optional<Rejection> rejection_in(const amqp::BasicProperties& properties,
 
 }  // namespace
 
-std::vector<Source> transfer_sources(const topology::Service& service) {
+std::optional<topology::Schedule> service_schedule(
+    const topology::Service& service, const std::optional<topology::Schedule>& schedule) {
+  const std::string queue = topology::input_queue_name(service);
+  if (!schedule || std::find(schedule->queues.begin(), schedule->queues.end(), queue) ==
+                       schedule->queues.end()) {
+    return std::nullopt;
+  }
+  topology::Schedule own = *schedule;
+  own.queues = {queue};
+  return own;
+}
+
+std::vector<topology::Service> level_ladders(const topology::Service& service,
+                                             const std::optional<topology::Schedule>& schedule) {
+  std::vector<topology::Service> ladders;
+  if (service.retry.delay_levels && service.retry.mode != topology::RetryMode::in_queue) {
+    ladders.push_back(service);
+  }
+  if (auto own = service_schedule(service, schedule)) {
+    ladders.push_back(topology::schedule_target(*own, own->queues.front()));
+  }
+  return ladders;
+}
+
+std::vector<Source> transfer_sources(const topology::Service& service,
+                                     const std::vector<topology::Service>& ladders) {
   std::vector<Source> sources;
-  sources.push_back({Source::Kind::service_queue, topology::input_queue_name(service), {}});
+  sources.push_back({Source::Kind::service_queue, topology::input_queue_name(service), {}, {}, 0});
   if (service.retry.mode != topology::RetryMode::in_queue) {
     std::vector<milliseconds> delays = topology::wait_delays(service);
     std::sort(delays.begin(), delays.end());
     for (milliseconds delay : delays) {
       sources.push_back(
-          {Source::Kind::wait_queue, topology::wait_queue_name(service.name, delay), delay});
+          {Source::Kind::wait_queue, topology::wait_queue_name(service.name, delay), delay, {}, 0});
     }
   }
-  sources.push_back({Source::Kind::parking, topology::parking_queue_name(service.name), {}});
+  // Each set once, as deep as the deepest ladder that uses it.
+  std::vector<std::pair<const topology::Service*, int>> sets;
+  for (const topology::Service& ladder : ladders) {
+    const std::string set = topology::delay_set_name(ladder);
+    auto same = std::find_if(sets.begin(), sets.end(), [&](const auto& known) {
+      return topology::delay_set_name(*known.first) == set;
+    });
+    const int levels = ladder.retry.delay_levels->levels;
+    if (same == sets.end()) {
+      sets.emplace_back(&ladder, levels);
+    } else {
+      same->second = std::max(same->second, levels);
+    }
+  }
+  for (const auto& [ladder, levels] : sets) {
+    for (int k = levels - 1; k >= 0; --k) {
+      sources.push_back({Source::Kind::delay_level, topology::delay_level_name(*ladder, k),
+                         ladder->retry.delay_levels->base * (int64_t{1} << k),
+                         topology::delay_set_name(*ladder), k});
+    }
+  }
+  sources.push_back({Source::Kind::parking, topology::parking_queue_name(service.name), {}, {}, 0});
   return sources;
+}
+
+const topology::Service* ladder_of(const std::vector<topology::Service>& ladders,
+                                   const Source& source, std::string_view routing_key) {
+  for (const topology::Service& ladder : ladders) {
+    if (topology::delay_set_name(ladder) == source.level_set &&
+        topology::is_delay_route_of(ladder, routing_key)) {
+      return &ladder;
+    }
+  }
+  return nullptr;
+}
+
+milliseconds level_wait_bound(const topology::Service& ladder, const Source& source,
+                              std::string_view routing_key) {
+  const milliseconds base = ladder.retry.delay_levels->base;
+  milliseconds bound = base * (int64_t{1} << source.level);
+  // Word k of the routing key is bit k of the delay, lowest first (topology::delay_route).
+  for (int k = 0; k < source.level && routing_key.size() >= 2; ++k) {
+    if (routing_key[0] == '1') bound += base * (int64_t{1} << k);
+    routing_key.remove_prefix(2);
+  }
+  return bound;
 }
 
 std::optional<topology::Schedule> transfer_schedule(const topology::Service& service,
@@ -95,13 +165,17 @@ std::optional<int64_t> due_time(const amqp::BasicProperties& properties, const S
   if (auto due = integer_header(properties, retry::header::retry_due); due && *due > 0) {
     return due;
   }
+  if (source.kind == Source::Kind::delay_level) {
+    auto due = integer_header(properties, schedule::header::due_at);
+    return due && *due > 0 ? due : std::nullopt;
+  }
   if (source.kind != Source::Kind::wait_queue) return std::nullopt;
   auto rejection = rejection_in(properties, service_queue);
   if (!rejection || rejection->count != 1 || !rejection->time) return std::nullopt;
   return (static_cast<int64_t>(*rejection->time) + 1) * 1000 + source.delay.count();
 }
 
-Placement place(const std::optional<int64_t>& due_ms, const Source& source, int64_t now_ms,
+Placement place(const std::optional<int64_t>& due_ms, milliseconds whole_delay, int64_t now_ms,
                 bool follow) {
   Placement placement;
   if (!due_ms) {
@@ -110,7 +184,7 @@ Placement place(const std::optional<int64_t>& due_ms, const Source& source, int6
       placement.kind = Placement::Kind::leave;
       return placement;
     }
-    placement.due_ms = now_ms + source.delay.count();
+    placement.due_ms = now_ms + whole_delay.count();
   } else {
     placement.due_ms = *due_ms;
   }
@@ -130,6 +204,15 @@ amqp::BasicProperties transfer_copy(const amqp::BasicProperties& properties, con
                                     const std::string& delivery_routing_key, uint64_t now_seconds,
                                     int64_t due_ms) {
   if (source.kind == Source::Kind::parking) return properties;
+  if (source.kind == Source::Kind::delay_level) {
+    amqp::BasicProperties copy = properties;
+    if (copy.headers) {
+      copy.headers->erase_if(retry::is_death_header);
+      copy.headers->erase(retry::header::delivery_count);
+      copy.headers->erase(retry::header::acquired_count);
+    }
+    return copy;
+  }
   retry::AttemptInfo info =
       retry::read_attempt_info(properties, service_queue, delivery_exchange, delivery_routing_key);
   const bool retried = info.rejected > 0 || info.retries > 0;

@@ -39,7 +39,8 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
         options_(std::move(options)),
         events_(std::move(events)),
         done_(std::move(done)),
-        sources_(transfer_sources(service_)),
+        ladders_(level_ladders(service_, options_.schedule)),
+        sources_(transfer_sources(service_, ladders_)),
         schedule_(transfer_schedule(service_, options_.precision)),
         ladder_(ladder_service(service_, options_.precision)),
         queue_(topology::input_queue_name(service_)),
@@ -177,16 +178,28 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
     const Source& source = current.source;
     const int64_t now = options_.now_ms();
     int64_t due = 0;
-    if (source.kind == Source::Kind::wait_queue) {
+    if (source.kind == Source::Kind::wait_queue || source.kind == Source::Kind::delay_level) {
+      // A wait queue's retries go back through the ladder of the service (or of the transfer);
+      // a level's messages through the ladder they were routed for, on the new broker.
+      const topology::Service* ladder = &ladder_;
+      milliseconds whole_delay = source.delay;
+      if (source.kind == Source::Kind::delay_level) {
+        ladder = ladder_of(ladders_, source, delivery.routing_key);
+        if (ladder == nullptr) {
+          ++current.others;  // another queue's: it stays
+          return decision;
+        }
+        whole_delay = level_wait_bound(*ladder, source, delivery.routing_key);
+      }
       const Placement placement = place(due_time(delivery.message.properties, source, queue_),
-                                        source, now, options_.follow);
+                                        whole_delay, now, options_.follow);
       if (placement.kind == Placement::Kind::leave) {
         ++current.left;
         return decision;
       }
       due = placement.due_ms;
       if (placement.kind == Placement::Kind::levels) {
-        const topology::DelayRoute route = topology::delay_route(ladder_, placement.delay);
+        const topology::DelayRoute route = topology::delay_route(*ladder, placement.delay);
         decision.exchange = route.exchange;
         decision.routing_key = route.routing_key;
         ++current.to_levels;
@@ -269,6 +282,8 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
   TransferOptions options_;
   TransferEvents events_;
   TransferCallback done_;
+  /// The ladders whose messages the old broker's delay levels hold for the service.
+  std::vector<topology::Service> ladders_;
   std::vector<Source> sources_;
   std::optional<topology::Schedule> schedule_;
   topology::Service ladder_;

@@ -16,6 +16,7 @@
 
 #include "retryloop/migrate/driver.hpp"
 #include "retryloop/retry/headers.hpp"
+#include "retryloop/topology/delay_levels.hpp"
 #include "retryloop/topology/topology.hpp"
 #include "retryloop/topology/topology_json.hpp"
 #include "retryloop/transfer/transfer.hpp"
@@ -196,6 +197,167 @@ TEST_CASE(
   test::close(loop, new_broker);
   test::close(loop, old_broker);
   delete_from_both(file, new_url);
+}
+
+namespace {
+
+/// A topology file with two republish-mode services, `name` and `name`-b, whose retries wait in
+/// delay levels of base 1 s (4 levels), and a schedule of 5 levels of the same base, delivering
+/// to both: their messages share the same level queues.
+std::string levelled_file(const std::string& name, const std::string& queue_type) {
+  const std::string file = (std::filesystem::temp_directory_path() / (name + ".json")).string();
+  std::ofstream out(file);
+  out << R"({"delay_levels": {"base": "1s", "levels": 5, "queue_type": ")" << queue_type
+      << R"(", "queues": [")" << name << R"(", ")" << name << R"(-b"]}, "services": [)";
+  for (const std::string& service : {name, name + "-b"}) {
+    out << (service == name ? "" : ", ") << R"({"name": ")" << service << R"(", "queue_type": ")"
+        << queue_type << R"(", "input": {"exchange": ")" << service
+        << R"(.in", "type": "direct", "bindings": ["key"]},
+        "retry": {"mode": "republish", "delays": ["5s"], "max_attempts": 5,
+                  "delay_levels": {"base": "1s", "levels": 4}}})";
+  }
+  out << "]}";
+  return file;
+}
+
+/// Publishes to the old broker a retry of `service` through its delay levels, as the consumer
+/// does (confirmed, its due time in retryloop-retry-due).
+void publish_level_retry(TestLoop& loop, client::Channel& channel, const topology::Service& service,
+                         const std::string& id, std::chrono::milliseconds delay) {
+  const topology::DelayRoute route = topology::delay_route(service, delay);
+  amqp::BasicProperties properties = with_id(id);
+  const int64_t due = now_ms() + delay.count();
+  properties.headers = amqp::FieldTable{};
+  properties.headers->set(std::string(retry::header::retries), int64_t{1});
+  properties.headers->set(std::string(retry::header::retry_due), due);
+  test::publish_confirmed(loop, channel, route.exchange, route.routing_key, properties, id);
+}
+
+/// The due time a message says it has: retryloop-retry-due, or retryloop-due-at.
+int64_t said_due(const client::GetResult& got) {
+  for (const char* name : {"retryloop-retry-due", "retryloop-due-at"}) {
+    if (const amqp::FieldValue* due = test::header(got, name)) return due->as_int64().value_or(0);
+  }
+  return 0;
+}
+
+/// Reads `queue` until `count` messages have arrived: when each came, by message id.
+std::map<std::string, int64_t> arrivals(TestLoop& loop, client::Connection& connection,
+                                        const std::string& queue, size_t count,
+                                        std::map<std::string, int64_t>& due) {
+  std::map<std::string, int64_t> arrived;
+  REQUIRE(test::eventually(
+      loop,
+      [&] {
+        for (auto& got : test::drain_queue(loop, connection, queue)) {
+          const std::string id = got.message.properties.message_id.value_or("");
+          arrived[id] = now_ms();
+          due[id] = said_due(got);
+        }
+        return arrived.size() >= count;
+      },
+      60s, 20ms));
+  return arrived;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "topology transfer moves the retries and the scheduled messages a service has in shared "
+    "delay levels with their due times, and leaves other queues' where they are",
+    "[transfer]") {
+  const std::string type = GENERATE("classic", "quorum");
+  INFO(type);
+  TestLoop loop;
+  const std::string name = test::unique_name("transfer-levels");
+  const std::string other = name + "-b";
+  const std::string file = levelled_file(name, type);
+  const std::string new_url = target_url();
+  REQUIRE(test::run_retryloop({"topology", "apply", file}).exit_code == 0);
+
+  topology::Service service;
+  service.name = name;
+  service.queue_type =
+      type == "quorum" ? topology::QueueType::quorum : topology::QueueType::classic;
+  service.retry.mode = topology::RetryMode::republish;
+  service.retry.delay_levels = topology::DelayLevels{1s, 4, std::nullopt};
+  topology::Service other_service = service;
+  other_service.name = other;
+
+  auto old_broker = test::connect(loop, test::broker_url());
+  auto channel = test::open_channel(loop, *old_broker);
+  REQUIRE_FALSE(test::wait(loop, [&](auto done) { return channel->confirm_select(done); }));
+  // Six retries of the service, due in 8 to 13 s, and three of the other.
+  for (int i = 0; i < 6; ++i)
+    publish_level_retry(loop, *channel, service, "r" + std::to_string(i),
+                        std::chrono::seconds(8 + i));
+  for (int i = 0; i < 3; ++i)
+    publish_level_retry(loop, *channel, other_service, "b" + std::to_string(i), 8s);
+  // Three messages scheduled for the service, through its 5-level schedule, and one for the other.
+  for (int i = 0; i < 3; ++i) {
+    test::CommandRun sent = test::run_retryloop({"send", "-t", file, "--queue", name, "--delay",
+                                                 std::to_string(10 + i) + "s", "--message-id",
+                                                 "s" + std::to_string(i), "scheduled"});
+    INFO(sent.err);
+    REQUIRE(sent.exit_code == 0);
+  }
+  REQUIRE(test::run_retryloop({"send", "-t", file, "--queue", other, "--delay", "10s",
+                               "--message-id", "bs", "scheduled"})
+              .exit_code == 0);
+
+  test::CommandRun run = test::run_retryloop(
+      {"topology", "transfer", file, "--to", new_url, "--service", name, "--json"}, 120000);
+  INFO(run.out << run.err);
+  REQUIRE(run.exit_code == 0);
+  const nlohmann::json parsed = nlohmann::json::parse(run.out);
+  const nlohmann::json& result = parsed["services"][0];
+  CHECK(result["result"] == "transferred");
+  uint64_t from_levels = 0;
+  uint64_t others = 0;
+  for (const auto& read : result["reads"]) {
+    if (read["kind"] != "delay level") continue;
+    from_levels += read["moved"].get<uint64_t>();
+    others += read["others"].get<uint64_t>();
+  }
+  // All nine from the levels (none was due yet); the others' four were read at least once each
+  // (one that passed to a shorter level during the transfer is read there again).
+  CHECK(result["moved"] == 9);
+  CHECK(from_levels == 9);
+  CHECK(others >= 4);
+
+  // On the new broker: each of the service's nine no earlier than it was due.
+  auto new_broker = test::connect(loop, new_url);
+  std::map<std::string, int64_t> due;
+  const auto arrived = arrivals(loop, *new_broker, name, 9, due);
+  CHECK(arrived.size() == 9);
+  int64_t latest = 0;
+  for (const auto& [id, at] : arrived) {
+    INFO(id);
+    REQUIRE(due[id] > 0);
+    CHECK(at >= due[id]);
+    latest = std::max(latest, at - due[id]);
+  }
+  WARN(type << " levels: the service's moved messages came at most " << latest
+            << " ms after their due time");
+
+  // On the old broker: the other service's four, where they were, and on time; none of the
+  // service's.
+  std::map<std::string, int64_t> other_due;
+  const auto stayed = arrivals(loop, *old_broker, other, 4, other_due);
+  CHECK(stayed.size() == 4);
+  for (const auto& [id, at] : stayed) {
+    INFO(id);
+    CHECK(at >= other_due[id]);
+  }
+  CHECK(test::queue_depth(loop, *old_broker, name) == 0);
+
+  test::close(loop, new_broker);
+  test::close(loop, old_broker);
+  CHECK(test::run_retryloop(
+            {"topology", "delete", file, "--yes", "--force", "--url", new_url, "--service", name})
+            .exit_code == 0);
+  CHECK(test::run_retryloop({"topology", "delete", file, "--yes", "--force"}).exit_code == 0);
+  std::filesystem::remove(file);
 }
 
 TEST_CASE(

@@ -107,7 +107,7 @@ TEST_CASE("Moved retries wait in levels of the transfer's precision that reach t
 
 TEST_CASE("A retry's due time comes from retryloop-retry-due, or a first rejection's x-death time",
           "[transfer]") {
-  const Source wait{Source::Kind::wait_queue, "orders.wait.30s", 30s};
+  const Source wait{Source::Kind::wait_queue, "orders.wait.30s", 30s, {}, 0};
 
   BasicProperties republished;
   FieldTable headers;
@@ -126,35 +126,37 @@ TEST_CASE("A retry's due time comes from retryloop-retry-due, or a first rejecti
   CHECK_FALSE(retryloop::transfer::due_time(rejected("other", 1, 1'700'000'000), wait, "orders"));
   CHECK_FALSE(retryloop::transfer::due_time(BasicProperties{}, wait, "orders"));
   // x-death says nothing of a message in the service queue.
-  const Source queue{Source::Kind::service_queue, "orders", 0ms};
+  const Source queue{Source::Kind::service_queue, "orders", 0ms, {}, 0};
   CHECK_FALSE(retryloop::transfer::due_time(rejected("orders", 1, 1'700'000'000), queue, "orders"));
 }
 
 TEST_CASE("A waiting retry goes through the levels for what is left of its delay, never less",
           "[transfer]") {
-  const Source wait{Source::Kind::wait_queue, "orders.wait.30s", 30s};
+  const Source wait{Source::Kind::wait_queue, "orders.wait.30s", 30s, {}, 0};
   const int64_t now = 1'700'000'000'000;
 
-  Placement later = retryloop::transfer::place(now + 12'345, wait, now, false);
+  Placement later = retryloop::transfer::place(now + 12'345, wait.delay, now, false);
   CHECK(later.kind == Placement::Kind::levels);
   CHECK(later.delay == 12'345ms);
   CHECK(later.due_known);
 
-  Placement due = retryloop::transfer::place(now - 5, wait, now, false);
+  Placement due = retryloop::transfer::place(now - 5, wait.delay, now, false);
   CHECK(due.kind == Placement::Kind::service_queue);
-  CHECK(retryloop::transfer::place(now, wait, now, false).kind == Placement::Kind::service_queue);
+  CHECK(retryloop::transfer::place(now, wait.delay, now, false).kind ==
+        Placement::Kind::service_queue);
 
   // Not known: its whole delay again (never early), or left to come due where it is.
-  Placement unknown = retryloop::transfer::place(std::nullopt, wait, now, false);
+  Placement unknown = retryloop::transfer::place(std::nullopt, wait.delay, now, false);
   CHECK(unknown.kind == Placement::Kind::levels);
   CHECK(unknown.delay == 30s);
   CHECK_FALSE(unknown.due_known);
-  CHECK(retryloop::transfer::place(std::nullopt, wait, now, true).kind == Placement::Kind::leave);
+  CHECK(retryloop::transfer::place(std::nullopt, wait.delay, now, true).kind ==
+        Placement::Kind::leave);
 }
 
 TEST_CASE("A moved retry keeps its attempts in retryloop-retries, without the broker's x-death",
           "[transfer]") {
-  const Source wait{Source::Kind::wait_queue, "orders.wait.30s", 30s};
+  const Source wait{Source::Kind::wait_queue, "orders.wait.30s", 30s, {}, 0};
   // Rejected three times: its next delivery is attempt 4, on the new broker too.
   BasicProperties copy =
       retryloop::transfer::transfer_copy(rejected("orders", 3, 1'700'000'000), wait, "orders", "",
@@ -171,12 +173,12 @@ TEST_CASE("A moved retry keeps its attempts in retryloop-retries, without the br
   CHECK(info.attempt == 4);
 
   // Parked: as it is, x-death and all.
-  const Source parking{Source::Kind::parking, "orders.parking", 0ms};
+  const Source parking{Source::Kind::parking, "orders.parking", 0ms, {}, 0};
   BasicProperties parked = rejected("orders", 5, 1'700'000'000);
   CHECK(retryloop::transfer::transfer_copy(parked, parking, "orders", "orders.parking", "", 0, 0) ==
         parked);
   // In the service queue and never retried: as it is.
-  const Source queue{Source::Kind::service_queue, "orders", 0ms};
+  const Source queue{Source::Kind::service_queue, "orders", 0ms, {}, 0};
   BasicProperties fresh;
   fresh.message_id = "m2";
   CHECK(retryloop::transfer::transfer_copy(fresh, queue, "orders", "orders.in", "new", 0, 0) ==
@@ -187,4 +189,120 @@ TEST_CASE("A moved retry keeps its attempts in retryloop-retries, without the br
   CHECK(find_header(back, "x-death") == nullptr);
   CHECK(find_header(back, retryloop::retry::header::retry_due) == nullptr);
   CHECK(retryloop::retry::read_attempt_info(back, "orders", "", "orders").attempt == 3);
+}
+
+TEST_CASE(
+    "A transfer reads the shared delay levels that hold the service's retries and the messages "
+    "scheduled for it, longest level first, each set once",
+    "[transfer]") {
+  using retryloop::topology::DelayLevels;
+  using retryloop::topology::Schedule;
+  Service levelled = orders_service(RetryMode::republish, {5s});
+  levelled.retry.delay_levels = DelayLevels{1s, 3, std::nullopt};
+  Schedule schedule;
+  schedule.levels = DelayLevels{1s, 5, std::nullopt};
+  schedule.queues = {"mail", "orders"};
+
+  // The service's own set (3 levels) and the schedule's, the same set, 5 levels deep: one read of
+  // each of the 5, between the wait queue and parking.
+  auto ladders = retryloop::transfer::level_ladders(levelled, schedule);
+  REQUIRE(ladders.size() == 2);
+  auto sources = retryloop::transfer::transfer_sources(levelled, ladders);
+  REQUIRE(sources.size() == 8);
+  CHECK(sources[1].kind == Source::Kind::wait_queue);
+  for (int i = 0; i < 5; ++i) {
+    INFO(i);
+    CHECK(sources[2 + i].kind == Source::Kind::delay_level);
+    CHECK(sources[2 + i].level == 4 - i);
+    CHECK(sources[2 + i].level_set == "retryloop.delay.1s");
+    CHECK(sources[2 + i].queue == "retryloop.delay.1s.0" + std::to_string(4 - i));
+    CHECK(sources[2 + i].delay == std::chrono::seconds(1 << (4 - i)));
+  }
+  CHECK(sources[7].kind == Source::Kind::parking);
+
+  // A quorum schedule is another set: read after the service's own.
+  schedule.queue_type = QueueType::quorum;
+  sources = retryloop::transfer::transfer_sources(
+      levelled, retryloop::transfer::level_ladders(levelled, schedule));
+  REQUIRE(sources.size() == 11);
+  CHECK(sources[2].queue == "retryloop.delay.1s.02");
+  CHECK(sources[5].queue == "retryloop.delay.1s.quorum.04");
+  CHECK(sources[9].queue == "retryloop.delay.1s.quorum.00");
+
+  // The schedule's part for a service: only its own queue.
+  auto own = retryloop::transfer::service_schedule(levelled, schedule);
+  REQUIRE(own);
+  CHECK(own->queues == std::vector<std::string>{"orders"});
+  // A schedule that does not name the service's queue, and a service without levels: none.
+  schedule.queues = {"mail"};
+  CHECK_FALSE(retryloop::transfer::service_schedule(levelled, schedule));
+  CHECK(retryloop::transfer::level_ladders(orders_service(RetryMode::reject, {5s}), schedule)
+            .empty());
+  CHECK(retryloop::transfer::transfer_sources(orders_service(RetryMode::reject, {5s}), {}).size() ==
+        3);
+}
+
+TEST_CASE(
+    "A message in a shared level is the service's only when routed for its queue, and waits at "
+    "most the rest of its route when it says nothing of its due time",
+    "[transfer]") {
+  using retryloop::topology::DelayLevels;
+  using retryloop::topology::Schedule;
+  Service levelled = orders_service(RetryMode::republish, {5s});
+  levelled.retry.delay_levels = DelayLevels{1s, 4, std::nullopt};
+  Schedule schedule;
+  schedule.levels = DelayLevels{1s, 6, std::nullopt};
+  schedule.queues = {"orders"};
+  auto ladders = retryloop::transfer::level_ladders(levelled, schedule);
+  auto sources = retryloop::transfer::transfer_sources(levelled, ladders);
+  const Source& level2 = sources[2 + 3];  // levels 5, 4, 3, then 2
+  REQUIRE(level2.level == 2);
+
+  // A retry of the service (4 words), one scheduled for its queue (6 words), and others.
+  const Service* retry = retryloop::transfer::ladder_of(ladders, level2, "1.0.1.1.orders");
+  REQUIRE(retry != nullptr);
+  CHECK(retry->retry.delay_levels->levels == 4);
+  const Service* scheduled = retryloop::transfer::ladder_of(ladders, level2, "0.1.1.0.0.1.orders");
+  REQUIRE(scheduled != nullptr);
+  CHECK(scheduled->retry.delay_levels->levels == 6);
+  CHECK(retryloop::transfer::ladder_of(ladders, level2, "1.0.1.1.mail") == nullptr);
+  CHECK(retryloop::transfer::ladder_of(ladders, level2, "1.0.1.orders") == nullptr);
+  CHECK(retryloop::transfer::ladder_of(ladders, level2, "1.0.1.1.x.orders") == nullptr);
+  // The same route read from a level of another set.
+  Source other_set = level2;
+  other_set.level_set = "retryloop.delay.1s.quorum";
+  CHECK(retryloop::transfer::ladder_of(ladders, other_set, "1.0.1.1.orders") == nullptr);
+
+  // In level 2 (4 s), with bits 0 and 1 of the route: at most 4 + 1 + 2 s left; bit 1 only: 6 s.
+  CHECK(retryloop::transfer::level_wait_bound(*retry, level2, "1.1.1.0.orders") == 7s);
+  CHECK(retryloop::transfer::level_wait_bound(*retry, level2, "0.1.1.1.orders") == 6s);
+  const Source& level0 = sources[2 + 5];
+  REQUIRE(level0.level == 0);
+  CHECK(retryloop::transfer::level_wait_bound(*retry, level0, "1.0.0.0.orders") == 1s);
+
+  // Its due time: a retry's retryloop-retry-due, a scheduled message's retryloop-due-at.
+  BasicProperties due_at;
+  due_at.headers = FieldTable{};
+  due_at.headers->append("retryloop-due-at", FieldValue(int64_t(1'700'000'009'000)));
+  CHECK(retryloop::transfer::due_time(due_at, level2, "orders") == 1'700'000'009'000);
+  // retryloop-due-at says nothing in a wait queue, which only a retry reaches.
+  const Source wait{Source::Kind::wait_queue, "orders.wait.5s", 5s, {}, 0};
+  CHECK_FALSE(retryloop::transfer::due_time(due_at, wait, "orders"));
+  CHECK_FALSE(retryloop::transfer::due_time(BasicProperties{}, level2, "orders"));
+
+  // The copy keeps its due time and headers, without what the old broker's levels wrote.
+  BasicProperties waited = due_at;
+  waited.headers->append("x-death", FieldValue(FieldArray{}));
+  waited.headers->append("x-last-death-queue", FieldValue("retryloop.delay.1s.03"));
+  waited.headers->append("x-delivery-count", FieldValue(int64_t(1)));
+  waited.headers->append("retryloop-scheduled-at", FieldValue(int64_t(1'700'000'000'000)));
+  BasicProperties copy =
+      retryloop::transfer::transfer_copy(waited, level2, "orders", "retryloop.delay.1s.03",
+                                         "0.1.1.0.0.1.orders", 0, 1'700'000'009'000);
+  CHECK(find_header(copy, "x-death") == nullptr);
+  CHECK(find_header(copy, "x-last-death-queue") == nullptr);
+  CHECK(find_header(copy, "x-delivery-count") == nullptr);
+  CHECK(find_header(copy, "retryloop-due-at")->as_int64() == 1'700'000'009'000);
+  CHECK(find_header(copy, "retryloop-scheduled-at")->as_int64() == 1'700'000'000'000);
+  CHECK(find_header(copy, retryloop::retry::header::retries) == nullptr);
 }

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "retryloop/amqp/properties.hpp"
@@ -20,18 +21,50 @@ struct Source {
   enum class Kind {
     service_queue,  ///< the service's input queue: its messages go to the same queue, in order
     wait_queue,     ///< a wait queue: each retry waits out what is left of its delay
+    delay_level,    ///< a shared delay level: the service's own messages wait out what is left
+                    ///< of their delay, every other queue's stay where they are
     parking,        ///< the parking queue: moved as it is, reason, error and history intact
   };
   Kind kind = Kind::service_queue;
   std::string queue;
-  /// A wait queue's delay (its `x-message-ttl`).
+  /// A wait queue's delay, or a delay level's (both their `x-message-ttl`).
   std::chrono::milliseconds delay{0};
+  /// A delay level: its set (topology::delay_set_name) and its number in the set.
+  std::string level_set;
+  int level = 0;
 };
 
+/// The part of a file's `schedule` that concerns `service`: the schedule with its queues cut to the
+/// service's queue; nullopt when it does not name that queue.
+std::optional<topology::Schedule> service_schedule(
+    const topology::Service& service, const std::optional<topology::Schedule>& schedule);
+
+/// The delay levels on the old broker that hold messages of `service`, each as the service its
+/// messages there are routed for (topology::delay_route): the service itself when it has delay
+/// levels (its retries), and topology::schedule_target of `schedule` when the schedule names the
+/// service's queue (messages scheduled for it). Two ladders may share a set.
+std::vector<topology::Service> level_ladders(const topology::Service& service,
+                                             const std::optional<topology::Schedule>& schedule);
+
 /// The queues of `service` a transfer reads, in order: the service queue, its wait queues
-/// (shortest delay first), then its parking queue. A service in `in_queue` mode has no wait
-/// queue (its retries wait in the service queue itself).
-std::vector<Source> transfer_sources(const topology::Service& service);
+/// (shortest delay first), the delay levels of `ladders` (level_ladders; each set once, as deep
+/// as its deepest ladder, the longest level first, so that a message that passes to a shorter
+/// level meanwhile is still read), then its parking queue. A service in `in_queue` mode has no
+/// wait queue (its retries wait in the service queue itself).
+std::vector<Source> transfer_sources(const topology::Service& service,
+                                     const std::vector<topology::Service>& ladders = {});
+
+/// The ladder of `ladders` that `routing_key`, read from the level `source`, was routed through;
+/// nullptr when none is (another queue's message, which the transfer leaves where it is).
+const topology::Service* ladder_of(const std::vector<topology::Service>& ladders,
+                                   const Source& source, std::string_view routing_key);
+
+/// The longest a message read from delay level `source` of `ladder` with `routing_key` may still
+/// wait: the whole of that level and every shorter level its routing key passes through. A
+/// message that says nothing of its due time waits this long on the new broker: never early, late
+/// by at most what it had already waited in that level.
+std::chrono::milliseconds level_wait_bound(const topology::Service& ladder, const Source& source,
+                                           std::string_view routing_key);
 
 /// The default precision of the levels the moved retries wait in on the new broker.
 inline constexpr std::chrono::milliseconds default_precision{100};
@@ -52,6 +85,7 @@ topology::Service ladder_service(const topology::Service& service,
 /// When a retry waiting in `source` is due back in `service_queue`, in milliseconds since the
 /// epoch, from what it carries; nullopt when it carries nothing that says:
 /// - `retryloop-retry-due` (a republished retry, or one transferred before): that time;
+/// - in a delay level, `retryloop-due-at` (a scheduled message): that time;
 /// - otherwise its `x-death` entry for `service_queue` with reason `rejected` (a reject-mode retry)
 ///   when that entry's count is 1: its `time` (whole seconds, so up to 1 s before the rejection)
 ///   plus 1 s plus the wait queue's delay, never before it is due. RabbitMQ keeps the `time` of
@@ -76,20 +110,22 @@ struct Placement {
   bool due_known = true;
 };
 
-/// The placement of a retry due at `due_ms` (nullopt: not known) that waits in `source`, at
-/// `now_ms`. A retry whose due time is not known waits its whole delay again on the new broker;
-/// with `follow`, it is left where it is, to come due on the old broker, whose service queue the
-/// transfer keeps moving.
-Placement place(const std::optional<int64_t>& due_ms, const Source& source, int64_t now_ms,
-                bool follow);
+/// The placement of a retry due at `due_ms` (nullopt: not known) at `now_ms`. A retry whose due
+/// time is not known waits `whole_delay` again on the new broker (a wait queue's delay, or
+/// level_wait_bound); with `follow`, it is left where it is, to come due on the old broker,
+/// whose service queue the transfer keeps moving.
+Placement place(const std::optional<int64_t>& due_ms, std::chrono::milliseconds whole_delay,
+                int64_t now_ms, bool follow);
 
 /// The copy of a message read from `source` for the new broker. A retry (read from a wait queue,
 /// or from the service queue with rejections recorded in `x-death`) becomes a republish-mode
 /// retry: the death headers, which a RabbitMQ 4 broker would not count on, are replaced by
 /// `retryloop-retries` = the attempts made so far, so that its next delivery is the attempt it
 /// would have been on the old broker; the original exchange, routing key and first failure are
-/// recorded; `retryloop-retry-due` is `due_ms` when above 0. Anything else (a parked message, a
-/// message never retried) keeps its properties as they are. `delivery_exchange` and
+/// recorded; `retryloop-retry-due` is `due_ms` when above 0. A message read from a delay level
+/// keeps its properties (its due time is in them) but the headers the old broker's levels
+/// wrote (the death headers, and a quorum level's delivery counts). Anything else (a parked
+/// message, a message never retried) keeps its properties as they are. `delivery_exchange` and
 /// `delivery_routing_key` are those the message was delivered with.
 amqp::BasicProperties transfer_copy(const amqp::BasicProperties& properties, const Source& source,
                                     const std::string& service_queue,

@@ -24,6 +24,9 @@ inline constexpr std::string_view stamp_header = "retryloop-transfer";
 std::string lock_queue_name(std::string_view service_name);
 
 struct TransferOptions {
+  /// The file's schedule (its top-level `delay_levels`): what its levels hold for the service's
+  /// queue is moved too, with its due times kept (level_ladders).
+  std::optional<topology::Schedule> schedule;
   /// The base of the levels moved retries wait in on the new broker (transfer_schedule).
   std::chrono::milliseconds precision = default_precision;
   /// Keep reading the old queues until a pass has moved nothing and left no retry to come due, for
@@ -56,6 +59,8 @@ struct SourceResult {
   uint64_t due_unknown = 0;
   /// Left on the old broker to come due there (following, due time unknown).
   uint64_t left = 0;
+  /// A delay level: messages of other queues, left where they are (held for the read).
+  uint64_t others = 0;
   /// Kept on the old broker because their properties could not be decoded (counted in neither
   /// `progress.moved` nor `progress.failed`).
   uint64_t undecodable = 0;
@@ -99,8 +104,9 @@ class Transfer {
 /// Moves `service`'s messages from the broker of `from` to the broker of `to` (docs/transfer.md):
 /// takes `N.transfer.lock` on the old broker (client::take_queue_lock: a second transfer of the
 /// service is refused), keeps it until `from` closes, declares on the new one the levels moved
-/// retries wait in (transfer_schedule; the service's topology must be there already, `topology
-/// apply`), then reads the old queues (transfer_sources) once each, or with `follow` again and
+/// retries wait in (transfer_schedule; the service's topology, and service_schedule of the file's
+/// schedule, must be there already: `topology apply`), then reads the old queues
+/// (transfer_sources, with the levels of level_ladders) once each, or with `follow` again and
 /// again: each message is published to the new broker with confirms and mandatory, and acked on the
 /// old one only once confirmed and not returned. A retry goes where place() says, with what
 /// transfer_copy() makes of it. A copy the new broker returns or refuses leaves its original where
