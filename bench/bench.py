@@ -11,6 +11,7 @@ and filled before that window by bench_retryloop, the same way for everyone.
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -25,8 +26,8 @@ PYTHON = "/usr/bin/python3"
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1" if QUICK else "3"))
 ALL_BENCHMARKS = ["consume", "callgrind", "consumer", "publish", "retry", "lateness", "delays",
-                  "schedule", "memory", "churn", "replay", "migrate", "transfer", "outbox",
-                  "scale", "outage", "dispatch"]
+                  "schedule", "memory", "churn", "replay", "migrate", "transfer", "bluegreen",
+                  "outbox", "scale", "outage", "dispatch"]
 ALL_CLIENTS = ["retryloop", "rabbitmq-c", "amqp091-go", "amqplib", "amqp-client.js", "pika"]
 
 
@@ -86,6 +87,9 @@ SIZES = {
     "transfer": size("transfer_n", 20000, 5000, 100000),
     "transfer_retries": size("transfer_retries_n", 2000, 500, 10000),
     "transfer_parked": size("transfer_parked_n", 2000, 500, 10000),
+    # The blue-green walk-through: the backlog on blue when it starts, and the publish rate.
+    "bluegreen": size("bluegreen_n", 20000, 5000, 100000),
+    "bluegreen_rate": size("bluegreen_rate", 500, 500, 500),
     # `retryloop dispatch` against a pika consumer that POSTs, each message to a 204 application.
     "dispatch": size("dispatch_n", 20000, 5000, 100000),
 }
@@ -992,6 +996,192 @@ class Bench:
                 "note": "wall time of `retryloop topology transfer`, start to exit: the service "
                         "queue, the wait queue and the parking queue; the broker's CPU is the "
                         "old broker's"}
+
+    # ---- 6d. a blue-green move, step by step ----
+
+    def bluegreen(self):
+        """docs/transfer.md's blue-green upgrade, step by step, with the service running: blue is
+        the benchmark's broker, green the second one (RETRYLOOP_TARGET_URL). A republish-mode
+        service (20 s wait queue) has SIZES["bluegreen"] messages in its queue, SIZES["transfer_
+        retries"] retries waiting (due 20 s after they were put there) and SIZES["transfer_
+        parked"] parked; a consumer on blue handles about 1,000 messages a second and a publisher
+        sends SIZES["bluegreen_rate"] a second to blue. Then: 1. apply on green; 2. a consumer on
+        green; 3. `transfer --follow`; 4. the publisher switches to green once the transfer's
+        first pass is over; 5. the blue consumer stops; 6. `--follow` ends by itself (--settle
+        10s). Each step's wall time, where every message was handled (blue or green, none lost,
+        none twice) and how late the moved retries came."""
+        import pika
+        green = os.environ["RETRYLOOP_TARGET_URL"]
+        backlog, retries, parked = (SIZES["bluegreen"], SIZES["transfer_retries"],
+                                    SIZES["transfer_parked"])
+        name = "bench.bluegreen"
+        for queue_type in QUEUE_TYPES:
+            if queue_type not in ("classic", "quorum"):
+                continue
+            for r in range(ROUNDS):
+                path = self.topology(name, queue_type, "republish", "20s")
+                due = self.transfer_retries(pika, name + ".wait.20s", retries)
+                self.tool("fill", "--queue", name, "--count", backlog, "--fresh", "--unique-ids",
+                          timeout=3600)
+                self.tool("fill", "--queue", name + ".parking", "--count", parked, "--parked",
+                          timeout=3600)
+                time.sleep(max(0.0, min(due.values()) / 1000 - 10 - time.time()))
+                backlog_ids = {f"bench-{i}" for i in range(backlog)}
+                row = self.bluegreen_round(pika, path, name, green, due, backlog_ids, parked)
+                self.drop_topology(path)
+                run([CLI, "topology", "delete", path, "--yes", "--force", "--url", green])
+                self.record(row, bench="bluegreen", client="retryloop", queue_type=queue_type,
+                            round=r + 1, backlog=backlog, retries=retries, parked=parked)
+                log(f"bluegreen {queue_type} round {r + 1}: " + ", ".join(
+                    f"{k} {row[k]}" for k in ("apply_s", "first_pass_s", "switch_pause_ms",
+                                              "finish_s", "lost", "twice", "late_max_ms")))
+
+    def bluegreen_round(self, pika, path, name, green, due, backlog_ids, parked):
+        blue = self.url
+        handled = {}  # message id -> (broker, when)
+        twice = [0]
+        lock = threading.Lock()
+        gaps = {"last": time.time(), "longest": 0.0}
+
+        def consumer(url, stop, per_message=0.0002):
+            connection = pika.BlockingConnection(pika.URLParameters(url))
+            channel = connection.channel()
+            channel.basic_qos(prefetch_count=50)
+
+            def on_message(ch, method, properties, body):
+                if per_message:
+                    time.sleep(per_message)  # the handler's work
+                now = time.time()
+                with lock:
+                    message_id = properties.message_id or ""
+                    if message_id in handled:
+                        twice[0] += 1
+                    handled[message_id] = (url, now)
+                    gaps["longest"] = max(gaps["longest"], now - gaps["last"])
+                    gaps["last"] = now
+                ch.basic_ack(method.delivery_tag)
+
+            channel.basic_consume(name, on_message)
+            while not stop.is_set():
+                connection.process_data_events(time_limit=0.1)
+            connection.close()  # its unacked messages go back to the queue
+
+        published = []
+        switch = {"to_green": threading.Event(), "pause_ms": None}
+
+        def publisher(stop):
+            rate = SIZES["bluegreen_rate"]
+            url, n = blue, 0
+            connection = pika.BlockingConnection(pika.URLParameters(url))
+            channel = connection.channel()
+            channel.confirm_delivery()
+            t_next = time.time()
+            while not stop.is_set():
+                if switch["to_green"].is_set() and url == blue:
+                    t = time.time()
+                    connection.close()
+                    url = green
+                    connection = pika.BlockingConnection(pika.URLParameters(url))
+                    channel = connection.channel()
+                    channel.confirm_delivery()
+                    switch["pause_ms"] = round((time.time() - t) * 1000)
+                message_id = f"pub-{n}"
+                channel.basic_publish(name + ".in", name, b"{}", pika.BasicProperties(
+                    delivery_mode=2, message_id=message_id), mandatory=True)
+                published.append(message_id)
+                n += 1
+                t_next += 1.0 / rate
+                time.sleep(max(0.0, t_next - time.time()))
+            connection.close()
+
+        stop_blue, stop_green, stop_publisher = (threading.Event(), threading.Event(),
+                                                 threading.Event())
+        threads = [threading.Thread(target=consumer, args=(blue, stop_blue), daemon=True),
+                   threading.Thread(target=publisher, args=(stop_publisher,), daemon=True)]
+        for t in threads:
+            t.start()
+        time.sleep(2)  # the service running on blue
+        row = {"note": "wall time of each step of docs/transfer.md's blue-green upgrade, with a "
+                       "consumer on each broker (pika, 1 ms a message) and a publisher"}
+        t = time.time()
+        run([CLI, "topology", "apply", path, "--url", green])
+        row["apply_s"] = round(time.time() - t, 2)
+        t = time.time()
+        green_consumer = threading.Thread(target=consumer, args=(green, stop_green), daemon=True)
+        green_consumer.start()
+        threads.append(green_consumer)
+        row["green_consumer_s"] = round(time.time() - t, 2)
+
+        t0 = time.time()
+        cpu0 = resource_children_cpu()
+        transfer = subprocess.Popen([CLI, "topology", "transfer", path, "--url", blue, "--to",
+                                     green, "--follow"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        first_pass = None
+        lines = []
+        for line in transfer.stdout:
+            lines.append(line.rstrip())
+            # The first pass ends with the parking queue's read.
+            if first_pass is None and line.startswith(name + ".parking:"):
+                first_pass = time.time()
+                row["first_pass_s"] = round(first_pass - t0, 2)
+                switch["to_green"].set()  # step 4: the publishers switch
+                while switch["pause_ms"] is None:
+                    time.sleep(0.01)
+                row["switch_pause_ms"] = switch["pause_ms"]
+                t5 = time.time()
+                stop_blue.set()  # step 5: the consumers on blue stop
+                threads[0].join()
+                row["blue_stop_s"] = round(time.time() - t5, 2)
+                blue_stopped = time.time()
+        transfer.wait()
+        if first_pass is None:  # it ended before its first pass was over
+            stop_blue.set()
+            threads[0].join()
+            blue_stopped = time.time()
+        row["finish_s"] = round(time.time() - blue_stopped, 2)
+        row["transfer_s"] = round(time.time() - t0, 2)
+        row["transfer_cpu_s"] = round(resource_children_cpu() - cpu0, 3)
+        row["transfer_exit"] = transfer.returncode
+        # Each read's line ("QUEUE: N messages moved ...", "pass K: QUEUE: ..."), not the total.
+        row["moved"] = sum(int(m.group(1).replace(",", "")) for m in
+                           (re.match(r"(?:pass \d+: )?\S+: ([\d,]+) messages? moved", line)
+                            for line in lines) if m)
+        if transfer.returncode != 0:
+            log(f"FAILED: topology transfer --follow exited {transfer.returncode}: "
+                f"{transfer.stderr.read()[:300]}")
+        stop_publisher.set()
+        threads[1].join()
+        # Everything published, the backlog and the retries, handled on one broker or the other.
+        expected = set(published) | backlog_ids | set(due)
+        deadline = max(time.time(), max(due.values()) / 1000) + 60
+        while time.time() < deadline:
+            with lock:
+                if expected <= handled.keys():
+                    break
+            time.sleep(0.2)
+        stop_green.set()
+        green_consumer.join()
+        with lock:
+            on_blue = sum(1 for where, _ in handled.values() if where == blue)
+            on_green = len(handled) - on_blue
+            late = sorted(int(handled[i][1] * 1000) - due[i] for i in due if i in handled
+                          and handled[i][0] == green)
+            row.update({"handled_blue": on_blue, "handled_green": on_green,
+                        "published": len(published),
+                        "lost": len(expected - handled.keys()),
+                        "twice": twice[0],
+                        "longest_gap_s": round(gaps["longest"], 2),
+                        "retries_on_green": len(late),
+                        "late_p50_ms": late[len(late) // 2] if late else None,
+                        "late_max_ms": late[-1] if late else None,
+                        "early": sum(1 for v in late if v < 0)})
+        connection = pika.BlockingConnection(pika.URLParameters(green))
+        row["parked_on_green"] = connection.channel().queue_declare(
+            name + ".parking", passive=True).method.message_count
+        connection.close()
+        row["parked_lost"] = parked - row["parked_on_green"]
+        return row
 
     # ---- 7. The outbox and the inbox ----
 

@@ -856,6 +856,46 @@ class Report:
         self.table(["queue", "contender", "msg/s", "its CPU µs/msg", "old broker's µs/msg",
                     "late p50 s", "late p99 s", "late max s", "early"], table, left=2)
 
+    def bluegreen(self):
+        rows = [r for r in self.select("bluegreen") if "apply_s" in r]
+        if not rows:
+            return
+        sizes = self.meta["sizes"]
+        target = self.meta["versions"].get("rabbitmq_target") or "the second broker"
+        self.out("## 6d. A blue-green move, step by step")
+        self.out()
+        self.out(f"docs/transfer.md's steps, from this broker (blue) to {target} (green), with the "
+                 f"service running: {sizes['bluegreen']:,} messages in its queue, "
+                 f"{sizes['transfer_retries']:,} retries waiting in its 20 s wait queue and "
+                 f"{sizes['transfer_parked']:,} parked; a pika consumer on blue (0.2 ms a message, "
+                 f"prefetch 50) and a publisher sending {sizes['bluegreen_rate']} messages a second "
+                 f"to blue. 1. `topology apply` on green; 2. the same consumer on green; 3. "
+                 f"`topology transfer --follow`; 4. once its first pass is over, the publisher "
+                 f"switches to green; 5. the blue consumer stops (its unacked messages go back to "
+                 f"blue's queue); 6. `--follow` ends by itself, 10 s (`--settle`) after blue's "
+                 f"queues were last found empty.")
+        self.out()
+        table = []
+        for queue_type in sorted({r["queue_type"] for r in rows}):
+            picked = [r for r in rows if r["queue_type"] == queue_type]
+            col = lambda key, fmt="{:.2f}": spread([r[key] for r in picked
+                                                    if r.get(key) is not None], fmt)
+            table.append([queue_type, col("apply_s"), col("first_pass_s"),
+                          col("moved", "{:,.0f}"),
+                          f"{col('handled_blue', '{:,.0f}')} / {col('handled_green', '{:,.0f}')}", col("switch_pause_ms", "{:.0f}"),
+                          col("blue_stop_s"), col("finish_s"), col("transfer_cpu_s", "{:.2f}"),
+                          col("longest_gap_s"),
+                          f"{sum(r['lost'] for r in picked)} / {sum(r['twice'] for r in picked)}",
+                          col("late_max_ms", "{:.0f}"),
+                          f"{sum(r['early'] for r in picked)} of "
+                          f"{sum(r['retries_on_green'] for r in picked)}",
+                          f"{sum(r['parked_lost'] for r in picked)}"])
+        self.table(["queue", "1. apply s", "3. first pass s", "moved", "handled on blue / green",
+                    "4. publisher paused ms",
+                    "5. blue consumer stop s", "6. follow ends s", "transfer CPU s",
+                    "longest handling gap s", "lost / twice", "retries late max ms", "early",
+                    "parked lost"], table, left=1)
+
     # ---- 7. Outbox and inbox ----
 
     def per(self, rows, key, scale=1e6):
@@ -1079,6 +1119,7 @@ class Report:
         self.replay()
         self.migrate()
         self.transfer()
+        self.bluegreen()
         self.outbox()
         self.scale(chart_name)
         body = self.lines[body_start:]
