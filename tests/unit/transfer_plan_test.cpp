@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include "retryloop/retry/headers.hpp"
 #include "retryloop/topology/delay_levels.hpp"
@@ -50,6 +51,21 @@ BasicProperties rejected(const std::string& queue, int64_t count, uint64_t time)
   properties.headers = std::move(headers);
   properties.message_id = "m1";
   return properties;
+}
+
+/// orders in republish mode, its retries waiting in `levels` delay levels of base 1 s.
+Service levelled_orders(int levels) {
+  Service s = orders_service(RetryMode::republish, {5s});
+  s.retry.delay_levels = retryloop::topology::DelayLevels{1s, levels, std::nullopt};
+  return s;
+}
+
+/// A file's schedule of `levels` levels of base 1 s, delivering to `queues`.
+retryloop::topology::Schedule one_second_schedule(int levels, std::vector<std::string> queues) {
+  retryloop::topology::Schedule schedule;
+  schedule.levels = retryloop::topology::DelayLevels{1s, levels, std::nullopt};
+  schedule.queues = std::move(queues);
+  return schedule;
 }
 
 const FieldValue* find_header(const BasicProperties& properties, std::string_view name) {
@@ -195,13 +211,8 @@ TEST_CASE(
     "A transfer reads the shared delay levels that hold the service's retries and the messages "
     "scheduled for it, longest level first, each set once",
     "[transfer]") {
-  using retryloop::topology::DelayLevels;
-  using retryloop::topology::Schedule;
-  Service levelled = orders_service(RetryMode::republish, {5s});
-  levelled.retry.delay_levels = DelayLevels{1s, 3, std::nullopt};
-  Schedule schedule;
-  schedule.levels = DelayLevels{1s, 5, std::nullopt};
-  schedule.queues = {"mail", "orders"};
+  const Service levelled = levelled_orders(3);
+  auto schedule = one_second_schedule(5, {"mail", "orders"});
 
   // The service's own set (3 levels) and the schedule's, the same set, 5 levels deep: one read of
   // each of the 5, between the wait queue and parking.
@@ -246,13 +257,8 @@ TEST_CASE(
     "A message in a shared level is the service's only when routed for its queue, and waits at "
     "most the rest of its route when it says nothing of its due time",
     "[transfer]") {
-  using retryloop::topology::DelayLevels;
-  using retryloop::topology::Schedule;
-  Service levelled = orders_service(RetryMode::republish, {5s});
-  levelled.retry.delay_levels = DelayLevels{1s, 4, std::nullopt};
-  Schedule schedule;
-  schedule.levels = DelayLevels{1s, 6, std::nullopt};
-  schedule.queues = {"orders"};
+  const Service levelled = levelled_orders(4);
+  const auto schedule = one_second_schedule(6, {"orders"});
   auto ladders = retryloop::transfer::level_ladders(levelled, schedule);
   auto sources = retryloop::transfer::transfer_sources(levelled, ladders);
   const Source& level2 = sources[2 + 3];  // levels 5, 4, 3, then 2
