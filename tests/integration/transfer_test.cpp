@@ -124,7 +124,9 @@ TEST_CASE(
       loop, [&] { return test::queue_depth(loop, *old_broker, queue) == 40; }, 30s));
   // m5..m34 wait; m35..m39 and m0..m4 stay in the service queue.
   reject(loop, *channel, queue, 30);
-  REQUIRE(test::queue_depth(loop, *old_broker, wait) == 30);
+  // Dead-lettering is asynchronous: the rejections reach the wait queue a moment later.
+  REQUIRE(test::eventually(
+      loop, [&] { return test::queue_depth(loop, *old_broker, wait) == 30; }, 30s));
   amqp::FieldTable parked_headers;
   parked_headers.append(std::string(retry::header::reason), std::string("exhausted"));
   parked_headers.append(std::string(retry::header::error), std::string("it broke"));
