@@ -309,8 +309,7 @@ amqp::BasicProperties make_replay_copy(const amqp::BasicProperties& properties,
   entry.by = note.by;
   retry::record_history(copy, std::move(entry));
   headers.erase_if([](const std::string& name) {
-    return retry::is_death_header(name) || is_parking_header(name) ||
-           name == retry::header::delivery_count || name == retry::header::acquired_count;
+    return retry::is_broker_header(name) || is_parking_header(name);
   });
   const int64_t next = replays < 0                                      ? 1
                        : replays == std::numeric_limits<int64_t>::max() ? replays

@@ -405,8 +405,7 @@ const char* field_type_name(const amqp::FieldValue& value) {
 }
 
 bool header_editable(std::string_view name) {
-  return name.rfind("retryloop-", 0) != 0 && !retry::is_death_header(name) &&
-         name != retry::header::delivery_count && name != retry::header::acquired_count;
+  return name.rfind("retryloop-", 0) != 0 && !retry::is_broker_header(name);
 }
 
 bool header_editable_as_text(std::string_view name, const amqp::FieldValue& value) {

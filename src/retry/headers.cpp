@@ -131,6 +131,10 @@ bool is_death_header(std::string_view name) {
          starts_with(name, "x-last-death-");
 }
 
+bool is_broker_header(std::string_view name) {
+  return is_death_header(name) || name == header::delivery_count || name == header::acquired_count;
+}
+
 AttemptInfo read_attempt_info(const amqp::BasicProperties& properties, std::string_view queue,
                               std::string_view delivery_exchange,
                               std::string_view delivery_routing_key) {
@@ -200,9 +204,7 @@ amqp::BasicProperties make_retry_copy(const amqp::BasicProperties& properties,
                                       uint64_t due_milliseconds) {
   amqp::BasicProperties copy = properties;
   amqp::FieldTable& headers = copy.headers ? *copy.headers : copy.headers.emplace();
-  headers.erase_if(is_death_header);
-  headers.erase(header::delivery_count);
-  headers.erase(header::acquired_count);
+  headers.erase_if(is_broker_header);
   // Every attempt so far, the broker's rejections included: stripping x-death drops them.
   headers.set(std::string(header::retries), info.attempt);
   if (headers.find(header::original_exchange) == nullptr) {

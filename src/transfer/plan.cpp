@@ -79,46 +79,45 @@ std::vector<topology::Service> level_ladders(const topology::Service& service,
 std::vector<Source> transfer_sources(const topology::Service& service,
                                      const std::vector<topology::Service>& ladders) {
   std::vector<Source> sources;
-  sources.push_back({Source::Kind::service_queue, topology::input_queue_name(service), {}, {}, 0});
+  sources.push_back({Source::Kind::service_queue, topology::input_queue_name(service), {}, 0, {}});
   if (service.retry.mode != topology::RetryMode::in_queue) {
     std::vector<milliseconds> delays = topology::wait_delays(service);
     std::sort(delays.begin(), delays.end());
     for (milliseconds delay : delays) {
       sources.push_back(
-          {Source::Kind::wait_queue, topology::wait_queue_name(service.name, delay), delay, {}, 0});
+          {Source::Kind::wait_queue, topology::wait_queue_name(service.name, delay), delay, 0, {}});
     }
   }
   // Each set once, as deep as the deepest ladder that uses it.
-  std::vector<std::pair<const topology::Service*, int>> sets;
-  for (const topology::Service& ladder : ladders) {
-    const std::string set = topology::delay_set_name(ladder);
-    auto same = std::find_if(sets.begin(), sets.end(), [&](const auto& known) {
-      return topology::delay_set_name(*known.first) == set;
-    });
-    const int levels = ladder.retry.delay_levels->levels;
-    if (same == sets.end()) {
-      sets.emplace_back(&ladder, levels);
-    } else {
-      same->second = std::max(same->second, levels);
+  struct Set {
+    std::string name;
+    int levels = 0;
+    std::vector<size_t> ladders;
+  };
+  std::vector<Set> sets;
+  for (size_t i = 0; i < ladders.size(); ++i) {
+    const std::string name = topology::delay_set_name(ladders[i]);
+    auto set = std::find_if(sets.begin(), sets.end(), [&](const Set& s) { return s.name == name; });
+    if (set == sets.end()) set = sets.insert(sets.end(), Set{name, 0, {}});
+    set->levels = std::max(set->levels, ladders[i].retry.delay_levels->levels);
+    set->ladders.push_back(i);
+  }
+  for (const Set& set : sets) {
+    const topology::Service& ladder = ladders[set.ladders.front()];
+    for (int k = set.levels - 1; k >= 0; --k) {
+      sources.push_back({Source::Kind::delay_level, topology::delay_level_name(ladder, k),
+                         ladder.retry.delay_levels->base * (int64_t{1} << k), k, set.ladders});
     }
   }
-  for (const auto& [ladder, levels] : sets) {
-    for (int k = levels - 1; k >= 0; --k) {
-      sources.push_back({Source::Kind::delay_level, topology::delay_level_name(*ladder, k),
-                         ladder->retry.delay_levels->base * (int64_t{1} << k),
-                         topology::delay_set_name(*ladder), k});
-    }
-  }
-  sources.push_back({Source::Kind::parking, topology::parking_queue_name(service.name), {}, {}, 0});
+  sources.push_back({Source::Kind::parking, topology::parking_queue_name(service.name), {}, 0, {}});
   return sources;
 }
 
 const topology::Service* ladder_of(const std::vector<topology::Service>& ladders,
                                    const Source& source, std::string_view routing_key) {
-  for (const topology::Service& ladder : ladders) {
-    if (topology::delay_set_name(ladder) == source.level_set &&
-        topology::is_delay_route_of(ladder, routing_key)) {
-      return &ladder;
+  for (size_t i : source.ladders) {
+    if (i < ladders.size() && topology::is_delay_route_of(ladders[i], routing_key)) {
+      return &ladders[i];
     }
   }
   return nullptr;
@@ -206,11 +205,7 @@ amqp::BasicProperties transfer_copy(const amqp::BasicProperties& properties, con
   if (source.kind == Source::Kind::parking) return properties;
   if (source.kind == Source::Kind::delay_level) {
     amqp::BasicProperties copy = properties;
-    if (copy.headers) {
-      copy.headers->erase_if(retry::is_death_header);
-      copy.headers->erase(retry::header::delivery_count);
-      copy.headers->erase(retry::header::acquired_count);
-    }
+    if (copy.headers) copy.headers->erase_if(retry::is_broker_header);
     return copy;
   }
   retry::AttemptInfo info =

@@ -123,7 +123,7 @@ TEST_CASE("Moved retries wait in levels of the transfer's precision that reach t
 
 TEST_CASE("A retry's due time comes from retryloop-retry-due, or a first rejection's x-death time",
           "[transfer]") {
-  const Source wait{Source::Kind::wait_queue, "orders.wait.30s", 30s, {}, 0};
+  const Source wait{Source::Kind::wait_queue, "orders.wait.30s", 30s, 0, {}};
 
   BasicProperties republished;
   FieldTable headers;
@@ -142,13 +142,13 @@ TEST_CASE("A retry's due time comes from retryloop-retry-due, or a first rejecti
   CHECK_FALSE(retryloop::transfer::due_time(rejected("other", 1, 1'700'000'000), wait, "orders"));
   CHECK_FALSE(retryloop::transfer::due_time(BasicProperties{}, wait, "orders"));
   // x-death says nothing of a message in the service queue.
-  const Source queue{Source::Kind::service_queue, "orders", 0ms, {}, 0};
+  const Source queue{Source::Kind::service_queue, "orders", 0ms, 0, {}};
   CHECK_FALSE(retryloop::transfer::due_time(rejected("orders", 1, 1'700'000'000), queue, "orders"));
 }
 
 TEST_CASE("A waiting retry goes through the levels for what is left of its delay, never less",
           "[transfer]") {
-  const Source wait{Source::Kind::wait_queue, "orders.wait.30s", 30s, {}, 0};
+  const Source wait{Source::Kind::wait_queue, "orders.wait.30s", 30s, 0, {}};
   const int64_t now = 1'700'000'000'000;
 
   Placement later = retryloop::transfer::place(now + 12'345, wait.delay, now, false);
@@ -172,7 +172,7 @@ TEST_CASE("A waiting retry goes through the levels for what is left of its delay
 
 TEST_CASE("A moved retry keeps its attempts in retryloop-retries, without the broker's x-death",
           "[transfer]") {
-  const Source wait{Source::Kind::wait_queue, "orders.wait.30s", 30s, {}, 0};
+  const Source wait{Source::Kind::wait_queue, "orders.wait.30s", 30s, 0, {}};
   // Rejected three times: its next delivery is attempt 4, on the new broker too.
   BasicProperties copy =
       retryloop::transfer::transfer_copy(rejected("orders", 3, 1'700'000'000), wait, "orders", "",
@@ -189,12 +189,12 @@ TEST_CASE("A moved retry keeps its attempts in retryloop-retries, without the br
   CHECK(info.attempt == 4);
 
   // Parked: as it is, x-death and all.
-  const Source parking{Source::Kind::parking, "orders.parking", 0ms, {}, 0};
+  const Source parking{Source::Kind::parking, "orders.parking", 0ms, 0, {}};
   BasicProperties parked = rejected("orders", 5, 1'700'000'000);
   CHECK(retryloop::transfer::transfer_copy(parked, parking, "orders", "orders.parking", "", 0, 0) ==
         parked);
   // In the service queue and never retried: as it is.
-  const Source queue{Source::Kind::service_queue, "orders", 0ms, {}, 0};
+  const Source queue{Source::Kind::service_queue, "orders", 0ms, 0, {}};
   BasicProperties fresh;
   fresh.message_id = "m2";
   CHECK(retryloop::transfer::transfer_copy(fresh, queue, "orders", "orders.in", "new", 0, 0) ==
@@ -225,7 +225,7 @@ TEST_CASE(
     INFO(i);
     CHECK(sources[2 + i].kind == Source::Kind::delay_level);
     CHECK(sources[2 + i].level == 4 - i);
-    CHECK(sources[2 + i].level_set == "retryloop.delay.1s");
+    CHECK(sources[2 + i].ladders == std::vector<size_t>{0, 1});  // both ladders use the set
     CHECK(sources[2 + i].queue == "retryloop.delay.1s.0" + std::to_string(4 - i));
     CHECK(sources[2 + i].delay == std::chrono::seconds(1 << (4 - i)));
   }
@@ -239,6 +239,8 @@ TEST_CASE(
   CHECK(sources[2].queue == "retryloop.delay.1s.02");
   CHECK(sources[5].queue == "retryloop.delay.1s.quorum.04");
   CHECK(sources[9].queue == "retryloop.delay.1s.quorum.00");
+  CHECK(sources[2].ladders == std::vector<size_t>{0});
+  CHECK(sources[9].ladders == std::vector<size_t>{1});
 
   // The schedule's part for a service: only its own queue.
   auto own = retryloop::transfer::service_schedule(levelled, schedule);
@@ -274,10 +276,11 @@ TEST_CASE(
   CHECK(retryloop::transfer::ladder_of(ladders, level2, "1.0.1.1.mail") == nullptr);
   CHECK(retryloop::transfer::ladder_of(ladders, level2, "1.0.1.orders") == nullptr);
   CHECK(retryloop::transfer::ladder_of(ladders, level2, "1.0.1.1.x.orders") == nullptr);
-  // The same route read from a level of another set.
+  // The same route read from a level of a set that only the schedule uses.
   Source other_set = level2;
-  other_set.level_set = "retryloop.delay.1s.quorum";
+  other_set.ladders = {1};
   CHECK(retryloop::transfer::ladder_of(ladders, other_set, "1.0.1.1.orders") == nullptr);
+  CHECK(retryloop::transfer::ladder_of(ladders, other_set, "0.1.1.0.0.1.orders") == &ladders[1]);
 
   // In level 2 (4 s), with bits 0 and 1 of the route: at most 4 + 1 + 2 s left; bit 1 only: 6 s.
   CHECK(retryloop::transfer::level_wait_bound(*retry, level2, "1.1.1.0.orders") == 7s);
@@ -292,7 +295,7 @@ TEST_CASE(
   due_at.headers->append("retryloop-due-at", FieldValue(int64_t(1'700'000'009'000)));
   CHECK(retryloop::transfer::due_time(due_at, level2, "orders") == 1'700'000'009'000);
   // retryloop-due-at says nothing in a wait queue, which only a retry reaches.
-  const Source wait{Source::Kind::wait_queue, "orders.wait.5s", 5s, {}, 0};
+  const Source wait{Source::Kind::wait_queue, "orders.wait.5s", 5s, 0, {}};
   CHECK_FALSE(retryloop::transfer::due_time(due_at, wait, "orders"));
   CHECK_FALSE(retryloop::transfer::due_time(BasicProperties{}, level2, "orders"));
 

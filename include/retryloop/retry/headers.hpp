@@ -99,6 +99,9 @@ int64_t in_queue_attempt(const AttemptInfo& info);
 /// True for the headers RabbitMQ owns and republishing must strip: `x-death`,
 /// `x-first-death-*` and `x-last-death-*`.
 bool is_death_header(std::string_view name);
+/// True for every header the broker writes as a message passes its queues: the death headers,
+/// and a quorum queue's `x-delivery-count` and `x-acquired-count`.
+bool is_broker_header(std::string_view name);
 
 /// Seconds since the Unix epoch: the clock of every time retryloop writes into a header.
 uint64_t unix_seconds();

@@ -29,9 +29,10 @@ struct Source {
   std::string queue;
   /// A wait queue's delay, or a delay level's (both their `x-message-ttl`).
   std::chrono::milliseconds delay{0};
-  /// A delay level: its set (topology::delay_set_name) and its number in the set.
-  std::string level_set;
+  /// A delay level: its number in its set, and the ladders (indexes into those given to
+  /// transfer_sources) whose messages it may hold.
   int level = 0;
+  std::vector<size_t> ladders;
 };
 
 /// The part of a file's `schedule` that concerns `service`: the schedule with its queues cut to the
@@ -54,8 +55,9 @@ std::vector<topology::Service> level_ladders(const topology::Service& service,
 std::vector<Source> transfer_sources(const topology::Service& service,
                                      const std::vector<topology::Service>& ladders = {});
 
-/// The ladder of `ladders` that `routing_key`, read from the level `source`, was routed through;
-/// nullptr when none is (another queue's message, which the transfer leaves where it is).
+/// The ladder of `ladders` (those given to transfer_sources) that `routing_key`, read from the
+/// level `source`, was routed through; nullptr when none is (another queue's message, which the
+/// transfer leaves where it is).
 const topology::Service* ladder_of(const std::vector<topology::Service>& ladders,
                                    const Source& source, std::string_view routing_key);
 
