@@ -14,6 +14,7 @@
 #include <sstream>
 #include <utility>
 
+#include "retryloop/move/error.hpp"
 #include "retryloop/parking/parked_json.hpp"
 #include "retryloop/topology/duration.hpp"
 #include "retryloop/topology/topology_json.hpp"
@@ -361,7 +362,8 @@ int error_exit(const client::Error& error, const std::string& what) {
   const bool connection =
       error.code == client::make_error_code(client::ClientError::connection_lost) ||
       error.code == client::make_error_code(client::ClientError::heartbeat_timeout) ||
-      error.code == client::make_error_code(client::ClientError::connection_closed);
+      error.code == client::make_error_code(client::ClientError::connection_closed) ||
+      error.code == move::make_error_code(move::MoveError::queue_unanswered);
   return connection ? exit_connection : exit_broker_refused;
 }
 

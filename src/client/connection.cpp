@@ -646,6 +646,11 @@ uint32_t broker_min_frame_max(const amqp::FieldTable& server_properties) {
 const Uri& Connection::uri() const {
   return attempts_->current->uri();
 }
+ConnectionOptions Connection::options_on_this_host() const {
+  ConnectionOptions options = attempts_->options;
+  options.uri = uri();
+  return options;
+}
 uv_loop_t* Connection::loop() const {
   return attempts_->current->loop();
 }

@@ -12,6 +12,8 @@ class MoveCategory : public std::error_category {
     switch (static_cast<MoveError>(value)) {
       case MoveError::queue_missing:
         return "queue not found";
+      case MoveError::queue_unanswered:
+        return "queue did not answer whether it is empty";
     }
     return "unknown move error";
   }

@@ -1,5 +1,7 @@
 #include "queue_walker_impl.hpp"
 
+#include <spdlog/logger.h>
+
 #include <algorithm>
 
 #include "retryloop/move/error.hpp"
@@ -37,7 +39,14 @@ constexpr uint64_t kReturnsPollMs = 50;
 // cluster whose leader's node was stopping answered 0 once, 0.4 s in, and 100 (right) before and
 // after, every 0.1 s for 8 s. A replay that trusted that answer ended at once with every message
 // still parked. A basic.get's "empty" is trusted at once (Walker::probe_empty): it is the queue's
-// own answer (a quorum queue's leader's), not a count the broker gives when it cannot ask.
+// own answer (a quorum queue's leader's), not a count the broker gives when it cannot ask. The get
+// goes out on a connection of its own, since RabbitMQ closes the connection it comes on when the
+// leader cannot be reached (541 "Cannot get a message from queue ...: nodedown", 4.3); the walk
+// then counts and asks again each tick, for at most kProbeRetryMs.
+/// How long a walk goes on asking a queue that counts 0 whether it is empty, while the get fails.
+constexpr uint64_t kProbeRetryMs = 60000;
+/// How long one such get may take; then it counts as failed.
+constexpr uint64_t kProbeWaitMs = 5000;
 /// Held messages after which the reading moves to a new channel (see Walker).
 constexpr size_t kHeldPerChannel = 4096;
 /// Channel numbers left free for the connection's other users (depth lookups open their own).
@@ -131,21 +140,65 @@ void Walker::count_queue() {
 }
 
 void Walker::probe_empty() {
-  probed_ = true;
+  probing_ = true;
+  probe_started_ms_ = uv_now(connection_->loop());
+  client::ConnectionOptions options = connection_->options_on_this_host();
+  options.connection_name += options.connection_name.empty() ? "empty check" : " (empty check)";
+  options.logger = nullptr;  // its loss is expected and handled here
+  probe_connection_ = client::Connection::create(connection_->loop(), std::move(options));
   std::weak_ptr<Walker> weak = weak_from_this();
-  Error error = channel_->get(queue_, false,
-                              [weak](const Error& error, std::optional<client::GetResult>&& got) {
-                                auto self = weak.lock();
-                                if (!self || self->reported_) return;
-                                if (error) return self->fail(error);
-                                if (!got) return self->end_empty();
-                                // Not empty after all: the message goes back (redelivered), and the
-                                // counts decide.
-                                Error nacked = self->channel_->nack(got->delivery_tag, false, true);
-                                if (nacked) return self->fail(nacked);
-                                self->count_again_ = true;
-                              });
-  if (error) fail(error);
+  Error error = probe_connection_->connect([weak](const Error& error) {
+    auto self = weak.lock();
+    if (!self || self->reported_ || !self->probing_) return;
+    if (error) return self->probe_unanswered(error);
+    Error opening = self->probe_connection_->open_channel(
+        [weak](const Error& error, std::shared_ptr<client::Channel> channel) {
+          auto self = weak.lock();
+          if (!self || self->reported_ || !self->probing_) return;
+          if (error) return self->probe_unanswered(error);
+          Error getting = channel->get(
+              self->queue_, false,
+              [weak, channel](const Error& error, std::optional<client::GetResult>&& got) {
+                auto self = weak.lock();
+                if (!self || self->reported_ || !self->probing_) return;
+                if (error) return self->probe_unanswered(error);
+                // Not empty after all: the message goes back (redelivered), and the counts
+                // decide. The nack goes out before the connection's close.
+                if (got) (void)channel->nack(got->delivery_tag, false, true);
+                self->end_probe();
+                if (!got) return self->end_empty();
+                self->probed_ = true;
+                self->count_again_ = true;
+              });
+          if (getting) self->probe_unanswered(getting);
+        });
+    if (opening) self->probe_unanswered(opening);
+  });
+  if (error) probe_unanswered(error);
+}
+
+void Walker::probe_unanswered(const Error& error) {
+  end_probe();
+  const uint64_t now = uv_now(connection_->loop());
+  if (first_probe_failure_ms_ == 0) first_probe_failure_ms_ = now;
+  if (now - first_probe_failure_ms_ >= kProbeRetryMs) {
+    return fail(Error(MoveError::queue_unanswered,
+                      "queue " + queue_ +
+                          " counts 0 messages, and a basic.get to see whether it "
+                          "is empty failed for " +
+                          std::to_string(kProbeRetryMs / 1000) +
+                          " s, the last time with: " + error.message()));
+  }
+  if (spdlog::logger* logger = connection_->logger()) {
+    logger->info("queue {} counts 0 messages and did not answer a basic.get ({}); asking again",
+                 queue_, error.message());
+  }
+  count_again_ = true;  // the next tick counts, and probes again on 0
+}
+
+void Walker::end_probe() {
+  probing_ = false;
+  if (auto probe = std::move(probe_connection_)) probe->close();
 }
 
 void Walker::end_empty() {
@@ -452,6 +505,7 @@ void Walker::fail(const Error& error) {
 
 void Walker::report(const Error& error) {
   reported_ = true;
+  end_probe();
   std::shared_ptr<Walker> self = shared_from_this();
   auto finish = [self, error] {
     DoneCallback done = std::move(self->done_);
@@ -546,6 +600,11 @@ void Walker::finish_returns() {
 }
 
 void Walker::on_tick() {
+  if (!reported_ && probing_ && uv_now(connection_->loop()) - probe_started_ms_ >= kProbeWaitMs) {
+    return probe_unanswered(
+        Error(MoveError::queue_unanswered,
+              "no answer within " + std::to_string(kProbeWaitMs / 1000) + " s"));
+  }
   if (!reported_ && count_again_) {
     count_again_ = false;
     return count_queue();

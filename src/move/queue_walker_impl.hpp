@@ -51,9 +51,15 @@ class Walker : public QueueWalker, public std::enable_shared_from_this<Walker> {
   void count_queue();
   /// After a first count of 0: a basic.get, whose "empty" is the queue's own answer (a quorum
   /// queue's, its leader's), where a count of 0 may only mean that the leader could not be
-  /// reached. Empty ends the walk at once; a message goes back to the queue
-  /// (nack, requeue) and the counts go on as before the probe.
+  /// reached. It goes out on a connection of its own (probe_connection_), which the broker closes
+  /// when the leader cannot be reached. Empty ends the walk at once; a message goes back to the
+  /// queue when that connection closes, and the counts go on as before the probe.
   void probe_empty();
+  /// The get failed or took too long: count and probe again on the next tick, or fail the walk
+  /// once the gets have failed for kProbeRetryMs.
+  void probe_unanswered(const client::Error& error);
+  /// Closes the probe's connection.
+  void end_probe();
   /// Ends a walk that found the queue empty.
   void end_empty();
   /// Reads on `channel`: its close ends the walk with the broker's reason.
@@ -144,8 +150,13 @@ class Walker : public QueueWalker, public std::enable_shared_from_this<Walker> {
   /// Answers of 0 to the first count so far, and whether the next tick counts again.
   int empty_answers_ = 0;
   bool count_again_ = false;
-  /// Whether probe_empty has run.
+  /// Whether probe_empty has had its answer, whether one is awaited, since when (loop time, ms),
+  /// and when the first of the gets that failed in a row started failing (0: none did).
   bool probed_ = false;
+  bool probing_ = false;
+  uint64_t probe_started_ms_ = 0;
+  uint64_t first_probe_failure_ms_ = 0;
+  std::shared_ptr<client::Connection> probe_connection_;
   Progress progress_;
   uv_timer_t timer_{};
   std::shared_ptr<Walker> self_;

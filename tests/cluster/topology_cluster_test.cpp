@@ -109,17 +109,23 @@ TEST_CASE(
   const std::string victim = nodes.back();
   REQUIRE(test::broker_script(loop, "kill", victim) == 0);
   // The management API reports a queue's members online from statistics its leader emits every
-  // few seconds (later on a loaded machine), so the node's loss shows once each queue's have come.
+  // few seconds (later on a loaded machine), so the node's loss shows once each queue's have come;
+  // until the new leaders' have, a queue may show all its members online again for a moment (seen
+  // on RabbitMQ 4.3: a text run right after a JSON run that showed the loss found none). Both
+  // runs are asked until both show it.
   auto all_short = [&](const Run& run) {
     for (const auto& [queue, row] : members_by_queue(run))
       if (queue.rfind(all, 0) == 0 && row.at("online").size() != 2) return false;
     return true;
   };
-  Run degraded_json;
+  Run degraded_json, degraded;
   const auto noticed_by = std::chrono::steady_clock::now() + 60s;
   do {
     degraded_json = retryloop_cli({"topology", "verify", file.string(), "--json", management});
-    if (all_short(degraded_json)) break;
+    if (all_short(degraded_json)) {
+      degraded = retryloop_cli({"topology", "verify", file.string(), management});
+      if (degraded.exit_code != 0) break;
+    }
     std::this_thread::sleep_for(500ms);
   } while (std::chrono::steady_clock::now() < noticed_by);
   INFO(degraded_json.out << degraded_json.err);
@@ -131,7 +137,6 @@ TEST_CASE(
       CHECK(row.at("online").size() == 2);
     }
   }
-  Run degraded = retryloop_cli({"topology", "verify", file.string(), management});
   INFO(degraded.out << degraded.err);
   CHECK(degraded.exit_code == 3);
   CHECK_THAT(degraded.out, Catch::Contains("too few") && Catch::Contains("2 of 3 members online") &&

@@ -22,15 +22,25 @@ namespace {
 
 // A parking queue whose passive declares answer `counts` in turn (the last one from then on), whose
 // basic.get gives the first of `parked` messages (or get-empty when there are none; a nack puts it
-// back), and whose consumer gets the `parked` messages at once.
+// back), and whose consumer gets the `parked` messages at once. Its first `failing_gets` gets
+// close their connection, as RabbitMQ does while a quorum queue has no leader.
 class ScriptedParking {
  public:
   ScriptedParking(ScriptedPeer& peer, const std::string& queue, std::vector<uint32_t> counts,
-                  size_t parked)
+                  size_t parked, size_t failing_gets = 0)
       : peer_(peer), queue_(queue) {
     peer.script_message_counts(queue, std::move(counts));
-    peer.on<amqp::BasicGet>([this, &peer, parked](const Received& r) {
+    peer.on<amqp::BasicGet>([this, &peer, parked, failing_gets](const Received& r) {
       ++gets_;
+      if (gets_ <= failing_gets) {
+        amqp::ConnectionClose close;
+        close.reply_code = 541;
+        close.reply_text = "INTERNAL_ERROR - Cannot get a message from queue: nodedown";
+        close.failing_class_id = 60;
+        close.failing_method_id = 70;
+        peer.send(0, close, r.connection);
+        return;
+      }
       if (parked == 0) {
         peer.send(r.channel, amqp::BasicGetEmpty{}, r.connection);
         return;
@@ -118,4 +128,23 @@ TEST_CASE(
   CHECK(parking.lookups() == 1);
   CHECK(parking.gets() == 1);
   CHECK(parking.consumes() == 0);
+}
+
+TEST_CASE(
+    "A parking walk whose basic.get after a count of 0 loses its connection, as RabbitMQ's 541 "
+    "while a quorum queue has no leader, asks again and reads what is parked",
+    "[conversation][parking]") {
+  TestLoop loop;
+  ScriptedPeer peer(loop.get());
+  const auto service = test::make_service("walk", R"("delays": ["1s"], "max_attempts": 3)");
+  ScriptedParking parking(peer, topology::parking_queue_name(service.name), {0, 0, 2}, 2, 1);
+
+  const auto messages = list_parked(loop, peer, service);
+  REQUIRE(messages.size() == 2);
+  CHECK(messages[0].message_id == "parked-1");
+  // The first get's connection was closed; the walk's own went on, counted again and asked again.
+  CHECK(parking.gets() == 2);
+  CHECK(parking.nacks() == 1);
+  CHECK(parking.consumes() == 1);
+  CHECK(peer.connections() == 3);
 }

@@ -163,6 +163,9 @@ class Connection {
   /// The URI of the host this connection is on (or tried last): the options' URI with that one
   /// host.
   const Uri& uri() const;
+  /// The options this connection was made with, its URI narrowed to uri(): what a second
+  /// connection to the same node is made with.
+  ConnectionOptions options_on_this_host() const;
   uv_loop_t* loop() const;
   spdlog::logger* logger() const;
   /// Bytes waiting to be written to the socket (grows while the broker blocks us); over TLS,
