@@ -543,6 +543,9 @@ MoveFunction mover(MoveProgress progress) {
         options.stamp_prefix = request.stamp_prefix + "/" + request.from + "/" + run;
         options.stable_prefix = request.stamp_prefix;
         options.deduplicate = request.deduplicate;
+        // Every move of a migration is followed by a wait until its queue is empty, which moves
+        // again what comes back, and by the queue's delete.
+        options.done_before_grace = true;
         return move::move_queue(
             connection, std::move(options),
             [done](const client::Error& error, const move::Progress& progress, bool) {

@@ -1,7 +1,6 @@
 #include "retryloop/move/queue_mover.hpp"
 
 #include <string>
-#include <unordered_set>
 #include <utility>
 
 #include "retryloop/move/stamp.hpp"
@@ -34,7 +33,7 @@ class QueueMove {
           properties.headers ? properties.headers->find(options_.stamp_header) : nullptr;
       if (stamp != nullptr) {
         const auto text = stamp->as_string();
-        if (options_.deduplicate && text && !stamps_.emplace(*text).second) {
+        if (options_.deduplicate && text && !stamps_.insert(*text)) {
           ++duplicates_;
           decision.kind = Decision::Kind::remove;
           return decision;
@@ -42,7 +41,7 @@ class QueueMove {
         ++copies_;  // kept as it is
       } else {
         std::string value = stamp_of(properties, message.body);
-        if (options_.deduplicate && !stamps_.insert(value).second) {
+        if (options_.deduplicate && !stamps_.insert(value)) {
           ++duplicates_;  // the same message id and bytes as a message copied before
           decision.kind = Decision::Kind::remove;
           return decision;
@@ -88,7 +87,7 @@ class QueueMove {
   uint64_t duplicates_ = 0;
   uint64_t undecodable_ = 0;
   /// With deduplicate: the stamps copied so far.
-  std::unordered_set<std::string> stamps_;
+  StampSet stamps_;
   Progress progress_;
 };
 
@@ -114,6 +113,7 @@ Error move_queue(const std::shared_ptr<client::Connection>& connection, MoveOpti
   walk.queue = options.from;
   walk.window = options.window;
   walk.readers = "a move's reads";
+  walk.done_before_grace = options.done_before_grace;
   ProgressHandler on_progress = std::move(options.on_progress);
   auto run = std::make_shared<QueueMove>(std::move(options));
   if (on_progress) {

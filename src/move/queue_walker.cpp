@@ -62,7 +62,8 @@ Walker::Walker(std::shared_ptr<client::Connection> connection, WalkOptions optio
       empty_answers_wanted_(options.empty_answers < 1 ? 1 : options.empty_answers),
       missing_hint_(std::move(options.missing_hint)),
       readers_(std::move(options.readers)),
-      on_progress_(std::move(options.on_progress)) {}
+      on_progress_(std::move(options.on_progress)),
+      done_before_grace_(options.done_before_grace) {}
 
 Error Walker::start(const std::shared_ptr<client::Connection>& connection, WalkOptions options,
                     Visitor visitor, DoneCallback done, std::shared_ptr<QueueWalker>* handle) {
@@ -348,7 +349,10 @@ void Walker::cancel_consumer() {
 void Walker::on_delivery(client::Delivery&& delivery) {
   last_activity_ms_ = uv_now(connection_->loop());
   idle_checks_ = 0;
-  if (reading_done_ || reported_) return;  // held: goes back to its place when the channel closes
+  if (reading_done_ || reported_) {
+    ++unread_;  // held: goes back to its place when the channel closes
+    return;
+  }
   const uint64_t delivery_tag = delivery.delivery_tag;
   WalkedMessage walked{progress_.scanned++, std::move(delivery)};
   Decision decision = visitor_(walked);
@@ -548,6 +552,7 @@ void Walker::report(const Error& error) {
     const uint64_t now = uv_now(connection_->loop());
     const bool recent_acks = last_ack_ms_ != 0 && now - last_ack_ms_ < kAckGraceMs;
     if (!recent_acks) return close();
+    if (done_before_grace_ && !error && held_ == 0) tell_before_grace();
     grace_close_ = std::move(close);
     uv_timer_stop(&timer_);
     uv_timer_start(
@@ -561,6 +566,21 @@ void Walker::report(const Error& error) {
     return;
   }
   finish();
+}
+
+void Walker::tell_before_grace() {
+  std::shared_ptr<Walker> self = shared_from_this();
+  auto tell = [self] {
+    if (self->unread_ > 0) return;  // held until the close, which `done` then waits for
+    DoneCallback done = std::move(self->done_);
+    if (done) done({}, self->progress_, self->interrupted_);
+  };
+  if (!consuming_ || !channel_ || !channel_->is_open()) return tell();
+  // After the cancel-ok no delivery comes: those that came after the reading ended are counted.
+  Error error = channel_->cancel(consumer_tag_, [tell](const Error& error) {
+    if (!error) tell();
+  });
+  static_cast<void>(error);  // the close after the grace, then `done`, as without this option
 }
 
 void Walker::await_returns(std::function<void()> finish) {

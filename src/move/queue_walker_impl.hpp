@@ -77,6 +77,9 @@ class Walker : public QueueWalker, public std::enable_shared_from_this<Walker> {
   void on_settled();
   /// Holds the message just read unacked until the channel closes.
   void hold();
+  /// WalkOptions::done_before_grace: `done` once the consumer is cancelled, when no delivery is
+  /// held; the close follows after the grace.
+  void tell_before_grace();
   /// After the close: waits until the queue counts the held messages back, then `finish`.
   void await_returns(std::function<void()> finish);
   void check_returns();
@@ -115,6 +118,9 @@ class Walker : public QueueWalker, public std::enable_shared_from_this<Walker> {
   Visitor visitor_;
   DoneCallback done_;
   ProgressHandler on_progress_;
+  bool done_before_grace_ = false;
+  /// Deliveries that came after the reading ended, held unread until the channel closes.
+  size_t unread_ = 0;
   /// The channel that reads, and the earlier ones, kept open for the messages they hold.
   std::shared_ptr<client::Channel> channel_;
   std::vector<std::shared_ptr<client::Channel>> holding_channels_;

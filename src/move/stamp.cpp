@@ -2,9 +2,11 @@
 
 #include <openssl/evp.h>
 
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 
 #include "retryloop/amqp/buffer.hpp"
 #include "retryloop/retry/headers.hpp"
@@ -53,6 +55,57 @@ std::string stable_stamp(const amqp::BasicProperties& properties, std::string_vi
     stamp += hex[digest[i] & 0xF];
   }
   return stamp;
+}
+
+StampSet::Key StampSet::key_of(std::string_view stamp) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  if (EVP_Digest(stamp.data(), stamp.size(), digest, &length, EVP_sha256(), nullptr) != 1 ||
+      length < 16) {
+    // Only a broken OpenSSL: a set that took every stamp for another would drop messages.
+    throw std::runtime_error("SHA-256 is not available");
+  }
+  Key key;
+  std::memcpy(&key.high, digest, 8);
+  std::memcpy(&key.low, digest + 8, 8);
+  return key;
+}
+
+size_t StampSet::slot_of(const Key& key) const {
+  const size_t mask = slots_.size() - 1;
+  for (size_t slot = key.low & mask;; slot = (slot + 1) & mask) {
+    if (slots_[slot] == key || slots_[slot] == Key{}) return slot;
+  }
+}
+
+bool StampSet::contains(std::string_view stamp) const {
+  const Key key = key_of(stamp);
+  if (key == Key{}) return zero_;
+  return !slots_.empty() && slots_[slot_of(key)] == key;
+}
+
+bool StampSet::insert(std::string_view stamp) {
+  const Key key = key_of(stamp);
+  if (key == Key{}) {
+    if (zero_) return false;
+    zero_ = true;
+    ++size_;
+    return true;
+  }
+  if ((size_ + 1) * 4 > slots_.size() * 3) grow();
+  Key& slot = slots_[slot_of(key)];
+  if (slot == key) return false;
+  slot = key;
+  ++size_;
+  return true;
+}
+
+void StampSet::grow() {
+  std::vector<Key> old = std::move(slots_);
+  slots_.assign(old.empty() ? 1024 : old.size() * 2, Key{});
+  for (const Key& key : old) {
+    if (!(key == Key{})) slots_[slot_of(key)] = key;
+  }
 }
 
 }  // namespace retryloop::move

@@ -35,6 +35,8 @@ struct MoveOptions {
   /// killed earlier move) is acked without a copy, counted in Progress::duplicates; so is a
   /// message without a stamp whose stable stamp this move has copied. Needs `stamp_header`.
   bool deduplicate = false;
+  /// WalkOptions::done_before_grace: for a queue deleted after the move.
+  bool done_before_grace = false;
   /// Told after each message read and each copy settled.
   std::function<void(const Progress&)> on_progress;
 };

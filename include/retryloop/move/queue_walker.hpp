@@ -92,6 +92,13 @@ struct WalkOptions {
   /// RabbitMQ 4.3, a quorum queue counts that as a delivery) and the answers are counted. 1
   /// suits a caller that reads the queue again soon anyway (a transfer's --follow).
   int empty_answers = 5;
+  /// For a queue that is deleted after the walk (a migration's moves): `done` fires once the last
+  /// copies are confirmed and their originals acked and the consumer is cancelled, when no
+  /// message is held, before the grace the walk otherwise waits after its last ack before it
+  /// closes its channel (RabbitMQ can drop acks that the close overtakes, leaving the originals
+  /// in the queue as well: src/move/queue_walker_impl.hpp); the channel closes after the grace.
+  /// A caller that closes the connection, or exits, before then may leave such originals behind.
+  bool done_before_grace = false;
 };
 
 /// Reads a queue once, from its head to the depth it had at the start, and carries out the

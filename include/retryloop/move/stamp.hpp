@@ -1,7 +1,10 @@
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "retryloop/amqp/properties.hpp"
 
@@ -19,5 +22,36 @@ namespace retryloop::move {
 /// cannot be encoded.
 std::string stable_stamp(const amqp::BasicProperties& properties, std::string_view body,
                          std::string_view stamp_header);
+
+/// The stamps a move has copied, to drop a second copy of a message. Each stamp is kept as the
+/// first 128 bits of its SHA-256, in an open-addressed table at most three quarters full: 21 to 43
+/// bytes a stamp, whatever its length, where a set of the texts took about 130 (a migration of
+/// 1,000,000 messages kept 160 MB). Two stamps are taken for one only when those 128 bits agree,
+/// which among 10^9 stamps happens with a probability below 10^-20.
+class StampSet {
+ public:
+  /// Adds `stamp`; false when it was there already.
+  bool insert(std::string_view stamp);
+  bool contains(std::string_view stamp) const;
+  size_t size() const { return size_; }
+  /// Bytes the table holds.
+  size_t memory_bytes() const { return slots_.capacity() * sizeof(Key); }
+
+ private:
+  struct Key {
+    uint64_t high = 0;
+    uint64_t low = 0;
+    bool operator==(const Key& other) const { return high == other.high && low == other.low; }
+  };
+  static Key key_of(std::string_view stamp);
+  /// The slot that holds `key`, or the free slot where it goes; `slots_` is never full.
+  size_t slot_of(const Key& key) const;
+  void grow();
+
+  /// {0, 0} marks a free slot; a stamp whose key is {0, 0} is `zero_` instead.
+  std::vector<Key> slots_;
+  size_t size_ = 0;
+  bool zero_ = false;
+};
 
 }  // namespace retryloop::move
