@@ -36,6 +36,8 @@ const char* kind_text(transfer::Source::Kind kind) {
       return "wait queue";
     case transfer::Source::Kind::delay_level:
       return "delay level";
+    case transfer::Source::Kind::unrouted:
+      return "unrouted retries";
     case transfer::Source::Kind::parking:
       return "parking queue";
   }
@@ -167,8 +169,10 @@ struct DryRun : std::enable_shared_from_this<DryRun> {
   }
 
   void found(const transfer::Source& source, std::optional<uint64_t> depth) {
-    // A delay level is shared: only those of its messages routed to the service move.
-    const bool shared = source.kind == transfer::Source::Kind::delay_level;
+    // A delay level and its set's unrouted queue are shared: only those of their messages
+    // routed to the service move.
+    const bool shared = source.kind == transfer::Source::Kind::delay_level ||
+                        source.kind == transfer::Source::Kind::unrouted;
     queues.push_back({{"queue", source.queue},
                       {"kind", kind_text(source.kind)},
                       {"messages", depth.value_or(0)},

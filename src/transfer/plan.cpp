@@ -108,6 +108,8 @@ std::vector<Source> transfer_sources(const topology::Service& service,
       sources.push_back({Source::Kind::delay_level, topology::delay_level_name(ladder, k),
                          ladder.retry.delay_levels->base * (int64_t{1} << k), k, set.ladders});
     }
+    sources.push_back(
+        {Source::Kind::unrouted, topology::delay_unrouted_name(ladder), {}, 0, set.ladders});
   }
   sources.push_back({Source::Kind::parking, topology::parking_queue_name(service.name), {}, 0, {}});
   return sources;
@@ -203,7 +205,7 @@ amqp::BasicProperties transfer_copy(const amqp::BasicProperties& properties, con
                                     const std::string& delivery_routing_key, uint64_t now_seconds,
                                     int64_t due_ms) {
   if (source.kind == Source::Kind::parking) return properties;
-  if (source.kind == Source::Kind::delay_level) {
+  if (source.kind == Source::Kind::delay_level || source.kind == Source::Kind::unrouted) {
     amqp::BasicProperties copy = properties;
     if (copy.headers) copy.headers->erase_if(retry::is_broker_header);
     return copy;

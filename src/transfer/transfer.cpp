@@ -210,6 +210,11 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
         ++current.to_queue;
       }
     } else {
+      if (source.kind == Source::Kind::unrouted &&
+          ladder_of(ladders_, source, delivery.routing_key) == nullptr) {
+        ++current.others;  // another queue's: it stays
+        return decision;
+      }
       decision.routing_key =
           source.kind == Source::Kind::parking ? source.queue : std::string(queue_);
       ++current.to_queue;

@@ -266,7 +266,8 @@ std::map<std::string, int64_t> arrivals(TestLoop& loop, client::Connection& conn
 
 TEST_CASE(
     "topology transfer moves the retries and the scheduled messages a service has in shared "
-    "delay levels with their due times, and leaves other queues' where they are",
+    "delay levels with their due times, and its unrouted retries, and leaves other queues' where "
+    "they are",
     "[transfer]") {
   const std::string type = GENERATE("classic", "quorum");
   INFO(type);
@@ -306,6 +307,20 @@ TEST_CASE(
   REQUIRE(test::run_retryloop({"send", "-t", file, "--queue", other, "--delay", "10s",
                                "--message-id", "bs", "scheduled"})
               .exit_code == 0);
+  // Two retries of the service and one of the other whose service queue was gone when they came
+  // due, in the set's unrouted queue (published to its fanout exchange with their level routes).
+  const std::string unrouted = topology::delay_unrouted_name(service);
+  const auto publish_unrouted = [&](const topology::Service& to, const std::string& id) {
+    amqp::BasicProperties properties = with_id(id);
+    properties.headers = amqp::FieldTable{};
+    properties.headers->set(std::string(retry::header::retries), int64_t{1});
+    properties.headers->set(std::string(retry::header::retry_due), now_ms() - 1000);
+    test::publish_confirmed(loop, *channel, unrouted, topology::delay_route(to, 3s).routing_key,
+                            properties, id);
+  };
+  publish_unrouted(service, "u0");
+  publish_unrouted(service, "u1");
+  publish_unrouted(other_service, "bu");
 
   test::CommandRun run = test::run_retryloop(
       {"topology", "transfer", file, "--to", new_url, "--service", name, "--json"}, 120000);
@@ -314,24 +329,33 @@ TEST_CASE(
   const nlohmann::json parsed = nlohmann::json::parse(run.out);
   const nlohmann::json& result = parsed["services"][0];
   CHECK(result["result"] == "transferred");
-  uint64_t from_levels = 0;
-  uint64_t others = 0;
+  uint64_t from_levels = 0, from_unrouted = 0;
+  uint64_t others = 0, unrouted_others = 0;
   for (const auto& read : result["reads"]) {
+    if (read["kind"] == "unrouted retries") {
+      from_unrouted += read["moved"].get<uint64_t>();
+      unrouted_others += read["others"].get<uint64_t>();
+    }
     if (read["kind"] != "delay level") continue;
     from_levels += read["moved"].get<uint64_t>();
     others += read["others"].get<uint64_t>();
   }
   // All nine from the levels (none was due yet); the others' four were read at least once each
-  // (one that passed to a shorter level during the transfer is read there again).
-  CHECK(result["moved"] == 9);
+  // (one that passed to a shorter level during the transfer is read there again). The two
+  // unrouted retries of the service, and not the other's.
+  CHECK(result["moved"] == 11);
   CHECK(from_levels == 9);
   CHECK(others >= 4);
+  CHECK(from_unrouted == 2);
+  CHECK(unrouted_others >= 1);
 
-  // On the new broker: each of the service's nine no earlier than it was due.
+  // On the new broker: each of the service's eleven no earlier than it was due.
   auto new_broker = test::connect(loop, new_url);
   std::map<std::string, int64_t> due;
-  const auto arrived = arrivals(loop, *new_broker, name, 9, due);
-  CHECK(arrived.size() == 9);
+  const auto arrived = arrivals(loop, *new_broker, name, 11, due);
+  CHECK(arrived.size() == 11);
+  CHECK(arrived.count("u0") == 1);
+  CHECK(arrived.count("u1") == 1);
   int64_t latest = 0;
   for (const auto& [id, at] : arrived) {
     INFO(id);
@@ -352,6 +376,12 @@ TEST_CASE(
     CHECK(at >= other_due[id]);
   }
   CHECK(test::queue_depth(loop, *old_broker, name) == 0);
+  // The other's unrouted retry is still where it was; none of the service's is.
+  std::set<std::string> still_unrouted;
+  for (const auto& got : test::drain_queue(loop, *old_broker, unrouted))
+    still_unrouted.insert(got.message.properties.message_id.value_or(""));
+  CHECK(still_unrouted.count("bu") == 1);
+  CHECK(still_unrouted.count("u0") == 0);
 
   test::close(loop, new_broker);
   test::close(loop, old_broker);

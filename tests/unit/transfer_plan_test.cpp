@@ -215,11 +215,11 @@ TEST_CASE(
   auto schedule = one_second_schedule(5, {"mail", "orders"});
 
   // The service's own set (3 levels) and the schedule's, the same set, 5 levels deep: one read of
-  // each of the 5, between the wait queue and parking.
+  // each of the 5, then of the set's unrouted queue, between the wait queue and parking.
   auto ladders = retryloop::transfer::level_ladders(levelled, schedule);
   REQUIRE(ladders.size() == 2);
   auto sources = retryloop::transfer::transfer_sources(levelled, ladders);
-  REQUIRE(sources.size() == 8);
+  REQUIRE(sources.size() == 9);
   CHECK(sources[1].kind == Source::Kind::wait_queue);
   for (int i = 0; i < 5; ++i) {
     INFO(i);
@@ -229,18 +229,24 @@ TEST_CASE(
     CHECK(sources[2 + i].queue == "retryloop.delay.1s.0" + std::to_string(4 - i));
     CHECK(sources[2 + i].delay == std::chrono::seconds(1 << (4 - i)));
   }
-  CHECK(sources[7].kind == Source::Kind::parking);
+  CHECK(sources[7].kind == Source::Kind::unrouted);
+  CHECK(sources[7].queue == "retryloop.delay.1s.unrouted");
+  CHECK(sources[7].ladders == std::vector<size_t>{0, 1});
+  CHECK(sources[8].kind == Source::Kind::parking);
 
   // A quorum schedule is another set: read after the service's own.
   schedule.queue_type = QueueType::quorum;
   sources = retryloop::transfer::transfer_sources(
       levelled, retryloop::transfer::level_ladders(levelled, schedule));
-  REQUIRE(sources.size() == 11);
+  REQUIRE(sources.size() == 13);
   CHECK(sources[2].queue == "retryloop.delay.1s.02");
-  CHECK(sources[5].queue == "retryloop.delay.1s.quorum.04");
-  CHECK(sources[9].queue == "retryloop.delay.1s.quorum.00");
+  CHECK(sources[5].queue == "retryloop.delay.1s.unrouted");
+  CHECK(sources[6].queue == "retryloop.delay.1s.quorum.04");
+  CHECK(sources[10].queue == "retryloop.delay.1s.quorum.00");
+  CHECK(sources[11].queue == "retryloop.delay.1s.quorum.unrouted");
   CHECK(sources[2].ladders == std::vector<size_t>{0});
-  CHECK(sources[9].ladders == std::vector<size_t>{1});
+  CHECK(sources[10].ladders == std::vector<size_t>{1});
+  CHECK(sources[11].ladders == std::vector<size_t>{1});
 
   // The schedule's part for a service: only its own queue.
   auto own = retryloop::transfer::service_schedule(levelled, schedule);
@@ -314,4 +320,17 @@ TEST_CASE(
   CHECK(find_header(copy, "retryloop-due-at")->as_int64() == 1'700'000'009'000);
   CHECK(find_header(copy, "retryloop-scheduled-at")->as_int64() == 1'700'000'000'000);
   CHECK(find_header(copy, retryloop::retry::header::retries) == nullptr);
+
+  // The set's unrouted queue: the same routes are the service's, and its copies lose the same
+  // headers (the broker's, and the levels' last dead-lettering).
+  const Source& unrouted = sources[2 + 6];
+  REQUIRE(unrouted.kind == Source::Kind::unrouted);
+  CHECK(retryloop::transfer::ladder_of(ladders, unrouted, "1.0.1.1.orders") == retry);
+  CHECK(retryloop::transfer::ladder_of(ladders, unrouted, "0.1.1.0.0.1.orders") == scheduled);
+  CHECK(retryloop::transfer::ladder_of(ladders, unrouted, "1.0.1.1.mail") == nullptr);
+  copy = retryloop::transfer::transfer_copy(
+      waited, unrouted, "orders", "retryloop.delay.1s.deliver", "0.1.1.0.0.1.orders", 0, 0);
+  CHECK(find_header(copy, "x-death") == nullptr);
+  CHECK(find_header(copy, "x-delivery-count") == nullptr);
+  CHECK(find_header(copy, "retryloop-due-at")->as_int64() == 1'700'000'009'000);
 }

@@ -23,14 +23,16 @@ struct Source {
     wait_queue,     ///< a wait queue: each retry waits out what is left of its delay
     delay_level,    ///< a shared delay level: the service's own messages wait out what is left
                     ///< of their delay, every other queue's stay where they are
+    unrouted,       ///< a set's unrouted queue: the service's own messages (due already, its
+                    ///< queue gone when they came due) go to its queue, every other queue's stay
     parking,        ///< the parking queue: moved as it is, reason, error and history intact
   };
   Kind kind = Kind::service_queue;
   std::string queue;
   /// A wait queue's delay, or a delay level's (both their `x-message-ttl`).
   std::chrono::milliseconds delay{0};
-  /// A delay level: its number in its set, and the ladders (indexes into those given to
-  /// transfer_sources) whose messages it may hold.
+  /// A delay level: its number in its set; a delay level or a set's unrouted queue: the ladders
+  /// (indexes into those given to transfer_sources) whose messages it may hold.
   int level = 0;
   std::vector<size_t> ladders;
 };
@@ -50,14 +52,14 @@ std::vector<topology::Service> level_ladders(const topology::Service& service,
 /// The queues of `service` a transfer reads, in order: the service queue, its wait queues
 /// (shortest delay first), the delay levels of `ladders` (level_ladders; each set once, as deep
 /// as its deepest ladder, the longest level first, so that a message that passes to a shorter
-/// level meanwhile is still read), then its parking queue. A service in `in_queue` mode has no
-/// wait queue (its retries wait in the service queue itself).
+/// level meanwhile is still read, then the set's unrouted queue), then its parking queue. A
+/// service in `in_queue` mode has no wait queue (its retries wait in the service queue itself).
 std::vector<Source> transfer_sources(const topology::Service& service,
                                      const std::vector<topology::Service>& ladders = {});
 
 /// The ladder of `ladders` (those given to transfer_sources) that `routing_key`, read from the
-/// level `source`, was routed through; nullptr when none is (another queue's message, which the
-/// transfer leaves where it is).
+/// level or unrouted queue `source`, was routed through; nullptr when none is (another queue's
+/// message, which the transfer leaves where it is).
 const topology::Service* ladder_of(const std::vector<topology::Service>& ladders,
                                    const Source& source, std::string_view routing_key);
 
@@ -124,11 +126,11 @@ Placement place(const std::optional<int64_t>& due_ms, std::chrono::milliseconds 
 /// retry: the death headers, which a RabbitMQ 4 broker would not count on, are replaced by
 /// `retryloop-retries` = the attempts made so far, so that its next delivery is the attempt it
 /// would have been on the old broker; the original exchange, routing key and first failure are
-/// recorded; `retryloop-retry-due` is `due_ms` when above 0. A message read from a delay level
-/// keeps its properties (its due time is in them) but the headers the old broker's levels
-/// wrote (the death headers, and a quorum level's delivery counts). Anything else (a parked
-/// message, a message never retried) keeps its properties as they are. `delivery_exchange` and
-/// `delivery_routing_key` are those the message was delivered with.
+/// recorded; `retryloop-retry-due` is `due_ms` when above 0. A message read from a delay level or
+/// a set's unrouted queue keeps its properties (its due time is in them) but the headers the old
+/// broker's levels wrote (the death headers, and a quorum level's delivery counts). Anything else
+/// (a parked message, a message never retried) keeps its properties as they are.
+/// `delivery_exchange` and `delivery_routing_key` are those the message was delivered with.
 amqp::BasicProperties transfer_copy(const amqp::BasicProperties& properties, const Source& source,
                                     const std::string& service_queue,
                                     const std::string& delivery_exchange,
