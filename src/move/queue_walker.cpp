@@ -165,7 +165,7 @@ void Walker::probe_empty() {
                 if (error) return self->probe_unanswered(error);
                 // Not empty after all: the message goes back (redelivered), and the counts
                 // decide. The nack goes out before the connection's close.
-                if (got) (void)channel->nack(got->delivery_tag, false, true);
+                if (got) static_cast<void>(channel->nack(got->delivery_tag, false, true));
                 self->end_probe();
                 if (!got) return self->end_empty();
                 self->probed_ = true;
@@ -552,24 +552,39 @@ void Walker::report(const Error& error) {
     const uint64_t now = uv_now(connection_->loop());
     const bool recent_acks = last_ack_ms_ != 0 && now - last_ack_ms_ < kAckGraceMs;
     if (!recent_acks) return close();
-    if (done_before_grace_ && !error && held_ == 0) tell_before_grace();
     grace_close_ = std::move(close);
-    uv_timer_stop(&timer_);
-    uv_timer_start(
-        &timer_,
-        [](uv_timer_t* timer) {
-          auto* walker = static_cast<Walker*>(timer->data);
-          auto close = std::move(walker->grace_close_);
-          close();
-        },
-        kAckGraceMs - (now - last_ack_ms_), 0);
+    close_after(kAckGraceMs - (now - last_ack_ms_));
+    if (done_before_grace_ && !error && held_ == 0) tell_before_grace(channels);
     return;
   }
   finish();
 }
 
-void Walker::tell_before_grace() {
+void Walker::close_after(uint64_t delay_ms) {
+  uv_timer_stop(&timer_);
+  uv_timer_start(
+      &timer_,
+      [](uv_timer_t* timer) {
+        auto* walker = static_cast<Walker*>(timer->data);
+        if (auto close = std::move(walker->grace_close_)) close();
+      },
+      delay_ms, 0);
+}
+
+void Walker::tell_before_grace(const std::vector<std::shared_ptr<client::Channel>>& channels) {
   std::shared_ptr<Walker> self = shared_from_this();
+  // The grace no longer keeps the loop running, and a close of the connection (or any end of a
+  // channel) ends it at once.
+  uv_unref(reinterpret_cast<uv_handle_t*>(&timer_));
+  std::weak_ptr<Walker> weak = self;
+  for (const auto& channel : channels) {
+    channel->set_close_handler([weak](const Error&) {
+      auto self = weak.lock();
+      if (!self || !self->grace_close_) return;
+      uv_ref(reinterpret_cast<uv_handle_t*>(&self->timer_));
+      self->close_after(0);
+    });
+  }
   auto tell = [self] {
     if (self->unread_ > 0) return;  // held until the close, which `done` then waits for
     DoneCallback done = std::move(self->done_);

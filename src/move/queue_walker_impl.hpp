@@ -77,9 +77,12 @@ class Walker : public QueueWalker, public std::enable_shared_from_this<Walker> {
   void on_settled();
   /// Holds the message just read unacked until the channel closes.
   void hold();
+  /// Runs grace_close_ after `delay_ms`.
+  void close_after(uint64_t delay_ms);
   /// WalkOptions::done_before_grace: `done` once the consumer is cancelled, when no delivery is
-  /// held; the close follows after the grace.
-  void tell_before_grace();
+  /// held; the close of `channels` follows after the grace, or at once when one of them ends
+  /// (the connection's close), and the grace does not keep the loop running.
+  void tell_before_grace(const std::vector<std::shared_ptr<client::Channel>>& channels);
   /// After the close: waits until the queue counts the held messages back, then `finish`.
   void await_returns(std::function<void()> finish);
   void check_returns();
