@@ -41,6 +41,7 @@ ObjectFound object_of(const topology::ActionResult& result) {
   ObjectFound object;
   object.name = result.action.name;
   object.messages = result.messages.value_or(0);
+  object.consumers = result.consumers.value_or(0);
   switch (result.outcome) {
     case topology::Outcome::missing:
       object.found = Found::missing;

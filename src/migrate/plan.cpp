@@ -36,6 +36,7 @@ nlohmann::json to_json(const ObjectFound& object) {
   nlohmann::json out = {
       {"name", object.name}, {"found", to_string(object.found)}, {"messages", object.messages}};
   if (!object.argument.empty()) out["argument"] = object.argument;
+  if (object.consumers > 0) out["consumers"] = object.consumers;
   return out;
 }
 
@@ -64,6 +65,10 @@ std::optional<ObjectFound> object_from_json(const nlohmann::json& json, std::str
   if (auto messages = json.find("messages");
       messages != json.end() && messages->is_number_unsigned()) {
     object.messages = messages->get<uint64_t>();
+  }
+  if (auto consumers = json.find("consumers");
+      consumers != json.end() && consumers->is_number_unsigned()) {
+    object.consumers = consumers->get<uint32_t>();
   }
   return object;
 }
@@ -280,8 +285,13 @@ class Planner {
       push_binding_move(binding, holding, why);
     push_queue(StepKind::drain, holding, why, {}, delay);
     push_delete(holding, is_quorum(declaration(found.name)), why);
-    plan_.drain_time += 2 * delay;
+    if (found.messages > 0 || instances_run()) plan_.drain_time += delay;
+    if (instances_run()) plan_.drain_time += delay;  // the retries the holding queue took
   }
+
+  /// Whether the service queue had consumers at the survey: instances whose retries may reach a
+  /// wait queue during the migration.
+  bool instances_run() const { return survey_.service_queue.consumers > 0; }
 
   /// A wait queue the file no longer has: unbound, it sends each message back at its due time,
   /// and is deleted once empty.
@@ -304,7 +314,7 @@ class Planner {
     const bool known_classic = (!file_quorum && survey_.service_queue.found == Found::matches) ||
                                (file_quorum && survey_.service_queue.argument == "x-queue-type");
     push_delete(found.name, !known_classic, why);
-    plan_.drain_time += delay;
+    if (found.messages > 0 || instances_run()) plan_.drain_time += delay;
   }
 
   const topology::Service& service_;

@@ -171,8 +171,20 @@ TEST_CASE(
                                "delete queue orders.wait.1m",
                            });
   CHECK(plan.messages_to_move == 0);
-  CHECK(plan.drain_time == 2 * 30s + 1min);
-  CHECK(estimate(plan, 5000) == 2min);
+  // No instance runs: the changed level waits out its delay once (what it held), the holding
+  // queue takes no retry, and the removed level waits out its own.
+  CHECK(plan.drain_time == 30s + 1min);
+  CHECK(estimate(plan, 5000) == 90s);
+
+  // Instances run: the holding queue may take retries, and levels found empty may too before
+  // they are unbound.
+  survey.service_queue.consumers = 2;
+  survey.wait_queues[1].messages = 0;
+  survey.stale_wait_queues[0].messages = 0;
+  CHECK(make_migration_plan(orders(), survey).drain_time == 2 * 30s + 1min);
+  // Neither: every drain is empty at once.
+  survey.service_queue.consumers = 0;
+  CHECK(make_migration_plan(orders(), survey).drain_time == 0ms);
 }
 
 TEST_CASE("A parking queue whose arguments change keeps every parked message, moved out and back",

@@ -23,8 +23,9 @@ struct ObjectFound {
   Found found = Found::missing;
   /// differs: the first argument the broker named (it compares one at a time), "x-queue-type" say.
   std::string argument;
-  /// Queues: messages ready when looked up.
+  /// Queues: messages ready, and consumers, when looked up.
   uint64_t messages = 0;
+  uint32_t consumers = 0;
 };
 
 /// What the broker has of one service, against what its file wants (docs/migrate.md): the driver
@@ -114,7 +115,8 @@ struct MigrationPlan {
   /// once per move it takes part in).
   uint64_t messages_to_move = 0;
   /// How long the drains of wait queues take at most, one after another: each waits out its
-  /// level's delay.
+  /// level's delay, when it held messages at the survey or the service queue had consumers then
+  /// (running instances, whose retries may reach it meanwhile); otherwise it is empty at once.
   std::chrono::milliseconds drain_time{0};
 
   bool empty() const { return steps.empty(); }

@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,7 +44,9 @@ class StampSet {
     uint64_t low = 0;
     bool operator==(const Key& other) const { return high == other.high && low == other.low; }
   };
-  static Key key_of(std::string_view stamp);
+  /// The first 128 bits of the stamp's SHA-256; nullopt only when OpenSSL cannot compute it, and
+  /// then the stamp counts as new (a second copy may stay; none is ever dropped).
+  static std::optional<Key> key_of(std::string_view stamp);
   /// The slot that holds `key`, or the free slot where it goes; `slots_` is never full.
   size_t slot_of(const Key& key) const;
   void grow();
