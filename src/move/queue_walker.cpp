@@ -157,24 +157,28 @@ void Walker::probe_empty() {
           auto self = weak.lock();
           if (!self || self->reported_ || !self->probing_) return;
           if (error) return self->probe_unanswered(error);
-          Error getting = channel->get(
-              self->queue_, false,
-              [weak, channel](const Error& error, std::optional<client::GetResult>&& got) {
-                auto self = weak.lock();
-                if (!self || self->reported_ || !self->probing_) return;
-                if (error) return self->probe_unanswered(error);
-                // Not empty after all: the message goes back (redelivered), and the counts
-                // decide. The nack goes out before the connection's close.
-                if (got) static_cast<void>(channel->nack(got->delivery_tag, false, true));
-                self->end_probe();
-                if (!got) return self->end_empty();
-                self->probed_ = true;
-                self->count_again_ = true;
-              });
-          if (getting) self->probe_unanswered(getting);
+          self->probe_get(std::move(channel));
         });
     if (opening) self->probe_unanswered(opening);
   });
+  if (error) probe_unanswered(error);
+}
+
+void Walker::probe_get(std::shared_ptr<client::Channel> channel) {
+  std::weak_ptr<Walker> weak = weak_from_this();
+  Error error = channel->get(
+      queue_, false, [weak, channel](const Error& error, std::optional<client::GetResult>&& got) {
+        auto self = weak.lock();
+        if (!self || self->reported_ || !self->probing_) return;
+        if (error) return self->probe_unanswered(error);
+        // Not empty after all: the message goes back (redelivered), and the counts decide. The
+        // nack goes out before the connection's close.
+        if (got) static_cast<void>(channel->nack(got->delivery_tag, false, true));
+        self->end_probe();
+        if (!got) return self->end_empty();
+        self->probed_ = true;
+        self->count_again_ = true;
+      });
   if (error) probe_unanswered(error);
 }
 

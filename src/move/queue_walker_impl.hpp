@@ -55,6 +55,8 @@ class Walker : public QueueWalker, public std::enable_shared_from_this<Walker> {
   /// when the leader cannot be reached. Empty ends the walk at once; a message goes back to the
   /// queue when that connection closes, and the counts go on as before the probe.
   void probe_empty();
+  /// The probe's basic.get, on `channel` of probe_connection_.
+  void probe_get(std::shared_ptr<client::Channel> channel);
   /// The get failed or took too long: count and probe again on the next tick, or fail the walk
   /// once the gets have failed for kProbeRetryMs.
   void probe_unanswered(const client::Error& error);

@@ -76,14 +76,6 @@ size_t StampSet::slot_of(const Key& key) const {
   }
 }
 
-bool StampSet::contains(std::string_view stamp) const {
-  const std::optional<Key> found = key_of(stamp);
-  if (!found) return false;
-  const Key& key = *found;
-  if (key == Key{}) return zero_;
-  return !slots_.empty() && slots_[slot_of(key)] == key;
-}
-
 bool StampSet::insert(std::string_view stamp) {
   const std::optional<Key> found = key_of(stamp);
   if (!found) return true;  // kept as new: a duplicate may stay, no message is dropped

@@ -131,6 +131,7 @@ void TcpProxy::on_accept() {
                            pp->proxy->close_pipe(pp);
                            return;
                          }
+                         pp->proxy->from_upstream_ += static_cast<uint64_t>(n);
                          pp->to_client.append(buf->base, static_cast<size_t>(n));
                          if (!pp->proxy->frozen_ && !pp->proxy->replies_held_) {
                            write_to(&pp->client, pp->to_client);

@@ -39,6 +39,8 @@ class TcpProxy {
   void close();
 
   int accepted() const { return accepted_; }
+  /// Bytes read from the upstream so far, over every connection (relayed or held).
+  uint64_t from_upstream() const { return from_upstream_; }
 
  private:
   struct Pipe;
@@ -54,6 +56,7 @@ class TcpProxy {
   bool closed_ = false;
   bool listener_closed_ = false;
   int accepted_ = 0;
+  uint64_t from_upstream_ = 0;
   std::list<std::unique_ptr<Pipe>> pipes_;
 };
 

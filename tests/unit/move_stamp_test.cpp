@@ -67,36 +67,27 @@ TEST_CASE("A message without an id has no stable stamp: its bytes may be another
 }
 
 TEST_CASE(
-    "A stamp set takes each stamp once, tells a stamp it has from one it has not, and keeps each "
-    "in at most 43 bytes",
+    "A stamp set takes each stamp once, takes no stamp for another, and keeps each in at most 43 "
+    "bytes",
     "[move]") {
   move::StampSet stamps;
-  CHECK_FALSE(stamps.contains("run-1:1"));
   CHECK(stamps.insert("run-1:1"));
   CHECK_FALSE(stamps.insert("run-1:1"));
-  CHECK(stamps.contains("run-1:1"));
   CHECK(stamps.size() == 1);
   CHECK(stamps.insert(""));  // an empty stamp is a stamp like another
   CHECK_FALSE(stamps.insert(""));
 
-  // Through several doublings of the table: every stamp found again, none taken for another.
+  // Through several doublings of the table: every stamp new the first time (none taken for one
+  // before it) and known the second.
   constexpr size_t count = 300000;
   const std::string prefix = "rl-migration-0123456789/orders:id-";
-  size_t added = 0;
+  size_t added = 0, again = 0;
   for (size_t i = 0; i < count; ++i)
     added += stamps.insert(prefix + std::to_string(i));
-  CHECK(added == count);
-  CHECK(stamps.size() == count + 2);
-  size_t again = 0, found = 0;
-  for (size_t i = 0; i < count; ++i) {
+  for (size_t i = 0; i < count; ++i)
     again += stamps.insert(prefix + std::to_string(i));
-    found += stamps.contains(prefix + std::to_string(i));
-  }
+  CHECK(added == count);
   CHECK(again == 0);
-  CHECK(found == count);
-  size_t strangers = 0;
-  for (size_t i = count; i < 2 * count; ++i)
-    strangers += stamps.contains(prefix + std::to_string(i));
-  CHECK(strangers == 0);
+  CHECK(stamps.size() == count + 2);
   CHECK(stamps.memory_bytes() <= 43 * stamps.size());
 }

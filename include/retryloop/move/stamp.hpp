@@ -33,7 +33,6 @@ class StampSet {
  public:
   /// Adds `stamp`; false when it was there already.
   bool insert(std::string_view stamp);
-  bool contains(std::string_view stamp) const;
   size_t size() const { return size_; }
   /// Bytes the table holds.
   size_t memory_bytes() const { return slots_.capacity() * sizeof(Key); }
