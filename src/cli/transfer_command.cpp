@@ -19,6 +19,8 @@ namespace {
 struct TransferArgs {
   std::string file;
   std::vector<std::string> services;
+  /// Scheduled queues no service declares.
+  std::vector<std::string> queues;
   ConnectionArgs connection;
   ConnectionArgs to;
   bool follow = false;
@@ -40,6 +42,8 @@ const char* kind_text(transfer::Source::Kind kind) {
       return "unrouted retries";
     case transfer::Source::Kind::parking:
       return "parking queue";
+    case transfer::Source::Kind::scheduled_queue:
+      return "scheduled queue";
   }
   return "queue";
 }
@@ -91,39 +95,54 @@ void with_new_broker(const std::shared_ptr<client::Connection>& old_broker, cons
   }
 }
 
-/// `topology apply` of the service on the new broker, with the part of the file's schedule that
-/// delivers to its queue (transfer::service_schedule); drift refuses the transfer.
+/// `topology apply` of `one` (a service, or a scheduled queue's schedule) on the new broker;
+/// drift refuses the transfer, with `hint`, and so does a missing object, with `missing_hint`.
 void apply_on_new(const std::shared_ptr<client::Connection>& connection,
-                  const topology::Service& service,
-                  const std::optional<topology::Schedule>& schedule, const std::string& file,
-                  std::function<void(int)> refused, std::function<void()> applied) {
-  topology::Topology one;
-  one.services = {service};
-  one.schedule = transfer::service_schedule(service, schedule);
+                  const topology::Topology& one, const std::string& what, const std::string& hint,
+                  const std::string& missing_hint, std::function<void(int)> refused,
+                  std::function<void()> applied) {
   client::Error error = topology::apply(
       connection, topology::make_plan(one),
-      [service, file, refused, applied](const topology::Report& report) {
+      [what, hint, missing_hint, refused, applied](const topology::Report& report) {
         if (report.connection_error) {
-          return refused(error_exit(report.connection_error,
-                                    "applying " + service.name + " on the new broker"));
+          return refused(
+              error_exit(report.connection_error, "applying " + what + " on the new broker"));
         }
         if (report.ok()) return applied();
-        std::cerr << "retryloop: the new broker cannot take " << service.name
+        std::cerr << "retryloop: the new broker cannot take " << what
                   << " as FILE has it; nothing was moved:\n";
+        bool missing = false;
         for (const auto& result : report.results) {
           if (result.outcome == topology::Outcome::drifted ||
               result.outcome == topology::Outcome::failed ||
               result.outcome == topology::Outcome::missing) {
+            missing = missing || result.outcome == topology::Outcome::missing;
             std::cerr << "  " << result.action.name << ": "
                       << (result.error ? result.error.message() : std::string("differs")) << "\n";
           }
         }
-        std::cerr << "retryloop: to change objects that exist with other arguments, run "
-                     "`retryloop topology migrate "
-                  << file << " --service " << service.name << "` against the new broker first\n";
+        std::cerr << "retryloop: " << (missing && !missing_hint.empty() ? missing_hint : hint)
+                  << "\n";
         refused(exit_broker_refused);
       });
-  if (error) refused(error_exit(error, "applying " + service.name + " on the new broker"));
+  if (error) refused(error_exit(error, "applying " + what + " on the new broker"));
+}
+
+/// apply_on_new of a service, with the part of the file's schedule that delivers to its queue
+/// (transfer::service_schedule).
+void apply_service_on_new(const std::shared_ptr<client::Connection>& connection,
+                          const topology::Service& service,
+                          const std::optional<topology::Schedule>& schedule,
+                          const std::string& file, std::function<void(int)> refused,
+                          std::function<void()> applied) {
+  topology::Topology one;
+  one.services = {service};
+  one.schedule = transfer::service_schedule(service, schedule);
+  apply_on_new(connection, one, service.name,
+               "to change objects that exist with other arguments, run `retryloop topology "
+               "migrate " +
+                   file + " --service " + service.name + "` against the new broker first",
+               "", std::move(refused), std::move(applied));
 }
 
 /// Runs `go` unless `service` has an unfinished migration on the broker of `connection` (`which`:
@@ -149,11 +168,15 @@ struct DryRun : std::enable_shared_from_this<DryRun> {
   std::shared_ptr<client::Connection> connection;
   std::vector<transfer::Source> sources;
   bool json = false;
+  /// "service" or "queue", and its name: the heading of the lines.
+  std::string kind;
+  std::string name;
   nlohmann::json queues = nlohmann::json::array();
   std::function<void(int)> done;
   size_t next = 0;
 
   void look_up_next() {
+    if (next == 0 && !json) std::cout << kind << " " << name << ":\n";
     if (next == sources.size()) return done(exit_ok);
     const transfer::Source source = sources[next++];
     client::look_up_queue(
@@ -179,11 +202,11 @@ struct DryRun : std::enable_shared_from_this<DryRun> {
                       {"shared", shared},
                       {"exists", depth.has_value()}});
     if (!json) {
-      std::cout << source.queue << " (" << kind_text(source.kind) << "): ";
+      std::cout << "  " << source.queue << " (" << kind_text(source.kind) << "): ";
       if (!depth) {
         std::cout << "not on the old broker";
       } else if (shared) {
-        std::cout << plural(*depth, "message") << ", of which those for this service move";
+        std::cout << plural(*depth, "message") << ", of which those for this " << kind << " move";
       } else {
         std::cout << plural(*depth, "message") << " to move";
       }
@@ -193,9 +216,39 @@ struct DryRun : std::enable_shared_from_this<DryRun> {
   }
 };
 
-/// The transfer proper, once both brokers are connected and the service applied on the new one.
-void start_transfer(const TransferArgs& args, const topology::Service& service,
-                    const transfer::TransferOptions& options, nlohmann::json& out,
+/// Starts the dry run of a service or a scheduled queue (`kind`), which adds its entry to `out`.
+void start_dry_run(const std::shared_ptr<client::Connection>& connection,
+                   std::vector<transfer::Source> sources, bool json, const std::string& kind,
+                   const std::string& name, nlohmann::json& out, std::function<void(int)> done) {
+  auto dry_run = std::make_shared<DryRun>();
+  dry_run->connection = connection;
+  dry_run->sources = std::move(sources);
+  dry_run->json = json;
+  dry_run->kind = kind;
+  dry_run->name = name;
+  dry_run->done = [dry_run = dry_run.get(), &out, done](int code) {
+    out.push_back({{dry_run->kind, dry_run->name}, {"queues", dry_run->queues}});
+    done(code);
+  };
+  dry_run->look_up_next();
+}
+
+/// Starts a transfer (transfer::transfer_service or transfer_scheduled_queue) with these events
+/// and callback.
+using TransferStarter =
+    std::function<client::Error(transfer::TransferEvents events, transfer::TransferCallback done,
+                                std::shared_ptr<transfer::Transfer>* handle)>;
+
+/// What one transfer of the command moves: a service, or a scheduled queue no service declares.
+struct Target {
+  /// "service" or "queue": the key of its JSON entry, and the word its lines use.
+  std::string kind;
+  std::string name;
+  TransferStarter start;
+};
+
+/// The transfer proper, once both brokers are connected and the target applied on the new one.
+void start_transfer(const TransferArgs& args, const Target& target, nlohmann::json& out,
                     const std::shared_ptr<client::Connection>& old_broker,
                     const std::shared_ptr<client::Connection>& new_broker,
                     std::function<void(int)> finish) {
@@ -224,13 +277,14 @@ void start_transfer(const TransferArgs& args, const topology::Service& service,
                 << std::endl;
     }
   };
-  client::Error error = transfer::transfer_service(
-      old_broker, new_broker, service, options, std::move(events),
-      [&args, &out, &service, finish, interrupts, reads](const client::Error& error,
-                                                         const transfer::TransferResult& result) {
+  const std::string what = target.kind + " " + target.name;
+  client::Error error = target.start(
+      std::move(events),
+      [&args, &out, target, what, finish, interrupts, reads](
+          const client::Error& error, const transfer::TransferResult& result) {
         interrupts->close();
         nlohmann::json entry = {
-            {"service", service.name},           {"id", result.id},     {"passes", result.passes},
+            {target.kind, target.name},          {"id", result.id},     {"passes", result.passes},
             {"moved", result.moved()},           {"left", result.left}, {"stuck", result.stuck},
             {"interrupted", result.interrupted}, {"reads", *reads}};
         if (error || result.stuck > 0) {
@@ -238,12 +292,11 @@ void start_transfer(const TransferArgs& args, const topology::Service& service,
           if (error) entry["error"] = error.message();
           if (args.json) out.push_back(entry);
           if (error) {
-            return finish(
-                error_exit(error, "transferring " + service.name +
-                                      " (run `retryloop topology transfer` again to finish)"));
+            return finish(error_exit(
+                error,
+                "transferring " + what + " (run `retryloop topology transfer` again to finish)"));
           }
-          std::cerr << "retryloop: transferring " << service.name << ": "
-                    << plural(result.stuck, "message")
+          std::cerr << "retryloop: transferring " << what << ": " << plural(result.stuck, "message")
                     << " stayed on the old broker: the new broker refused their copies, or "
                        "their properties could not be read (see each queue's line)\n";
           return finish(exit_broker_refused);
@@ -252,8 +305,7 @@ void start_transfer(const TransferArgs& args, const topology::Service& service,
         if (args.json) {
           out.push_back(entry);
         } else {
-          std::cout << "service " << service.name
-                    << (result.interrupted ? " interrupted: " : " transferred: ")
+          std::cout << what << (result.interrupted ? " interrupted: " : " transferred: ")
                     << plural(result.moved(), "message") << " moved";
           if (result.left > 0) {
             std::cout << ", " << plural(result.left, "retry", "retries")
@@ -267,54 +319,138 @@ void start_transfer(const TransferArgs& args, const topology::Service& service,
       handle.get());
   if (error) {
     interrupts->close();
-    finish(error_exit(error, "transferring " + service.name));
+    finish(error_exit(error, "transferring " + what));
   }
 }
 
-int run(const TransferArgs& args, const topology::Service& service,
-        const std::optional<topology::Schedule>& schedule, nlohmann::json& out) {
-  const client::Uri new_uri = parse_url(args.to);
+transfer::TransferOptions transfer_options(const TransferArgs& args,
+                                           const std::optional<topology::Schedule>& schedule) {
   transfer::TransferOptions options;
   options.schedule = schedule;
   options.follow = args.follow;
   options.settle = duration_or_fail("--settle", args.settle);
   options.precision = duration_or_fail("--precision", args.precision);
   if (options.precision.count() <= 0) throw Failure(exit_usage, "--precision must be above 0");
+  return options;
+}
+
+void print_json(const TransferArgs& args, const nlohmann::json& services,
+                const nlohmann::json& queues) {
+  if (!args.json) return;
+  nlohmann::json out = {{"services", services}};
+  if (!queues.empty()) out["queues"] = queues;
+  std::cout << dump(out) << "\n";
+}
+
+int run_service(const TransferArgs& args, const topology::Service& service,
+                const std::optional<topology::Schedule>& schedule, nlohmann::json& out) {
+  const client::Uri new_uri = parse_url(args.to);
+  const transfer::TransferOptions options = transfer_options(args, schedule);
   return with_connection(parse_url(args.connection), [&](const auto& old_broker, auto done) {
     unless_migrating(old_broker, "old", service, args.file, done, [&, old_broker, done] {
       if (args.dry_run) {
-        auto dry_run = std::make_shared<DryRun>();
-        dry_run->connection = old_broker;
-        dry_run->sources =
-            transfer::transfer_sources(service, transfer::level_ladders(service, schedule));
-        dry_run->json = args.json;
-        dry_run->done = [dry_run = dry_run.get(), &out, &service, done](int code) {
-          out.push_back({{"service", service.name}, {"queues", dry_run->queues}});
-          done(code);
-        };
-        return dry_run->look_up_next();
+        return start_dry_run(
+            old_broker,
+            transfer::transfer_sources(service, transfer::level_ladders(service, schedule)),
+            args.json, "service", service.name, out, done);
       }
       with_new_broker(
           old_broker, new_uri, done, [&, old_broker](const auto& new_broker, auto finish) {
-            unless_migrating(new_broker, "new", service, args.file, finish,
-                             [&, old_broker, new_broker, finish] {
-                               apply_on_new(new_broker, service, schedule, args.file, finish,
-                                            [&, old_broker, new_broker, finish] {
-                                              start_transfer(args, service, options, out,
-                                                             old_broker, new_broker, finish);
-                                            });
-                             });
+            unless_migrating(
+                new_broker, "new", service, args.file, finish, [&, old_broker, new_broker, finish] {
+                  apply_service_on_new(
+                      new_broker, service, schedule, args.file, finish,
+                      [&, old_broker, new_broker, finish] {
+                        Target target{
+                            "service", service.name,
+                            [&, old_broker, new_broker](auto events, auto done, auto handle) {
+                              return transfer::transfer_service(old_broker, new_broker, service,
+                                                                options, std::move(events),
+                                                                std::move(done), handle);
+                            }};
+                        start_transfer(args, target, out, old_broker, new_broker, finish);
+                      });
+                });
           });
     });
   });
 }
 
+/// A scheduled queue no service declares: its messages, and what the levels hold for it.
+int run_queue(const TransferArgs& args, const std::string& queue,
+              const std::optional<topology::Schedule>& schedule, nlohmann::json& out) {
+  const client::Uri new_uri = parse_url(args.to);
+  const transfer::TransferOptions options = transfer_options(args, schedule);
+  return with_connection(parse_url(args.connection), [&](const auto& old_broker, auto done) {
+    if (args.dry_run) {
+      return start_dry_run(
+          old_broker,
+          transfer::scheduled_queue_sources(queue, transfer::queue_level_ladders(queue, schedule)),
+          args.json, "queue", queue, out, done);
+    }
+    with_new_broker(
+        old_broker, new_uri, done, [&, old_broker](const auto& new_broker, auto finish) {
+          topology::Topology one;
+          one.schedule = transfer::queue_schedule(queue, schedule);
+          apply_on_new(new_broker, one, "queue " + queue,
+                       "the levels exist on the new broker with other arguments: make them "
+                       "match FILE's delay_levels there first",
+                       queue +
+                           " must exist on the new broker before its messages can move: "
+                           "FILE's delay_levels names it and no service of FILE declares "
+                           "it, so its owner declares it there",
+                       finish, [&, old_broker, new_broker, finish] {
+                         Target target{
+                             "queue", queue,
+                             [&, old_broker, new_broker](auto events, auto done, auto handle) {
+                               return transfer::transfer_scheduled_queue(
+                                   old_broker, new_broker, queue, options, std::move(events),
+                                   std::move(done), handle);
+                             }};
+                         start_transfer(args, target, out, old_broker, new_broker, finish);
+                       });
+        });
+  });
+}
+
+/// The scheduled queues no service declares that the run moves: those of --queue (each must be
+/// one), or every one when neither --service nor --queue is given.
+std::vector<std::string> queues_to_move(const TransferArgs& args,
+                                        const topology::Topology& topology) {
+  const std::vector<std::string> unowned = transfer::unowned_scheduled_queues(topology);
+  if (args.queues.empty()) return args.services.empty() ? unowned : std::vector<std::string>{};
+  for (const std::string& queue : args.queues) {
+    if (std::find(unowned.begin(), unowned.end(), queue) != unowned.end()) continue;
+    for (const topology::Service& service : topology.services) {
+      if (topology::input_queue_name(service) == queue) {
+        throw Failure(exit_usage, "--queue " + queue + ": service " + service.name +
+                                      " of FILE declares it; use --service " + service.name);
+      }
+    }
+    throw Failure(exit_usage,
+                  "--queue " + queue + ": FILE's delay_levels does not name it (its `queues`)");
+  }
+  return args.queues;
+}
+
 int run_transfer(const TransferArgs& args) {
-  const topology::Topology topology = load_topology_or_fail(args.file, args.services);
-  return run_per_service(topology, args.json,
-                         [&args, &topology](const topology::Service& service, nlohmann::json& out) {
-                           return run(args, service, topology.schedule, out);
-                         });
+  const topology::Topology whole = load_topology_or_fail(args.file, {});
+  const std::vector<std::string> queues = queues_to_move(args, whole);
+  topology::Topology services;
+  if (!args.services.empty() || args.queues.empty()) {
+    services = load_topology_or_fail(args.file, args.services);
+  }
+  nlohmann::json service_results = nlohmann::json::array();
+  nlohmann::json queue_results = nlohmann::json::array();
+  int code = exit_ok;
+  for (const topology::Service& service : services.services) {
+    code = run_service(args, service, whole.schedule, service_results);
+    if (code != exit_ok) break;
+  }
+  for (size_t i = 0; code == exit_ok && i < queues.size(); ++i)
+    code = run_queue(args, queues[i], whole.schedule, queue_results);
+  print_json(args, service_results, queue_results);
+  return code;
 }
 
 }  // namespace
@@ -363,7 +499,8 @@ void add_transfer_command(CLI::App& topology_group, int& exit_code) {
       "Applies each service of FILE on the new broker (--to), then moves its messages there from "
       "the old one (--url): the service queue's in order, each waiting retry and each message "
       "scheduled for it through delay levels for what is left of its delay (never less), and "
-      "the parking queue's as they are. "
+      "the parking queue's as they are; then each queue of FILE's delay_levels that no service "
+      "declares, with what the levels hold for it. "
       "Each copy is confirmed on the new broker before its original is acked on the old one. "
       "With --follow it keeps moving what still arrives on the old broker until its queues have "
       "been empty for --settle, or Ctrl-C. A second transfer of a service is refused while one "
@@ -376,8 +513,16 @@ void add_transfer_command(CLI::App& topology_group, int& exit_code) {
       ->type_name("URL");
   command
       ->add_option("--service", args->services,
-                   "Only this service (repeat for several); default: every service in FILE")
+                   "Only this service (repeat for several); default: every service in FILE, "
+                   "or none when --queue is given")
       ->type_name("NAME")
+      ->allow_extra_args(false);
+  command
+      ->add_option("--queue", args->queues,
+                   "Only this scheduled queue that no service of FILE declares (one its "
+                   "delay_levels names; repeat for several): its messages and those the levels "
+                   "hold for it; default, without --service: every such queue")
+      ->type_name("QUEUE")
       ->allow_extra_args(false);
   command->add_flag("--follow", args->follow,
                     "Keep moving what arrives on the old broker (publishers not yet switched, "

@@ -50,45 +50,10 @@ std::optional<Rejection> rejection_in(const amqp::BasicProperties& properties,
   return std::nullopt;
 }
 
-}  // namespace
-
-std::optional<topology::Schedule> service_schedule(
-    const topology::Service& service, const std::optional<topology::Schedule>& schedule) {
-  const std::string queue = topology::input_queue_name(service);
-  if (!schedule || std::find(schedule->queues.begin(), schedule->queues.end(), queue) ==
-                       schedule->queues.end()) {
-    return std::nullopt;
-  }
-  topology::Schedule own = *schedule;
-  own.queues = {queue};
-  return own;
-}
-
-std::vector<topology::Service> level_ladders(const topology::Service& service,
-                                             const std::optional<topology::Schedule>& schedule) {
-  std::vector<topology::Service> ladders;
-  if (service.retry.delay_levels && service.retry.mode != topology::RetryMode::in_queue) {
-    ladders.push_back(service);
-  }
-  if (auto own = service_schedule(service, schedule)) {
-    ladders.push_back(topology::schedule_target(*own, own->queues.front()));
-  }
-  return ladders;
-}
-
-std::vector<Source> transfer_sources(const topology::Service& service,
-                                     const std::vector<topology::Service>& ladders) {
-  std::vector<Source> sources;
-  sources.push_back({Source::Kind::service_queue, topology::input_queue_name(service), {}, 0, {}});
-  if (service.retry.mode != topology::RetryMode::in_queue) {
-    std::vector<milliseconds> delays = topology::wait_delays(service);
-    std::sort(delays.begin(), delays.end());
-    for (milliseconds delay : delays) {
-      sources.push_back(
-          {Source::Kind::wait_queue, topology::wait_queue_name(service.name, delay), delay, 0, {}});
-    }
-  }
-  // Each set once, as deep as the deepest ladder that uses it.
+/// Appends each set of `ladders` once, as deep as the deepest ladder that uses it: its levels,
+/// longest first, then its unrouted queue.
+void append_level_sources(std::vector<Source>& sources,
+                          const std::vector<topology::Service>& ladders) {
   struct Set {
     std::string name;
     int levels = 0;
@@ -111,7 +76,84 @@ std::vector<Source> transfer_sources(const topology::Service& service,
     sources.push_back(
         {Source::Kind::unrouted, topology::delay_unrouted_name(ladder), {}, 0, set.ladders});
   }
+}
+
+}  // namespace
+
+std::optional<topology::Schedule> queue_schedule(
+    const std::string& queue, const std::optional<topology::Schedule>& schedule) {
+  if (!schedule || std::find(schedule->queues.begin(), schedule->queues.end(), queue) ==
+                       schedule->queues.end()) {
+    return std::nullopt;
+  }
+  topology::Schedule own = *schedule;
+  own.queues = {queue};
+  return own;
+}
+
+std::optional<topology::Schedule> service_schedule(
+    const topology::Service& service, const std::optional<topology::Schedule>& schedule) {
+  return queue_schedule(topology::input_queue_name(service), schedule);
+}
+
+std::vector<std::string> unowned_scheduled_queues(const topology::Topology& topology) {
+  std::vector<std::string> unowned;
+  if (!topology.schedule) return unowned;
+  for (const std::string& queue : topology.schedule->queues) {
+    const bool owned = std::any_of(topology.services.begin(), topology.services.end(),
+                                   [&](const topology::Service& service) {
+                                     return topology::input_queue_name(service) == queue;
+                                   });
+    if (!owned && std::find(unowned.begin(), unowned.end(), queue) == unowned.end()) {
+      unowned.push_back(queue);
+    }
+  }
+  return unowned;
+}
+
+std::vector<topology::Service> level_ladders(const topology::Service& service,
+                                             const std::optional<topology::Schedule>& schedule) {
+  std::vector<topology::Service> ladders;
+  if (service.retry.delay_levels && service.retry.mode != topology::RetryMode::in_queue) {
+    ladders.push_back(service);
+  }
+  for (topology::Service& ladder :
+       queue_level_ladders(topology::input_queue_name(service), schedule))
+    ladders.push_back(std::move(ladder));
+  return ladders;
+}
+
+std::vector<Source> transfer_sources(const topology::Service& service,
+                                     const std::vector<topology::Service>& ladders) {
+  std::vector<Source> sources;
+  sources.push_back({Source::Kind::service_queue, topology::input_queue_name(service), {}, 0, {}});
+  if (service.retry.mode != topology::RetryMode::in_queue) {
+    std::vector<milliseconds> delays = topology::wait_delays(service);
+    std::sort(delays.begin(), delays.end());
+    for (milliseconds delay : delays) {
+      sources.push_back(
+          {Source::Kind::wait_queue, topology::wait_queue_name(service.name, delay), delay, 0, {}});
+    }
+  }
+  append_level_sources(sources, ladders);
   sources.push_back({Source::Kind::parking, topology::parking_queue_name(service.name), {}, 0, {}});
+  return sources;
+}
+
+std::vector<topology::Service> queue_level_ladders(
+    const std::string& queue, const std::optional<topology::Schedule>& schedule) {
+  std::vector<topology::Service> ladders;
+  if (auto own = queue_schedule(queue, schedule)) {
+    ladders.push_back(topology::schedule_target(*own, queue));
+  }
+  return ladders;
+}
+
+std::vector<Source> scheduled_queue_sources(const std::string& queue,
+                                            const std::vector<topology::Service>& ladders) {
+  std::vector<Source> sources;
+  sources.push_back({Source::Kind::scheduled_queue, queue, {}, 0, {}});
+  append_level_sources(sources, ladders);
   return sources;
 }
 
@@ -204,7 +246,9 @@ amqp::BasicProperties transfer_copy(const amqp::BasicProperties& properties, con
                                     const std::string& delivery_exchange,
                                     const std::string& delivery_routing_key, uint64_t now_seconds,
                                     int64_t due_ms) {
-  if (source.kind == Source::Kind::parking) return properties;
+  if (source.kind == Source::Kind::parking || source.kind == Source::Kind::scheduled_queue) {
+    return properties;
+  }
   if (source.kind == Source::Kind::delay_level || source.kind == Source::Kind::unrouted) {
     amqp::BasicProperties copy = properties;
     if (copy.headers) copy.headers->erase_if(retry::is_broker_header);

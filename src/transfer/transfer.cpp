@@ -28,23 +28,56 @@ int64_t system_now_ms() {
       .count();
 }
 
+/// What one transfer moves: a service's queues, or a scheduled queue's that no service declares.
+struct Unit {
+  /// What the errors name: "orders", or "queue mail".
+  std::string what;
+  std::string lock;
+  /// The queue the moved messages are for.
+  std::string queue;
+  /// The ladders whose messages the old broker's delay levels hold for `queue`.
+  std::vector<topology::Service> ladders;
+  std::vector<Source> sources;
+  /// The levels moved retries wait in, declared on the new broker by the transfer.
+  std::optional<topology::Schedule> schedule;
+  /// The ladder the wait queues' retries go back through.
+  topology::Service ladder;
+};
+
+Unit service_unit(const topology::Service& service, const TransferOptions& options) {
+  Unit unit;
+  unit.what = service.name;
+  unit.lock = lock_queue_name(service.name);
+  unit.queue = topology::input_queue_name(service);
+  unit.ladders = level_ladders(service, options.schedule);
+  unit.sources = transfer_sources(service, unit.ladders);
+  unit.schedule = transfer_schedule(service, options.precision);
+  unit.ladder = ladder_service(service, options.precision);
+  return unit;
+}
+
+Unit queue_unit(const std::string& queue, const TransferOptions& options) {
+  Unit unit;
+  unit.what = "queue " + queue;
+  unit.lock = queue_lock_name(queue);
+  unit.queue = queue;
+  unit.ladders = queue_level_ladders(queue, options.schedule);
+  if (!unit.ladders.empty()) unit.ladder = unit.ladders.front();
+  unit.sources = scheduled_queue_sources(queue, unit.ladders);
+  return unit;
+}
+
 class TransferImpl : public Transfer, public std::enable_shared_from_this<TransferImpl> {
  public:
   TransferImpl(std::shared_ptr<client::Connection> from, std::shared_ptr<client::Connection> to,
-               topology::Service service, TransferOptions options, TransferEvents events,
-               TransferCallback done)
+               Unit unit, TransferOptions options, TransferEvents events, TransferCallback done)
       : from_(std::move(from)),
         to_(std::move(to)),
-        service_(std::move(service)),
         options_(std::move(options)),
         events_(std::move(events)),
         done_(std::move(done)),
-        ladders_(level_ladders(service_, options_.schedule)),
-        sources_(transfer_sources(service_, ladders_)),
-        schedule_(transfer_schedule(service_, options_.precision)),
-        ladder_(ladder_service(service_, options_.precision)),
-        queue_(topology::input_queue_name(service_)),
-        stayed_(sources_.size()) {
+        unit_(std::move(unit)),
+        stayed_(unit_.sources.size()) {
     if (!options_.now_ms) options_.now_ms = system_now_ms;
     result_.id = options_.id;
   }
@@ -61,13 +94,11 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
   void begin(std::shared_ptr<TransferImpl> self) {
     self_ = std::move(self);
     client::take_queue_lock(
-        from_, lock_queue_name(service_.name), options_.lock_wait,
-        guarded([](TransferImpl& self, const Error& error) {
+        from_, unit_.lock, options_.lock_wait, guarded([](TransferImpl& self, const Error& error) {
           if (error.reply_code == resource_locked) {
             return self.finish(Error(client::ClientError::channel_closed,
-                                     "another `retryloop topology transfer` of " +
-                                         self.service_.name + " is running (it holds " +
-                                         lock_queue_name(self.service_.name) + ")"));
+                                     "another `retryloop topology transfer` of " + self.unit_.what +
+                                         " is running (it holds " + self.unit_.lock + ")"));
           }
           if (error) return self.finish(error);
           self.declare_levels();
@@ -83,9 +114,9 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
   /// The levels moved retries wait in, on the new broker (the service's own are declared with
   /// its topology).
   void declare_levels() {
-    if (!schedule_) return start_pass();
+    if (!unit_.schedule) return start_pass();
     topology::Topology levels;
-    levels.schedule = schedule_;
+    levels.schedule = unit_.schedule;
     Error error = topology::apply(
         to_, topology::make_plan(levels),
         guarded([](TransferImpl& self, const topology::Report& report) {
@@ -125,8 +156,8 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
       result_.interrupted = true;
       return finish(Error{});
     }
-    if (next_ == sources_.size()) return end_pass();
-    read(sources_[next_]);
+    if (next_ == unit_.sources.size()) return end_pass();
+    read(unit_.sources[next_]);
   }
 
   void read(const Source& source) {
@@ -181,17 +212,17 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
     if (source.kind == Source::Kind::wait_queue || source.kind == Source::Kind::delay_level) {
       // A wait queue's retries go back through the ladder of the service (or of the transfer);
       // a level's messages through the ladder they were routed for, on the new broker.
-      const topology::Service* ladder = &ladder_;
+      const topology::Service* ladder = &unit_.ladder;
       milliseconds whole_delay = source.delay;
       if (source.kind == Source::Kind::delay_level) {
-        ladder = ladder_of(ladders_, source, delivery.routing_key);
+        ladder = ladder_of(unit_.ladders, source, delivery.routing_key);
         if (ladder == nullptr) {
           ++current.others;  // another queue's: it stays
           return decision;
         }
         whole_delay = level_wait_bound(*ladder, source, delivery.routing_key);
       }
-      const Placement placement = place(due_time(delivery.message.properties, source, queue_),
+      const Placement placement = place(due_time(delivery.message.properties, source, unit_.queue),
                                         whole_delay, now, options_.follow);
       if (placement.kind == Placement::Kind::leave) {
         ++current.left;
@@ -206,22 +237,21 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
         current.longest_delay = std::max(current.longest_delay, route.delay);
         if (!placement.due_known) ++current.due_unknown;
       } else {
-        decision.routing_key = queue_;
+        decision.routing_key = unit_.queue;
         ++current.to_queue;
       }
     } else {
       if (source.kind == Source::Kind::unrouted &&
-          ladder_of(ladders_, source, delivery.routing_key) == nullptr) {
+          ladder_of(unit_.ladders, source, delivery.routing_key) == nullptr) {
         ++current.others;  // another queue's: it stays
         return decision;
       }
-      decision.routing_key =
-          source.kind == Source::Kind::parking ? source.queue : std::string(queue_);
+      decision.routing_key = source.kind == Source::Kind::parking ? source.queue : unit_.queue;
       ++current.to_queue;
     }
     decision.kind = move::Decision::Kind::move;
     decision.properties =
-        transfer_copy(delivery.message.properties, source, queue_, delivery.exchange,
+        transfer_copy(delivery.message.properties, source, unit_.queue, delivery.exchange,
                       delivery.routing_key, static_cast<uint64_t>(now / 1000), due);
     stamp(decision.properties, delivery.message);
     return decision;
@@ -235,7 +265,7 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
     const std::string stable = move::stable_stamp(original.properties, original.body, stamp_header);
     copy.headers->set(std::string(stamp_header), stable.empty()
                                                      ? result_.id + ":" + std::to_string(++stamps_)
-                                                     : queue_ + ":" + stable);
+                                                     : unit_.queue + ":" + stable);
   }
 
   void end_pass() {
@@ -283,16 +313,10 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
 
   std::shared_ptr<client::Connection> from_;
   std::shared_ptr<client::Connection> to_;
-  topology::Service service_;
   TransferOptions options_;
   TransferEvents events_;
   TransferCallback done_;
-  /// The ladders whose messages the old broker's delay levels hold for the service.
-  std::vector<topology::Service> ladders_;
-  std::vector<Source> sources_;
-  std::optional<topology::Schedule> schedule_;
-  topology::Service ladder_;
-  std::string queue_;
+  Unit unit_;
   std::shared_ptr<move::QueueWalker> walker_;
   size_t next_ = 0;
   /// Messages moved in this pass.
@@ -318,6 +342,10 @@ std::string lock_queue_name(std::string_view service_name) {
   return std::string(service_name) + ".transfer.lock";
 }
 
+std::string queue_lock_name(std::string_view queue) {
+  return "retryloop.transfer." + std::string(queue) + ".lock";
+}
+
 uint64_t TransferResult::moved() const {
   uint64_t total = 0;
   for (const SourceResult& read : reads)
@@ -325,11 +353,13 @@ uint64_t TransferResult::moved() const {
   return total;
 }
 
-Error transfer_service(const std::shared_ptr<client::Connection>& from,
-                       const std::shared_ptr<client::Connection>& to,
-                       const topology::Service& service, TransferOptions options,
-                       TransferEvents events, TransferCallback done,
-                       std::shared_ptr<Transfer>* handle) {
+namespace {
+
+Error start_transfer(const std::shared_ptr<client::Connection>& from,
+                     const std::shared_ptr<client::Connection>& to,
+                     const std::function<Unit(const TransferOptions&)>& unit_of,
+                     TransferOptions options, TransferEvents events, TransferCallback done,
+                     std::shared_ptr<Transfer>* handle) {
   if (!from || !from->is_open()) return Error(client::ClientError::not_open, "the old broker");
   if (!to || !to->is_open()) return Error(client::ClientError::not_open, "the new broker");
   if (options.id.empty()) {
@@ -337,11 +367,39 @@ Error transfer_service(const std::shared_ptr<client::Connection>& from,
     options.id = random::random_id(random_error);
     if (random_error) return Error(random_error, "no random id for the transfer's stamps");
   }
-  auto transfer = std::make_shared<TransferImpl>(from, to, service, std::move(options),
+  Unit unit = unit_of(options);
+  auto transfer = std::make_shared<TransferImpl>(from, to, std::move(unit), std::move(options),
                                                  std::move(events), std::move(done));
   if (handle != nullptr) *handle = transfer;
   transfer->begin(transfer);
   return {};
+}
+
+}  // namespace
+
+Error transfer_service(const std::shared_ptr<client::Connection>& from,
+                       const std::shared_ptr<client::Connection>& to,
+                       const topology::Service& service, TransferOptions options,
+                       TransferEvents events, TransferCallback done,
+                       std::shared_ptr<Transfer>* handle) {
+  return start_transfer(
+      from, to,
+      [&service](const TransferOptions& options) { return service_unit(service, options); },
+      std::move(options), std::move(events), std::move(done), handle);
+}
+
+Error transfer_scheduled_queue(const std::shared_ptr<client::Connection>& from,
+                               const std::shared_ptr<client::Connection>& to,
+                               const std::string& queue, TransferOptions options,
+                               TransferEvents events, TransferCallback done,
+                               std::shared_ptr<Transfer>* handle) {
+  if (!queue_schedule(queue, options.schedule)) {
+    return Error(client::ClientError::invalid_argument,
+                 "the schedule does not deliver to " + queue + ": nothing of it to transfer");
+  }
+  return start_transfer(
+      from, to, [&queue](const TransferOptions& options) { return queue_unit(queue, options); },
+      std::move(options), std::move(events), std::move(done), handle);
 }
 
 }  // namespace retryloop::transfer

@@ -16,6 +16,7 @@
 
 #include "retryloop/migrate/driver.hpp"
 #include "retryloop/retry/headers.hpp"
+#include "retryloop/schedule/scheduler.hpp"
 #include "retryloop/topology/delay_levels.hpp"
 #include "retryloop/topology/topology.hpp"
 #include "retryloop/topology/topology_json.hpp"
@@ -431,6 +432,101 @@ TEST_CASE(
   CHECK(locked.exit_code == 3);
   CHECK(locked.err.find("another `retryloop topology transfer` of " + name + " is running") !=
         std::string::npos);
+  test::close(loop, old_broker);
+  delete_from_both(file, new_url);
+}
+
+TEST_CASE(
+    "topology transfer moves a scheduled queue that no service declares: its messages, the ones "
+    "the levels hold for it with their due times, and its unrouted ones; not before its owner "
+    "has declared it on the new broker",
+    "[transfer]") {
+  TestLoop loop;
+  const std::string name = test::unique_name("transfer-mail");
+  const std::string mail = name + "-mail";
+  const std::string new_url = target_url();
+  // A service, and a schedule that delivers to a queue no service declares.
+  const std::string file = (std::filesystem::temp_directory_path() / (name + ".json")).string();
+  std::ofstream(file) << R"({"delay_levels": {"base": "1s", "levels": 5, "queues": [")" << mail
+                      << R"("]}, "services": [{"name": ")" << name
+                      << R"(", "input": {"exchange": ")" << name
+                      << R"(.in", "type": "direct", "bindings": ["key"]},
+      "retry": {"mode": "reject", "delays": ["5s"], "max_attempts": 5}}]})";
+  auto old_broker = test::connect(loop, test::broker_url());
+  auto channel = test::open_channel(loop, *old_broker);
+  client::QueueOptions durable;
+  durable.durable = true;
+  test::declare_queue(loop, *channel, mail, durable);  // its owner declares it
+  REQUIRE(test::run_retryloop({"topology", "apply", file}).exit_code == 0);
+  REQUIRE_FALSE(test::wait(loop, [&](auto done) { return channel->confirm_select(done); }));
+
+  // Two messages in the queue, three scheduled for it, one in the set's unrouted queue.
+  for (const std::string id : {"q0", "q1"})
+    test::publish_confirmed(loop, *channel, "", mail, with_id(id), id);
+  for (int i = 0; i < 3; ++i) {
+    test::CommandRun sent = test::run_retryloop({"send", "-t", file, "--queue", mail, "--delay",
+                                                 std::to_string(8 + i) + "s", "--message-id",
+                                                 "s" + std::to_string(i), "scheduled"});
+    INFO(sent.err);
+    REQUIRE(sent.exit_code == 0);
+  }
+  topology::Schedule schedule;
+  schedule.levels = topology::DelayLevels{1s, 5, std::nullopt};
+  schedule.queues = {mail};
+  const topology::Service ladder = topology::schedule_target(schedule, mail);
+  amqp::BasicProperties unrouted = with_id("u0");
+  unrouted.headers = amqp::FieldTable{};
+  unrouted.headers->set(std::string(schedule::header::due_at), now_ms() - 1000);
+  test::publish_confirmed(loop, *channel, topology::delay_unrouted_name(ladder),
+                          topology::delay_route(ladder, 3s).routing_key, unrouted, "u0");
+
+  // --queue names a queue no service declares: the service's is refused.
+  CHECK(test::run_retryloop({"topology", "transfer", file, "--to", new_url, "--queue", name})
+            .exit_code == 1);
+  // The new broker lacks the queue: refused, and nothing moved.
+  test::CommandRun refused =
+      test::run_retryloop({"topology", "transfer", file, "--to", new_url, "--queue", mail});
+  INFO(refused.out << refused.err);
+  CHECK(refused.exit_code == 3);
+  CHECK(refused.err.find(mail + " must exist on the new broker") != std::string::npos);
+  CHECK(test::queue_depth(loop, *old_broker, mail) == 2);
+
+  auto new_broker = test::connect(loop, new_url);
+  auto new_channel = test::open_channel(loop, *new_broker);
+  test::declare_queue(loop, *new_channel, mail, durable);
+  // Neither --service nor --queue: the service, then the queue.
+  test::CommandRun run =
+      test::run_retryloop({"topology", "transfer", file, "--to", new_url, "--json"}, 120000);
+  INFO(run.out << run.err);
+  REQUIRE(run.exit_code == 0);
+  const nlohmann::json parsed = nlohmann::json::parse(run.out);
+  REQUIRE(parsed["services"].size() == 1);
+  REQUIRE(parsed["queues"].size() == 1);
+  const nlohmann::json& result = parsed["queues"][0];
+  CHECK(result["queue"] == mail);
+  CHECK(result["result"] == "transferred");
+  CHECK(result["moved"] == 6);
+
+  std::map<std::string, int64_t> due;
+  const auto arrived = arrivals(loop, *new_broker, mail, 6, due);
+  CHECK(arrived.size() == 6);
+  for (const std::string id : {"q0", "q1", "s0", "s1", "s2", "u0"}) {
+    INFO(id);
+    REQUIRE(arrived.count(id) == 1);
+    CHECK(arrived.at(id) >= due[id]);
+  }
+  CHECK(due["s2"] > 0);
+  CHECK(test::queue_depth(loop, *old_broker, mail) == 0);
+  CHECK(test::queue_depth(loop, *old_broker, topology::delay_unrouted_name(ladder)) == 0);
+
+  for (auto* connection : {&old_broker, &new_broker}) {
+    auto cleanup = test::open_channel(loop, **connection);
+    CHECK_FALSE(test::wait(loop, [&](auto done) {
+      return cleanup->queue_delete(mail, false, false,
+                                   [done](const client::Error& error, uint32_t) { done(error); });
+    }));
+  }
+  test::close(loop, new_broker);
   test::close(loop, old_broker);
   delete_from_both(file, new_url);
 }

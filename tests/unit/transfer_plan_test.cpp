@@ -334,3 +334,43 @@ TEST_CASE(
   CHECK(find_header(copy, "x-delivery-count") == nullptr);
   CHECK(find_header(copy, "retryloop-due-at")->as_int64() == 1'700'000'009'000);
 }
+
+TEST_CASE(
+    "A scheduled queue no service declares is transferred on its own: its messages as they are, "
+    "then what its schedule's levels hold for it",
+    "[transfer]") {
+  retryloop::topology::Topology file;
+  file.services = {levelled_orders(3)};
+  file.schedule = one_second_schedule(5, {"mail", "orders", "sms", "mail"});
+  // orders is the service's queue; mail and sms are someone else's, each named once.
+  CHECK(retryloop::transfer::unowned_scheduled_queues(file) ==
+        std::vector<std::string>{"mail", "sms"});
+  file.schedule.reset();
+  CHECK(retryloop::transfer::unowned_scheduled_queues(file).empty());
+  file.schedule = one_second_schedule(5, {"mail", "orders", "sms"});
+
+  const auto ladders = retryloop::transfer::queue_level_ladders("mail", file.schedule);
+  REQUIRE(ladders.size() == 1);
+  CHECK(retryloop::topology::input_queue_name(ladders[0]) == "mail");
+  CHECK(ladders[0].retry.delay_levels->levels == 5);
+  CHECK(retryloop::transfer::queue_level_ladders("billing", file.schedule).empty());
+
+  // The queue, its 5 levels longest first, the set's unrouted queue: no wait queue, no parking.
+  const auto sources = retryloop::transfer::scheduled_queue_sources("mail", ladders);
+  REQUIRE(sources.size() == 7);
+  CHECK(sources[0].kind == Source::Kind::scheduled_queue);
+  CHECK(sources[0].queue == "mail");
+  CHECK(sources[1].queue == "retryloop.delay.1s.04");
+  CHECK(sources[5].queue == "retryloop.delay.1s.00");
+  CHECK(sources[6].kind == Source::Kind::unrouted);
+  // Only mail's routes are its own, not the service's that shares the set.
+  CHECK(retryloop::transfer::ladder_of(ladders, sources[3], "1.0.1.1.0.mail") == &ladders[0]);
+  CHECK(retryloop::transfer::ladder_of(ladders, sources[3], "1.0.1.1.0.orders") == nullptr);
+  CHECK(retryloop::transfer::ladder_of(ladders, sources[6], "1.0.1.1.0.mail") == &ladders[0]);
+
+  // A message of the queue keeps everything, its x-death too: the queue is its owner's.
+  const BasicProperties own = rejected("mail", 2, 1'700'000'000);
+  const BasicProperties copy =
+      retryloop::transfer::transfer_copy(own, sources[0], "mail", "", "mail", 1'700'000'100, 0);
+  CHECK(copy == own);
+}

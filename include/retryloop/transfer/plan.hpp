@@ -19,13 +19,15 @@ namespace retryloop::transfer {
 /// A queue a transfer reads on the old broker.
 struct Source {
   enum class Kind {
-    service_queue,  ///< the service's input queue: its messages go to the same queue, in order
-    wait_queue,     ///< a wait queue: each retry waits out what is left of its delay
-    delay_level,    ///< a shared delay level: the service's own messages wait out what is left
-                    ///< of their delay, every other queue's stay where they are
-    unrouted,       ///< a set's unrouted queue: the service's own messages (due already, its
-                    ///< queue gone when they came due) go to its queue, every other queue's stay
-    parking,        ///< the parking queue: moved as it is, reason, error and history intact
+    service_queue,    ///< the service's input queue: its messages go to the same queue, in order
+    wait_queue,       ///< a wait queue: each retry waits out what is left of its delay
+    delay_level,      ///< a shared delay level: the service's own messages wait out what is left
+                      ///< of their delay, every other queue's stay where they are
+    unrouted,         ///< a set's unrouted queue: the service's own messages (due already, its
+                      ///< queue gone when they came due) go to its queue, every other queue's stay
+    parking,          ///< the parking queue: moved as it is, reason, error and history intact
+    scheduled_queue,  ///< a scheduled queue no service declares: its messages go to the same
+                      ///< queue, in order, as they are
   };
   Kind kind = Kind::service_queue;
   std::string queue;
@@ -37,10 +39,19 @@ struct Source {
   std::vector<size_t> ladders;
 };
 
-/// The part of a file's `schedule` that concerns `service`: the schedule with its queues cut to the
-/// service's queue; nullopt when it does not name that queue.
+/// The part of a file's `schedule` that delivers to `queue`: the schedule with its queues cut to
+/// `queue`; nullopt when it does not name it.
+std::optional<topology::Schedule> queue_schedule(const std::string& queue,
+                                                 const std::optional<topology::Schedule>& schedule);
+
+/// queue_schedule of the service's input queue.
 std::optional<topology::Schedule> service_schedule(
     const topology::Service& service, const std::optional<topology::Schedule>& schedule);
+
+/// The queues of the file's schedule (its top-level `delay_levels`) that no service of the file
+/// declares: queues someone else owns, which `topology apply` only checks for and binds to the
+/// levels. In the file's order.
+std::vector<std::string> unowned_scheduled_queues(const topology::Topology& topology);
 
 /// The delay levels on the old broker that hold messages of `service`, each as the service its
 /// messages there are routed for (topology::delay_route): the service itself when it has delay
@@ -56,6 +67,18 @@ std::vector<topology::Service> level_ladders(const topology::Service& service,
 /// service in `in_queue` mode has no wait queue (its retries wait in the service queue itself).
 std::vector<Source> transfer_sources(const topology::Service& service,
                                      const std::vector<topology::Service>& ladders = {});
+
+/// The ladder the delay levels on the old broker hold messages scheduled for `queue` by:
+/// topology::schedule_target of queue_schedule; none when the schedule does not deliver to it.
+std::vector<topology::Service> queue_level_ladders(
+    const std::string& queue, const std::optional<topology::Schedule>& schedule);
+
+/// The queues a transfer reads for a scheduled queue no service declares
+/// (unowned_scheduled_queues), in order: the queue itself, then the levels of `ladders` that may
+/// hold messages scheduled for it (the ladder of its queue_schedule: topology::schedule_target),
+/// longest first, then the set's unrouted queue.
+std::vector<Source> scheduled_queue_sources(const std::string& queue,
+                                            const std::vector<topology::Service>& ladders);
 
 /// The ladder of `ladders` (those given to transfer_sources) that `routing_key`, read from the
 /// level or unrouted queue `source`, was routed through; nullptr when none is (another queue's
@@ -129,7 +152,8 @@ Placement place(const std::optional<int64_t>& due_ms, std::chrono::milliseconds 
 /// recorded; `retryloop-retry-due` is `due_ms` when above 0. A message read from a delay level or
 /// a set's unrouted queue keeps its properties (its due time is in them) but the headers the old
 /// broker's levels wrote (the death headers, and a quorum level's delivery counts). Anything else
-/// (a parked message, a message never retried) keeps its properties as they are.
+/// (a parked message, a message never retried, a message in a scheduled queue no service
+/// declares) keeps its properties as they are.
 /// `delivery_exchange` and `delivery_routing_key` are those the message was delivered with.
 amqp::BasicProperties transfer_copy(const amqp::BasicProperties& properties, const Source& source,
                                     const std::string& service_queue,

@@ -23,6 +23,10 @@ inline constexpr std::string_view stamp_header = "retryloop-transfer";
 /// `N.transfer.lock`: the exclusive queue a running transfer of service N holds on the old broker.
 std::string lock_queue_name(std::string_view service_name);
 
+/// `retryloop.transfer.Q.lock`: the one a running transfer of scheduled queue Q holds
+/// (transfer_scheduled_queue).
+std::string queue_lock_name(std::string_view queue);
+
 struct TransferOptions {
   /// The file's schedule (its top-level `delay_levels`): what its levels hold for the service's
   /// queue is moved too, with its due times kept (level_ladders).
@@ -117,5 +121,20 @@ client::Error transfer_service(const std::shared_ptr<client::Connection>& from,
                                const topology::Service& service, TransferOptions options,
                                TransferEvents events, TransferCallback done,
                                std::shared_ptr<Transfer>* handle = nullptr);
+
+/// Moves what the old broker holds for `queue`, a queue of the file's schedule
+/// (TransferOptions::schedule) that no service declares (unowned_scheduled_queues), as
+/// transfer_service does for a service: takes `retryloop.transfer.Q.lock`, then reads
+/// scheduled_queue_sources: the queue's messages go to the same queue on the new broker, in order
+/// and as they are; the messages the delay levels hold for it wait out what is left of their delay
+/// in the same levels there, never less; those in the set's unrouted queue go to it. The queue and
+/// its schedule's levels and binding must be on the new broker already (`topology apply`, once the
+/// queue's owner has declared it there). Returns invalid_argument when the schedule does not
+/// deliver to `queue`.
+client::Error transfer_scheduled_queue(const std::shared_ptr<client::Connection>& from,
+                                       const std::shared_ptr<client::Connection>& to,
+                                       const std::string& queue, TransferOptions options,
+                                       TransferEvents events, TransferCallback done,
+                                       std::shared_ptr<Transfer>* handle = nullptr);
 
 }  // namespace retryloop::transfer
