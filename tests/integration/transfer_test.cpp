@@ -438,8 +438,8 @@ TEST_CASE(
 
 TEST_CASE(
     "topology transfer moves a scheduled queue that no service declares: its messages, the ones "
-    "the levels hold for it with their due times, and its unrouted ones; not before its owner "
-    "has declared it on the new broker",
+    "the levels hold for it with their due times, and its unrouted ones, but not before its "
+    "owner has declared it on the new broker",
     "[transfer]") {
   TestLoop loop;
   const std::string name = test::unique_name("transfer-mail");
