@@ -68,8 +68,14 @@ void print_refusals(const migrate::MigrationPlan& plan) {
   }
 }
 
+/// The estimate as a person reads one: whole seconds rounded up ("about 3s", not "about 2169ms"),
+/// whole minutes from ten minutes on.
 std::string estimate_text(const migrate::MigrationPlan& plan) {
-  return topology::duration_label(migrate::estimate(plan, assumed_rate));
+  using std::chrono::milliseconds;
+  const int64_t ms = migrate::estimate(plan, assumed_rate).count();
+  const int64_t unit = ms >= 600'000 ? 60'000 : 1000;
+  return topology::duration_label(
+      milliseconds(std::max<int64_t>(1, (ms + unit - 1) / unit) * unit));
 }
 
 void print_plan(const migrate::MigrationPlan& plan, bool resumed, size_t next_step) {
