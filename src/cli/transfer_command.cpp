@@ -28,6 +28,8 @@ struct TransferArgs {
   std::string precision = "100ms";
   bool dry_run = false;
   bool json = false;
+  /// Set when Ctrl-C ended a transfer: the services and queues after it are not started.
+  mutable bool interrupted = false;
 };
 
 const char* kind_text(transfer::Source::Kind kind) {
@@ -302,6 +304,7 @@ void start_transfer(const TransferArgs& args, const Target& target, nlohmann::js
           return finish(exit_broker_refused);
         }
         entry["result"] = result.interrupted ? "interrupted" : "transferred";
+        if (result.interrupted) args.interrupted = true;
         if (args.json) {
           out.push_back(entry);
         } else {
@@ -337,8 +340,7 @@ transfer::TransferOptions transfer_options(const TransferArgs& args,
 void print_json(const TransferArgs& args, const nlohmann::json& services,
                 const nlohmann::json& queues) {
   if (!args.json) return;
-  nlohmann::json out = {{"services", services}};
-  if (!queues.empty()) out["queues"] = queues;
+  const nlohmann::json out = {{"services", services}, {"queues", queues}};
   std::cout << dump(out) << "\n";
 }
 
@@ -398,7 +400,8 @@ int run_queue(const TransferArgs& args, const std::string& queue,
                        queue +
                            " must exist on the new broker before its messages can move: "
                            "FILE's delay_levels names it and no service of FILE declares "
-                           "it, so its owner declares it there",
+                           "it, so its owner declares it there (--service moves only the "
+                           "services)",
                        finish, [&, old_broker, new_broker, finish] {
                          Target target{
                              "queue", queue,
@@ -445,9 +448,9 @@ int run_transfer(const TransferArgs& args) {
   int code = exit_ok;
   for (const topology::Service& service : services.services) {
     code = run_service(args, service, whole.schedule, service_results);
-    if (code != exit_ok) break;
+    if (code != exit_ok || args.interrupted) break;
   }
-  for (size_t i = 0; code == exit_ok && i < queues.size(); ++i)
+  for (size_t i = 0; code == exit_ok && !args.interrupted && i < queues.size(); ++i)
     code = run_queue(args, queues[i], whole.schedule, queue_results);
   print_json(args, service_results, queue_results);
   return code;

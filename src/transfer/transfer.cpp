@@ -343,7 +343,7 @@ std::string lock_queue_name(std::string_view service_name) {
 }
 
 std::string queue_lock_name(std::string_view queue) {
-  return "retryloop.transfer." + std::string(queue) + ".lock";
+  return lock_queue_name(queue);
 }
 
 uint64_t TransferResult::moved() const {

@@ -437,6 +437,63 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "topology transfer runs over TLS: amqps to the old broker, and to the new one where it "
+    "listens with TLS, client certificates given in the URLs",
+    "[transfer]") {
+  TestLoop loop;
+  const std::string name = test::unique_name("transfer-tls");
+  const std::string file = service_file(name, "6s");
+  const std::string wait = topology::wait_queue_name(name, 6s);
+  const std::string parking = topology::parking_queue_name(name);
+  const std::string new_url = target_url();
+  const char* old_tls = std::getenv("RETRYLOOP_TEST_AMQPS_URL");
+  REQUIRE(old_tls != nullptr);
+  const char* new_tls = std::getenv("RETRYLOOP_TARGET_AMQPS_URL");
+  // A cluster of the test scripts has no TLS listener: the new side is plain AMQP then.
+  const std::string to = new_tls != nullptr && *new_tls != '\0' ? new_tls : new_url;
+  WARN("the new broker over " << (to == new_url ? "plain AMQP (a cluster)" : "TLS"));
+  apply_on_both(file, new_url);
+
+  auto old_broker = test::connect(loop, test::broker_url());
+  auto channel = test::open_channel(loop, *old_broker);
+  REQUIRE_FALSE(test::wait(loop, [&](auto done) { return channel->confirm_select(done); }));
+  test::publish_numbered(loop, *channel, name + ".in", "key", 20, "m");
+  reject(loop, *channel, name, 4);
+  REQUIRE(test::eventually(
+      loop, [&] { return test::queue_depth(loop, *old_broker, wait) == 4; }, 30s));
+  test::publish_confirmed(loop, *channel, "", parking, with_id("p1"), "parked body");
+
+  test::CommandRun run = test::run_retryloop(
+      {"topology", "transfer", file, "--url", old_tls, "--to", to, "--json"}, 120000);
+  INFO(run.out << run.err);
+  REQUIRE(run.exit_code == 0);
+  const nlohmann::json result = nlohmann::json::parse(run.out);
+  CHECK(result["services"][0]["result"] == "transferred");
+  CHECK(result["services"][0]["moved"] == 21);
+  for (const std::string& q : {name, wait, parking})
+    CHECK(test::queue_depth(loop, *old_broker, q) == 0);
+
+  auto new_broker = test::connect(loop, new_url);
+  std::map<std::string, int> copies;
+  REQUIRE(test::eventually(
+      loop,
+      [&] {
+        for (auto& got : test::drain_queue(loop, *new_broker, name))
+          ++copies[got.message.properties.message_id.value_or("")];
+        return copies.size() >= 20;
+      },
+      60s, 20ms));
+  const test::IdCounts counts = test::count_ids(copies, "m", 20);
+  CHECK(counts.missing == 0);
+  CHECK(counts.extra_copies == 0);
+  CHECK(test::drain_queue(loop, *new_broker, parking).size() == 1);
+
+  test::close(loop, new_broker);
+  test::close(loop, old_broker);
+  delete_from_both(file, new_url);
+}
+
+TEST_CASE(
     "topology transfer moves a scheduled queue that no service declares: its messages, the ones "
     "the levels hold for it with their due times, and its unrouted ones, but not before its "
     "owner has declared it on the new broker",
@@ -464,8 +521,9 @@ TEST_CASE(
   for (const std::string id : {"q0", "q1"})
     test::publish_confirmed(loop, *channel, "", mail, with_id(id), id);
   for (int i = 0; i < 3; ++i) {
+    // Due well after the runs below, so that none comes due on the old broker before the move.
     test::CommandRun sent = test::run_retryloop({"send", "-t", file, "--queue", mail, "--delay",
-                                                 std::to_string(8 + i) + "s", "--message-id",
+                                                 std::to_string(20 + i) + "s", "--message-id",
                                                  "s" + std::to_string(i), "scheduled"});
     INFO(sent.err);
     REQUIRE(sent.exit_code == 0);
@@ -481,8 +539,10 @@ TEST_CASE(
                           topology::delay_route(ladder, 3s).routing_key, unrouted, "u0");
 
   // --queue names a queue no service declares: the service's is refused.
-  CHECK(test::run_retryloop({"topology", "transfer", file, "--to", new_url, "--queue", name})
-            .exit_code == 1);
+  test::CommandRun usage =
+      test::run_retryloop({"topology", "transfer", file, "--to", new_url, "--queue", name});
+  CHECK(usage.exit_code == 1);
+  CHECK(usage.err.find("use --service " + name) != std::string::npos);
   // The new broker lacks the queue: refused, and nothing moved.
   test::CommandRun refused =
       test::run_retryloop({"topology", "transfer", file, "--to", new_url, "--queue", mail});
@@ -629,11 +689,20 @@ TEST_CASE(
 
 TEST_CASE(
     "topology transfer --follow moves what a publisher not yet switched sends to the old broker "
-    "until Ctrl-C, and ends by itself once the old queues have been empty for --settle",
+    "until Ctrl-C, which starts no other service, and ends by itself once the old queues have "
+    "been empty for --settle",
     "[transfer]") {
   TestLoop loop;
   const std::string name = test::unique_name("transfer-follow");
-  const std::string file = service_file(name, "6s");
+  // Two services: Ctrl-C during the first's --follow ends the run without starting the second.
+  const std::string file = (std::filesystem::temp_directory_path() / (name + ".json")).string();
+  std::ofstream(file) << R"({"services": [)"
+                      << R"({"name": ")" << name << R"(", "input": {"exchange": ")" << name
+                      << R"(.in", "type": "direct", "bindings": ["key"]},
+      "retry": {"mode": "reject", "delays": ["6s"], "max_attempts": 5}}, {"name": ")"
+                      << name << R"(-b", "input": {"exchange": ")" << name
+                      << R"(-b.in", "type": "direct", "bindings": ["key"]},
+      "retry": {"mode": "reject", "delays": ["6s"], "max_attempts": 5}}]})";
   const std::string queue = name;
   const std::string new_url = target_url();
   apply_on_both(file, new_url);
@@ -663,6 +732,7 @@ TEST_CASE(
     INFO(follow.out() << follow.err());
     REQUIRE(status == 0);
     const nlohmann::json result = nlohmann::json::parse(follow.out());
+    REQUIRE(result["services"].size() == 1);  // the second service was not started
     const nlohmann::json& service = result["services"][0];
     CHECK(service["result"] == "interrupted");
     CHECK(service["moved"] == 50);
@@ -681,8 +751,10 @@ TEST_CASE(
   INFO(settled.out << settled.err);
   REQUIRE(settled.exit_code == 0);
   const nlohmann::json again = nlohmann::json::parse(settled.out);
+  REQUIRE(again["services"].size() == 2);
   CHECK(again["services"][0]["result"] == "transferred");
   CHECK(again["services"][0]["moved"] == 0);
+  CHECK(again["services"][1]["result"] == "transferred");
   CHECK(again["services"][0]["passes"].get<int>() >= 2);
 
   test::close(loop, new_broker);

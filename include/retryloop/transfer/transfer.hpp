@@ -23,8 +23,10 @@ inline constexpr std::string_view stamp_header = "retryloop-transfer";
 /// `N.transfer.lock`: the exclusive queue a running transfer of service N holds on the old broker.
 std::string lock_queue_name(std::string_view service_name);
 
-/// `retryloop.transfer.Q.lock`: the one a running transfer of scheduled queue Q holds
-/// (transfer_scheduled_queue).
+/// `Q.transfer.lock`: the one a running transfer of scheduled queue Q holds
+/// (transfer_scheduled_queue). The lock of a service named as its queue (the default), so that a
+/// transfer of the queue as a service of one file and as another file's scheduled queue never
+/// read it at once.
 std::string queue_lock_name(std::string_view queue);
 
 struct TransferOptions {
@@ -124,7 +126,7 @@ client::Error transfer_service(const std::shared_ptr<client::Connection>& from,
 
 /// Moves what the old broker holds for `queue`, a queue of the file's schedule
 /// (TransferOptions::schedule) that no service declares (unowned_scheduled_queues), as
-/// transfer_service does for a service: takes `retryloop.transfer.Q.lock`, then reads
+/// transfer_service does for a service: takes `Q.transfer.lock`, then reads
 /// scheduled_queue_sources: the queue's messages go to the same queue on the new broker, in order
 /// and as they are; the messages the delay levels hold for it wait out what is left of their delay
 /// in the same levels there, never less; those in the set's unrouted queue go to it. The queue and
