@@ -191,8 +191,13 @@ topology::Topology load_topology_or_fail(const std::string& path,
                                          plural(result.errors.size(), "problem") +
                                          "); nothing was sent to a broker");
   }
+  return select_services_or_fail(*result.topology, services);
+}
+
+topology::Topology select_services_or_fail(const topology::Topology& topology,
+                                           const std::vector<std::string>& services) {
   try {
-    return topology::select_services(*result.topology, services);
+    return topology::select_services(topology, services);
   } catch (const std::invalid_argument& e) {
     throw Failure(exit_usage, std::string("--service: ") + e.what());
   }

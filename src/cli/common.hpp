@@ -83,6 +83,11 @@ std::chrono::milliseconds duration_or_fail(const std::string& option, const std:
 /// an unsigned option): "must be a whole number from MIN to MAX".
 CLI::Validator whole_number(int64_t min, int64_t max);
 
+/// Selects `services` of `topology` (all when empty); throws Failure(exit_usage) for an unknown
+/// service name.
+topology::Topology select_services_or_fail(const topology::Topology& topology,
+                                           const std::vector<std::string>& services);
+
 /// Loads and validates a topology file and selects `services` (all when empty). Prints every
 /// problem to stderr and throws Failure(exit_invalid_file) when the file is invalid, or
 /// Failure(exit_usage) for an unknown service name.

@@ -28,8 +28,16 @@ struct TransferArgs {
   std::string precision = "100ms";
   bool dry_run = false;
   bool json = false;
-  /// Set when Ctrl-C ended a transfer: the services and queues after it are not started.
-  mutable bool interrupted = false;
+};
+
+/// What the run's transfers (and dry runs) report: each one's JSON entry, and whether Ctrl-C ended
+/// one, after which no other starts.
+struct Results {
+  nlohmann::json services = nlohmann::json::array();
+  nlohmann::json queues = nlohmann::json::array();
+  bool interrupted = false;
+  /// The entries of the targets of `kind`: "service" or "queue".
+  nlohmann::json& of(const std::string& kind) { return kind == "queue" ? queues : services; }
 };
 
 const char* kind_text(transfer::Source::Kind kind) {
@@ -221,15 +229,16 @@ struct DryRun : std::enable_shared_from_this<DryRun> {
 /// Starts the dry run of a service or a scheduled queue (`kind`), which adds its entry to `out`.
 void start_dry_run(const std::shared_ptr<client::Connection>& connection,
                    std::vector<transfer::Source> sources, bool json, const std::string& kind,
-                   const std::string& name, nlohmann::json& out, std::function<void(int)> done) {
+                   const std::string& name, Results& results, std::function<void(int)> done) {
   auto dry_run = std::make_shared<DryRun>();
   dry_run->connection = connection;
   dry_run->sources = std::move(sources);
   dry_run->json = json;
   dry_run->kind = kind;
   dry_run->name = name;
-  dry_run->done = [dry_run = dry_run.get(), &out, done](int code) {
-    out.push_back({{dry_run->kind, dry_run->name}, {"queues", dry_run->queues}});
+  dry_run->done = [dry_run = dry_run.get(), &results, done](int code) {
+    results.of(dry_run->kind)
+        .push_back({{dry_run->kind, dry_run->name}, {"queues", dry_run->queues}});
     done(code);
   };
   dry_run->look_up_next();
@@ -250,7 +259,7 @@ struct Target {
 };
 
 /// The transfer proper, once both brokers are connected and the target applied on the new one.
-void start_transfer(const TransferArgs& args, const Target& target, nlohmann::json& out,
+void start_transfer(const TransferArgs& args, const Target& target, Results& results,
                     const std::shared_ptr<client::Connection>& old_broker,
                     const std::shared_ptr<client::Connection>& new_broker,
                     std::function<void(int)> finish) {
@@ -282,7 +291,7 @@ void start_transfer(const TransferArgs& args, const Target& target, nlohmann::js
   const std::string what = target.kind + " " + target.name;
   client::Error error = target.start(
       std::move(events),
-      [&args, &out, target, what, finish, interrupts, reads](
+      [&args, &results, target, what, finish, interrupts, reads](
           const client::Error& error, const transfer::TransferResult& result) {
         interrupts->close();
         nlohmann::json entry = {
@@ -292,7 +301,7 @@ void start_transfer(const TransferArgs& args, const Target& target, nlohmann::js
         if (error || result.stuck > 0) {
           entry["result"] = "unfinished";
           if (error) entry["error"] = error.message();
-          if (args.json) out.push_back(entry);
+          if (args.json) results.of(target.kind).push_back(entry);
           if (error) {
             return finish(error_exit(
                 error,
@@ -304,9 +313,9 @@ void start_transfer(const TransferArgs& args, const Target& target, nlohmann::js
           return finish(exit_broker_refused);
         }
         entry["result"] = result.interrupted ? "interrupted" : "transferred";
-        if (result.interrupted) args.interrupted = true;
+        if (result.interrupted) results.interrupted = true;
         if (args.json) {
-          out.push_back(entry);
+          results.of(target.kind).push_back(entry);
         } else {
           std::cout << what << (result.interrupted ? " interrupted: " : " transferred: ")
                     << plural(result.moved(), "message") << " moved";
@@ -337,15 +346,8 @@ transfer::TransferOptions transfer_options(const TransferArgs& args,
   return options;
 }
 
-void print_json(const TransferArgs& args, const nlohmann::json& services,
-                const nlohmann::json& queues) {
-  if (!args.json) return;
-  const nlohmann::json out = {{"services", services}, {"queues", queues}};
-  std::cout << dump(out) << "\n";
-}
-
 int run_service(const TransferArgs& args, const topology::Service& service,
-                const std::optional<topology::Schedule>& schedule, nlohmann::json& out) {
+                const std::optional<topology::Schedule>& schedule, Results& results) {
   const client::Uri new_uri = parse_url(args.to);
   const transfer::TransferOptions options = transfer_options(args, schedule);
   return with_connection(parse_url(args.connection), [&](const auto& old_broker, auto done) {
@@ -354,7 +356,7 @@ int run_service(const TransferArgs& args, const topology::Service& service,
         return start_dry_run(
             old_broker,
             transfer::transfer_sources(service, transfer::level_ladders(service, schedule)),
-            args.json, "service", service.name, out, done);
+            args.json, "service", service.name, results, done);
       }
       with_new_broker(
           old_broker, new_uri, done, [&, old_broker](const auto& new_broker, auto finish) {
@@ -370,7 +372,7 @@ int run_service(const TransferArgs& args, const topology::Service& service,
                                                                 options, std::move(events),
                                                                 std::move(done), handle);
                             }};
-                        start_transfer(args, target, out, old_broker, new_broker, finish);
+                        start_transfer(args, target, results, old_broker, new_broker, finish);
                       });
                 });
           });
@@ -380,7 +382,7 @@ int run_service(const TransferArgs& args, const topology::Service& service,
 
 /// A scheduled queue no service declares: its messages, and what the levels hold for it.
 int run_queue(const TransferArgs& args, const std::string& queue,
-              const std::optional<topology::Schedule>& schedule, nlohmann::json& out) {
+              const std::optional<topology::Schedule>& schedule, Results& results) {
   const client::Uri new_uri = parse_url(args.to);
   const transfer::TransferOptions options = transfer_options(args, schedule);
   return with_connection(parse_url(args.connection), [&](const auto& old_broker, auto done) {
@@ -388,7 +390,7 @@ int run_queue(const TransferArgs& args, const std::string& queue,
       return start_dry_run(
           old_broker,
           transfer::scheduled_queue_sources(queue, transfer::queue_level_ladders(queue, schedule)),
-          args.json, "queue", queue, out, done);
+          args.json, "queue", queue, results, done);
     }
     with_new_broker(
         old_broker, new_uri, done, [&, old_broker](const auto& new_broker, auto finish) {
@@ -410,7 +412,7 @@ int run_queue(const TransferArgs& args, const std::string& queue,
                                    old_broker, new_broker, queue, options, std::move(events),
                                    std::move(done), handle);
                              }};
-                         start_transfer(args, target, out, old_broker, new_broker, finish);
+                         start_transfer(args, target, results, old_broker, new_broker, finish);
                        });
         });
   });
@@ -439,20 +441,21 @@ std::vector<std::string> queues_to_move(const TransferArgs& args,
 int run_transfer(const TransferArgs& args) {
   const topology::Topology whole = load_topology_or_fail(args.file, {});
   const std::vector<std::string> queues = queues_to_move(args, whole);
-  topology::Topology services;
-  if (!args.services.empty() || args.queues.empty()) {
-    services = load_topology_or_fail(args.file, args.services);
-  }
-  nlohmann::json service_results = nlohmann::json::array();
-  nlohmann::json queue_results = nlohmann::json::array();
+  // --queue alone moves no service.
+  const std::vector<topology::Service> services =
+      args.services.empty() && !args.queues.empty()
+          ? std::vector<topology::Service>{}
+          : select_services_or_fail(whole, args.services).services;
+  Results results;
   int code = exit_ok;
-  for (const topology::Service& service : services.services) {
-    code = run_service(args, service, whole.schedule, service_results);
-    if (code != exit_ok || args.interrupted) break;
+  for (size_t i = 0; code == exit_ok && !results.interrupted && i < services.size(); ++i)
+    code = run_service(args, services[i], whole.schedule, results);
+  for (size_t i = 0; code == exit_ok && !results.interrupted && i < queues.size(); ++i)
+    code = run_queue(args, queues[i], whole.schedule, results);
+  if (args.json) {
+    std::cout << dump(nlohmann::json{{"services", results.services}, {"queues", results.queues}})
+              << "\n";
   }
-  for (size_t i = 0; code == exit_ok && !args.interrupted && i < queues.size(); ++i)
-    code = run_queue(args, queues[i], whole.schedule, queue_results);
-  print_json(args, service_results, queue_results);
   return code;
 }
 

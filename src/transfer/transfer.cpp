@@ -40,7 +40,7 @@ struct Unit {
   std::vector<Source> sources;
   /// The levels moved retries wait in, declared on the new broker by the transfer.
   std::optional<topology::Schedule> schedule;
-  /// The ladder the wait queues' retries go back through.
+  /// The ladder the wait queues' retries go back through (a service's; a queue has none).
   topology::Service ladder;
 };
 
@@ -59,10 +59,9 @@ Unit service_unit(const topology::Service& service, const TransferOptions& optio
 Unit queue_unit(const std::string& queue, const TransferOptions& options) {
   Unit unit;
   unit.what = "queue " + queue;
-  unit.lock = queue_lock_name(queue);
+  unit.lock = lock_queue_name(queue);
   unit.queue = queue;
   unit.ladders = queue_level_ladders(queue, options.schedule);
-  if (!unit.ladders.empty()) unit.ladder = unit.ladders.front();
   unit.sources = scheduled_queue_sources(queue, unit.ladders);
   return unit;
 }
@@ -338,12 +337,8 @@ class TransferImpl : public Transfer, public std::enable_shared_from_this<Transf
 
 }  // namespace
 
-std::string lock_queue_name(std::string_view service_name) {
-  return std::string(service_name) + ".transfer.lock";
-}
-
-std::string queue_lock_name(std::string_view queue) {
-  return lock_queue_name(queue);
+std::string lock_queue_name(std::string_view name) {
+  return std::string(name) + ".transfer.lock";
 }
 
 uint64_t TransferResult::moved() const {
@@ -356,8 +351,7 @@ uint64_t TransferResult::moved() const {
 namespace {
 
 Error start_transfer(const std::shared_ptr<client::Connection>& from,
-                     const std::shared_ptr<client::Connection>& to,
-                     const std::function<Unit(const TransferOptions&)>& unit_of,
+                     const std::shared_ptr<client::Connection>& to, Unit unit,
                      TransferOptions options, TransferEvents events, TransferCallback done,
                      std::shared_ptr<Transfer>* handle) {
   if (!from || !from->is_open()) return Error(client::ClientError::not_open, "the old broker");
@@ -367,7 +361,6 @@ Error start_transfer(const std::shared_ptr<client::Connection>& from,
     options.id = random::random_id(random_error);
     if (random_error) return Error(random_error, "no random id for the transfer's stamps");
   }
-  Unit unit = unit_of(options);
   auto transfer = std::make_shared<TransferImpl>(from, to, std::move(unit), std::move(options),
                                                  std::move(events), std::move(done));
   if (handle != nullptr) *handle = transfer;
@@ -382,10 +375,9 @@ Error transfer_service(const std::shared_ptr<client::Connection>& from,
                        const topology::Service& service, TransferOptions options,
                        TransferEvents events, TransferCallback done,
                        std::shared_ptr<Transfer>* handle) {
-  return start_transfer(
-      from, to,
-      [&service](const TransferOptions& options) { return service_unit(service, options); },
-      std::move(options), std::move(events), std::move(done), handle);
+  Unit unit = service_unit(service, options);
+  return start_transfer(from, to, std::move(unit), std::move(options), std::move(events),
+                        std::move(done), handle);
 }
 
 Error transfer_scheduled_queue(const std::shared_ptr<client::Connection>& from,
@@ -397,9 +389,9 @@ Error transfer_scheduled_queue(const std::shared_ptr<client::Connection>& from,
     return Error(client::ClientError::invalid_argument,
                  "the schedule does not deliver to " + queue + ": nothing of it to transfer");
   }
-  return start_transfer(
-      from, to, [&queue](const TransferOptions& options) { return queue_unit(queue, options); },
-      std::move(options), std::move(events), std::move(done), handle);
+  Unit unit = queue_unit(queue, options);
+  return start_transfer(from, to, std::move(unit), std::move(options), std::move(events),
+                        std::move(done), handle);
 }
 
 }  // namespace retryloop::transfer

@@ -45,14 +45,34 @@ int64_t now_ms() {
       .count();
 }
 
+/// A topology file named after the first of `names`, with a reject-mode service of `delay` for
+/// each, and, when `scheduled` names queues, a schedule of 5 levels of base 1 s delivering to them.
+std::string services_file(const std::vector<std::string>& names, const std::string& delay,
+                          const std::vector<std::string>& scheduled = {}) {
+  const std::string file =
+      (std::filesystem::temp_directory_path() / (names.front() + ".json")).string();
+  std::ofstream out(file);
+  out << "{";
+  if (!scheduled.empty()) {
+    out << R"("delay_levels": {"base": "1s", "levels": 5, "queues": [)";
+    for (size_t i = 0; i < scheduled.size(); ++i)
+      out << (i == 0 ? "\"" : ", \"") << scheduled[i] << "\"";
+    out << "]}, ";
+  }
+  out << R"("services": [)";
+  for (size_t i = 0; i < names.size(); ++i) {
+    out << (i == 0 ? "" : ", ") << R"({"name": ")" << names[i] << R"(", "input": {"exchange": ")"
+        << names[i] << R"(.in", "type": "direct", "bindings": ["key"]},
+        "retry": {"mode": "reject", "delays": [")"
+        << delay << R"("], "max_attempts": 5}})";
+  }
+  out << "]}";
+  return file;
+}
+
 /// A topology file with one reject-mode service of `delay`.
 std::string service_file(const std::string& name, const std::string& delay) {
-  const std::string file = (std::filesystem::temp_directory_path() / (name + ".json")).string();
-  std::ofstream(file) << R"({"services": [{"name": ")" << name << R"(", "input": {"exchange": ")"
-                      << name << R"(.in", "type": "direct", "bindings": ["key"]},
-      "retry": {"mode": "reject", "delays": [")"
-                      << delay << R"("], "max_attempts": 5}}]})";
-  return file;
+  return services_file({name}, delay);
 }
 
 amqp::BasicProperties with_id(const std::string& id) {
@@ -503,12 +523,7 @@ TEST_CASE(
   const std::string mail = name + "-mail";
   const std::string new_url = target_url();
   // A service, and a schedule that delivers to a queue no service declares.
-  const std::string file = (std::filesystem::temp_directory_path() / (name + ".json")).string();
-  std::ofstream(file) << R"({"delay_levels": {"base": "1s", "levels": 5, "queues": [")" << mail
-                      << R"("]}, "services": [{"name": ")" << name
-                      << R"(", "input": {"exchange": ")" << name
-                      << R"(.in", "type": "direct", "bindings": ["key"]},
-      "retry": {"mode": "reject", "delays": ["5s"], "max_attempts": 5}}]})";
+  const std::string file = services_file({name}, "5s", {mail});
   auto old_broker = test::connect(loop, test::broker_url());
   auto channel = test::open_channel(loop, *old_broker);
   client::QueueOptions durable;
@@ -695,14 +710,7 @@ TEST_CASE(
   TestLoop loop;
   const std::string name = test::unique_name("transfer-follow");
   // Two services: Ctrl-C during the first's --follow ends the run without starting the second.
-  const std::string file = (std::filesystem::temp_directory_path() / (name + ".json")).string();
-  std::ofstream(file) << R"({"services": [)"
-                      << R"({"name": ")" << name << R"(", "input": {"exchange": ")" << name
-                      << R"(.in", "type": "direct", "bindings": ["key"]},
-      "retry": {"mode": "reject", "delays": ["6s"], "max_attempts": 5}}, {"name": ")"
-                      << name << R"(-b", "input": {"exchange": ")" << name
-                      << R"(-b.in", "type": "direct", "bindings": ["key"]},
-      "retry": {"mode": "reject", "delays": ["6s"], "max_attempts": 5}}]})";
+  const std::string file = services_file({name, name + "-b"}, "6s");
   const std::string queue = name;
   const std::string new_url = target_url();
   apply_on_both(file, new_url);

@@ -20,14 +20,11 @@ namespace retryloop::transfer {
 /// killed transfer's rerun moves the message again; "<run id>:<n>" for one without.
 inline constexpr std::string_view stamp_header = "retryloop-transfer";
 
-/// `N.transfer.lock`: the exclusive queue a running transfer of service N holds on the old broker.
-std::string lock_queue_name(std::string_view service_name);
-
-/// `Q.transfer.lock`: the one a running transfer of scheduled queue Q holds
-/// (transfer_scheduled_queue). The lock of a service named as its queue (the default), so that a
-/// transfer of the queue as a service of one file and as another file's scheduled queue never
-/// read it at once.
-std::string queue_lock_name(std::string_view queue);
+/// `N.transfer.lock`: the exclusive queue a running transfer of service N, or of scheduled queue N
+/// (transfer_scheduled_queue), holds on the old broker. A service is usually named as its queue,
+/// so that one file's transfer of the queue as a service and another's of it as a scheduled queue
+/// never read it at once.
+std::string lock_queue_name(std::string_view name);
 
 struct TransferOptions {
   /// The file's schedule (its top-level `delay_levels`): what its levels hold for the service's
