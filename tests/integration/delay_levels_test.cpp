@@ -194,7 +194,7 @@ TEST_CASE("A backoff over the delay levels stops at the retry budget and parks t
   TestLoop loop;
   Broker broker(loop);
   const auto service = make_service(test::unique_name("budget"), R"("mode": "republish",
-      "max_attempts": 100, "max_retry_duration": "3s",
+      "max_attempts": 100, "max_retry_duration": "6s",
       "delay_levels": {"base": "50ms", "max": "10m"},
       "backoff": {"initial": "200ms", "max": "800ms", "multiplier": 2, "jitter": 0})");
   Recorder recorder;
@@ -206,10 +206,11 @@ TEST_CASE("A backoff over the delay levels stops at the retry budget and parks t
   REQUIRE(loop.run_until([&] { return c->metrics().parked_exhausted == 1; }, 20s));
   stop(loop, c);
   auto calls = recorder.of("budget-1");
-  // 200, 400, 800, 800, ... ms: the budget (3 s, counted in whole seconds) ends it after about
-  // six attempts, far below max_attempts.
+  // 200, 400, 800, 800, ... ms: the budget (6 s, counted in whole seconds) ends it after about
+  // nine attempts, far below max_attempts. Four attempts take 1.4 s and the budget is spent
+  // from the first one: a slow machine's late deliveries cost attempts, not the first four.
   REQUIRE(calls.size() >= 4);
-  CHECK(calls.size() <= 9);
+  CHECK(calls.size() <= 11);
   CHECK(gap(calls[0], calls[1]) >= 200ms);
   CHECK(gap(calls[1], calls[2]) >= 400ms);
   CHECK(gap(calls[2], calls[3]) >= 800ms);
@@ -220,7 +221,7 @@ TEST_CASE("A backoff over the delay levels stops at the retry budget and parks t
   REQUIRE(error != nullptr);
   const std::string text(*error->as_string());
   CHECK(text.rfind("still down\n", 0) == 0);
-  CHECK_THAT(text, Catch::Contains("max_retry_duration 3s"));
+  CHECK_THAT(text, Catch::Contains("max_retry_duration 6s"));
 }
 
 TEST_CASE("Apply declares the delay levels and verify finds them matching",
