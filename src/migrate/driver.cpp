@@ -9,6 +9,7 @@
 
 #include "retryloop/client/channel.hpp"
 #include "retryloop/client/timer.hpp"
+#include "retryloop/migrate/copied_log.hpp"
 #include "retryloop/move/queue_mover.hpp"
 #include "retryloop/random/os_random.hpp"
 #include "retryloop/topology/declarer.hpp"
@@ -189,7 +190,7 @@ class DriverImpl final : public Driver {
                           "stopped; run `retryloop topology migrate` again to finish"));
     }
     const Step* step = migration_->current();
-    if (step == nullptr) return finish(Error{});
+    if (step == nullptr) return forget_copied();
     if (const auto at = migration_->wake_at(); at && *at > now()) {
       client::run_after(connection_->loop(), *at - now(),
                         guarded([](DriverImpl& self) { self.run_next(); }));
@@ -197,6 +198,19 @@ class DriverImpl final : public Driver {
     }
     if (events_.step_started && !migration_->wake_at()) events_.step_started(*migration_, *step);
     run(*step);
+  }
+
+  /// Every step is done: the log of what the moves back copied is of no more use.
+  void forget_copied() {
+    Error error =
+        channel_->queue_delete(topology::migration_copied_queue_name(service_.name), false, false,
+                               guarded([](DriverImpl& self, const Error& error, uint32_t) {
+                                 // Left behind, it does no harm: a later migration reads only its
+                                 // own entries.
+                                 static_cast<void>(error);
+                                 self.finish(Error{});
+                               }));
+    if (error) finish(Error{});
   }
 
   /// The step is done: record it, then go on.
@@ -289,6 +303,7 @@ class DriverImpl final : public Driver {
     request.to = to;
     request.stamp_prefix = migration_->record().id;
     request.deduplicate = from == holding_queue_name(to);
+    if (request.deduplicate) request.service = service_.name;
     return request;
   }
 
@@ -547,10 +562,34 @@ MoveFunction mover(MoveProgress progress) {
         // Every move of a migration is followed by a wait until its queue is empty, which moves
         // again what comes back, and by the queue's delete.
         options.done_before_grace = true;
-        return move::move_queue(
-            connection, std::move(options),
-            [done](const client::Error& error, const move::Progress& progress, bool) {
-              done(error, MoveResult{progress.moved, progress.failed});
+        auto moved = [done](const client::Error& error, const move::Progress& progress, bool) {
+          done(error, MoveResult{progress.moved, progress.failed});
+        };
+        if (request.service.empty()) return move::move_queue(connection, std::move(options), moved);
+        // A move back: what an earlier run copied is not copied again, and what this one copies is
+        // logged before its originals are acked.
+        return CopiedLog::open(
+            connection, request.service, request.stamp_prefix, request.to,
+            [connection, options = std::move(options), moved](
+                const client::Error& error, std::shared_ptr<CopiedLog> log,
+                std::vector<std::string> copied) mutable {
+              if (error) return moved(error, move::Progress{}, false);
+              options.copied_before = std::move(copied);
+              options.copied = [log](std::vector<std::string> stamps,
+                                     std::function<void(const client::Error&)> recorded) {
+                log->append(stamps, std::move(recorded));
+              };
+              client::Error started =
+                  move::move_queue(connection, std::move(options),
+                                   [log, moved](const client::Error& error,
+                                                const move::Progress& progress, bool interrupted) {
+                                     log->close();
+                                     moved(error, progress, interrupted);
+                                   });
+              if (started) {
+                log->close();
+                moved(started, move::Progress{}, false);
+              }
             });
       };
 }

@@ -17,7 +17,11 @@ constexpr size_t kMaxHeaderName = 255;
 /// One move: the walker's visitor and the counts the walker does not keep.
 class QueueMove {
  public:
-  explicit QueueMove(MoveOptions options) : options_(std::move(options)) {}
+  explicit QueueMove(MoveOptions options) : options_(std::move(options)) {
+    for (const std::string& stamp : options_.copied_before)
+      stamps_.insert(stamp);
+    options_.copied_before.clear();
+  }
 
   Decision decide(WalkedMessage& walked) {
     Decision decision;
@@ -39,6 +43,7 @@ class QueueMove {
           return decision;
         }
         ++copies_;  // kept as it is
+        if (text && options_.copied) decision.key = std::string(*text);
       } else {
         std::string value = stamp_of(properties, message.body);
         if (options_.deduplicate && !stamps_.insert(value)) {
@@ -46,6 +51,7 @@ class QueueMove {
           decision.kind = Decision::Kind::remove;
           return decision;
         }
+        if (options_.copied) decision.key = value;
         amqp::FieldTable& headers =
             properties.headers ? *properties.headers : properties.headers.emplace();
         headers.set(options_.stamp_header, amqp::FieldValue(std::move(value)));
@@ -114,6 +120,7 @@ Error move_queue(const std::shared_ptr<client::Connection>& connection, MoveOpti
   walk.window = options.window;
   walk.readers = "a move's reads";
   walk.done_before_grace = options.done_before_grace;
+  walk.record_moved = options.copied;
   ProgressHandler on_progress = std::move(options.on_progress);
   auto run = std::make_shared<QueueMove>(std::move(options));
   if (on_progress) {

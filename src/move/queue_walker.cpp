@@ -63,7 +63,8 @@ Walker::Walker(std::shared_ptr<client::Connection> connection, WalkOptions optio
       missing_hint_(std::move(options.missing_hint)),
       readers_(std::move(options.readers)),
       on_progress_(std::move(options.on_progress)),
-      done_before_grace_(options.done_before_grace) {}
+      done_before_grace_(options.done_before_grace),
+      record_moved_(std::move(options.record_moved)) {}
 
 Error Walker::start(const std::shared_ptr<client::Connection>& connection, WalkOptions options,
                     Visitor visitor, DoneCallback done, std::shared_ptr<QueueWalker>* handle) {
@@ -422,6 +423,18 @@ void Walker::move(uint64_t delivery_tag, Decision&& decision, std::string&& body
 
 Error Walker::publish_move(const std::weak_ptr<Walker>& weak, uint64_t delivery_tag,
                            const Decision& decision, const std::string& body) {
+  if (record_moved_) {
+    // Published as retry::move_delivery does; the ack waits for the record.
+    return publishing().publish(
+        decision.exchange, decision.routing_key, decision.properties, body, client::Mandatory::yes,
+        [weak, channel = channel_, delivery_tag,
+         key = decision.key](const client::PublishOutcome& outcome) mutable {
+          auto self = weak.lock();
+          if (!self) return;
+          if (!outcome.ok()) return self->copy_settled(outcome, false);
+          self->copy_confirmed(std::move(channel), delivery_tag, std::move(key));
+        });
+  }
   return retry::move_delivery(
       publishing(), channel_, delivery_tag,
       {decision.exchange, decision.routing_key, decision.properties, body},
@@ -436,6 +449,49 @@ Error Walker::publish_move(const std::weak_ptr<Walker>& weak, uint64_t delivery_
         if (outcome.ok()) self->last_ack_ms_ = uv_now(self->connection_->loop());
         self->copy_settled(outcome, false);
       });
+}
+
+void Walker::copy_confirmed(std::shared_ptr<client::Channel> channel, uint64_t delivery_tag,
+                            std::string key) {
+  unrecorded_.push_back({std::move(channel), delivery_tag, std::move(key)});
+  record_moved();
+}
+
+void Walker::record_moved() {
+  if (record_call_open_ || unrecorded_.empty()) return;
+  record_call_open_ = true;
+  recording_ = std::move(unrecorded_);
+  unrecorded_.clear();
+  std::vector<std::string> keys;
+  keys.reserve(recording_.size());
+  for (const Confirmed& copy : recording_)
+    keys.push_back(copy.key);
+  std::weak_ptr<Walker> weak = weak_from_this();
+  record_moved_(std::move(keys), [weak](const Error& error) {
+    if (auto self = weak.lock()) self->recorded(error);
+  });
+}
+
+void Walker::recorded(const Error& error) {
+  record_call_open_ = false;
+  std::vector<Confirmed> batch = std::move(recording_);
+  recording_.clear();
+  Error failed = error;
+  for (const Confirmed& copy : batch) {
+    if (!failed) failed = copy.channel->ack(copy.delivery_tag);
+    --publishes_in_flight_;
+    if (failed) {
+      ++progress_.uncertain;  // confirmed, but its original stays in the queue
+    } else {
+      ++progress_.moved;
+    }
+  }
+  if (!batch.empty() && !failed) last_ack_ms_ = uv_now(connection_->loop());
+  if (failed) return fail(failed);
+  if (on_progress_) on_progress_(progress_);
+  if (publishes_in_flight_ == 0) on_settled();
+  record_moved();
+  maybe_done();
 }
 
 void Walker::copy_settled(const client::PublishOutcome& outcome, bool original_held) {
@@ -503,7 +559,7 @@ void Walker::finish_reading() {
 }
 
 void Walker::maybe_done() {
-  if (!reading_done_ || publishes_in_flight_ > 0 || restarting_) return;
+  if (reported_ || !reading_done_ || publishes_in_flight_ > 0 || restarting_) return;
   report({});
 }
 

@@ -97,6 +97,13 @@ class Walker : public QueueWalker, public std::enable_shared_from_this<Walker> {
   void copy_settled(const client::PublishOutcome& outcome, bool original_held);
   client::Error publish_move(const std::weak_ptr<Walker>& weak, uint64_t delivery_tag,
                              const Decision& decision, const std::string& body);
+  /// WalkOptions::record_moved: a move's copy confirmed, its original acked once recorded.
+  void copy_confirmed(std::shared_ptr<client::Channel> channel, uint64_t delivery_tag,
+                      std::string key);
+  /// Hands the confirmed copies not yet recorded to record_moved, unless a call is under way.
+  void record_moved();
+  /// record_moved answered for the copies of its call.
+  void recorded(const client::Error& error);
   void finish_reading();
   void maybe_done();
   void fail(const client::Error& error);
@@ -124,6 +131,18 @@ class Walker : public QueueWalker, public std::enable_shared_from_this<Walker> {
   DoneCallback done_;
   ProgressHandler on_progress_;
   bool done_before_grace_ = false;
+  /// WalkOptions::record_moved, the confirmed copies it has not been told of, and those of its
+  /// call under way.
+  struct Confirmed {
+    std::shared_ptr<client::Channel> channel;  // where the original was delivered
+    uint64_t delivery_tag = 0;
+    std::string key;
+  };
+  std::function<void(std::vector<std::string>, std::function<void(const client::Error&)>)>
+      record_moved_;
+  std::vector<Confirmed> unrecorded_;
+  std::vector<Confirmed> recording_;
+  bool record_call_open_ = false;
   /// Deliveries that came after the reading ended, held unread until the channel closes.
   size_t unread_ = 0;
   /// The channel that reads, and the earlier ones, kept open for the messages they hold.

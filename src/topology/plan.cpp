@@ -367,6 +367,7 @@ Plan make_delete_plan(const Topology& topology) {
     remove(ActionKind::delete_exchange, Role::breaker, breaker_exchange_name(s.name));
     // The settling queue first: an instance consumes it while it leaves a queue mid-migration.
     remove(ActionKind::delete_queue, Role::migration, migration_settling_queue_name(s.name));
+    remove(ActionKind::delete_queue, Role::migration, migration_copied_queue_name(s.name));
     remove(ActionKind::delete_queue, Role::migration, migration_record_name(s.name));
     remove(ActionKind::delete_exchange, Role::migration, migration_record_name(s.name));
     remove(ActionKind::delete_queue, Role::parking_queue, parking_queue_name(s.name));

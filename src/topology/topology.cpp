@@ -744,6 +744,10 @@ std::string migration_settling_queue_name(std::string_view service_name) {
   return std::string(service_name) + ".migration.settling";
 }
 
+std::string migration_copied_queue_name(std::string_view service_name) {
+  return std::string(service_name) + ".migration.copied";
+}
+
 namespace {
 constexpr std::string_view holding_suffix = ".migrating";
 }  // namespace

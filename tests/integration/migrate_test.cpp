@@ -740,10 +740,20 @@ TEST_CASE(
   broker.remove(quorum);
 }
 
-TEST_CASE(
-    "A migration killed with SIGKILL mid-move and run again leaves every message in the service "
-    "queue exactly once",
-    "[migrate][integration][broker-wide]") {
+namespace {
+
+/// When kill_and_rerun kills the migration (the queues' depths looked at every 5 ms).
+enum class KillWhen {
+  /// once a fifth of the service queue has been copied into the holding queue;
+  moving_out,
+  /// once a fifth of the holding queue has been copied back into the service queue made again.
+  moving_back,
+};
+
+/// Migrates a classic service of 20,000 messages to quorum, SIGKILLs the command at `when`, runs
+/// it again, and checks that every message is in the service queue: exactly once after a kill
+/// while moving out, at most the mover's window twice after one while moving back.
+void kill_and_rerun(KillWhen when) {
   TestLoop loop;
   Broker broker(loop);
   const std::string name = test::unique_name("migrate-kill");
@@ -764,10 +774,17 @@ TEST_CASE(
       test::built_program("retryloop"), "topology", "migrate", file, "--url", url};
   {
     test::ChildProcess first(command);
-    // Killed once a fifth of the service queue has been copied into the holding queue.
+    bool moved_out = false;  // the holding queue had every message (nothing consumes it here)
     REQUIRE(test::eventually(
         loop,
-        [&] { return exists(loop, broker, holding) && broker.depth(holding) >= kMessages / 5; },
+        [&] {
+          if (!exists(loop, broker, holding)) return false;
+          const uint64_t held = broker.depth(holding);
+          if (when == KillWhen::moving_out) return held >= kMessages / 5;
+          moved_out = moved_out || held == uint64_t(kMessages);
+          return moved_out && exists(loop, broker, queue) &&
+                 broker.depth(queue) >= uint64_t(kMessages / 5);
+        },
         120s, 5ms));
     REQUIRE(first.running());
     first.signal(SIGKILL);
@@ -790,15 +807,42 @@ TEST_CASE(
   INFO(second.out << second.err);
   REQUIRE(second.exit_code == 0);
   CHECK_FALSE(exists(loop, broker, holding));
+  CHECK_FALSE(exists(loop, broker, topology::migration_copied_queue_name(name)));
 
   std::map<std::string, int> copies;
   for (const auto& got : broker.drain(queue))
     ++copies[got.message.properties.message_id.value_or("")];
   const test::IdCounts counts = test::count_ids(copies, "m-", kMessages);
   CHECK(counts.missing == 0);
-  CHECK(counts.repeated == 0);
-  CHECK(copies.size() == size_t(kMessages));
-  WARN(in_both << " messages were in both queues after the kill; each came back once");
+  if (when == KillWhen::moving_out) {
+    CHECK(counts.repeated == 0);
+    CHECK(copies.size() == size_t(kMessages));
+    WARN(in_both << " messages were in both queues after the kill; each came back once");
+  } else {
+    // Copied into the service queue, whose instances may have handled them already, and not
+    // yet recorded: the rerun cannot tell those originals from messages still to move
+    // (docs/migrate.md, "Resuming"). The record makes them at most the mover's window.
+    CHECK(counts.repeated <= 500);
+    CHECK(counts.more_than_twice == 0);
+    WARN(in_both << " messages were in both queues after the kill; " << counts.repeated
+                 << " came back twice");
+  }
   std::filesystem::remove(file);
   broker.remove(quorum);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "A migration killed with SIGKILL mid-move and run again leaves every message in the service "
+    "queue exactly once",
+    "[migrate][integration][broker-wide]") {
+  kill_and_rerun(KillWhen::moving_out);
+}
+
+TEST_CASE(
+    "A migration killed with SIGKILL while it moves the messages back and run again leaves every "
+    "message in the service queue, at most the mover's window of them twice",
+    "[migrate][integration][broker-wide]") {
+  kill_and_rerun(KillWhen::moving_back);
 }

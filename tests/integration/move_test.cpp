@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -18,6 +19,7 @@
 #include "retryloop/amqp/properties.hpp"
 #include "retryloop/client/channel.hpp"
 #include "retryloop/client/message.hpp"
+#include "retryloop/client/timer.hpp"
 #include "retryloop/move/error.hpp"
 #include "retryloop/move/queue_mover.hpp"
 #include "support/harness.hpp"
@@ -438,6 +440,80 @@ TEST_CASE("move_queue with deduplicate copies one message of each stamp and acks
   }
   // The unstamped message is the fourth copy.
   CHECK(stamps == std::vector<std::string>{"s:1", "s:2", "s:3", "d:4"});
+}
+
+TEST_CASE(
+    "move_queue records the stamps it copies before it acks their originals, and drops what an "
+    "earlier run recorded",
+    "[move][integration]") {
+  TestLoop loop;
+  BrokerSession broker(loop);
+  const std::string from = broker.queue("move-record-from", "quorum");
+  const std::string to = broker.queue("move-record-to");
+  std::vector<std::pair<amqp::BasicProperties, std::string>> messages;
+  for (int i = 1; i <= 50; ++i) {
+    amqp::BasicProperties properties;
+    properties.headers.emplace().append(kStamp, "s:" + std::to_string(i));
+    messages.emplace_back(std::move(properties), "body " + std::to_string(i));
+  }
+  broker.publish(from, messages);
+  move::MoveOptions options = to_queue(from, to, "d");
+  options.window = 8;
+  options.deduplicate = true;
+  options.copied_before = {"s:2", "s:40"};
+  std::vector<std::string> recorded;
+  size_t calls = 0;
+  bool open = false;
+  // Each record takes 50 ms to answer: the move ends only after the last one, its originals acked.
+  options.copied = [&](std::vector<std::string> stamps, std::function<void(const Error&)> done) {
+    CHECK_FALSE(open);  // one call at a time
+    open = true;
+    ++calls;
+    recorded.insert(recorded.end(), stamps.begin(), stamps.end());
+    client::run_after(loop.get(), 50ms, [&open, done] {
+      open = false;
+      done({});
+    });
+  };
+  const auto moved = broker.move_queue(options);
+  CHECK_FALSE(open);
+  CHECK_FALSE(moved.error);
+  CHECK(moved.progress.moved == 48);
+  CHECK(moved.progress.duplicates == 2);
+  CHECK(calls > 1);
+  std::vector<std::string> expected;
+  for (int i = 1; i <= 50; ++i) {
+    if (i != 2 && i != 40) expected.push_back("s:" + std::to_string(i));
+  }
+  std::sort(recorded.begin(), recorded.end());
+  std::sort(expected.begin(), expected.end());
+  CHECK(recorded == expected);
+  CHECK(broker.emptied(from));
+  CHECK(broker.depth(to) == 48);
+}
+
+TEST_CASE("move_queue acks no original whose copy its record of what it moved refused",
+          "[move][integration]") {
+  TestLoop loop;
+  BrokerSession broker(loop);
+  const std::string from = broker.queue("move-unrecorded-from");
+  const std::string to = broker.queue("move-unrecorded-to");
+  std::vector<std::pair<amqp::BasicProperties, std::string>> messages;
+  for (size_t i = 0; i < 20; ++i)
+    messages.push_back(message(i));
+  broker.publish(from, messages);
+  move::MoveOptions options = to_queue(from, to, "d");
+  options.deduplicate = true;
+  options.copied = [](std::vector<std::string>, std::function<void(const Error&)> done) {
+    done(Error(client::ClientError::invalid_argument, "the record was refused"));
+  };
+  const auto moved = broker.move_queue(options);
+  CHECK(moved.error.message().find("the record was refused") != std::string::npos);
+  // No original was acked: each is back, and what may have been copied is counted uncertain.
+  CHECK(test::eventually(loop, [&] { return broker.depth(from) == 20; }));
+  CHECK(moved.progress.moved == 0);
+  CHECK(moved.progress.uncertain >= 1);
+  CHECK(broker.depth(to) <= moved.progress.uncertain);
 }
 
 TEST_CASE("move_queue to a queue that does not exist leaves every original in place, as failed",

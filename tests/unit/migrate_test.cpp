@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "retryloop/migrate/copied_log.hpp"
 #include "retryloop/migrate/migration.hpp"
 #include "retryloop/migrate/plan.hpp"
 #include "support/topology.hpp"
@@ -288,4 +289,15 @@ TEST_CASE(
   CHECK_FALSE(migration.wake_at());
   CHECK(migration.draining_for(72'000) == 0ms);
   CHECK(migration.current()->kind == StepKind::delete_queue);
+}
+
+TEST_CASE("A copied log's entry holds its stamps one per line and gives them back as they were",
+          "[migrate]") {
+  const std::vector<std::string> stamps{"3f2a:id-00ff", "3f2a/orders.migrating/9c1d:7", "x"};
+  CHECK(encode_copied(stamps) == "3f2a:id-00ff\n3f2a/orders.migrating/9c1d:7\nx\n");
+  CHECK(decode_copied(encode_copied(stamps)) == stamps);
+  CHECK(decode_copied("").empty());
+  CHECK(decode_copied(encode_copied({})).empty());
+  // A body cut short, or with blank lines, gives what it has.
+  CHECK(decode_copied("a\n\nb") == std::vector<std::string>{"a", "b"});
 }

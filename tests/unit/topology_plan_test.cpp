@@ -473,9 +473,9 @@ TEST_CASE("The delete plan removes queues and derived exchanges, never the input
                 "delete_queue orders.wait.1m", "delete_exchange orders.wait",
                 "delete_queue orders.breaker.instances", "delete_queue orders.breaker.token",
                 "delete_queue orders.breaker.state", "delete_exchange orders.breaker",
-                "delete_queue orders.migration.settling", "delete_queue orders.migration",
-                "delete_exchange orders.migration", "delete_queue orders.parking",
-                "delete_exchange orders.parking"});
+                "delete_queue orders.migration.settling", "delete_queue orders.migration.copied",
+                "delete_queue orders.migration", "delete_exchange orders.migration",
+                "delete_queue orders.parking", "delete_exchange orders.parking"});
   for (const auto& a : plan.actions) {
     const bool breaker = a.name.rfind("orders.breaker", 0) == 0;
     const bool migration = a.name.rfind("orders.migration", 0) == 0;

@@ -45,6 +45,9 @@ struct MoveRequest {
   std::string stamp_prefix;
   /// A stamp seen twice is moved once.
   bool deduplicate = false;
+  /// With `deduplicate`: the service whose copied log (CopiedLog) records the stamps copied
+  /// before their originals are acked, and gives a rerun those an earlier run copied.
+  std::string service;
 };
 /// Carries out `request`; `done` fires once. mover() is the move layer's (move::move_queue).
 using MoveFunction = std::function<client::Error(

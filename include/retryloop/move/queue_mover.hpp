@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "retryloop/client/connection.hpp"
 #include "retryloop/client/error.hpp"
@@ -35,6 +36,14 @@ struct MoveOptions {
   /// killed earlier move) is acked without a copy, counted in Progress::duplicates; so is a
   /// message without a stamp whose stable stamp this move has copied. Needs `stamp_header`.
   bool deduplicate = false;
+  /// With `deduplicate`: stamps copied by an earlier run (read back from what its `copied`
+  /// recorded), taken as copied by this move.
+  std::vector<std::string> copied_before;
+  /// Told the stamps of the copies made, once confirmed and their originals acked
+  /// (WalkOptions::record_moved): a record that a rerun reads back into `copied_before`.
+  std::function<void(std::vector<std::string> stamps,
+                     std::function<void(const client::Error& error)> recorded)>
+      copied;
   /// WalkOptions::done_before_grace: for a queue deleted after the move.
   bool done_before_grace = false;
   /// Told after each message read and each copy settled.

@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "retryloop/amqp/properties.hpp"
 #include "retryloop/client/connection.hpp"
@@ -61,6 +62,8 @@ struct Decision {
   std::optional<std::string> body;
   /// Read no further message after this one.
   bool stop_after = false;
+  /// A move's name for its copy, told to WalkOptions::record_moved (a stamp, say).
+  std::string key;
   /// A move whose copy's properties need a header frame over frame_max drops the oldest entries
   /// of its `retryloop-history` (retry::shorten_history) until it fits; false: it stays in the
   /// queue at once, counted as failed, its properties never changed.
@@ -99,6 +102,17 @@ struct WalkOptions {
   /// in the queue as well: src/move/queue_walker_impl.hpp); the channel closes after the grace.
   /// A caller that closes the connection, or exits, before then may leave such originals behind.
   bool done_before_grace = false;
+  /// Records what is moved before the originals are acked: told the keys (Decision::key) of
+  /// moves whose copies are confirmed, one call at a time (the keys confirmed meanwhile come in
+  /// the next); their originals are acked once it answers without an error (with one, they stay
+  /// in the queue, counted uncertain, and the walk ends with it). Until then they count against
+  /// the window, so that a kill leaves at most `window` originals whose copies the record lacks.
+  /// An ack that the broker drops (RabbitMQ can, when the channel's close overtakes it) or that
+  /// a kill cuts short is then of a message the record has: a caller that reads the record back
+  /// tells such originals from messages still to move.
+  std::function<void(std::vector<std::string> keys,
+                     std::function<void(const client::Error& error)> recorded)>
+      record_moved;
 };
 
 /// Reads a queue once, from its head to the depth it had at the start, and carries out the

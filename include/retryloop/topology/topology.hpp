@@ -228,6 +228,8 @@ std::string migration_record_name(std::string_view service_name);
 /// `N.migration.settling`: consumed by an instance while it settles what it took from a queue it
 /// left, following a migration.
 std::string migration_settling_queue_name(std::string_view service_name);
+/// `N.migration.copied`: what a migration's moves back have copied (migrate/copied_log.hpp).
+std::string migration_copied_queue_name(std::string_view service_name);
 /// `<queue>.migrating`: the holding queue that stands in for `queue` while a migration makes it
 /// again (docs/migrate.md); a retry counts the rejections of a message in either.
 std::string holding_queue_name(std::string_view queue);
