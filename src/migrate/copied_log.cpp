@@ -14,7 +14,8 @@ using client::Error;
 constexpr std::string_view migration_header = "retryloop-migration";
 constexpr std::string_view destination_header = "retryloop-moved-to";
 /// The newest entries the log keeps. A stamp takes about 70 bytes: some 240,000 copies, seconds
-/// of moving, where a kill leaves at most the originals of the acks in flight.
+/// of moving, where a rerun needs at most the last rounds' (a window's originals unacked, and the
+/// acks a channel's close dropped).
 constexpr int64_t kLogBytes = 16 * 1024 * 1024;
 
 bool header_is(const amqp::BasicProperties& properties, std::string_view name,

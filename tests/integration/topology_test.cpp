@@ -750,13 +750,15 @@ void declare_breaker(TestLoop& loop, client::Connection& connection, const std::
 }
 
 /// What a consumer that follows migrations declares (the objects of Role::migration), with a
-/// record in the record queue as a migration leaves it.
+/// record in the record queue and the queue of what its moves back copied, as a migration killed
+/// mid-way leaves them.
 void declare_migration(TestLoop& loop, client::Connection& connection, const std::string& service) {
   auto channel = test::open_channel(loop, connection);
   REQUIRE_FALSE(test::wait(loop, [&](client::CompletionCallback cb) {
     return migrate::declare_record_objects(channel, service, cb);
   }));
   test::declare_queue(loop, *channel, migrate::settling_queue_name(service), {});
+  test::declare_queue(loop, *channel, topology::migration_copied_queue_name(service), {});
   REQUIRE_FALSE(
       test::wait(loop, [&](client::CompletionCallback cb) { return channel->confirm_select(cb); }));
   publish(loop, *channel, migrate::record_queue_name(service), "", "a record");

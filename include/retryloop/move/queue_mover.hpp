@@ -39,7 +39,7 @@ struct MoveOptions {
   /// With `deduplicate`: stamps copied by an earlier run (read back from what its `copied`
   /// recorded), taken as copied by this move.
   std::vector<std::string> copied_before;
-  /// Told the stamps of the copies made, once confirmed and their originals acked
+  /// Told the stamps of the copies made, once confirmed, before their originals are acked
   /// (WalkOptions::record_moved): a record that a rerun reads back into `copied_before`.
   std::function<void(std::vector<std::string> stamps,
                      std::function<void(const client::Error& error)> recorded)>
