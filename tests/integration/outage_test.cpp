@@ -729,7 +729,15 @@ TEST_CASE(
   REQUIRE(resumed.exit_code == 0);
   REQUIRE(loop.run_until([&] { return c->metrics().acked == messages; }, 15s));
   CHECK(calls == int(messages));
-  CommandRun status = test::run_retryloop({"service", "status", "-t", file.path, service.name});
+  // Closed once its ramp is over (200 ms steps), and the service's state says so once the signal
+  // the instance sends then has reached it.
+  REQUIRE(loop.run_until([&] { return c->breaker_state() == State::closed; }, 15s));
+  CommandRun status;
+  CHECK(test::eventually(loop, [&] {
+    status = test::run_retryloop({"service", "status", "-t", file.path, service.name});
+    return status.out.find(": closed") != std::string::npos;
+  }));
+  INFO(status.out << status.err);
   CHECK_THAT(status.out, Catch::Contains(": closed"));
   stop(loop, c);
   broker.remove(service);
